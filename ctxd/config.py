@@ -1,0 +1,194 @@
+"""Configuration: TOML file, then ``CTXD_*`` environment variables, then flags (DESIGN §12).
+
+Every key is optional. An unknown key in any of the three sources stops start-up with
+the key's name, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from ctxd.errors import CtxdError, ErrorCode
+
+
+class BudgetDefaults(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The budget a session gets when `session.open` does not pass one."""
+
+    context_window: int = 200_000
+    max_output_tokens: int = 8_192
+    compact_trigger: float = 0.95
+    hard_block: float = 0.98
+    warn: float = 0.70
+    caution: float = 0.80
+
+
+class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The daemon's effective configuration."""
+
+    socket: str = ""
+    data_dir: str = ""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    durability: Literal["normal", "full"] = "normal"
+    encoding: str = "cl100k_base"
+    max_request_bytes: int = 16 * 1024 * 1024
+    max_connections: int = 256
+    max_inflight_per_connection: int = 64
+    max_open_sessions: int = 100_000
+    max_db_bytes: int = 0
+    session_idle_s: float = 600.0
+    session_ttl_h: float = 24.0
+    shutdown_timeout_s: float = 10.0
+    allow_root: bool = False
+    event_buffer: int = 1024
+    event_history: int = 10_000
+    budget: BudgetDefaults = BudgetDefaults()
+
+
+_HELP = {
+    "socket": "Unix socket path (default $XDG_RUNTIME_DIR/ctxd/ctxd.sock or /tmp/ctxd-$UID/ctxd.sock)",
+    "data_dir": "folder of the database (default $XDG_DATA_HOME/ctxd)",
+    "durability": "normal = survives a daemon kill; full = survives power loss (fsync per commit)",
+    "max_db_bytes": "cap on the database size; writes past it get -32008 (0 = no cap)",
+    "session_ttl_h": "hours after close before a session is deleted (0 = keep)",
+    "allow_root": "accept connections from root as well as from the daemon's own user",
+}
+
+
+def default_socket_path() -> Path:
+    """Where the daemon listens and clients connect when nothing else is said."""
+    explicit = os.environ.get("CTXD_SOCKET")
+    if explicit:
+        return Path(explicit)
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return Path(runtime) / "ctxd" / "ctxd.sock"
+    return Path(f"/tmp/ctxd-{os.getuid()}") / "ctxd.sock"
+
+
+def default_data_dir() -> Path:
+    """Where the database lives when nothing else is said."""
+    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home) / "ctxd"
+
+
+def default_config_path() -> Path:
+    """Where the TOML file is looked for (``$CTXD_CONFIG`` overrides)."""
+    explicit = os.environ.get("CTXD_CONFIG")
+    if explicit:
+        return Path(explicit)
+    config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config_home) / "ctxd" / "config.toml"
+
+
+def _keys() -> list[tuple[str, ...]]:
+    """Every configurable key as a path: ("socket",), ("budget", "warn"), …"""
+    paths: list[tuple[str, ...]] = []
+    for name in Config.__struct_fields__:
+        if name == "budget":
+            paths.extend(("budget", sub) for sub in BudgetDefaults.__struct_fields__)
+        else:
+            paths.append((name,))
+    return paths
+
+
+def _set(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for part in path[:-1]:
+        tree = tree.setdefault(part, {})
+    tree[path[-1]] = value
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> None:
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+
+
+def _from_env(environ: dict[str, str]) -> dict[str, Any]:
+    by_name = {"CTXD_" + "_".join(path).upper(): path for path in _keys()}
+    tree: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith("CTXD_") or name == "CTXD_CONFIG":
+            continue
+        path = by_name.get(name)
+        if path is None:
+            raise CtxdError(
+                ErrorCode.INVALID_PARAMS,
+                f"unknown environment variable {name}: ctxd has no such setting "
+                "(see `ctxd --print-config` for the keys)",
+            )
+        _set(tree, path, value)
+    return tree
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """One `--key` flag per configuration key (`--budget-warn` for budget.warn)."""
+    for path in _keys():
+        flag = "--" + "-".join(path).replace("_", "-")
+        parser.add_argument(flag, dest="cfg:" + ".".join(path), default=None,
+                            help=_HELP.get(path[-1]), metavar="VALUE")
+
+
+def load(flags: argparse.Namespace | None = None, environ: dict[str, str] | None = None,
+         config_path: Path | None = None) -> Config:
+    """Build the effective configuration.
+
+    Args:
+        flags: parsed command-line flags (from a parser set up by `add_flags`).
+        environ: the environment (default: ``os.environ``).
+        config_path: the TOML file (default: `default_config_path`); a missing file is fine.
+
+    Returns:
+        The configuration with `socket` and `data_dir` resolved to absolute paths.
+
+    Raises:
+        CtxdError: a key is unknown or a value has the wrong type; the message names it.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    path = config_path or default_config_path()
+    tree: dict[str, Any] = {}
+    if path.exists():
+        try:
+            tree = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise CtxdError(ErrorCode.INVALID_PARAMS, f"{path}: {exc}") from None
+    _merge(tree, _from_env(environ))
+    if flags is not None:
+        for dest, value in vars(flags).items():
+            if dest.startswith("cfg:") and value is not None:
+                _set(tree, tuple(dest[4:].split(".")), value)
+    try:
+        config = msgspec.convert(tree, Config, strict=False)
+    except msgspec.ValidationError as exc:
+        raise CtxdError(ErrorCode.INVALID_PARAMS, f"configuration ({path}): {exc}") from None
+    socket = Path(config.socket) if config.socket else default_socket_path()
+    data_dir = Path(config.data_dir) if config.data_dir else default_data_dir()
+    return msgspec.structs.replace(
+        config, socket=str(socket.absolute()), data_dir=str(data_dir.absolute())
+    )
+
+
+def to_toml(config: Config) -> str:
+    """The configuration as a TOML document (what `ctxd --print-config` prints)."""
+
+    def literal(value: Any) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, str):
+            return msgspec.json.encode(value).decode()
+        return repr(value)
+
+    top = [f"{k} = {literal(getattr(config, k))}" for k in Config.__struct_fields__ if k != "budget"]
+    budget = [f"{k} = {literal(getattr(config.budget, k))}" for k in BudgetDefaults.__struct_fields__]
+    return "\n".join([*top, "", "[budget]", *budget]) + "\n"
+
+
+__all__ = ["BudgetDefaults", "Config", "add_flags", "default_config_path", "default_data_dir",
+           "default_socket_path", "load", "to_toml"]

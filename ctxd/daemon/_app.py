@@ -1,0 +1,115 @@
+"""The Daemon: start-up order, the root nursery, signals, graceful shutdown."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import trio
+
+from ctxd import __version__, hub, sessions
+from ctxd.config import Config
+from ctxd.daemon import _methods, _systemd
+from ctxd.daemon._server import Server
+from ctxd.daemon._socket import Lock, bind_unix_socket, check_private_directory
+from ctxd.hub import EventBus
+from ctxd.sessions import Supervisor
+from ctxd.store import Store
+from ctxd.tokens import TokenCounter
+from ctxd.wire import Dispatcher
+
+log = logging.getLogger("ctxd")
+
+
+class Daemon:
+    """Everything one ctxd process owns.
+
+    Start-up: data-dir lock → store opened and migrated → tokenizer loaded → socket
+    bound (or taken from systemd) → actors and server started → READY=1.
+    Shutdown (SIGTERM/SIGINT or daemon.shutdown): STOPPING=1 → stop accepting → in-flight
+    requests finish (up to ``shutdown_timeout_s``) → actors stop → store checkpointed and
+    closed → socket removed. A second signal exits at once; every acknowledged write has
+    already committed, so nothing acknowledged is lost either way.
+    """
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.started = time.monotonic()
+        self.bus = EventBus(config.event_buffer, config.event_history)
+        self.store = Store(Path(config.data_dir) / "ctxd.db", config.durability,
+                           config.max_db_bytes)
+        self._stop = trio.Event()
+        self._signals = 0
+        self.supervisor: Supervisor
+        self.server: Server
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        config = self.config
+        data_dir = Path(config.data_dir)
+        check_private_directory(data_dir)
+        data_lock = Lock(data_dir / "ctxd.lock", f"data directory {data_dir}")
+        sock: socket.socket | None = None
+        socket_lock: Lock | None = None
+        try:
+            await trio.to_thread.run_sync(self.store.open)
+            counter = await trio.to_thread.run_sync(TokenCounter, config.encoding)
+            sock = _systemd.activated_socket()
+            activated = sock is not None
+            if sock is None:
+                sock, socket_lock = bind_unix_socket(Path(config.socket))
+            await self._serve(sock, counter, activated)
+        finally:
+            if sock is not None:
+                sock.close()
+            if socket_lock is not None:
+                # Remove the socket while still holding its lock, so no newcomer's is removed.
+                try:
+                    os.unlink(config.socket)
+                except FileNotFoundError:
+                    pass
+                socket_lock.release()
+            self.store.close()
+            data_lock.release()
+            log.info("ctxd stopped")
+
+    async def _serve(self, sock: socket.socket, counter: TokenCounter, activated: bool) -> None:
+        dispatcher = Dispatcher()
+        self.supervisor = Supervisor(self.store, counter, self.bus, self.config)
+        self.server = Server(dispatcher, self.bus, self.config)
+        _methods.register(dispatcher, self, self.request_stop)
+        sessions.register(dispatcher, self.supervisor)
+        hub.register(dispatcher, self.bus)
+        async with trio.open_nursery() as root:
+            root.start_soon(self._watch_signals)
+            await root.start(self.supervisor.run)
+            await root.start(self.server.run, sock)
+            where = "systemd-activated socket" if activated else self.config.socket
+            log.info("ctxd %s ready on %s (data in %s, pid %d)", __version__, where,
+                     self.config.data_dir, os.getpid())
+            _systemd.notify(f"READY=1\nSTATUS=serving on {where}\nMAINPID={os.getpid()}")
+            interval = _systemd.watchdog_interval()
+            if interval:
+                root.start_soon(_systemd.keep_watchdog_fed, interval)
+            await self._stop.wait()
+            log.info("ctxd stopping")
+            _systemd.notify("STOPPING=1")
+            self.server.stop_accepting()
+            await self.server.closed.wait()
+            root.cancel_scope.cancel()
+
+    async def _watch_signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                self._signals += 1
+                if self._signals > 1:
+                    log.warning("second %s: exiting at once", signal.Signals(signum).name)
+                    os._exit(1)
+                log.info("%s received: shutting down gracefully", signal.Signals(signum).name)
+                self.request_stop()

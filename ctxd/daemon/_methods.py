@@ -1,0 +1,75 @@
+"""daemon.ping, daemon.hello, daemon.status, daemon.shutdown."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ctxd import __version__
+from ctxd.errors import CtxdError, ErrorCode
+from ctxd.wire import Call, Dispatcher
+from ctxd.wire.types import (
+    DaemonStatus,
+    Empty,
+    HelloParams,
+    HelloResult,
+    PingResult,
+    ShutdownResult,
+)
+
+if TYPE_CHECKING:
+    from ctxd.daemon._app import Daemon
+
+PROTOCOL_VERSION = 1
+FEATURES = ["events"]
+"""Protocol features this daemon implements (DESIGN §4); later capabilities add theirs."""
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process."""
+    with open("/proc/self/statm", encoding="ascii") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def register(dispatcher: Dispatcher, daemon: Daemon, request_stop: Callable[[], None]) -> None:
+    """Add the daemon methods to the dispatcher."""
+
+    async def ping(call: Call, p: Empty) -> PingResult:
+        return PingResult(pong=True, ts=time.time())
+
+    async def hello(call: Call, p: HelloParams) -> HelloResult:
+        return HelloResult(name="ctxd", version=__version__, protocol_version=PROTOCOL_VERSION,
+                           features=FEATURES,
+                           agreed_features=[f for f in FEATURES if f in p.protocol_features])
+
+    async def status(call: Call, p: Empty) -> DaemonStatus:
+        server = daemon.server.statistics()
+        supervisor = daemon.supervisor
+        return DaemonStatus(
+            version=__version__, pid=os.getpid(),
+            uptime_s=round(time.monotonic() - daemon.started, 3),
+            socket=daemon.config.socket, data_dir=daemon.config.data_dir,
+            sessions_open=supervisor.sessions_open, sessions_total=supervisor.sessions_total,
+            session_actors=supervisor.actor_count, live_branches=0, memories=0,
+            connections=int(server["connections"]),
+            subscribers=daemon.bus.statistics()["subscribers"],
+            db_size_bytes=daemon.store.size_bytes(), rss_bytes=rss_bytes(),
+            requests_total=int(server["requests_total"]),
+            requests_per_s=round(server["requests_per_s"], 2),
+            latency_p50_ms=round(server["latency_p50_ms"], 3),
+            latency_p99_ms=round(server["latency_p99_ms"], 3))
+
+    async def shutdown(call: Call, p: Empty) -> ShutdownResult:
+        if call.peer_uid != os.getuid():
+            raise CtxdError(ErrorCode.INVALID_STATE,
+                            "only the daemon's owner may shut it down",
+                            {"owner_uid": os.getuid(), "your_uid": call.peer_uid})
+        request_stop()
+        return ShutdownResult(stopping=True)
+
+    dispatcher.register("daemon.ping", Empty, ping)
+    dispatcher.register("daemon.hello", HelloParams, hello)
+    dispatcher.register("daemon.status", Empty, status)
+    dispatcher.register("daemon.shutdown", Empty, shutdown)

@@ -1,0 +1,263 @@
+"""The Server: the Unix-socket listener and one Connection per client (NDJSON framing)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections import deque
+from typing import Any
+
+import trio
+
+from ctxd.config import Config
+from ctxd.daemon._socket import peer_uid
+from ctxd.errors import CtxdError, ErrorCode
+from ctxd.hub import Subscription
+from ctxd.wire import Dispatcher, error_response, notification, salvage_id
+
+log = logging.getLogger("ctxd.server")
+READ_CHUNK = 256 * 1024
+WRITE_COALESCE = 256 * 1024
+OUTBOX_SIZE = 64
+
+
+def _overloaded(request_id: Any, why: str, limit: str, value: int) -> bytes:
+    return error_response(request_id, CtxdError(
+        ErrorCode.OVERLOADED, f"overloaded: {why}; retry later",
+        {"limit": limit, "max": value, "fix": "retry after a moment with fewer requests"}))
+
+
+class Connection:
+    """One client: a reader that frames lines, request tasks, a single writer.
+
+    Responses go out in completion order (pipelined requests may be answered out of
+    order); event subscriptions of this connection push notifications to the same writer.
+    """
+
+    def __init__(self, server: Server, stream: trio.SocketStream, uid: int):
+        self.server = server
+        self.stream = stream
+        self.peer_uid = uid
+        self.inflight = 0
+        self.subscriptions: dict[str, Subscription] = {}
+        self._outbox_send, self._outbox_receive = trio.open_memory_channel[bytes](OUTBOX_SIZE)
+        self._nursery: trio.Nursery | None = None
+        self._idle = trio.Event()
+        self._idle.set()
+
+    async def serve(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._write_loop)
+                try:
+                    await self._read_loop()
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+                await self._idle.wait()  # EOF: answer what was asked, then hang up
+                nursery.cancel_scope.cancel()
+        finally:
+            for subscription_id in list(self.subscriptions):
+                self.server.bus.unsubscribe(subscription_id)
+            with trio.move_on_after(1, shield=True):
+                await self.stream.aclose()
+
+    async def send_line(self, line: bytes) -> None:
+        """Queue one line (without newline) for the writer."""
+        await self._outbox_send.send(line + b"\n")
+
+    def attach(self, subscription: Subscription) -> None:
+        """Stream a subscription's events to this client until it is unsubscribed."""
+        assert self._nursery is not None
+        self.subscriptions[subscription.subscription_id] = subscription
+        self._nursery.start_soon(self._pump_events, subscription)
+
+    def detach(self, subscription_id: str) -> bool:
+        if self.subscriptions.pop(subscription_id, None) is None:
+            return False
+        return self.server.bus.unsubscribe(subscription_id)
+
+    async def _pump_events(self, subscription: Subscription) -> None:
+        while True:
+            try:
+                event = await subscription.receive()
+            except trio.EndOfChannel:
+                return
+            await self.send_line(notification("event", event))
+
+    async def _write_loop(self) -> None:
+        try:
+            async for data in self._outbox_receive:
+                chunks = [data]
+                size = len(data)
+                while size < WRITE_COALESCE:
+                    try:
+                        more = self._outbox_receive.receive_nowait()
+                    except trio.WouldBlock:
+                        break
+                    chunks.append(more)
+                    size += len(more)
+                await self.stream.send_all(b"".join(chunks))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            assert self._nursery is not None
+            self._nursery.cancel_scope.cancel()  # the client is gone
+
+    async def _read_loop(self) -> None:
+        limit = self.server.config.max_request_bytes
+        pending = bytearray()
+        discarding = False
+        while True:
+            data = await self.stream.receive_some(READ_CHUNK)
+            if not data:
+                return
+            start = 0
+            while True:
+                newline = data.find(b"\n", start)
+                if newline < 0:
+                    if not discarding:
+                        pending += data[start:]
+                        if len(pending) > limit:
+                            pending.clear()
+                            discarding = True
+                            await self._too_large(limit)
+                    break
+                if discarding:
+                    discarding = False
+                else:
+                    pending += data[start:newline]
+                    if len(pending) > limit:
+                        await self._too_large(limit)
+                    else:
+                        await self._dispatch(bytes(pending))
+                    pending.clear()
+                start = newline + 1
+
+    async def _too_large(self, limit: int) -> None:
+        await self.send_line(error_response(None, CtxdError(
+            ErrorCode.INVALID_REQUEST,
+            f"invalid request: line longer than max_request_bytes ({limit}); it was discarded",
+            {"max_request_bytes": limit,
+             "fix": "send smaller requests (split a large append into batches)"})))
+
+    async def _dispatch(self, line: bytes) -> None:
+        if not line.strip():
+            return
+        if self.inflight >= self.server.config.max_inflight_per_connection:
+            await self.send_line(_overloaded(
+                salvage_id(line), "too many requests in flight on this connection",
+                "max_inflight_per_connection", self.server.config.max_inflight_per_connection))
+            return
+        self.inflight += 1
+        self._idle = trio.Event() if self.inflight == 1 else self._idle
+        assert self._nursery is not None
+        self._nursery.start_soon(self._handle, line)
+
+    async def _handle(self, line: bytes) -> None:
+        started = time.perf_counter()
+        self.server.inflight += 1
+        try:
+            reply = await self.server.dispatcher.handle_line(line, self.peer_uid, self)
+            if reply is not None:
+                await self.send_line(reply)
+        finally:
+            self.server.inflight -= 1
+            self.inflight -= 1
+            if self.inflight == 0:
+                self._idle.set()
+            self.server.record(time.perf_counter() - started)
+
+
+class Server:
+    """Accepts connections on the listening socket and serves them.
+
+    Args:
+        dispatcher: answers request lines.
+        bus: the event bus (subscriptions end with their connection).
+        config: limits (connections, in-flight requests, line size) and ``allow_root``.
+    """
+
+    def __init__(self, dispatcher: Dispatcher, bus: Any, config: Config):
+        self.dispatcher = dispatcher
+        self.bus = bus
+        self.config = config
+        self.connections: set[Connection] = set()
+        self.inflight = 0
+        self.requests_total = 0
+        self._latencies: deque[tuple[float, float]] = deque(maxlen=20_000)
+        self._accept_scope = trio.CancelScope()
+        self.closed = trio.Event()
+        self._own_uid = os.getuid()
+
+    async def run(self, sock: socket.socket, *,
+                  task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until `stop_accepting`, then drain in-flight requests (up to the deadline)."""
+        try:
+            await self._run(sock, task_status)
+        finally:
+            self.closed.set()
+
+    async def _run(self, sock: socket.socket, task_status: trio.TaskStatus[None]) -> None:
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        async with trio.open_nursery() as connections:
+            with self._accept_scope:
+                task_status.started()
+                while True:
+                    stream = await listener.accept()
+                    connections.start_soon(self._serve, stream)
+            await listener.aclose()
+            with trio.move_on_after(self.config.shutdown_timeout_s):
+                while self.inflight:
+                    await trio.sleep(0.01)
+            if self.inflight:
+                log.warning("shutdown deadline passed with %d requests in flight; "
+                            "they were cancelled (none was acknowledged)", self.inflight)
+            connections.cancel_scope.cancel()
+
+    def stop_accepting(self) -> None:
+        self._accept_scope.cancel()
+
+    async def _serve(self, stream: trio.SocketStream) -> None:
+        try:
+            uid = peer_uid(stream.socket)  # type: ignore[arg-type]
+        except OSError:
+            await stream.aclose()
+            return
+        if uid != self._own_uid and not (uid == 0 and self.config.allow_root):
+            log.warning("refused a connection from uid %d", uid)
+            await stream.aclose()
+            return
+        if len(self.connections) >= self.config.max_connections:
+            with trio.move_on_after(1):
+                try:
+                    await stream.send_all(_overloaded(
+                        None, "too many connections", "max_connections",
+                        self.config.max_connections) + b"\n")
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+            await stream.aclose()
+            return
+        connection = Connection(self, stream, uid)
+        self.connections.add(connection)
+        try:
+            await connection.serve()
+        finally:
+            self.connections.discard(connection)
+
+    def record(self, seconds: float) -> None:
+        self.requests_total += 1
+        self._latencies.append((time.monotonic(), seconds))
+
+    def statistics(self) -> dict[str, float]:
+        """Requests per second over the last 10 s and p50/p99 latency of recent requests."""
+        now = time.monotonic()
+        recent = sorted(latency for _, latency in self._latencies)
+        last_10s = sum(1 for ended, _ in self._latencies if ended > now - 10)
+
+        def percentile(p: float) -> float:
+            return recent[min(len(recent) - 1, int(p * len(recent)))] * 1000 if recent else 0.0
+
+        return {"connections": len(self.connections), "requests_total": self.requests_total,
+                "requests_per_s": last_10s / 10, "latency_p50_ms": percentile(0.50),
+                "latency_p99_ms": percentile(0.99)}

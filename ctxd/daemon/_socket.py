@@ -1,0 +1,96 @@
+"""Socket placement: the private directory, the lock file, stale sockets, peer credentials."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import stat
+import struct
+from pathlib import Path
+
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
+
+
+class PlacementError(Exception):
+    """The socket or data directory is unsafe or taken; the message says what to do."""
+
+
+def check_private_directory(directory: Path) -> None:
+    """Create ``directory`` 0700 if missing; refuse one that others could tamper with.
+
+    Raises:
+        PlacementError: it is a symlink, not a directory, owned by another user, or open to
+            group/others.
+    """
+    with contextlib.suppress(FileExistsError):
+        directory.mkdir(mode=0o700, parents=True)
+    info = os.lstat(directory)
+    if stat.S_ISLNK(info.st_mode):
+        raise PlacementError(f"{directory} is a symlink; ctxd needs a real private directory")
+    if not stat.S_ISDIR(info.st_mode):
+        raise PlacementError(f"{directory} is not a directory")
+    if info.st_uid != os.getuid():
+        raise PlacementError(f"{directory} belongs to uid {info.st_uid}, not to you "
+                             f"(uid {os.getuid()}); choose a directory of your own")
+    if info.st_mode & 0o077:
+        raise PlacementError(f"{directory} has mode {stat.S_IMODE(info.st_mode):04o}; "
+                             f"it must be private: chmod 700 {directory}")
+
+
+class Lock:
+    """An ``flock`` held for the daemon's lifetime, with the holder's pid written in it."""
+
+    def __init__(self, path: Path, what: str):
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(self._fd)
+            raise PlacementError(f"another ctxd (pid {holder}) is already running on {what}; "
+                                 "stop it first (ctxctl stop) or choose another "
+                                 "--socket/--data-dir") from None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        os.close(self._fd)
+
+
+def bind_unix_socket(path: Path) -> tuple[socket.socket, Lock]:
+    """Lock, clear a stale socket, and bind ``path`` with mode 0600.
+
+    Raises:
+        PlacementError: the path is too long, the directory unsafe, another daemon holds
+            the lock, or something that is not a socket sits at the path.
+    """
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise PlacementError(f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes; "
+                             "choose a shorter --socket")
+    check_private_directory(path.parent)
+    lock = Lock(path.with_name(path.name + ".lock"), str(path))
+    try:
+        if os.path.lexists(path):
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                raise PlacementError(f"{path} exists and is not a socket; not removing it")
+            os.unlink(path)  # stale: nobody holds the lock
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177)
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(old_umask)
+        sock.listen(512)
+    except BaseException:
+        lock.release()
+        raise
+    return sock, lock
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end (SO_PEERCRED)."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])

@@ -1,0 +1,106 @@
+"""SQL of the ``sessions`` and ``messages`` tables; every function runs in the store thread."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import apsw
+
+from ctxd.sessions._state import SessionRecord
+from ctxd.wire.types import COMPONENTS, Budget
+
+_SESSION_COLUMNS = (
+    "id, project, title, state, context_window, max_output_tokens, compact_trigger, "
+    "hard_block, warn, caution, message_count, tokens_system_prompt, tokens_skill_prompts, "
+    "tokens_tool_descriptions, tokens_conversation, created_at, updated_at, closed_at")
+
+MessageRow = tuple[str, int, str, bytes, str | None, str | None, str, bytes | None, int, float]
+
+
+def _record(row: Sequence[Any]) -> SessionRecord:
+    budget = Budget(context_window=row[4], max_output_tokens=row[5], compact_trigger=row[6],
+                    hard_block=row[7], warn=row[8], caution=row[9])
+    return SessionRecord(
+        session_id=row[0], project=row[1], title=row[2], state=row[3], budget=budget,
+        message_count=row[10], component_tokens=dict(zip(COMPONENTS, row[11:15], strict=True)),
+        created_at=row[15], updated_at=row[16], closed_at=row[17])
+
+
+def load_session(conn: apsw.Connection, session_id: str) -> SessionRecord | None:
+    rows = conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?",
+                        (session_id,)).fetchall()
+    return _record(rows[0]) if rows else None
+
+
+def save_session(conn: apsw.Connection, record: SessionRecord) -> None:
+    """Insert or replace the session row from the record (counters included)."""
+    b = record.budget
+    conn.execute(
+        f"INSERT OR REPLACE INTO sessions ({_SESSION_COLUMNS}) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        (record.session_id, record.project, record.title, record.state, b.context_window,
+         b.max_output_tokens, b.compact_trigger, b.hard_block, b.warn, b.caution,
+         record.message_count, *(record.component_tokens[c] for c in COMPONENTS),
+         record.created_at, record.updated_at, record.closed_at))
+
+
+def append_messages(conn: apsw.Connection, record: SessionRecord,
+                    rows: Sequence[MessageRow]) -> None:
+    """Insert messages and update the session's counters; the caller's transaction."""
+    conn.executemany(
+        "INSERT INTO messages (session_id, seq, role, content, name, tool_call_id, component, "
+        "meta, tokens, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
+    conn.execute(
+        "UPDATE sessions SET message_count = ?, tokens_system_prompt = ?, "
+        "tokens_skill_prompts = ?, tokens_tool_descriptions = ?, tokens_conversation = ?, "
+        "updated_at = ? WHERE id = ?",
+        (record.message_count, *(record.component_tokens[c] for c in COMPONENTS),
+         record.updated_at, record.session_id))
+
+
+_MESSAGE_COLUMNS = "seq, role, content, name, tool_call_id, component, meta, tokens, created_at"
+
+
+def list_messages(conn: apsw.Connection, session_id: str, after_seq: int,
+                  limit: int) -> list[tuple[Any, ...]]:
+    return conn.execute(
+        f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND seq > ? "
+        "ORDER BY seq LIMIT ?", (session_id, after_seq, limit)).fetchall()
+
+
+def thread_messages(conn: apsw.Connection, session_id: str) -> list[tuple[Any, ...]]:
+    """Role, content, name, tool_call_id of every message, in order (for render)."""
+    return conn.execute(
+        "SELECT role, content, name, tool_call_id FROM messages WHERE session_id = ? "
+        "ORDER BY seq", (session_id,)).fetchall()
+
+
+def delete_session(conn: apsw.Connection, session_id: str) -> int:
+    """Delete a session and (by cascade) its messages; returns the messages deleted."""
+    count = conn.execute("SELECT count(*) FROM messages WHERE session_id = ?",
+                         (session_id,)).fetchall()[0][0]
+    conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+    return int(count)
+
+
+def list_sessions(conn: apsw.Connection, project: str | None, state: str | None,
+                  after_rowid: int, limit: int) -> list[tuple[int, SessionRecord]]:
+    """Sessions in creation order after a rowid cursor, filtered."""
+    rows = conn.execute(
+        f"SELECT rowid, {_SESSION_COLUMNS} FROM sessions WHERE rowid > ? "
+        "AND (? IS NULL OR project = ?) AND (? IS NULL OR state = ?) ORDER BY rowid LIMIT ?",
+        (after_rowid, project, project, state, state, limit)).fetchall()
+    return [(row[0], _record(row[1:])) for row in rows]
+
+
+def count_sessions(conn: apsw.Connection) -> tuple[int, int]:
+    """(open sessions, all sessions)."""
+    row = conn.execute(
+        "SELECT count(*) FILTER (WHERE state = 'open'), count(*) FROM sessions").fetchall()[0]
+    return int(row[0]), int(row[1])
+
+
+def expired_sessions(conn: apsw.Connection, closed_before: float) -> list[str]:
+    return [row[0] for row in conn.execute(
+        "SELECT id FROM sessions WHERE state = 'closed' AND closed_at < ?", (closed_before,))]

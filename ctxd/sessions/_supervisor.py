@@ -1,0 +1,121 @@
+"""Supervisor: the registry of SessionActors; starts, looks up, idles out, expires sessions."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import trio
+
+from ctxd.config import Config
+from ctxd.errors import CtxdError, ErrorCode
+from ctxd.hub import EventBus
+from ctxd.sessions import _queries as q
+from ctxd.sessions._actor import ActorGone, SessionActor
+from ctxd.store import Store
+from ctxd.tokens import TokenCounter
+
+log = logging.getLogger("ctxd.sessions")
+T = TypeVar("T")
+
+
+class Supervisor:
+    """Routes each session's requests to its actor, starting one when needed.
+
+    Args:
+        store: the database.
+        counter: the token counter shared by every actor.
+        bus: where session events are published.
+        config: the daemon configuration (idle time, TTL, limits, default budget).
+    """
+
+    def __init__(self, store: Store, counter: TokenCounter, bus: EventBus, config: Config):
+        self.store = store
+        self.counter = counter
+        self.bus = bus
+        self.config = config
+        self.sessions_open = 0
+        self.sessions_total = 0
+        self._actors: dict[str, SessionActor] = {}
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Own the actors' nursery until cancelled."""
+        self.sessions_open, self.sessions_total = await self.store.read(q.count_sessions)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                if self.config.session_ttl_h > 0:
+                    nursery.start_soon(self._expire_closed_sessions)
+                task_status.started(self)
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+
+    async def call(self, session_id: str, op: Callable[[SessionActor], Awaitable[T]]) -> T:
+        """Run ``op`` on the session's actor, in order with that session's other requests.
+
+        Raises:
+            CtxdError: whatever the operation raises; -32007 while the daemon shuts down.
+        """
+        while True:
+            actor = self._actors.get(session_id)
+            if actor is None:
+                if self._nursery is None:
+                    raise CtxdError(ErrorCode.OVERLOADED, "ctxd is shutting down; retry",
+                                    {"fix": "retry once the daemon is back"})
+                actor = SessionActor(session_id, self)
+                self._actors[session_id] = actor
+                self._nursery.start_soon(actor.run)
+            try:
+                result: T = await actor.submit(op)
+            except ActorGone:
+                continue
+            return result
+
+    def forget(self, actor: SessionActor) -> None:
+        """Called by an actor as it retires."""
+        if self._actors.get(actor.session_id) is actor:
+            del self._actors[actor.session_id]
+
+    def reserve_open_slot(self) -> None:
+        """Raise -32005 when another open session would pass ``max_open_sessions``."""
+        if self.sessions_open >= self.config.max_open_sessions:
+            raise CtxdError(ErrorCode.LIMIT_REACHED,
+                            f"{self.sessions_open} sessions are open, the maximum "
+                            f"(max_open_sessions = {self.config.max_open_sessions})",
+                            {"limit": "max_open_sessions",
+                             "max": self.config.max_open_sessions,
+                             "fix": "close or delete sessions you no longer use"})
+
+    @property
+    def actor_count(self) -> int:
+        return len(self._actors)
+
+    def statistics(self) -> dict[str, int]:
+        return {"actors": len(self._actors), "sessions_open": self.sessions_open,
+                "sessions_total": self.sessions_total}
+
+    async def _expire_closed_sessions(self) -> None:
+        ttl_s = self.config.session_ttl_h * 3600
+        while True:
+            expired = await self.store.read(q.expired_sessions, time.time() - ttl_s)
+            for session_id in expired:
+                try:
+                    await self.call(session_id, _delete_if_still_expired(time.time() - ttl_s))
+                except CtxdError as error:
+                    log.warning("could not expire session %s: %s", session_id, error.message)
+            await trio.sleep(min(3600.0, max(1.0, ttl_s / 10)))
+
+
+def _delete_if_still_expired(closed_before: float) -> Callable[[SessionActor], Awaitable[None]]:
+    async def op(actor: SessionActor) -> Any:
+        record = actor.record
+        if record is not None and record.state == "closed" and (record.closed_at or 0) < closed_before:
+            await actor.delete()
+            log.info("session %s expired and was deleted", actor.session_id)
+
+    return op

@@ -1,0 +1,142 @@
+"""The Store: owner of the one apsw writer connection; every call runs in its worker thread."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import apsw
+import trio
+
+from ctxd.errors import CtxdError, ErrorCode
+from ctxd.store import migrations
+
+log = logging.getLogger("ctxd.store")
+T = TypeVar("T")
+
+_STORAGE_FAILURES = (apsw.FullError, apsw.ReadOnlyError, apsw.IOError, apsw.CantOpenError,
+                     apsw.CorruptError, apsw.NotADBError, apsw.BusyError)
+
+
+def _storage_error(exc: Exception) -> CtxdError:
+    reason = {apsw.FullError: "the disk or the configured max_db_bytes is full",
+              apsw.ReadOnlyError: "the database is read-only"}.get(type(exc), str(exc))
+    return CtxdError(ErrorCode.STORAGE_ERROR,
+                     f"storage error: {reason}; nothing was written",
+                     {"sqlite_error": type(exc).__name__,
+                      "fix": "free disk space or raise max_db_bytes, then retry"})
+
+
+def schema_version(conn: apsw.Connection) -> int:
+    """The database's ``PRAGMA user_version``."""
+    return int(conn.execute("PRAGMA user_version").fetchall()[0][0])
+
+
+def migrate(conn: apsw.Connection) -> int:
+    """Bring the schema to the newest version, each step in its own transaction.
+
+    Returns:
+        The version the database is at afterwards.
+
+    Raises:
+        RuntimeError: the database is newer than this ctxd.
+    """
+    steps = migrations.load_all()
+    current = schema_version(conn)
+    if current > len(steps):
+        raise RuntimeError(f"database schema version {current} is newer than this ctxd "
+                           f"({len(steps)}); upgrade ctxd")
+    for version, module in steps[current:]:
+        with conn:
+            conn.execute(module.SQL)
+            conn.execute(f"PRAGMA user_version = {version:d}")
+        log.info("database migrated to schema version %d", version)
+    return schema_version(conn)
+
+
+class Store:
+    """The database: one connection, one thread at a time, WAL.
+
+    Args:
+        path: the database file (its folder is created 0700).
+        durability: ``normal`` (survives a killed daemon) or ``full`` (fsync each commit).
+        max_db_bytes: writes that would grow the file past this fail with -32008 (0 = no cap).
+    """
+
+    def __init__(self, path: Path, durability: str = "normal", max_db_bytes: int = 0):
+        self.path = path
+        self._durability = durability
+        self._max_db_bytes = max_db_bytes
+        self._conn: apsw.Connection | None = None
+        self._limiter = trio.CapacityLimiter(1)
+
+    def open(self) -> None:
+        """Open (creating if needed) and migrate; blocking, called once at start-up."""
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        conn = apsw.Connection(str(self.path))
+        conn.set_busy_timeout(5000)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("PRAGMA synchronous = " + ("FULL" if self._durability == "full" else "NORMAL"))
+        if self._max_db_bytes:
+            page_size = int(conn.execute("PRAGMA page_size").fetchall()[0][0])
+            conn.execute(f"PRAGMA max_page_count = {max(1, self._max_db_bytes // page_size):d}")
+        migrate(conn)
+        os.chmod(self.path, 0o600)
+        self._conn = conn
+
+    def close(self) -> None:
+        """Checkpoint and close; blocking."""
+        if self._conn is not None:
+            try:
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except apsw.Error as exc:
+                log.warning("checkpoint at close failed: %s", exc)
+            self._conn.close()
+            self._conn = None
+
+    @property
+    def connection(self) -> apsw.Connection:
+        if self._conn is None:
+            raise RuntimeError("store is not open")
+        return self._conn
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, *args)`` in the store's thread.
+
+        Cancellation: the call is not abandoned; a cancelled caller waits for it to finish.
+        """
+        return await trio.to_thread.run_sync(self._run, fn, args, False, limiter=self._limiter)
+
+    async def write(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, *args)`` in one transaction in the store's thread.
+
+        The transaction has committed when this returns, so the caller may acknowledge.
+
+        Raises:
+            CtxdError: -32008 when SQLite could not commit; the transaction rolled back.
+        """
+        return await trio.to_thread.run_sync(self._run, fn, args, True, limiter=self._limiter)
+
+    def _run(self, fn: Callable[..., T], args: tuple[Any, ...], transaction: bool) -> T:
+        conn = self.connection
+        try:
+            if transaction:
+                with conn:
+                    return fn(conn, *args)
+            return fn(conn, *args)
+        except _STORAGE_FAILURES as exc:
+            raise _storage_error(exc) from exc
+
+    def size_bytes(self) -> int:
+        """The database file plus its WAL, in bytes."""
+        total = 0
+        for suffix in ("", "-wal"):
+            try:
+                total += os.stat(str(self.path) + suffix).st_size
+            except FileNotFoundError:
+                pass
+        return total

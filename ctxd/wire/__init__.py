@@ -1,0 +1,17 @@
+"""The wire: msgspec types of every method, NDJSON codec, dispatcher."""
+
+from ctxd.wire import types
+from ctxd.wire._codec import (
+    Envelope,
+    RequestId,
+    encode,
+    error_response,
+    notification,
+    params_error,
+    response,
+    salvage_id,
+)
+from ctxd.wire._dispatch import Call, Dispatcher
+
+__all__ = ["Call", "Dispatcher", "Envelope", "RequestId", "encode", "error_response",
+           "notification", "params_error", "response", "salvage_id", "types"]

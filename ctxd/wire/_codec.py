@@ -1,0 +1,71 @@
+"""NDJSON JSON-RPC 2.0 framing: the envelope, responses, notifications, error objects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from ctxd.errors import CtxdError, ErrorCode
+
+RequestId = int | str | None
+
+
+class Envelope(msgspec.Struct, frozen=True, kw_only=True):
+    """A request with its params kept raw, decoded later by the method's own decoder."""
+
+    jsonrpc: str
+    method: str
+    id: RequestId | msgspec.UnsetType = msgspec.UNSET
+    params: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+class _IdOnly(msgspec.Struct):
+    id: RequestId = None
+
+
+decode_envelope = msgspec.json.Decoder(Envelope).decode
+_decode_id = msgspec.json.Decoder(_IdOnly).decode
+decode_batch = msgspec.json.Decoder(list[msgspec.Raw]).decode
+encode = msgspec.json.Encoder().encode
+
+
+def salvage_id(line: bytes) -> RequestId:
+    """The id of a request that failed validation, when one can be read."""
+    try:
+        return _decode_id(line).id
+    except msgspec.DecodeError:
+        return None
+
+
+def response(request_id: RequestId, result: Any) -> bytes:
+    """One encoded success response (no trailing newline)."""
+    return b'{"jsonrpc":"2.0","id":' + encode(request_id) + b',"result":' + encode(result) + b"}"
+
+
+def error_response(request_id: RequestId, error: CtxdError) -> bytes:
+    """One encoded error response (no trailing newline)."""
+    body: dict[str, Any] = {"code": int(error.code), "message": error.message}
+    if error.data is not None:
+        body["data"] = error.data
+    return encode({"jsonrpc": "2.0", "id": request_id, "error": body})
+
+
+def notification(method: str, params: Any) -> bytes:
+    """One encoded notification (no trailing newline)."""
+    return b'{"jsonrpc":"2.0","method":' + encode(method) + b',"params":' + encode(params) + b"}"
+
+
+def invalid_params(exc: msgspec.ValidationError) -> CtxdError:
+    """-32602 with msgspec's path to the bad field in ``data.path``."""
+    text = str(exc)
+    message, _, at = text.partition(" - at `")
+    path = at.rstrip("`") if at else "$"
+    return CtxdError(ErrorCode.INVALID_PARAMS, f"invalid params: {message} (at {path})",
+                     {"path": path, "reason": message})
+
+
+def params_error(path: str, reason: str) -> CtxdError:
+    """-32602 for a check msgspec cannot express (the same shape as `invalid_params`)."""
+    return CtxdError(ErrorCode.INVALID_PARAMS, f"invalid params: {reason} (at {path})",
+                     {"path": path, "reason": reason})

@@ -1,0 +1,127 @@
+"""The dispatcher: one line in, one line out; method table with a decoder built per method."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import msgspec
+
+from ctxd.errors import CtxdError, ErrorCode
+from ctxd.wire import _codec
+
+log = logging.getLogger("ctxd.wire")
+
+P = TypeVar("P", bound=msgspec.Struct)
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """What a handler knows about the request besides its params."""
+
+    request_id: _codec.RequestId
+    peer_uid: int
+    connection: Any
+
+
+Handler = Callable[[Call, Any], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Method(Generic[P]):
+    name: str
+    decode: Callable[[bytes], P]
+    handler: Handler
+
+
+class Dispatcher:
+    """Maps method names to handlers and turns request lines into response lines."""
+
+    def __init__(self) -> None:
+        self._methods: dict[str, _Method[Any]] = {}
+
+    def register(self, name: str, params_type: type[P],
+                 handler: Callable[[Call, P], Awaitable[Any]]) -> None:
+        """Add a method; its params decoder is built once, here."""
+        if name in self._methods:
+            raise ValueError(f"method {name} registered twice")
+        self._methods[name] = _Method(name, msgspec.json.Decoder(params_type).decode, handler)
+
+    @property
+    def method_names(self) -> list[str]:
+        return sorted(self._methods)
+
+    async def handle_line(self, line: bytes, peer_uid: int, connection: Any) -> bytes | None:
+        """Answer one NDJSON line: a request, a notification or a batch.
+
+        Returns:
+            The response line without its newline, or None when nothing is to be sent
+            (notifications, or a batch of notifications only).
+        """
+        if line.lstrip()[:1] == b"[":
+            return await self._handle_batch(line, peer_uid, connection)
+        return await self._handle_one(line, peer_uid, connection)
+
+    async def _handle_batch(self, line: bytes, peer_uid: int, connection: Any) -> bytes | None:
+        try:
+            items = _codec.decode_batch(line)
+        except msgspec.DecodeError as exc:
+            return _codec.error_response(None, CtxdError(
+                ErrorCode.PARSE_ERROR, f"parse error: {exc}", {"fix": "send valid UTF-8 JSON"}))
+        if not items:
+            return _codec.error_response(None, CtxdError(
+                ErrorCode.INVALID_REQUEST, "invalid request: empty batch",
+                {"fix": "send at least one request in a batch"}))
+        # In order, one after the other: a batch that appends then renders sees its appends.
+        replies = [await self._handle_one(bytes(item), peer_uid, connection) for item in items]
+        kept = [reply for reply in replies if reply is not None]
+        return b"[" + b",".join(kept) + b"]" if kept else None
+
+    async def _handle_one(self, line: bytes, peer_uid: int, connection: Any) -> bytes | None:
+        try:
+            envelope = _codec.decode_envelope(line)
+        except msgspec.ValidationError as exc:
+            return _codec.error_response(_codec.salvage_id(line), CtxdError(
+                ErrorCode.INVALID_REQUEST, f"invalid request: {exc}",
+                {"fix": 'send {"jsonrpc":"2.0","id":1,"method":"daemon.ping"}'}))
+        except msgspec.DecodeError as exc:
+            return _codec.error_response(None, CtxdError(
+                ErrorCode.PARSE_ERROR, f"parse error: {exc}", {"fix": "send valid UTF-8 JSON"}))
+        request_id = None if envelope.id is msgspec.UNSET else envelope.id
+        is_notification = envelope.id is msgspec.UNSET
+        try:
+            result = await self.call(envelope, peer_uid, connection)
+        except CtxdError as error:
+            return None if is_notification else _codec.error_response(request_id, error)
+        if is_notification:
+            return None
+        return _codec.response(request_id, result)
+
+    async def call(self, envelope: _codec.Envelope, peer_uid: int, connection: Any) -> Any:
+        """Validate and run one request; every failure comes out as a `CtxdError`."""
+        request_id = None if envelope.id is msgspec.UNSET else envelope.id
+        if envelope.jsonrpc != "2.0":
+            raise CtxdError(ErrorCode.INVALID_REQUEST,
+                            f'invalid request: jsonrpc must be "2.0", got {envelope.jsonrpc!r}',
+                            {"fix": 'set "jsonrpc":"2.0"'})
+        method = self._methods.get(envelope.method)
+        if method is None:
+            raise CtxdError(ErrorCode.METHOD_NOT_FOUND, f"method not found: {envelope.method!r}",
+                            {"method": envelope.method, "available": self.method_names})
+        raw = b"{}" if envelope.params is msgspec.UNSET else bytes(envelope.params)
+        try:
+            params = method.decode(raw)
+        except msgspec.ValidationError as exc:
+            raise _codec.invalid_params(exc) from None
+        try:
+            return await method.handler(Call(request_id, peer_uid, connection), params)
+        except CtxdError:
+            raise
+        except Exception as exc:
+            # The actor boundary: an unexpected failure becomes a typed reply, never a crash.
+            log.exception("internal error in %s", method.name)
+            raise CtxdError(ErrorCode.INTERNAL_ERROR,
+                            f"internal error in {method.name}: {type(exc).__name__}",
+                            {"method": method.name}) from exc

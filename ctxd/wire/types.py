@@ -1,0 +1,312 @@
+"""msgspec types of every native method's params and results (DESIGN §4, §5)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+
+class Params(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of every native params type: unknown fields are an error that names them."""
+
+
+class Result(msgspec.Struct, frozen=True, kw_only=True):
+    """Base of every result type."""
+
+
+SessionId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$",
+                                description="1-128 of A-Z a-z 0-9 . _ : - (first alphanumeric)")]
+Ratio = Annotated[float, Meta(gt=0.0, le=1.0)]
+Role = Literal["system", "user", "assistant", "tool"]
+Component = Literal["system_prompt", "skill_prompts", "tool_descriptions", "conversation"]
+COMPONENTS: tuple[Component, ...] = ("system_prompt", "skill_prompts", "tool_descriptions",
+                                     "conversation")
+Health = Literal["ok", "warn", "caution", "compact", "blocked"]
+SessionStateName = Literal["open", "closed"]
+Text = Annotated[str, Meta(max_length=256)]
+
+
+# ---- shared shapes ------------------------------------------------------------------
+
+class BudgetParams(Params):
+    """Budget fields a client may set; each missing one takes the daemon's default."""
+
+    context_window: Annotated[int, Meta(ge=1024, le=100_000_000)] | None = None
+    max_output_tokens: Annotated[int, Meta(ge=0, le=10_000_000)] | None = None
+    compact_trigger: Ratio | None = None
+    hard_block: Ratio | None = None
+    warn: Ratio | None = None
+    caution: Ratio | None = None
+
+
+class Budget(Result):
+    """A session's resolved budget."""
+
+    context_window: int
+    max_output_tokens: int
+    compact_trigger: float
+    hard_block: float
+    warn: float
+    caution: float
+
+
+class ContextState(Result):
+    """Where a session's context stands; carried by every session-scoped result."""
+
+    session_id: str
+    active_branch_id: str | None
+    branch_depth: int
+    branch_path: list[str]
+    total_tokens: int
+    main_thread_tokens: int
+    current_branch_tokens: int
+    folded_tokens: int
+    effective_window: int
+    usage: float
+    health: Health
+
+
+class SessionInfo(Result):
+    session_id: str
+    project: str | None
+    title: str | None
+    state: SessionStateName
+    budget: Budget
+    message_count: int
+    total_tokens: int
+    main_thread_tokens: int
+    usage: float
+    health: Health
+    created_at: float
+    updated_at: float
+    closed_at: float | None
+
+
+# ---- daemon.* -----------------------------------------------------------------------
+
+class Empty(Params):
+    pass
+
+
+class PingResult(Result):
+    pong: bool
+    ts: float
+
+
+class HelloParams(Params):
+    client: Text = ""
+    protocol_features: list[Text] = []
+
+
+class HelloResult(Result):
+    name: str
+    version: str
+    protocol_version: int
+    features: list[str]
+    agreed_features: list[str]
+
+
+class DaemonStatus(Result):
+    version: str
+    pid: int
+    uptime_s: float
+    socket: str
+    data_dir: str
+    sessions_open: int
+    sessions_total: int
+    session_actors: int
+    live_branches: int
+    memories: int
+    connections: int
+    subscribers: int
+    db_size_bytes: int
+    rss_bytes: int
+    requests_total: int
+    requests_per_s: float
+    latency_p50_ms: float
+    latency_p99_ms: float
+
+
+class ShutdownResult(Result):
+    stopping: bool
+
+
+# ---- session.* ----------------------------------------------------------------------
+
+class SessionOpenParams(Params):
+    session_id: SessionId | None = None
+    project: Text | None = None
+    title: Annotated[str, Meta(max_length=1024)] | None = None
+    budget: BudgetParams | None = None
+
+
+class SessionIdParams(Params):
+    session_id: SessionId
+
+
+class SessionListParams(Params):
+    project: Text | None = None
+    state: SessionStateName | None = None
+    limit: Annotated[int, Meta(ge=1, le=1000)] = 50
+    cursor: Annotated[str, Meta(pattern=r"^[0-9]{1,19}$")] | None = None
+
+
+class SessionResult(Result):
+    session: SessionInfo
+    context_state: ContextState
+
+
+class SessionOpenResult(Result):
+    session: SessionInfo
+    created: bool
+    context_state: ContextState
+
+
+class SessionListResult(Result):
+    sessions: list[SessionInfo]
+    next_cursor: str | None
+
+
+class SessionDeleteResult(Result):
+    session_id: str
+    deleted: bool
+    messages_deleted: int
+
+
+# ---- message.* ----------------------------------------------------------------------
+
+Content = str | list[dict[str, Any]]
+
+
+class MessageIn(Params):
+    role: Role
+    content: Content
+    name: Annotated[str, Meta(max_length=256)] | None = None
+    tool_call_id: Annotated[str, Meta(max_length=256)] | None = None
+    component: Component | None = None
+    meta: dict[str, Any] | None = None
+
+
+class MessageAppendParams(Params):
+    session_id: SessionId
+    messages: Annotated[list[MessageIn], Meta(min_length=1, max_length=10_000)]
+    allow_over: bool = False
+
+
+class AppendedMessage(Result):
+    seq: int
+    tokens: int
+    component: Component
+
+
+class MessageAppendResult(Result):
+    appended: list[AppendedMessage]
+    tokens_appended: int
+    context_state: ContextState
+
+
+class MessageListParams(Params):
+    session_id: SessionId
+    cursor: Annotated[str, Meta(pattern=r"^[0-9]{1,19}$")] | None = None
+    limit: Annotated[int, Meta(ge=1, le=1000)] = 100
+
+
+class StoredMessage(Result, omit_defaults=True):
+    seq: int
+    role: Role
+    content: Content
+    component: Component
+    tokens: int
+    created_at: float
+    name: str | None = None
+    tool_call_id: str | None = None
+    meta: dict[str, Any] | None = None
+
+
+class MessageListResult(Result):
+    messages: list[StoredMessage]
+    next_cursor: str | None
+    context_state: ContextState
+
+
+# ---- ctxd.render / budget.measure ---------------------------------------------------
+
+class RenderParams(Params):
+    session_id: SessionId
+
+
+class RenderedMessage(Result, omit_defaults=True):
+    role: Role
+    content: Content
+    name: str | None = None
+    tool_call_id: str | None = None
+
+
+class RenderStats(Result):
+    message_count: int
+    stored_messages: int
+    message_tokens: int
+    reply_priming_tokens: int
+
+
+class RenderResult(Result):
+    messages: list[RenderedMessage]
+    tokens: int
+    context_state: ContextState
+    stats: RenderStats
+
+
+class BudgetMeasureParams(Params):
+    session_id: SessionId
+    system_prompt: str | None = None
+    skill_prompts: list[str] | None = None
+    tool_definitions: list[dict[str, Any]] | None = None
+
+
+class BudgetMeasureResult(Result):
+    total: int
+    max_output_tokens: int
+    effective_window: int
+    system_prompt: int
+    skill_prompts: int
+    tool_descriptions: int
+    conversation: int
+    used: int
+    remaining: int
+    used_pct: float
+    should_compact: bool
+    is_blocked: bool
+    context_state: ContextState
+
+
+# ---- events.* -----------------------------------------------------------------------
+
+class EventsSubscribeParams(Params):
+    session_id: SessionId | None = None
+    types: Annotated[list[Text], Meta(max_length=64)] | None = None
+    since_seq: Annotated[int, Meta(ge=0)] | None = None
+
+
+class EventsSubscribeResult(Result):
+    subscription_id: str
+    seq: int
+
+
+class EventsUnsubscribeParams(Params):
+    subscription_id: Annotated[str, Meta(max_length=64)]
+
+
+class EventsUnsubscribeResult(Result):
+    unsubscribed: bool
+
+
+class Event(Result):
+    """One `event` notification: ``seq`` is monotonic per daemon."""
+
+    seq: int
+    ts: float
+    session_id: str | None
+    type: str
+    data: dict[str, Any]
