@@ -51,7 +51,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 
 
 _HELP = {
-    "socket": "Unix socket path (default $XDG_RUNTIME_DIR/ctxd/ctxd.sock or /tmp/ctxd-$UID/ctxd.sock)",
+    "socket": "Unix socket path "
+              "(default $XDG_RUNTIME_DIR/ctxd/ctxd.sock or /tmp/ctxd-$UID/ctxd.sock)",
     "data_dir": "folder of the database (default $XDG_DATA_HOME/ctxd)",
     "durability": "normal = survives a daemon kill; full = survives power loss (fsync per commit)",
     "max_db_bytes": "cap on the database size; writes past it get -32008 (0 = no cap)",
@@ -185,8 +186,10 @@ def to_toml(config: Config) -> str:
             return msgspec.json.encode(value).decode()
         return repr(value)
 
-    top = [f"{k} = {literal(getattr(config, k))}" for k in Config.__struct_fields__ if k != "budget"]
-    budget = [f"{k} = {literal(getattr(config.budget, k))}" for k in BudgetDefaults.__struct_fields__]
+    top = [f"{key} = {literal(getattr(config, key))}"
+           for key in Config.__struct_fields__ if key != "budget"]
+    budget = [f"{key} = {literal(getattr(config.budget, key))}"
+              for key in BudgetDefaults.__struct_fields__]
     return "\n".join([*top, "", "[budget]", *budget]) + "\n"
 
 

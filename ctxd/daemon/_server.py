@@ -14,7 +14,7 @@ import trio
 from ctxd.config import Config
 from ctxd.daemon._socket import peer_uid
 from ctxd.errors import CtxdError, ErrorCode
-from ctxd.hub import Subscription
+from ctxd.hub import EventBus, Subscription
 from ctxd.wire import Dispatcher, error_response, notification, salvage_id
 
 log = logging.getLogger("ctxd.server")
@@ -77,7 +77,8 @@ class Connection:
     def detach(self, subscription_id: str) -> bool:
         if self.subscriptions.pop(subscription_id, None) is None:
             return False
-        return self.server.bus.unsubscribe(subscription_id)
+        unsubscribed: bool = self.server.bus.unsubscribe(subscription_id)
+        return unsubscribed
 
     async def _pump_events(self, subscription: Subscription) -> None:
         while True:
@@ -156,17 +157,16 @@ class Connection:
 
     async def _handle(self, line: bytes) -> None:
         started = time.perf_counter()
-        self.server.inflight += 1
+        self.server.begin_request()
         try:
             reply = await self.server.dispatcher.handle_line(line, self.peer_uid, self)
             if reply is not None:
                 await self.send_line(reply)
         finally:
-            self.server.inflight -= 1
             self.inflight -= 1
             if self.inflight == 0:
                 self._idle.set()
-            self.server.record(time.perf_counter() - started)
+            self.server.end_request(time.perf_counter() - started)
 
 
 class Server:
@@ -178,7 +178,7 @@ class Server:
         config: limits (connections, in-flight requests, line size) and ``allow_root``.
     """
 
-    def __init__(self, dispatcher: Dispatcher, bus: Any, config: Config):
+    def __init__(self, dispatcher: Dispatcher, bus: EventBus, config: Config):
         self.dispatcher = dispatcher
         self.bus = bus
         self.config = config
@@ -188,6 +188,8 @@ class Server:
         self._latencies: deque[tuple[float, float]] = deque(maxlen=20_000)
         self._accept_scope = trio.CancelScope()
         self.closed = trio.Event()
+        self._drained = trio.Event()
+        self._drained.set()
         self._own_uid = os.getuid()
 
     async def run(self, sock: socket.socket, *,
@@ -208,8 +210,7 @@ class Server:
                     connections.start_soon(self._serve, stream)
             await listener.aclose()
             with trio.move_on_after(self.config.shutdown_timeout_s):
-                while self.inflight:
-                    await trio.sleep(0.01)
+                await self._drained.wait()
             if self.inflight:
                 log.warning("shutdown deadline passed with %d requests in flight; "
                             "they were cancelled (none was acknowledged)", self.inflight)
@@ -245,7 +246,15 @@ class Server:
         finally:
             self.connections.discard(connection)
 
-    def record(self, seconds: float) -> None:
+    def begin_request(self) -> None:
+        if self.inflight == 0:
+            self._drained = trio.Event()
+        self.inflight += 1
+
+    def end_request(self, seconds: float) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._drained.set()
         self.requests_total += 1
         self._latencies.append((time.monotonic(), seconds))
 

@@ -13,7 +13,13 @@ import trio
 
 from ctxd.errors import CtxdError, ErrorCode, not_found
 from ctxd.sessions import _queries as q
-from ctxd.sessions._state import SessionRecord, effective_window, health_of, resolve_budget, thread_tokens
+from ctxd.sessions._state import (
+    SessionRecord,
+    effective_window,
+    health_of,
+    resolve_budget,
+    thread_tokens,
+)
 from ctxd.tokens import REPLY_PRIMING
 from ctxd.wire import params_error
 from ctxd.wire.types import (

@@ -8,6 +8,7 @@ from typing import Any
 import apsw
 
 from ctxd.sessions._state import SessionRecord
+from ctxd.store import scalar_int
 from ctxd.wire.types import COMPONENTS, Budget
 
 _SESSION_COLUMNS = (
@@ -16,6 +17,11 @@ _SESSION_COLUMNS = (
     "tokens_tool_descriptions, tokens_conversation, created_at, updated_at, closed_at")
 
 MessageRow = tuple[str, int, str, bytes, str | None, str | None, str, bytes | None, int, float]
+
+
+def scalar_rowid(value: object) -> int:
+    assert isinstance(value, int)
+    return value
 
 
 def _record(row: Sequence[Any]) -> SessionRecord:
@@ -78,10 +84,9 @@ def thread_messages(conn: apsw.Connection, session_id: str) -> list[tuple[Any, .
 
 def delete_session(conn: apsw.Connection, session_id: str) -> int:
     """Delete a session and (by cascade) its messages; returns the messages deleted."""
-    count = conn.execute("SELECT count(*) FROM messages WHERE session_id = ?",
-                         (session_id,)).fetchall()[0][0]
+    count = scalar_int(conn, "SELECT count(*) FROM messages WHERE session_id = ?", (session_id,))
     conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
-    return int(count)
+    return count
 
 
 def list_sessions(conn: apsw.Connection, project: str | None, state: str | None,
@@ -91,14 +96,13 @@ def list_sessions(conn: apsw.Connection, project: str | None, state: str | None,
         f"SELECT rowid, {_SESSION_COLUMNS} FROM sessions WHERE rowid > ? "
         "AND (? IS NULL OR project = ?) AND (? IS NULL OR state = ?) ORDER BY rowid LIMIT ?",
         (after_rowid, project, project, state, state, limit)).fetchall()
-    return [(row[0], _record(row[1:])) for row in rows]
+    return [(scalar_rowid(row[0]), _record(row[1:])) for row in rows]
 
 
 def count_sessions(conn: apsw.Connection) -> tuple[int, int]:
     """(open sessions, all sessions)."""
-    row = conn.execute(
-        "SELECT count(*) FILTER (WHERE state = 'open'), count(*) FROM sessions").fetchall()[0]
-    return int(row[0]), int(row[1])
+    open_count = scalar_int(conn, "SELECT count(*) FROM sessions WHERE state = 'open'")
+    return open_count, scalar_int(conn, "SELECT count(*) FROM sessions")
 
 
 def expired_sessions(conn: apsw.Connection, closed_before: float) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from ctxd.config import BudgetDefaults
@@ -35,7 +36,7 @@ def resolve_budget(given: BudgetParams | None, base: Budget | BudgetDefaults) ->
                            f"max_output_tokens ({budget.max_output_tokens}) must be smaller "
                            f"than context_window ({budget.context_window})")
     order = ["warn", "caution", "compact_trigger", "hard_block"]
-    for lower, higher in zip(order, order[1:], strict=False):
+    for lower, higher in itertools.pairwise(order):
         if getattr(budget, lower) > getattr(budget, higher):
             raise params_error(f"$.budget.{lower}",
                                f"{lower} ({getattr(budget, lower)}) must not exceed "
@@ -44,7 +45,7 @@ def resolve_budget(given: BudgetParams | None, base: Budget | BudgetDefaults) ->
 
 
 def effective_window(budget: Budget) -> int:
-    """The tokens a prompt may use: context_window − max_output_tokens."""
+    """The tokens a prompt may use: context_window - max_output_tokens."""
     return budget.context_window - budget.max_output_tokens
 
 

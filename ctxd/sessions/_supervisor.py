@@ -114,7 +114,9 @@ class Supervisor:
 def _delete_if_still_expired(closed_before: float) -> Callable[[SessionActor], Awaitable[None]]:
     async def op(actor: SessionActor) -> Any:
         record = actor.record
-        if record is not None and record.state == "closed" and (record.closed_at or 0) < closed_before:
+        expired = record is not None and record.state == "closed" and (
+            record.closed_at or 0) < closed_before
+        if expired:
             await actor.delete()
             log.info("session %s expired and was deleted", actor.session_id)
 

@@ -21,9 +21,21 @@ _STORAGE_FAILURES = (apsw.FullError, apsw.ReadOnlyError, apsw.IOError, apsw.Cant
                      apsw.CorruptError, apsw.NotADBError, apsw.BusyError)
 
 
+def scalar_int(conn: apsw.Connection, sql: str, bindings: tuple[Any, ...] = ()) -> int:
+    """The integer in the first column of the first row of a query."""
+    value = conn.execute(sql, bindings).fetchall()[0][0]
+    if not isinstance(value, int):
+        raise TypeError(f"{sql!r} returned {value!r}, not an integer")
+    return value
+
+
 def _storage_error(exc: Exception) -> CtxdError:
-    reason = {apsw.FullError: "the disk or the configured max_db_bytes is full",
-              apsw.ReadOnlyError: "the database is read-only"}.get(type(exc), str(exc))
+    if isinstance(exc, apsw.FullError):
+        reason = "the disk or the configured max_db_bytes is full"
+    elif isinstance(exc, apsw.ReadOnlyError):
+        reason = "the database is read-only"
+    else:
+        reason = str(exc)
     return CtxdError(ErrorCode.STORAGE_ERROR,
                      f"storage error: {reason}; nothing was written",
                      {"sqlite_error": type(exc).__name__,
@@ -32,7 +44,7 @@ def _storage_error(exc: Exception) -> CtxdError:
 
 def schema_version(conn: apsw.Connection) -> int:
     """The database's ``PRAGMA user_version``."""
-    return int(conn.execute("PRAGMA user_version").fetchall()[0][0])
+    return scalar_int(conn, "PRAGMA user_version")
 
 
 def migrate(conn: apsw.Connection) -> int:
@@ -82,7 +94,7 @@ class Store:
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute("PRAGMA synchronous = " + ("FULL" if self._durability == "full" else "NORMAL"))
         if self._max_db_bytes:
-            page_size = int(conn.execute("PRAGMA page_size").fetchall()[0][0])
+            page_size = scalar_int(conn, "PRAGMA page_size")
             conn.execute(f"PRAGMA max_page_count = {max(1, self._max_db_bytes // page_size):d}")
         migrate(conn)
         os.chmod(self.path, 0o600)

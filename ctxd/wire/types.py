@@ -30,7 +30,7 @@ Text = Annotated[str, Meta(max_length=256)]
 
 # ---- shared shapes ------------------------------------------------------------------
 
-class BudgetParams(Params):
+class BudgetParams(Params, frozen=True):
     """Budget fields a client may set; each missing one takes the daemon's default."""
 
     context_window: Annotated[int, Meta(ge=1024, le=100_000_000)] | None = None
@@ -41,7 +41,7 @@ class BudgetParams(Params):
     caution: Ratio | None = None
 
 
-class Budget(Result):
+class Budget(Result, frozen=True):
     """A session's resolved budget."""
 
     context_window: int
@@ -52,7 +52,7 @@ class Budget(Result):
     caution: float
 
 
-class ContextState(Result):
+class ContextState(Result, frozen=True):
     """Where a session's context stands; carried by every session-scoped result."""
 
     session_id: str
@@ -68,7 +68,7 @@ class ContextState(Result):
     health: Health
 
 
-class SessionInfo(Result):
+class SessionInfo(Result, frozen=True):
     session_id: str
     project: str | None
     title: str | None
@@ -86,21 +86,21 @@ class SessionInfo(Result):
 
 # ---- daemon.* -----------------------------------------------------------------------
 
-class Empty(Params):
+class Empty(Params, frozen=True):
     pass
 
 
-class PingResult(Result):
+class PingResult(Result, frozen=True):
     pong: bool
     ts: float
 
 
-class HelloParams(Params):
+class HelloParams(Params, frozen=True):
     client: Text = ""
     protocol_features: list[Text] = []
 
 
-class HelloResult(Result):
+class HelloResult(Result, frozen=True):
     name: str
     version: str
     protocol_version: int
@@ -108,7 +108,7 @@ class HelloResult(Result):
     agreed_features: list[str]
 
 
-class DaemonStatus(Result):
+class DaemonStatus(Result, frozen=True):
     version: str
     pid: int
     uptime_s: float
@@ -129,47 +129,47 @@ class DaemonStatus(Result):
     latency_p99_ms: float
 
 
-class ShutdownResult(Result):
+class ShutdownResult(Result, frozen=True):
     stopping: bool
 
 
 # ---- session.* ----------------------------------------------------------------------
 
-class SessionOpenParams(Params):
+class SessionOpenParams(Params, frozen=True):
     session_id: SessionId | None = None
     project: Text | None = None
     title: Annotated[str, Meta(max_length=1024)] | None = None
     budget: BudgetParams | None = None
 
 
-class SessionIdParams(Params):
+class SessionIdParams(Params, frozen=True):
     session_id: SessionId
 
 
-class SessionListParams(Params):
+class SessionListParams(Params, frozen=True):
     project: Text | None = None
     state: SessionStateName | None = None
     limit: Annotated[int, Meta(ge=1, le=1000)] = 50
     cursor: Annotated[str, Meta(pattern=r"^[0-9]{1,19}$")] | None = None
 
 
-class SessionResult(Result):
+class SessionResult(Result, frozen=True):
     session: SessionInfo
     context_state: ContextState
 
 
-class SessionOpenResult(Result):
+class SessionOpenResult(Result, frozen=True):
     session: SessionInfo
     created: bool
     context_state: ContextState
 
 
-class SessionListResult(Result):
+class SessionListResult(Result, frozen=True):
     sessions: list[SessionInfo]
     next_cursor: str | None
 
 
-class SessionDeleteResult(Result):
+class SessionDeleteResult(Result, frozen=True):
     session_id: str
     deleted: bool
     messages_deleted: int
@@ -180,7 +180,7 @@ class SessionDeleteResult(Result):
 Content = str | list[dict[str, Any]]
 
 
-class MessageIn(Params):
+class MessageIn(Params, frozen=True):
     role: Role
     content: Content
     name: Annotated[str, Meta(max_length=256)] | None = None
@@ -189,31 +189,31 @@ class MessageIn(Params):
     meta: dict[str, Any] | None = None
 
 
-class MessageAppendParams(Params):
+class MessageAppendParams(Params, frozen=True):
     session_id: SessionId
     messages: Annotated[list[MessageIn], Meta(min_length=1, max_length=10_000)]
     allow_over: bool = False
 
 
-class AppendedMessage(Result):
+class AppendedMessage(Result, frozen=True):
     seq: int
     tokens: int
     component: Component
 
 
-class MessageAppendResult(Result):
+class MessageAppendResult(Result, frozen=True):
     appended: list[AppendedMessage]
     tokens_appended: int
     context_state: ContextState
 
 
-class MessageListParams(Params):
+class MessageListParams(Params, frozen=True):
     session_id: SessionId
     cursor: Annotated[str, Meta(pattern=r"^[0-9]{1,19}$")] | None = None
     limit: Annotated[int, Meta(ge=1, le=1000)] = 100
 
 
-class StoredMessage(Result, omit_defaults=True):
+class StoredMessage(Result, frozen=True, omit_defaults=True):
     seq: int
     role: Role
     content: Content
@@ -225,7 +225,7 @@ class StoredMessage(Result, omit_defaults=True):
     meta: dict[str, Any] | None = None
 
 
-class MessageListResult(Result):
+class MessageListResult(Result, frozen=True):
     messages: list[StoredMessage]
     next_cursor: str | None
     context_state: ContextState
@@ -233,39 +233,39 @@ class MessageListResult(Result):
 
 # ---- ctxd.render / budget.measure ---------------------------------------------------
 
-class RenderParams(Params):
+class RenderParams(Params, frozen=True):
     session_id: SessionId
 
 
-class RenderedMessage(Result, omit_defaults=True):
+class RenderedMessage(Result, frozen=True, omit_defaults=True):
     role: Role
     content: Content
     name: str | None = None
     tool_call_id: str | None = None
 
 
-class RenderStats(Result):
+class RenderStats(Result, frozen=True):
     message_count: int
     stored_messages: int
     message_tokens: int
     reply_priming_tokens: int
 
 
-class RenderResult(Result):
+class RenderResult(Result, frozen=True):
     messages: list[RenderedMessage]
     tokens: int
     context_state: ContextState
     stats: RenderStats
 
 
-class BudgetMeasureParams(Params):
+class BudgetMeasureParams(Params, frozen=True):
     session_id: SessionId
     system_prompt: str | None = None
     skill_prompts: list[str] | None = None
     tool_definitions: list[dict[str, Any]] | None = None
 
 
-class BudgetMeasureResult(Result):
+class BudgetMeasureResult(Result, frozen=True):
     total: int
     max_output_tokens: int
     effective_window: int
@@ -283,26 +283,26 @@ class BudgetMeasureResult(Result):
 
 # ---- events.* -----------------------------------------------------------------------
 
-class EventsSubscribeParams(Params):
+class EventsSubscribeParams(Params, frozen=True):
     session_id: SessionId | None = None
     types: Annotated[list[Text], Meta(max_length=64)] | None = None
     since_seq: Annotated[int, Meta(ge=0)] | None = None
 
 
-class EventsSubscribeResult(Result):
+class EventsSubscribeResult(Result, frozen=True):
     subscription_id: str
     seq: int
 
 
-class EventsUnsubscribeParams(Params):
+class EventsUnsubscribeParams(Params, frozen=True):
     subscription_id: Annotated[str, Meta(max_length=64)]
 
 
-class EventsUnsubscribeResult(Result):
+class EventsUnsubscribeResult(Result, frozen=True):
     unsubscribed: bool
 
 
-class Event(Result):
+class Event(Result, frozen=True):
     """One `event` notification: ``seq`` is monotonic per daemon."""
 
     seq: int

@@ -1,0 +1,115 @@
+"""The trio client: one reader task matches answers to callers by id (pipelining-safe)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import msgspec
+import trio
+
+from ctxclient._errors import DaemonUnavailable, outcome
+from ctxd.config import default_socket_path
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.decode
+
+
+class AsyncClient:
+    """A trio connection to ctxd; make one with `connect`."""
+
+    def __init__(self, stream: trio.SocketStream, path: str):
+        self.path = path
+        self._stream = stream
+        self._ids = itertools.count(1)
+        self._send_lock = trio.Lock()
+        self._pending: dict[int, trio.MemorySendChannel[dict[str, Any]]] = {}
+        self._notify_send, self.notifications = trio.open_memory_channel[dict[str, Any]](1024)
+        self._closed = False
+
+    async def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
+        """Call a method and wait for its result.
+
+        Raises:
+            RpcError: the daemon answered with an error.
+            DaemonUnavailable: the connection was lost.
+        """
+        request_id = next(self._ids)
+        send, receive = trio.open_memory_channel[dict[str, Any]](1)
+        self._pending[request_id] = send
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        try:
+            await self.send_raw(_encode(message))
+            try:
+                answer = await receive.receive()
+            except trio.EndOfChannel:
+                raise DaemonUnavailable(self.path, "connection closed") from None
+        finally:
+            self._pending.pop(request_id, None)
+        return outcome(answer)
+
+    async def send_raw(self, line: bytes) -> None:
+        """Send one line as is (a newline is added)."""
+        async with self._send_lock:
+            try:
+                await self._stream.send_all(line + b"\n")
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise DaemonUnavailable(self.path, str(exc)) from None
+
+    async def _read_loop(self) -> None:
+        buffer = bytearray()
+        try:
+            while True:
+                data = await self._stream.receive_some(256 * 1024)
+                if not data:
+                    break
+                buffer += data
+                while (newline := buffer.find(b"\n")) >= 0:
+                    line = bytes(buffer[:newline])
+                    del buffer[:newline + 1]
+                    message = _decode(line)
+                    for item in message if isinstance(message, list) else [message]:
+                        self._deliver(item)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            for send in self._pending.values():
+                send.close()
+            self._notify_send.close()
+
+    def _deliver(self, item: dict[str, Any]) -> None:
+        send = self._pending.get(item["id"]) if item.get("id") is not None else None
+        if send is None:
+            try:
+                self._notify_send.send_nowait(item)
+            except trio.WouldBlock:
+                pass  # a client that never reads notifications loses the oldest ones
+            return
+        send.send_nowait(item)
+
+
+@asynccontextmanager
+async def connect(path: str | os.PathLike[str] | None = None) -> AsyncIterator[AsyncClient]:
+    """Open an `AsyncClient`; the connection closes when the block ends.
+
+    Raises:
+        DaemonUnavailable: nothing listens on the socket.
+    """
+    where = str(path or default_socket_path())
+    try:
+        stream = await trio.open_unix_socket(where)
+    except (FileNotFoundError, ConnectionRefusedError) as exc:
+        raise DaemonUnavailable(where, exc.strerror or type(exc).__name__) from None
+    client = AsyncClient(stream, where)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client._read_loop)
+        try:
+            yield client
+        finally:
+            nursery.cancel_scope.cancel()
+            await stream.aclose()

@@ -1,0 +1,146 @@
+"""The blocking client: thread-safe, pipelined (many calls in flight on one connection)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import socket
+import threading
+from collections.abc import Iterable
+from concurrent.futures import Future
+from typing import Any
+
+import msgspec
+
+from ctxclient._errors import DaemonUnavailable, outcome
+from ctxd.config import default_socket_path
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.decode
+
+
+class Client:
+    """A connection to ctxd.
+
+    Args:
+        path: the socket (default: ``$CTXD_SOCKET``, else the daemon's default).
+        timeout: seconds a `call` waits for its answer (None: forever).
+
+    Raises:
+        DaemonUnavailable: nothing listens on the socket.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None,
+                 timeout: float | None = 60.0):
+        self.path = str(path or default_socket_path())
+        self.timeout = timeout
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._sock.connect(self.path)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            self._sock.close()
+            raise DaemonUnavailable(self.path, exc.strerror or type(exc).__name__) from None
+        self._ids = itertools.count(1)
+        self._send_lock = threading.Lock()
+        self._pending: dict[int, Future[Any]] = {}
+        self._pending_lock = threading.Lock()
+        self._closed = False
+        self.notifications: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._reader = threading.Thread(target=self._read_loop, name="ctxclient-reader",
+                                        daemon=True)
+        self._reader.start()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+
+    def call(self, method: str, params: dict[str, Any] | None = None,
+             timeout: float | None = None) -> Any:
+        """Call a method and wait for its result.
+
+        Raises:
+            RpcError: the daemon answered with an error.
+            DaemonUnavailable: the connection was lost.
+        """
+        return self.submit(method, params).result(timeout or self.timeout)
+
+    def submit(self, method: str, params: dict[str, Any] | None = None) -> Future[Any]:
+        """Send a request without waiting; the future resolves to its result."""
+        request_id, future = self._register()
+        self.send_raw(_encode(_request(request_id, method, params)))
+        return future
+
+    def batch(self, calls: Iterable[tuple[str, dict[str, Any] | None]]) -> list[Future[Any]]:
+        """Send calls as one JSON-RPC batch; one future per call, in order."""
+        registered = [(*self._register(), method, params) for method, params in calls]
+        self.send_raw(_encode([_request(i, m, p) for i, _, m, p in registered]))
+        return [future for _, future, _, _ in registered]
+
+    def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
+        """Send a notification (no answer comes back)."""
+        message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            message["params"] = params
+        self.send_raw(_encode(message))
+
+    def send_raw(self, line: bytes) -> None:
+        """Send one line as is (a newline is added)."""
+        with self._send_lock:
+            try:
+                self._sock.sendall(line + b"\n")
+            except OSError as exc:
+                raise DaemonUnavailable(self.path, str(exc)) from None
+
+    def _register(self) -> tuple[int, Future[Any]]:
+        request_id = next(self._ids)
+        future: Future[Any] = Future()
+        with self._pending_lock:
+            self._pending[request_id] = future
+        return request_id, future
+
+    def _read_loop(self) -> None:
+        reader = self._sock.makefile("rb")
+        try:
+            for line in reader:
+                message = _decode(line)
+                for item in message if isinstance(message, list) else [message]:
+                    self._deliver(item)
+        except (OSError, ValueError):
+            pass
+        finally:
+            with self._pending_lock:
+                pending, self._pending = self._pending, {}
+            for future in pending.values():
+                future.set_exception(DaemonUnavailable(self.path, "connection closed"))
+
+    def _deliver(self, item: dict[str, Any]) -> None:
+        if "id" not in item:
+            self.notifications.put(item)
+            return
+        with self._pending_lock:
+            future = self._pending.pop(item["id"], None) if item["id"] is not None else None
+        if future is None:
+            self.notifications.put(item)  # an error without a usable id (e.g. a parse error)
+            return
+        try:
+            future.set_result(outcome(item))
+        except Exception as exc:
+            future.set_exception(exc)
+
+
+def _request(request_id: int, method: str, params: dict[str, Any] | None) -> dict[str, Any]:
+    message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+    if params is not None:
+        message["params"] = params
+    return message
