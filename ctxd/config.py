@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,29 +62,36 @@ _HELP = {
 }
 
 
-def default_socket_path() -> Path:
+def _home(environ: Mapping[str, str]) -> Path:
+    return Path(environ["HOME"]) if environ.get("HOME") else Path.home()
+
+
+def default_socket_path(environ: Mapping[str, str] | None = None) -> Path:
     """Where the daemon listens and clients connect when nothing else is said."""
-    explicit = os.environ.get("CTXD_SOCKET")
+    environ = os.environ if environ is None else environ
+    explicit = environ.get("CTXD_SOCKET")
     if explicit:
         return Path(explicit)
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    runtime = environ.get("XDG_RUNTIME_DIR")
     if runtime:
         return Path(runtime) / "ctxd" / "ctxd.sock"
     return Path(f"/tmp/ctxd-{os.getuid()}") / "ctxd.sock"
 
 
-def default_data_dir() -> Path:
+def default_data_dir(environ: Mapping[str, str] | None = None) -> Path:
     """Where the database lives when nothing else is said."""
-    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    environ = os.environ if environ is None else environ
+    data_home = environ.get("XDG_DATA_HOME") or str(_home(environ) / ".local" / "share")
     return Path(data_home) / "ctxd"
 
 
-def default_config_path() -> Path:
+def default_config_path(environ: Mapping[str, str] | None = None) -> Path:
     """Where the TOML file is looked for (``$CTXD_CONFIG`` overrides)."""
-    explicit = os.environ.get("CTXD_CONFIG")
+    environ = os.environ if environ is None else environ
+    explicit = environ.get("CTXD_CONFIG")
     if explicit:
         return Path(explicit)
-    config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    config_home = environ.get("XDG_CONFIG_HOME") or str(_home(environ) / ".config")
     return Path(config_home) / "ctxd" / "config.toml"
 
 
@@ -153,7 +161,7 @@ def load(flags: argparse.Namespace | None = None, environ: dict[str, str] | None
         CtxdError: a key is unknown or a value has the wrong type; the message names it.
     """
     environ = dict(os.environ if environ is None else environ)
-    path = config_path or default_config_path()
+    path = config_path or default_config_path(environ)
     tree: dict[str, Any] = {}
     if path.exists():
         try:
@@ -169,8 +177,8 @@ def load(flags: argparse.Namespace | None = None, environ: dict[str, str] | None
         config = msgspec.convert(tree, Config, strict=False)
     except msgspec.ValidationError as exc:
         raise CtxdError(ErrorCode.INVALID_PARAMS, f"configuration ({path}): {exc}") from None
-    socket = Path(config.socket) if config.socket else default_socket_path()
-    data_dir = Path(config.data_dir) if config.data_dir else default_data_dir()
+    socket = Path(config.socket) if config.socket else default_socket_path(environ)
+    data_dir = Path(config.data_dir) if config.data_dir else default_data_dir(environ)
     return msgspec.structs.replace(
         config, socket=str(socket.absolute()), data_dir=str(data_dir.absolute())
     )

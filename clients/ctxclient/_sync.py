@@ -45,7 +45,6 @@ class Client:
         self._send_lock = threading.Lock()
         self._pending: dict[int, Future[Any]] = {}
         self._pending_lock = threading.Lock()
-        self._closed = False
         self.notifications: queue.Queue[dict[str, Any]] = queue.Queue()
         self._reader = threading.Thread(target=self._read_loop, name="ctxclient-reader",
                                         daemon=True)
@@ -58,11 +57,12 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self._closed = True
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+        if self._reader is not threading.current_thread():
+            self._reader.join(5)
         self._sock.close()
 
     def call(self, method: str, params: dict[str, Any] | None = None,
@@ -110,12 +110,12 @@ class Client:
         return request_id, future
 
     def _read_loop(self) -> None:
-        reader = self._sock.makefile("rb")
         try:
-            for line in reader:
-                message = _decode(line)
-                for item in message if isinstance(message, list) else [message]:
-                    self._deliver(item)
+            with self._sock.makefile("rb") as reader:
+                for line in reader:
+                    message = _decode(line)
+                    for item in message if isinstance(message, list) else [message]:
+                        self._deliver(item)
         except (OSError, ValueError):
             pass
         finally:

@@ -136,10 +136,18 @@ class Store:
     def _run(self, fn: Callable[..., T], args: tuple[Any, ...], transaction: bool) -> T:
         conn = self.connection
         try:
-            if transaction:
-                with conn:
-                    return fn(conn, *args)
-            return fn(conn, *args)
+            if not transaction:
+                return fn(conn, *args)
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(conn, *args)
+                conn.execute("COMMIT")
+            except BaseException:
+                # SQLite may already have rolled back by itself (SQLITE_FULL, for one).
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            return result
         except _STORAGE_FAILURES as exc:
             raise _storage_error(exc) from exc
 

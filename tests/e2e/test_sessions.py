@@ -1,0 +1,279 @@
+"""session.*, message.*, ctxd.render and budget.measure against a real daemon."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from conftest import DaemonProcess
+
+from ctxclient import Client, RpcError
+from tests_support import OPENAI_EXAMPLE, OPENAI_EXAMPLE_PROMPT_TOKENS, hello_text
+
+
+def rpc_error(client: Client, method: str, params: dict[str, Any]) -> RpcError:
+    with pytest.raises(RpcError) as caught:
+        client.call(method, params)
+    return caught.value
+
+
+@pytest.fixture
+def client(shared_daemon: DaemonProcess) -> Client:
+    with shared_daemon.client() as connected:
+        yield connected  # type: ignore[misc]
+
+
+def test_open_is_idempotent_and_generates_ids(client: Client, sid: str) -> None:
+    first = client.call("session.open", {"session_id": sid, "project": "p", "title": "T"})
+    again = client.call("session.open", {"session_id": sid})
+    assert (first["created"], again["created"]) == (True, False)
+    assert again["session"] == first["session"]
+    generated = client.call("session.open", {})
+    assert re.fullmatch(r"ses_[0-9a-f]{16}", generated["session"]["session_id"])
+    assert generated["session"]["budget"] == {
+        "context_window": 200_000, "max_output_tokens": 8192, "compact_trigger": 0.95,
+        "hard_block": 0.98, "warn": 0.7, "caution": 0.8}
+    assert generated["context_state"] == {
+        "session_id": generated["session"]["session_id"], "active_branch_id": None,
+        "branch_depth": 0, "branch_path": [], "total_tokens": 0, "main_thread_tokens": 0,
+        "current_branch_tokens": 0, "folded_tokens": 0, "effective_window": 191_808,
+        "usage": 0.0, "health": "ok"}
+
+
+def test_open_updates_budget_of_an_existing_session(client: Client, sid: str) -> None:
+    client.call("session.open", {"session_id": sid})
+    updated = client.call("session.open", {"session_id": sid,
+                                           "budget": {"context_window": 32_000}})
+    assert updated["session"]["budget"]["context_window"] == 32_000
+    assert updated["context_state"]["effective_window"] == 32_000 - 8192
+
+
+@pytest.mark.parametrize(("budget", "path"), [
+    ({"context_window": 8000, "max_output_tokens": 8000}, "$.budget.max_output_tokens"),
+    ({"warn": 0.9, "caution": 0.8}, "$.budget.warn"),
+    ({"hard_block": 1.5}, "$.budget.hard_block"),
+    ({"context_window": 10}, "$.budget.context_window"),
+    ({"context_windw": 10}, "$.budget"),
+])
+def test_bad_budgets_name_the_field(client: Client, sid: str, budget: dict[str, Any],
+                                    path: str) -> None:
+    error = rpc_error(client, "session.open", {"session_id": sid, "budget": budget})
+    assert (error.code, error.data["path"]) == (-32602, path)
+
+
+def test_bad_session_ids(client: Client) -> None:
+    for bad in ("", "has space", "-leading-dash", "x" * 129):
+        error = rpc_error(client, "session.open", {"session_id": bad})
+        assert (error.code, error.data["path"]) == (-32602, "$.session_id")
+
+
+def test_unknown_session_is_not_found_for_every_method(client: Client) -> None:
+    calls = [("session.get", {}), ("session.close", {}), ("session.delete", {}),
+             ("message.append", {"messages": [{"role": "user", "content": "x"}]}),
+             ("message.list", {}), ("ctxd.render", {}), ("budget.measure", {})]
+    for method, params in calls:
+        error = rpc_error(client, method, {"session_id": "no-such-session", **params})
+        assert error.code == -32004, method
+        assert error.data["session_id"] == "no-such-session"
+
+
+def test_append_counts_components_and_parts(client: Client, sid: str) -> None:
+    client.call("session.open", {"session_id": sid})
+    result = client.call("message.append", {"session_id": sid, "messages": [
+        {"role": "system", "content": "You are helpful."},
+        {"role": "system", "content": "hello world", "component": "skill_prompts"},
+        {"role": "user", "content": [{"type": "text", "text": "hello world"},
+                                     {"type": "text", "text": "You are helpful."}]},
+        {"role": "assistant", "content": "hello world", "name": "get_weather"},
+        {"role": "tool", "content": "hello world", "tool_call_id": "call_1",
+         "meta": {"exit": 0}},
+    ]})
+    assert result["appended"] == [
+        {"seq": 1, "tokens": 8, "component": "system_prompt"},
+        {"seq": 2, "tokens": 6, "component": "skill_prompts"},
+        {"seq": 3, "tokens": 3 + 1 + 2 + 4, "component": "conversation"},
+        {"seq": 4, "tokens": 6 + 2 + 1, "component": "conversation"},
+        {"seq": 5, "tokens": 6 + 3 + 1, "component": "conversation"},
+    ]
+    assert result["tokens_appended"] == 43
+    assert result["context_state"]["main_thread_tokens"] == 46
+    listed = client.call("message.list", {"session_id": sid})
+    assert listed["messages"][4] == {
+        "seq": 5, "role": "tool", "content": "hello world", "component": "conversation",
+        "tokens": 10, "created_at": listed["messages"][4]["created_at"],
+        "tool_call_id": "call_1", "meta": {"exit": 0}}
+    measured = client.call("budget.measure", {"session_id": sid})
+    assert {k: measured[k] for k in ("system_prompt", "skill_prompts", "tool_descriptions",
+                                     "conversation", "used")} == {
+        "system_prompt": 8, "skill_prompts": 6, "tool_descriptions": 0, "conversation": 29,
+        "used": 46}
+
+
+def test_bad_parts_name_the_field(client: Client, sid: str) -> None:
+    client.call("session.open", {"session_id": sid})
+    error = rpc_error(client, "message.append", {"session_id": sid, "messages": [
+        {"role": "user", "content": "ok"},
+        {"role": "user", "content": [{"type": "text", "text": "ok"}, {"type": "text"}]}]})
+    assert (error.code, error.data["path"]) == (-32602, "$.messages[1].content[1].text")
+    error = rpc_error(client, "message.append", {"session_id": sid, "messages": []})
+    assert (error.code, error.data["path"]) == (-32602, "$.messages")
+    # Nothing of a rejected batch was stored.
+    assert client.call("session.get", {"session_id": sid})["session"]["message_count"] == 0
+
+
+def test_render_matches_the_chat_api_count(client: Client, sid: str) -> None:
+    client.call("session.open", {"session_id": sid})
+    client.call("message.append", {"session_id": sid, "messages": OPENAI_EXAMPLE})
+    rendered = client.call("ctxd.render", {"session_id": sid})
+    assert rendered["tokens"] == OPENAI_EXAMPLE_PROMPT_TOKENS
+    assert rendered["messages"] == OPENAI_EXAMPLE
+    assert rendered["stats"] == {"message_count": 6, "stored_messages": 6,
+                                 "message_tokens": 126, "reply_priming_tokens": 3}
+    assert rendered["context_state"]["main_thread_tokens"] == OPENAI_EXAMPLE_PROMPT_TOKENS
+
+
+def test_budget_measure_adds_what_the_harness_will_send(client: Client, sid: str) -> None:
+    client.call("session.open", {"session_id": sid, "budget": {
+        "context_window": 10_000, "max_output_tokens": 1000}})
+    client.call("message.append", {"session_id": sid,
+                                   "messages": [{"role": "user", "content": "hello world"}]})
+    tool = {"name": "get_weather", "parameters": {"type": "object"}}
+    measured = client.call("budget.measure", {
+        "session_id": sid, "system_prompt": "You are helpful.",
+        "skill_prompts": ["hello world", "hello world"], "tool_definitions": [tool]})
+    # '{"' 'name' '":"' 'get' '_weather' '","' 'parameters' '":{"' 'type' '":"' 'object' '"}}'
+    tool_tokens = 12
+    assert measured == {
+        "total": 10_000, "max_output_tokens": 1000, "effective_window": 9000,
+        "system_prompt": 8, "skill_prompts": 4, "tool_descriptions": tool_tokens,
+        "conversation": 6, "used": 8 + 4 + tool_tokens + 6 + 3,
+        "remaining": 9000 - 33, "used_pct": round(33 / 9000 * 100, 4),
+        "should_compact": False, "is_blocked": False,
+        "context_state": measured["context_state"]}
+
+
+def test_health_thresholds_and_the_hard_block(client: Client, sid: str) -> None:
+    # effective window 1000: warn 700, caution 800, compact 950, blocked 980.
+    client.call("session.open", {"session_id": sid, "budget": {
+        "context_window": 1100, "max_output_tokens": 100}})
+
+    def append(n_tokens: int, **extra: Any) -> dict[str, Any]:
+        message = {"role": "user", "content": hello_text(n_tokens - 4)}  # 3 + role + text
+        return client.call("message.append", {"session_id": sid, "messages": [message],
+                                              **extra})["context_state"]
+
+    assert (append(697)["health"], append(100)["health"], append(150)["health"]) == (
+        "warn", "caution", "compact")
+    error = rpc_error(client, "message.append", {"session_id": sid, "messages": [
+        {"role": "user", "content": hello_text(26)}]})
+    assert error.code == -32001
+    assert {k: error.data[k] for k in ("would_use", "hard_block_tokens", "effective_window",
+                                       "tokens_appended")} == {
+        "would_use": 980, "hard_block_tokens": 980, "effective_window": 1000,
+        "tokens_appended": 30}
+    assert "branch.return" in error.data["suggestion"]
+    state = append(29)
+    assert (state["main_thread_tokens"], state["health"]) == (979, "compact")
+    over = append(100, allow_over=True)
+    assert (over["main_thread_tokens"], over["usage"], over["health"]) == (1079, 1.079,
+                                                                           "blocked")
+
+
+def test_close_then_append_is_invalid_state_and_reopen_works(client: Client, sid: str) -> None:
+    client.call("session.open", {"session_id": sid})
+    closed = client.call("session.close", {"session_id": sid})
+    assert closed["session"]["state"] == "closed"
+    assert closed["session"]["closed_at"] is not None
+    assert client.call("session.close", {"session_id": sid})["session"] == closed["session"]
+    error = rpc_error(client, "message.append", {"session_id": sid, "messages": [
+        {"role": "user", "content": "x"}]})
+    assert (error.code, error.data["state"]) == (-32003, "closed")
+    reopened = client.call("session.open", {"session_id": sid})
+    assert (reopened["created"], reopened["session"]["state"]) == (False, "open")
+    assert reopened["session"]["closed_at"] is None
+
+
+def test_delete_removes_everything(client: Client, sid: str) -> None:
+    client.call("session.open", {"session_id": sid})
+    client.call("message.append", {"session_id": sid, "messages": [
+        {"role": "user", "content": "a"}, {"role": "user", "content": "b"}]})
+    assert client.call("session.delete", {"session_id": sid}) == {
+        "session_id": sid, "deleted": True, "messages_deleted": 2}
+    assert rpc_error(client, "session.get", {"session_id": sid}).code == -32004
+    assert rpc_error(client, "message.list", {"session_id": sid}).code == -32004
+    again = client.call("session.open", {"session_id": sid})
+    assert (again["created"], again["session"]["message_count"]) == (True, 0)
+
+
+def test_message_list_pages(client: Client, sid: str) -> None:
+    client.call("session.open", {"session_id": sid})
+    client.call("message.append", {"session_id": sid, "messages": [
+        {"role": "user", "content": f"m{i}"} for i in range(7)]})
+    seen, cursor = [], None
+    while True:
+        params: dict[str, Any] = {"session_id": sid, "limit": 3}
+        if cursor:
+            params["cursor"] = cursor
+        page = client.call("message.list", params)
+        seen.append([m["content"] for m in page["messages"]])
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == [["m0", "m1", "m2"], ["m3", "m4", "m5"], ["m6"]]
+
+
+def test_session_list_filters_and_pages(client: Client, sid: str) -> None:
+    project = "proj-" + sid
+    for n in range(5):
+        client.call("session.open", {"session_id": f"{sid}-{n}", "project": project})
+    client.call("session.close", {"session_id": f"{sid}-1"})
+    open_ids, cursor = [], None
+    while True:
+        params: dict[str, Any] = {"project": project, "state": "open", "limit": 2}
+        if cursor:
+            params["cursor"] = cursor
+        page = client.call("session.list", params)
+        open_ids += [s["session_id"] for s in page["sessions"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert open_ids == [f"{sid}-{n}" for n in (0, 2, 3, 4)]
+    closed = client.call("session.list", {"project": project, "state": "closed"})
+    assert [s["session_id"] for s in closed["sessions"]] == [f"{sid}-1"]
+
+
+def test_max_open_sessions_is_limit_reached(daemon_root: Any) -> None:
+    process = DaemonProcess(daemon_root, extra_args=["--max-open-sessions", "2"]).start()
+    try:
+        with process.client() as client:
+            client.call("session.open", {"session_id": "a"})
+            client.call("session.open", {"session_id": "b"})
+            error = rpc_error(client, "session.open", {"session_id": "c"})
+            assert (error.code, error.data["limit"], error.data["max"]) == (
+                -32005, "max_open_sessions", 2)
+    finally:
+        assert process.stop() == 0
+
+
+def test_a_full_store_is_a_storage_error_and_nothing_half_written(daemon_root: Any) -> None:
+    process = DaemonProcess(daemon_root, extra_args=["--max-db-bytes", str(256 * 1024)]).start()
+    try:
+        with process.client() as client:
+            client.call("session.open", {"session_id": "s", "budget": {
+                "context_window": 10_000_000}})
+            batch = [{"role": "user", "content": hello_text(200) + f" {i}"} for i in range(20)]
+            stored = 0
+            with pytest.raises(RpcError) as caught:
+                for _ in range(100):
+                    client.call("message.append", {"session_id": "s", "messages": batch})
+                    stored += len(batch)
+            assert caught.value.code == -32008
+            assert "max_db_bytes" in caught.value.data["fix"]
+            session = client.call("session.get", {"session_id": "s"})["session"]
+            assert session["message_count"] == stored
+            listed = client.call("message.list", {"session_id": "s", "limit": 1000})
+            assert len(listed["messages"]) == stored
+            assert client.call("daemon.ping")["pong"] is True
+    finally:
+        assert process.stop() == 0

@@ -1,0 +1,80 @@
+"""Migrations by user_version, pragmas, and storage failures as -32008."""
+
+from pathlib import Path
+
+import apsw
+import pytest
+
+from ctxd.errors import CtxdError, ErrorCode
+from ctxd.store import Store, migrate, scalar_int, schema_version
+from ctxd.store.migrations import load_all
+
+LATEST = len(load_all())
+
+
+def test_migrates_an_empty_database_to_the_latest_version(tmp_path: Path) -> None:
+    conn = apsw.Connection(str(tmp_path / "db"))
+    assert schema_version(conn) == 0
+    assert migrate(conn) == LATEST
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_schema WHERE type='table'")}
+    assert {"sessions", "messages"} <= tables
+
+
+@pytest.mark.parametrize("start", range(LATEST))
+def test_migrates_from_every_older_version(tmp_path: Path, start: int) -> None:
+    conn = apsw.Connection(str(tmp_path / "db"))
+    for version, module in load_all()[:start]:
+        with conn:
+            conn.execute(module.SQL)
+            conn.execute(f"PRAGMA user_version = {version}")
+    assert migrate(conn) == LATEST
+    assert migrate(conn) == LATEST  # idempotent
+
+
+def test_refuses_a_newer_database(tmp_path: Path) -> None:
+    conn = apsw.Connection(str(tmp_path / "db"))
+    conn.execute(f"PRAGMA user_version = {LATEST + 1}")
+    with pytest.raises(RuntimeError, match="newer than this ctxd"):
+        migrate(conn)
+
+
+def test_open_sets_wal_foreign_keys_and_private_mode(tmp_path: Path) -> None:
+    store = Store(tmp_path / "data" / "ctxd.db")
+    store.open()
+    conn = store.connection
+    assert conn.execute("PRAGMA journal_mode").fetchall()[0][0] == "wal"
+    assert scalar_int(conn, "PRAGMA foreign_keys") == 1
+    assert scalar_int(conn, "PRAGMA synchronous") == 1  # NORMAL
+    assert (tmp_path / "data").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "data" / "ctxd.db").stat().st_mode & 0o777 == 0o600
+    store.close()
+
+
+def test_full_durability_syncs_every_commit(tmp_path: Path) -> None:
+    store = Store(tmp_path / "ctxd.db", durability="full")
+    store.open()
+    assert scalar_int(store.connection, "PRAGMA synchronous") == 2  # FULL
+    store.close()
+
+
+async def test_a_full_database_is_a_storage_error_and_rolls_back(tmp_path: Path) -> None:
+    store = Store(tmp_path / "ctxd.db", max_db_bytes=64 * 1024)
+    store.open()
+
+    def fill(conn: apsw.Connection) -> None:
+        conn.execute("INSERT INTO sessions (id, state, context_window, max_output_tokens, "
+                     "compact_trigger, hard_block, warn, caution, created_at, updated_at) "
+                     "VALUES ('s', 'open', 1000, 10, .95, .98, .7, .8, 0, 0)")
+        for seq in range(1, 1000):
+            conn.execute("INSERT INTO messages (session_id, seq, role, content, component, "
+                         "tokens, created_at) VALUES ('s', ?, 'user', ?, 'conversation', 1, 0)",
+                         (seq, b"x" * 1000))
+
+    with pytest.raises(CtxdError) as caught:
+        await store.write(fill)
+    assert caught.value.code == ErrorCode.STORAGE_ERROR
+    assert caught.value.data is not None and caught.value.data["sqlite_error"] == "FullError"
+    # Nothing of the failed transaction is left behind.
+    assert await store.read(scalar_int, "SELECT count(*) FROM sessions") == 0
+    assert await store.read(scalar_int, "SELECT count(*) FROM messages") == 0
+    store.close()

@@ -1,0 +1,91 @@
+"""Supervisor and SessionActors in-process: ordering, idle retirement, rehydration."""
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from ctxd.config import Config
+from ctxd.errors import CtxdError, ErrorCode
+from ctxd.hub import EventBus
+from ctxd.sessions import Supervisor
+from ctxd.store import Store
+from ctxd.tokens import TokenCounter
+from ctxd.wire.types import MessageAppendParams, MessageIn, SessionOpenParams
+
+COUNTER = TokenCounter()
+
+
+@pytest.fixture
+async def supervisor(tmp_path: Path) -> AsyncIterator[Supervisor]:
+    store = Store(tmp_path / "ctxd.db")
+    store.open()
+    config = Config(session_idle_s=600.0, max_open_sessions=3)
+    async with trio.open_nursery() as nursery:
+        running = await nursery.start(Supervisor(store, COUNTER, EventBus(), config).run)
+        yield running
+        nursery.cancel_scope.cancel()
+    store.close()
+
+
+def append(session_id: str, *texts: str) -> MessageAppendParams:
+    return MessageAppendParams(session_id=session_id,
+                               messages=[MessageIn(role="user", content=t) for t in texts])
+
+
+async def test_idle_actor_retires_and_is_rehydrated(
+        supervisor: Supervisor, autojump_clock: trio.testing.MockClock) -> None:
+    await supervisor.call("s1", lambda a: a.open(SessionOpenParams(session_id="s1")))
+    await supervisor.call("s1", lambda a: a.append(append("s1", "hello world")))
+    assert supervisor.actor_count == 1
+    await trio.sleep(599)
+    assert supervisor.actor_count == 1
+    await trio.sleep(2)
+    assert supervisor.actor_count == 0
+    got = await supervisor.call("s1", lambda a: a.get())
+    assert supervisor.actor_count == 1
+    assert (got.session.message_count, got.session.total_tokens) == (1, 6)
+    result = await supervisor.call("s1", lambda a: a.append(append("s1", "hello world")))
+    assert [m.seq for m in result.appended] == [2]
+
+
+async def test_unknown_session_does_not_leave_an_actor(supervisor: Supervisor) -> None:
+    with pytest.raises(CtxdError) as caught:
+        await supervisor.call("ghost", lambda a: a.get())
+    assert caught.value.code == ErrorCode.NOT_FOUND
+    await trio.testing.wait_all_tasks_blocked()
+    assert supervisor.actor_count == 0
+
+
+async def test_requests_of_one_session_run_in_order_and_sessions_concurrently(
+        supervisor: Supervisor) -> None:
+    for sid in ("a", "b"):
+        await supervisor.call(sid, lambda a, sid=sid: a.open(SessionOpenParams(session_id=sid)))
+    seqs: dict[str, list[int]] = {"a": [], "b": []}
+
+    async def writer(sid: str, n: int) -> None:
+        result = await supervisor.call(sid, lambda a: a.append(append(sid, f"m{n}", f"m{n}")))
+        seqs[sid].extend(m.seq for m in result.appended)
+
+    async with trio.open_nursery() as nursery:
+        for n in range(50):
+            for sid in ("a", "b"):
+                nursery.start_soon(writer, sid, n)
+    for sid in ("a", "b"):
+        assert sorted(seqs[sid]) == list(range(1, 101))
+        got = await supervisor.call(sid, lambda a: a.get())
+        assert got.session.message_count == 100
+
+
+async def test_max_open_sessions(supervisor: Supervisor) -> None:
+    for sid in ("a", "b", "c"):
+        await supervisor.call(sid, lambda a, sid=sid: a.open(SessionOpenParams(session_id=sid)))
+    with pytest.raises(CtxdError) as caught:
+        await supervisor.call("d", lambda a: a.open(SessionOpenParams(session_id="d")))
+    assert caught.value.code == ErrorCode.LIMIT_REACHED
+    await supervisor.call("a", lambda a: a.close())
+    opened = await supervisor.call("d", lambda a: a.open(SessionOpenParams(session_id="d")))
+    assert opened.created is True
+    assert supervisor.sessions_open == 3

@@ -1,0 +1,77 @@
+"""Exact cl100k_base counts, offline, and the per-message overhead rule."""
+
+from types import SimpleNamespace
+
+import pytest
+import trio
+
+from tests_support import OPENAI_EXAMPLE, OPENAI_EXAMPLE_PROMPT_TOKENS
+
+from ctxd.tokens import OFF_LOOP_BYTES, REPLY_PRIMING, TokenCounter
+
+
+
+@pytest.fixture(scope="module")
+def counter() -> TokenCounter:
+    return TokenCounter("cl100k_base")
+
+
+def test_loads_the_real_cl100k_offline(counter: TokenCounter) -> None:
+    # Token ids published for cl100k_base: "hello world" -> [15339, 1917].
+    assert counter._encoding.encode_ordinary("hello world") == [15339, 1917]
+    assert counter._encoding.n_vocab == 100277
+
+
+def test_plain_counts(counter: TokenCounter) -> None:
+    assert counter.count("") == 0
+    assert counter.count("hello world") == 2
+    assert counter.count("You are helpful.") == 4
+    # Special-token text is ordinary text: a client cannot smuggle in <|endoftext|>.
+    assert counter.count("<|endoftext|>") == 7
+
+
+def test_message_rule_matches_the_chat_api(counter: TokenCounter) -> None:
+    total = sum(counter.message_tokens(m["role"], m["content"], m.get("name"))
+                for m in OPENAI_EXAMPLE)
+    assert total + REPLY_PRIMING == OPENAI_EXAMPLE_PROMPT_TOKENS
+
+
+def test_message_overheads(counter: TokenCounter) -> None:
+    assert counter.message_tokens("user", "hello world") == 3 + 1 + 2
+    # name and tool_call_id each cost their tokens plus one.
+    assert counter.message_tokens("user", "hello world", name="get_weather") == 6 + 2 + 1
+    assert counter.message_tokens("tool", "hello world", tool_call_id="call_1") == 6 + 3 + 1
+
+
+def test_parts(counter: TokenCounter) -> None:
+    parts = [{"type": "text", "text": "hello world"}, {"type": "text", "text": "You are helpful."}]
+    assert counter.content_tokens(parts) == 2 + 4
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    assert counter.content_tokens([image]) == counter.count(
+        '{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}')
+
+
+async def test_large_batches_are_counted_off_the_loop_with_the_same_result(
+        counter: TokenCounter) -> None:
+    text = "The daemon keeps each transcript and decides what goes into the next prompt. "
+    messages = [SimpleNamespace(role="user", content=f"{i}: " + text * 40, name=None,
+                                tool_call_id=None) for i in range(60)]
+    assert sum(len(m.content) for m in messages) > OFF_LOOP_BYTES
+    expected = [counter.message_tokens(m.role, m.content) for m in messages]
+    loop_thread_busy = False
+
+    async def watch_loop() -> None:
+        nonlocal loop_thread_busy
+        # If counting ran on the loop, this task could not run until it finished.
+        await trio.sleep(0)
+        loop_thread_busy = True
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_loop)
+        assert await counter.count_messages(messages) == expected
+    assert loop_thread_busy
+
+
+def test_unknown_encoding_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="no_such_encoding"):
+        TokenCounter("no_such_encoding")
