@@ -163,12 +163,21 @@ def _print_json(value: Any) -> None:
     sys.stdout.write(msgspec.json.format(msgspec.json.encode(value), indent=2).decode() + "\n")
 
 
+def _common_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    # Accepted before and after the command; a subcommand's default must not clobber a
+    # value given before it, hence SUPPRESS there.
+    suppress = {} if defaults else {"default": argparse.SUPPRESS}
+    parser.add_argument("--socket", help="the daemon's socket (default: $CTXD_SOCKET or ctxd's)",
+                        **suppress)  # type: ignore[arg-type]
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables",
+                        **suppress)  # type: ignore[arg-type]
+
+
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--socket", help="the daemon's socket (default: $CTXD_SOCKET or ctxd's)")
-    common.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    cli = argparse.ArgumentParser(prog="ctxctl", description="Look at and drive ctxd.",
-                                  parents=[common])
+    _common_options(common, defaults=False)
+    cli = argparse.ArgumentParser(prog="ctxctl", description="Look at and drive ctxd.")
+    _common_options(cli, defaults=True)
     commands = cli.add_subparsers(dest="command", required=True)
     status = commands.add_parser("status", parents=[common], help="the daemon and its sessions")
     status.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")

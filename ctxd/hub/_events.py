@@ -2,8 +2,9 @@
 
 Every event gets a ``seq`` that grows by one per event for the daemon's lifetime; the last
 ``history`` events are kept so a subscriber can resume with ``since_seq``. A subscriber
-whose buffer is full loses events; the next event it does receive is preceded by a
-``dropped`` event that says how many it lost, so a client always knows.
+whose buffer is full loses events; as soon as it can take one again (its buffer drained,
+or the next event arrives) it receives a ``dropped`` event that says how many it lost and
+the seq of the last one lost, so a client always knows.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class Subscription:
         self.session_id = session_id
         self.types = frozenset(types) if types else None
         self.dropped = 0
+        self._dropped_through = 0
+        self._max_buffer = buffer
         self._send, self._receive = trio.open_memory_channel[Event](buffer)
 
     def wants(self, event: Event) -> bool:
@@ -35,26 +38,42 @@ class Subscription:
             return False
         return self.types is None or event.type in self.types or event.type == "dropped"
 
+    def lose(self, seq: int, count: int = 1) -> None:
+        """Count events this subscriber will never see, the last of them ``seq``."""
+        self.dropped += count
+        self._dropped_through = seq
+
+    def _marker(self) -> Event:
+        marker = Event(seq=self._dropped_through, ts=time.time(), session_id=self.session_id,
+                       type="dropped", data={"dropped": self.dropped})
+        self.dropped = 0
+        return marker
+
     def offer_nowait(self, event: Event) -> None:
         """Queue an event, or count it as dropped when the buffer is full."""
-        if self.dropped:
-            try:
-                self._send.send_nowait(Event(seq=event.seq, ts=event.ts,
-                                             session_id=self.session_id, type="dropped",
-                                             data={"dropped": self.dropped}))
-            except trio.WouldBlock:
-                self.dropped += 1
-                return
-            self.dropped = 0
         try:
+            if self.dropped:
+                if self._send.statistics().current_buffer_used >= self._max_buffer - 1:
+                    raise trio.WouldBlock
+                self._send.send_nowait(self._marker())
             self._send.send_nowait(event)
         except trio.WouldBlock:
-            self.dropped += 1
+            self.lose(event.seq)
         except trio.ClosedResourceError:
             pass
 
     async def receive(self) -> Event:
-        """The next event. Raises `trio.EndOfChannel` once the subscription is closed."""
+        """The next event (a ``dropped`` marker once the backlog is drained after losses).
+
+        Raises:
+            trio.EndOfChannel: the subscription was closed.
+        """
+        try:
+            return self._receive.receive_nowait()
+        except trio.WouldBlock:
+            if self.dropped:
+                await trio.lowlevel.checkpoint()
+                return self._marker()
         return await self._receive.receive()
 
     def close(self) -> None:
@@ -101,7 +120,8 @@ class EventBus:
         subscription = Subscription(f"sub_{next(self._ids)}", session_id, types, self._buffer)
         if since_seq is not None and since_seq < self._seq:
             oldest = self._history[0].seq if self._history else self._seq + 1
-            subscription.dropped = max(0, oldest - since_seq - 1)
+            if oldest - since_seq - 1 > 0:
+                subscription.lose(oldest - 1, oldest - since_seq - 1)
             for event in self._history:
                 if event.seq > since_seq and subscription.wants(event):
                     subscription.offer_nowait(event)

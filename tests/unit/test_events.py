@@ -36,7 +36,19 @@ async def test_a_slow_subscriber_loses_events_but_is_told_how_many() -> None:
         bus.publish("a", "tick", {"n": n})  # never blocks, though nobody reads
     assert [d["n"] for _, _, d in drain(slow)] == [0, 1, 2]
     bus.publish("a", "tick", {"n": 10})
-    assert drain(slow) == [("dropped", 11, {"dropped": 7}), ("tick", 11, {"n": 10})]
+    assert drain(slow) == [("dropped", 10, {"dropped": 7}), ("tick", 11, {"n": 10})]
+
+
+async def test_losses_are_reported_when_the_backlog_drains() -> None:
+    bus = EventBus(buffer=2, history=100)
+    slow = bus.subscribe()
+    for n in range(5):
+        bus.publish("a", "tick", {"n": n})
+    received = [await slow.receive() for _ in range(3)]
+    assert [(e.type, e.seq, e.data) for e in received] == [
+        ("tick", 1, {"n": 0}), ("tick", 2, {"n": 1}), ("dropped", 5, {"dropped": 3})]
+    bus.publish("a", "tick", {"n": 5})
+    assert (await slow.receive()).data == {"n": 5}
 
 
 async def test_resume_from_since_seq() -> None:
@@ -46,7 +58,7 @@ async def test_resume_from_since_seq() -> None:
     resumed = bus.subscribe(since_seq=5)
     assert [s for _, s, _ in drain(resumed)] == [6, 7, 8]
     too_old = bus.subscribe(since_seq=1)  # 2 and 3 have left the history
-    assert drain(too_old)[:2] == [("dropped", 4, {"dropped": 2}), ("tick", 4, {"n": 3})]
+    assert drain(too_old)[:2] == [("dropped", 3, {"dropped": 2}), ("tick", 4, {"n": 3})]
 
 
 async def test_unsubscribe_ends_the_stream() -> None:

@@ -73,7 +73,8 @@ async def test_a_full_database_is_a_storage_error_and_rolls_back(tmp_path: Path)
     with pytest.raises(CtxdError) as caught:
         await store.write(fill)
     assert caught.value.code == ErrorCode.STORAGE_ERROR
-    assert caught.value.data is not None and caught.value.data["sqlite_error"] == "FullError"
+    assert caught.value.data is not None
+    assert caught.value.data["sqlite_error"] == "FullError"
     # Nothing of the failed transaction is left behind.
     assert await store.read(scalar_int, "SELECT count(*) FROM sessions") == 0
     assert await store.read(scalar_int, "SELECT count(*) FROM messages") == 0

@@ -4,11 +4,10 @@ from types import SimpleNamespace
 
 import pytest
 import trio
-
+import trio.lowlevel
 from tests_support import OPENAI_EXAMPLE, OPENAI_EXAMPLE_PROMPT_TOKENS
 
 from ctxd.tokens import OFF_LOOP_BYTES, REPLY_PRIMING, TokenCounter
-
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +62,7 @@ async def test_large_batches_are_counted_off_the_loop_with_the_same_result(
     async def watch_loop() -> None:
         nonlocal loop_thread_busy
         # If counting ran on the loop, this task could not run until it finished.
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         loop_thread_busy = True
 
     async with trio.open_nursery() as nursery:

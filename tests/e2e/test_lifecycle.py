@@ -1,0 +1,256 @@
+"""The daemon process: placement, locking, signals, durability, concurrency, idle actors."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import stat
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import trio
+from conftest import DaemonProcess
+from tests_support import hello_text
+
+import ctxclient
+from ctxclient import Client, DaemonUnavailable, RpcError
+from ctxd.daemon._socket import peer_uid
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def test_socket_directory_and_lock_are_private(daemon: DaemonProcess) -> None:
+    assert stat.S_ISSOCK(os.lstat(daemon.socket).st_mode)
+    assert mode(daemon.socket) == 0o600
+    assert mode(daemon.socket.parent) == 0o700
+    assert mode(daemon.data_dir) == 0o700
+    assert mode(daemon.data_dir / "ctxd.db") == 0o600
+    lock = daemon.socket.with_name("ctxd.sock.lock")
+    assert lock.read_text().strip() == str(daemon.proc.pid)  # type: ignore[union-attr]
+
+
+def test_a_second_daemon_is_refused(daemon: DaemonProcess) -> None:
+    second = subprocess.run(daemon.command(), capture_output=True, text=True, timeout=60,
+                            env=daemon.environment(), check=False)
+    assert second.returncode == 1
+    assert f"another ctxd (pid {daemon.proc.pid}) is already running" in second.stderr  # type: ignore[union-attr]
+    with daemon.client() as client:
+        assert client.call("daemon.ping")["pong"] is True
+
+
+def test_a_second_daemon_on_the_same_data_dir_is_refused(daemon: DaemonProcess) -> None:
+    other = DaemonProcess(daemon.root / "other")
+    command = [*other.command()[:-2], "--data-dir", str(daemon.data_dir)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60,
+                            env=other.environment(), check=False)
+    assert result.returncode == 1
+    assert f"data directory {daemon.data_dir}" in result.stderr
+
+
+def test_stale_socket_is_recovered_after_a_crash(daemon_root: Path) -> None:
+    process = DaemonProcess(daemon_root).start()
+    with process.client() as client:
+        client.call("session.open", {"session_id": "kept"})
+    process.kill()
+    assert process.socket.exists()  # left behind by SIGKILL
+    with pytest.raises(DaemonUnavailable):
+        Client(process.socket)
+    process.start()
+    with process.client() as client:
+        assert client.call("session.get", {"session_id": "kept"})["session"]["state"] == "open"
+    assert process.stop() == 0
+
+
+@pytest.mark.parametrize("problem", ["open-mode", "symlink", "not-a-socket"])
+def test_unsafe_placement_is_refused(daemon_root: Path, problem: str) -> None:
+    process = DaemonProcess(daemon_root)
+    run_dir = process.socket.parent
+    if problem == "open-mode":
+        run_dir.mkdir(mode=0o755)
+        os.chmod(run_dir, 0o755)
+        expected = f"{run_dir} has mode 0755; it must be private: chmod 700 {run_dir}"
+    elif problem == "symlink":
+        (daemon_root / "elsewhere").mkdir(mode=0o700)
+        run_dir.symlink_to(daemon_root / "elsewhere")
+        expected = f"{run_dir} is a symlink"
+    else:
+        run_dir.mkdir(mode=0o700)
+        process.socket.write_text("precious")
+        expected = f"{process.socket} exists and is not a socket; not removing it"
+    result = subprocess.run(process.command(), capture_output=True, text=True, timeout=60,
+                            env=process.environment(), check=False)
+    assert result.returncode == 1
+    assert expected in result.stderr
+    if problem == "not-a-socket":
+        assert process.socket.read_text() == "precious"
+
+
+def test_peer_credentials_are_read() -> None:
+    left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with left, right:
+        assert peer_uid(left) == os.getuid()
+
+
+def test_sigterm_exits_zero_keeps_everything_and_removes_the_socket(daemon_root: Path) -> None:
+    process = DaemonProcess(daemon_root).start()
+    with process.client() as client:
+        client.call("session.open", {"session_id": "s"})
+        client.call("message.append", {"session_id": "s", "messages": [
+            {"role": "user", "content": f"message {i}"} for i in range(50)]})
+    assert process.stop(signal.SIGTERM) == 0
+    assert not process.socket.exists()
+    assert "ctxd stopped" in process.log()
+    process.start()
+    with process.client() as client:
+        listed = client.call("message.list", {"session_id": "s", "limit": 100})
+        assert [m["content"] for m in listed["messages"]] == [f"message {i}" for i in range(50)]
+    assert process.stop(signal.SIGINT) == 0
+
+
+def test_sigterm_lets_an_in_flight_request_finish(daemon_root: Path) -> None:
+    process = DaemonProcess(daemon_root).start()
+    with process.client() as client:
+        client.call("session.open", {"session_id": "s", "budget": {
+            "context_window": 100_000_000}})
+        big = [{"role": "user", "content": hello_text(2000) + f" {i}"} for i in range(400)]
+        pending = client.submit("message.append", {"session_id": "s", "messages": big})
+        time.sleep(0.05)
+        process.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        result = pending.result(60)
+        assert len(result["appended"]) == 400
+    assert process.proc.wait(60) == 0  # type: ignore[union-attr]
+    process.start()
+    with process.client() as client:
+        assert client.call("session.get", {"session_id": "s"})["session"]["message_count"] == 400
+    assert process.stop() == 0
+
+
+def test_no_acknowledged_append_is_lost_to_sigkill(daemon_root: Path) -> None:
+    process = DaemonProcess(daemon_root).start()
+    rng = random.Random(7)
+    acknowledged: dict[str, list[tuple[int, str]]] = {}
+    for round_number in range(3):
+        session_id = f"kill-{round_number}"
+        acknowledged[session_id] = []
+        stop = threading.Event()
+
+        def writer(session_id: str = session_id, stop: threading.Event = stop) -> None:
+            try:
+                with process.client(timeout=10) as client:
+                    client.call("session.open", {"session_id": session_id})
+                    n = 0
+                    while not stop.is_set():
+                        batch = [f"{session_id}/{n + i}" for i in range(rng.randint(1, 5))]
+                        result = client.call("message.append", {
+                            "session_id": session_id,
+                            "messages": [{"role": "user", "content": c} for c in batch]})
+                        acknowledged[session_id].extend(
+                            (m["seq"], c) for m, c in zip(result["appended"], batch, strict=True))
+                        n += len(batch)
+            except (DaemonUnavailable, OSError, TimeoutError):
+                pass  # the daemon died under us: what was acknowledged is recorded
+
+        thread = threading.Thread(target=writer)
+        thread.start()
+        time.sleep(0.2 + rng.random() * 0.3)
+        process.kill()
+        stop.set()
+        thread.join(20)
+        assert len(acknowledged[session_id]) > 0
+        process.start()
+    with process.client() as client:
+        for session_id, acked in acknowledged.items():
+            listed = client.call("message.list", {"session_id": session_id, "limit": 1000})
+            stored = {m["seq"]: m["content"] for m in listed["messages"]}
+            cursor = listed["next_cursor"]
+            while cursor:
+                page = client.call("message.list", {"session_id": session_id,
+                                                    "cursor": cursor, "limit": 1000})
+                stored.update({m["seq"]: m["content"] for m in page["messages"]})
+                cursor = page["next_cursor"]
+            assert all(stored.get(seq) == content for seq, content in acked), session_id
+            # Stored seqs are contiguous: nothing half-written in the middle.
+            assert sorted(stored) == list(range(1, len(stored) + 1))
+    assert process.stop() == 0
+
+
+async def test_hundred_concurrent_clients_exact_totals(shared_daemon: DaemonProcess) -> None:
+    clients, per_client = 100, 10
+    prefix = f"conc-{os.getpid()}-{random.randrange(10**6)}"
+
+    async def agent(n: int) -> None:
+        async with ctxclient.connect(shared_daemon.socket) as client:
+            session_id = f"{prefix}-{n}"
+            await client.call("session.open", {"session_id": session_id})
+            for i in range(per_client):
+                # user message of 3 + 1 + (n % 7 + 1) tokens
+                await client.call("message.append", {"session_id": session_id, "messages": [
+                    {"role": "user", "content": hello_text(n % 7 + 1)}]})
+                if i % 3 == 0:
+                    await client.call("ctxd.render", {"session_id": session_id})
+
+    async with trio.open_nursery() as nursery:
+        for n in range(clients):
+            nursery.start_soon(agent, n)
+    async with ctxclient.connect(shared_daemon.socket) as client:
+        for n in range(clients):
+            got = await client.call("session.get", {"session_id": f"{prefix}-{n}"})
+            expected = per_client * (4 + n % 7 + 1)
+            assert (got["session"]["message_count"], got["session"]["total_tokens"]) == (
+                per_client, expected)
+            assert got["context_state"]["main_thread_tokens"] == expected + 3
+
+
+def test_idle_actors_retire_and_rehydrate(daemon_root: Path) -> None:
+    process = DaemonProcess(daemon_root, extra_args=["--session-idle-s", "0.2"]).start()
+    with process.client() as client:
+        client.call("session.open", {"session_id": "idle"})
+        client.call("message.append", {"session_id": "idle", "messages": [
+            {"role": "user", "content": "hello world"}]})
+        deadline = time.monotonic() + 10
+        while client.call("daemon.status")["session_actors"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.call("daemon.status")["session_actors"] == 0
+        got = client.call("session.get", {"session_id": "idle"})
+        assert (got["session"]["message_count"], got["session"]["total_tokens"]) == (1, 6)
+        appended = client.call("message.append", {"session_id": "idle", "messages": [
+            {"role": "user", "content": "hello world"}]})
+        assert appended["appended"][0]["seq"] == 2
+    assert process.stop() == 0
+
+
+def test_daemon_status_reports_the_process(shared_daemon: DaemonProcess) -> None:
+    with shared_daemon.client() as client:
+        status = client.call("daemon.status")
+    assert status["pid"] == shared_daemon.proc.pid  # type: ignore[union-attr]
+    assert status["socket"] == str(shared_daemon.socket)
+    assert status["data_dir"] == str(shared_daemon.data_dir)
+    assert status["rss_bytes"] > 10 * 1024 * 1024
+    assert status["db_size_bytes"] > 0
+    assert status["connections"] >= 1
+    assert status["requests_total"] >= 1
+
+
+def test_shutdown_method_stops_the_daemon(daemon_root: Path) -> None:
+    process = DaemonProcess(daemon_root).start()
+    with process.client() as client:
+        assert client.call("daemon.shutdown") == {"stopping": True}
+    assert process.proc.wait(30) == 0  # type: ignore[union-attr]
+
+
+def test_hello_negotiates_features(shared_daemon: DaemonProcess) -> None:
+    with shared_daemon.client() as client:
+        hello = client.call("daemon.hello", {"client": "test", "protocol_features": [
+            "events", "time-travel"]})
+        assert hello["features"] == ["events"]
+        assert hello["agreed_features"] == ["events"]
+        with pytest.raises(RpcError) as caught:
+            client.call("daemon.hello", {"client": 5})
+        assert caught.value.data["path"] == "$.client"
