@@ -26,6 +26,7 @@ NAME_OVERHEAD = 1
 REPLY_PRIMING = 3
 OFF_LOOP_BYTES = 64 * 1024
 """Texts (or batches) larger than this are counted in worker threads, never on the loop."""
+LABEL_CACHE_SIZE = 4096
 
 _encode_json = msgspec.json.Encoder().encode
 
@@ -57,6 +58,7 @@ class TokenCounter:
         self._encoding = load_encoding(encoding)
         self._encode = self._encoding.encode_ordinary
         self._limiter = trio.CapacityLimiter(max(1, os.cpu_count() or 1))
+        self._label_tokens: dict[str, int] = {}
 
     def count(self, text: str) -> int:
         """Tokens of a plain text (special tokens are counted as ordinary text)."""
@@ -73,13 +75,22 @@ class TokenCounter:
                 _encode_json(part).decode())
         return total
 
+    def label_tokens(self, label: str) -> int:
+        """Tokens of a short label (role, name, tool_call_id): these repeat, so are cached."""
+        tokens = self._label_tokens.get(label)
+        if tokens is None:
+            if len(self._label_tokens) >= LABEL_CACHE_SIZE:
+                self._label_tokens.clear()
+            tokens = self._label_tokens[label] = self.count(label)
+        return tokens
+
     def message_tokens(self, role: str, content: str | Sequence[dict[str, Any]],
                        name: str | None = None, tool_call_id: str | None = None) -> int:
         """Tokens one message costs in a prompt, by the rule in this module's docstring."""
-        tokens = MESSAGE_OVERHEAD + self.count(role) + self.content_tokens(content)
+        tokens = MESSAGE_OVERHEAD + self.label_tokens(role) + self.content_tokens(content)
         for extra in (name, tool_call_id):
             if extra:
-                tokens += self.count(extra) + NAME_OVERHEAD
+                tokens += self.label_tokens(extra) + NAME_OVERHEAD
         return tokens
 
     async def count_messages(self, messages: Sequence[Any]) -> list[int]:

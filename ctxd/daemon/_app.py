@@ -88,6 +88,7 @@ class Daemon:
         hub.register(dispatcher, self.bus)
         async with trio.open_nursery() as root:
             root.start_soon(self._watch_signals)
+            root.start_soon(self.store.keep_wal_small)
             await root.start(self.supervisor.run)
             await root.start(self.server.run, sock)
             where = "systemd-activated socket" if activated else self.config.socket

@@ -69,7 +69,7 @@ def register(dispatcher: Dispatcher, daemon: Daemon, request_stop: Callable[[], 
         request_stop()
         return ShutdownResult(stopping=True)
 
-    dispatcher.register("daemon.ping", Empty, ping)
-    dispatcher.register("daemon.hello", HelloParams, hello)
-    dispatcher.register("daemon.status", Empty, status)
+    dispatcher.register("daemon.ping", Empty, ping, inline=True)
+    dispatcher.register("daemon.hello", HelloParams, hello, inline=True)
+    dispatcher.register("daemon.status", Empty, status, inline=True)
     dispatcher.register("daemon.shutdown", Empty, shutdown)

@@ -15,12 +15,15 @@ from ctxd.config import Config
 from ctxd.daemon._socket import peer_uid
 from ctxd.errors import CtxdError, ErrorCode
 from ctxd.hub import EventBus, Subscription
-from ctxd.wire import Dispatcher, error_response, notification, salvage_id
+from ctxd.wire import Dispatcher, Envelope, error_response, notification, salvage_id
 
 log = logging.getLogger("ctxd.server")
 READ_CHUNK = 256 * 1024
-WRITE_COALESCE = 256 * 1024
-OUTBOX_SIZE = 64
+OUTBOX_LIMIT = 1024 * 1024
+"""Bytes of answers queued for a client before the tasks answering it wait for it to read."""
+EVENT_OUTBOX_LIMIT = 16 * 1024
+"""Events wait for a smaller outbox: a lagging subscriber loses events (and is told so by
+the bus) instead of piling a megabyte of stale notifications into its connection."""
 
 
 def _overloaded(request_id: Any, why: str, limit: str, value: int) -> bytes:
@@ -34,6 +37,8 @@ class Connection:
 
     Responses go out in completion order (pipelined requests may be answered out of
     order); event subscriptions of this connection push notifications to the same writer.
+    Methods registered ``inline`` (they never wait) are answered by the reader itself,
+    without a task; everything else gets a task of its own.
     """
 
     def __init__(self, server: Server, stream: trio.SocketStream, uid: int):
@@ -42,7 +47,10 @@ class Connection:
         self.peer_uid = uid
         self.inflight = 0
         self.subscriptions: dict[str, Subscription] = {}
-        self._outbox_send, self._outbox_receive = trio.open_memory_channel[bytes](OUTBOX_SIZE)
+        self._outbox: list[bytes] = []
+        self._outbox_bytes = 0
+        self._outbox_filled = trio.Event()
+        self._outbox_taken = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._idle = trio.Event()
         self._idle.set()
@@ -64,9 +72,13 @@ class Connection:
             with trio.move_on_after(1, shield=True):
                 await self.stream.aclose()
 
-    async def send_line(self, line: bytes) -> None:
-        """Queue one line (without newline) for the writer."""
-        await self._outbox_send.send(line + b"\n")
+    async def send_line(self, line: bytes, limit: int = OUTBOX_LIMIT) -> None:
+        """Queue one line (without newline) for the writer; waits while the client lags."""
+        while self._outbox_bytes >= limit:
+            await self._outbox_taken.wait()
+        self._outbox.append(line + b"\n")
+        self._outbox_bytes += len(line) + 1
+        self._outbox_filled.set()
 
     def attach(self, subscription: Subscription) -> None:
         """Stream a subscription's events to this client until it is unsubscribed."""
@@ -86,21 +98,19 @@ class Connection:
                 event = await subscription.receive()
             except trio.EndOfChannel:
                 return
-            await self.send_line(notification("event", event))
+            await self.send_line(notification("event", event), EVENT_OUTBOX_LIMIT)
 
     async def _write_loop(self) -> None:
         try:
-            async for data in self._outbox_receive:
-                chunks = [data]
-                size = len(data)
-                while size < WRITE_COALESCE:
-                    try:
-                        more = self._outbox_receive.receive_nowait()
-                    except trio.WouldBlock:
-                        break
-                    chunks.append(more)
-                    size += len(more)
-                await self.stream.send_all(b"".join(chunks))
+            while True:
+                await self._outbox_filled.wait()
+                self._outbox_filled = trio.Event()
+                data = b"".join(self._outbox)
+                self._outbox.clear()
+                self._outbox_bytes = 0
+                self._outbox_taken.set()
+                self._outbox_taken = trio.Event()
+                await self.stream.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             assert self._nursery is not None
             self._nursery.cancel_scope.cancel()  # the client is gone
@@ -145,6 +155,24 @@ class Connection:
     async def _dispatch(self, line: bytes) -> None:
         if not line.strip():
             return
+        dispatcher = self.server.dispatcher
+        envelope: Envelope | None = None
+        if line.lstrip()[:1] != b"[":
+            decoded = dispatcher.decode(line)
+            if isinstance(decoded, bytes):
+                await self.send_line(decoded)
+                return
+            envelope = decoded
+            if dispatcher.is_inline(envelope):
+                started = time.perf_counter()
+                self.server.begin_request()
+                try:
+                    reply = await dispatcher.answer(envelope, self.peer_uid, self)
+                    if reply is not None:
+                        await self.send_line(reply)
+                finally:
+                    self.server.end_request(time.perf_counter() - started)
+                return
         if self.inflight >= self.server.config.max_inflight_per_connection:
             await self.send_line(_overloaded(
                 salvage_id(line), "too many requests in flight on this connection",
@@ -153,13 +181,17 @@ class Connection:
         self.inflight += 1
         self._idle = trio.Event() if self.inflight == 1 else self._idle
         assert self._nursery is not None
-        self._nursery.start_soon(self._handle, line)
+        self._nursery.start_soon(self._handle, line, envelope)
 
-    async def _handle(self, line: bytes) -> None:
+    async def _handle(self, line: bytes, envelope: Envelope | None) -> None:
         started = time.perf_counter()
         self.server.begin_request()
+        dispatcher = self.server.dispatcher
         try:
-            reply = await self.server.dispatcher.handle_line(line, self.peer_uid, self)
+            if envelope is None:
+                reply = await dispatcher.handle_line(line, self.peer_uid, self)
+            else:
+                reply = await dispatcher.answer(envelope, self.peer_uid, self)
             if reply is not None:
                 await self.send_line(reply)
         finally:

@@ -34,6 +34,7 @@ class _Method(Generic[P]):
     name: str
     decode: Callable[[bytes], P]
     handler: Handler
+    inline: bool
 
 
 class Dispatcher:
@@ -43,11 +44,17 @@ class Dispatcher:
         self._methods: dict[str, _Method[Any]] = {}
 
     def register(self, name: str, params_type: type[P],
-                 handler: Callable[[Call, P], Awaitable[Any]]) -> None:
-        """Add a method; its params decoder is built once, here."""
+                 handler: Callable[[Call, P], Awaitable[Any]], *, inline: bool = False) -> None:
+        """Add a method; its params decoder is built once, here.
+
+        Args:
+            inline: the handler never waits (no I/O, no actor): the server may run it on
+                the connection's reader instead of a task of its own.
+        """
         if name in self._methods:
             raise ValueError(f"method {name} registered twice")
-        self._methods[name] = _Method(name, msgspec.json.Decoder(params_type).decode, handler)
+        self._methods[name] = _Method(name, msgspec.json.Decoder(params_type).decode, handler,
+                                      inline)
 
     @property
     def method_names(self) -> list[str]:
@@ -79,9 +86,10 @@ class Dispatcher:
         kept = [reply for reply in replies if reply is not None]
         return b"[" + b",".join(kept) + b"]" if kept else None
 
-    async def _handle_one(self, line: bytes, peer_uid: int, connection: Any) -> bytes | None:
+    def decode(self, line: bytes) -> _codec.Envelope | bytes:
+        """The envelope of a single request, or the error response to send instead."""
         try:
-            envelope = _codec.decode_envelope(line)
+            return _codec.decode_envelope(line)
         except msgspec.ValidationError as exc:
             return _codec.error_response(_codec.salvage_id(line), CtxdError(
                 ErrorCode.INVALID_REQUEST, f"invalid request: {exc}",
@@ -89,6 +97,20 @@ class Dispatcher:
         except msgspec.DecodeError as exc:
             return _codec.error_response(None, CtxdError(
                 ErrorCode.PARSE_ERROR, f"parse error: {exc}", {"fix": "send valid UTF-8 JSON"}))
+
+    def is_inline(self, envelope: _codec.Envelope) -> bool:
+        method = self._methods.get(envelope.method)
+        return method is not None and method.inline
+
+    async def _handle_one(self, line: bytes, peer_uid: int, connection: Any) -> bytes | None:
+        envelope = self.decode(line)
+        if isinstance(envelope, bytes):
+            return envelope
+        return await self.answer(envelope, peer_uid, connection)
+
+    async def answer(self, envelope: _codec.Envelope, peer_uid: int,
+                     connection: Any) -> bytes | None:
+        """Run a decoded request; the response line, or None for a notification."""
         request_id = None if envelope.id is msgspec.UNSET else envelope.id
         is_notification = envelope.id is msgspec.UNSET
         try:
