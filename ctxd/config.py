@@ -7,26 +7,46 @@ the key's name, so a typo never silently falls back to a default.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+import tiktoken
+from msgspec import Meta
 
 from ctxd.errors import CtxdError, ErrorCode
+
+Ratio = Annotated[float, Meta(gt=0.0, le=1.0)]
+Positive = Annotated[int, Meta(ge=1)]
+NonNegative = Annotated[int, Meta(ge=0)]
+THRESHOLD_ORDER = ("warn", "caution", "compact_trigger", "hard_block")
+
+
+def threshold_order_error(budget: Any) -> str | None:
+    """Why a budget's thresholds are out of order (warn ≤ caution ≤ compact ≤ hard block)."""
+    for lower, higher in itertools.pairwise(THRESHOLD_ORDER):
+        if getattr(budget, lower) > getattr(budget, higher):
+            return (f"{lower} ({getattr(budget, lower)}) must not exceed "
+                    f"{higher} ({getattr(budget, higher)})")
+    if budget.max_output_tokens >= budget.context_window:
+        return (f"max_output_tokens ({budget.max_output_tokens}) must be smaller than "
+                f"context_window ({budget.context_window})")
+    return None
 
 
 class BudgetDefaults(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The budget a session gets when `session.open` does not pass one."""
 
-    context_window: int = 200_000
-    max_output_tokens: int = 8_192
-    compact_trigger: float = 0.95
-    hard_block: float = 0.98
-    warn: float = 0.70
-    caution: float = 0.80
+    context_window: Annotated[int, Meta(ge=1024)] = 200_000
+    max_output_tokens: NonNegative = 8_192
+    compact_trigger: Ratio = 0.95
+    hard_block: Ratio = 0.98
+    warn: Ratio = 0.70
+    caution: Ratio = 0.80
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -37,17 +57,17 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     durability: Literal["normal", "full"] = "normal"
     encoding: str = "cl100k_base"
-    max_request_bytes: int = 16 * 1024 * 1024
-    max_connections: int = 256
-    max_inflight_per_connection: int = 64
-    max_open_sessions: int = 100_000
-    max_db_bytes: int = 0
-    session_idle_s: float = 600.0
-    session_ttl_h: float = 24.0
-    shutdown_timeout_s: float = 10.0
+    max_request_bytes: Annotated[int, Meta(ge=1024)] = 16 * 1024 * 1024
+    max_connections: Positive = 256
+    max_inflight_per_connection: Positive = 64
+    max_open_sessions: Positive = 100_000
+    max_db_bytes: NonNegative = 0
+    session_idle_s: Annotated[float, Meta(gt=0)] = 600.0
+    session_ttl_h: Annotated[float, Meta(ge=0)] = 24.0
+    shutdown_timeout_s: Annotated[float, Meta(ge=0)] = 10.0
     allow_root: bool = False
-    event_buffer: int = 1024
-    event_history: int = 10_000
+    event_buffer: Positive = 1024
+    event_history: Positive = 10_000
     budget: BudgetDefaults = BudgetDefaults()
 
 
@@ -120,11 +140,16 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> None:
             base[key] = value
 
 
+NOT_DAEMON_KEYS = frozenset({"CTXD_CONFIG", "CTXD_CALL_TRANSPORT"})
+"""CTXD_* variables that are not daemon settings: the config file's path, and the shell
+client's transport (clients/shell/ctxd-call)."""
+
+
 def _from_env(environ: dict[str, str]) -> dict[str, Any]:
     by_name = {"CTXD_" + "_".join(path).upper(): path for path in _keys()}
     tree: dict[str, Any] = {}
     for name, value in environ.items():
-        if not name.startswith("CTXD_") or name == "CTXD_CONFIG":
+        if not name.startswith("CTXD_") or name in NOT_DAEMON_KEYS:
             continue
         path = by_name.get(name)
         if path is None:
@@ -177,6 +202,14 @@ def load(flags: argparse.Namespace | None = None, environ: dict[str, str] | None
         config = msgspec.convert(tree, Config, strict=False)
     except msgspec.ValidationError as exc:
         raise CtxdError(ErrorCode.INVALID_PARAMS, f"configuration ({path}): {exc}") from None
+    order = threshold_order_error(config.budget)
+    if order:
+        raise CtxdError(ErrorCode.INVALID_PARAMS, f"configuration ({path}): budget: {order}")
+    known = set(tiktoken.list_encoding_names())
+    if config.encoding not in known and config.encoding + "_offline" not in known:
+        raise CtxdError(ErrorCode.INVALID_PARAMS,
+                        f"configuration ({path}): unknown encoding {config.encoding!r}; "
+                        f"known: {', '.join(sorted(known))}")
     socket = Path(config.socket) if config.socket else default_socket_path(environ)
     data_dir = Path(config.data_dir) if config.data_dir else default_data_dir(environ)
     return msgspec.structs.replace(

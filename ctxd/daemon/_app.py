@@ -43,6 +43,8 @@ class Daemon:
         self.store = Store(Path(config.data_dir) / "ctxd.db", config.durability,
                            config.max_db_bytes)
         self._stop = trio.Event()
+        self.socket_path = config.socket
+        """Where clients reach us: the configured path, or the activated socket's address."""
         self._signals = 0
         self.supervisor: Supervisor
         self.server: Server
@@ -62,7 +64,9 @@ class Daemon:
             counter = await trio.to_thread.run_sync(TokenCounter, config.encoding)
             sock = _systemd.activated_socket()
             activated = sock is not None
-            if sock is None:
+            if sock is not None:
+                self.socket_path = str(sock.getsockname())
+            else:
                 sock, socket_lock = bind_unix_socket(Path(config.socket))
             await self._serve(sock, counter, activated)
         finally:
@@ -91,7 +95,7 @@ class Daemon:
             root.start_soon(self.store.keep_wal_small)
             await root.start(self.supervisor.run)
             await root.start(self.server.run, sock)
-            where = "systemd-activated socket" if activated else self.config.socket
+            where = self.socket_path + (" (systemd-activated)" if activated else "")
             log.info("ctxd %s ready on %s (data in %s, pid %d)", __version__, where,
                      self.config.data_dir, os.getpid())
             _systemd.notify(f"READY=1\nSTATUS=serving on {where}\nMAINPID={os.getpid()}")

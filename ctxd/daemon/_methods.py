@@ -50,7 +50,7 @@ def register(dispatcher: Dispatcher, daemon: Daemon, request_stop: Callable[[], 
         return DaemonStatus(
             version=__version__, pid=os.getpid(),
             uptime_s=round(time.monotonic() - daemon.started, 3),
-            socket=daemon.config.socket, data_dir=daemon.config.data_dir,
+            socket=daemon.socket_path, data_dir=daemon.config.data_dir,
             sessions_open=supervisor.sessions_open, sessions_total=supervisor.sessions_total,
             session_actors=supervisor.actor_count, live_branches=0, memories=0,
             connections=int(server["connections"]),

@@ -51,6 +51,8 @@ class Connection:
         self._outbox_bytes = 0
         self._outbox_filled = trio.Event()
         self._outbox_taken = trio.Event()
+        self._sending = False
+        self._sent = trio.Event()
         self._nursery: trio.Nursery | None = None
         self._idle = trio.Event()
         self._idle.set()
@@ -64,7 +66,9 @@ class Connection:
                     await self._read_loop()
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
-                await self._idle.wait()  # EOF: answer what was asked, then hang up
+                # EOF (or a half-close): answer everything that was asked, then hang up.
+                await self._idle.wait()
+                await self._flushed()
                 nursery.cancel_scope.cancel()
         finally:
             for subscription_id in list(self.subscriptions):
@@ -79,6 +83,11 @@ class Connection:
         self._outbox.append(line + b"\n")
         self._outbox_bytes += len(line) + 1
         self._outbox_filled.set()
+
+    async def _flushed(self) -> None:
+        """Wait until every queued line has been handed to the kernel."""
+        while self._outbox_bytes or self._sending:
+            await self._sent.wait()
 
     def attach(self, subscription: Subscription) -> None:
         """Stream a subscription's events to this client until it is unsubscribed."""
@@ -110,7 +119,11 @@ class Connection:
                 self._outbox_bytes = 0
                 self._outbox_taken.set()
                 self._outbox_taken = trio.Event()
+                self._sending = True
                 await self.stream.send_all(data)
+                self._sending = False
+                self._sent.set()
+                self._sent = trio.Event()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             assert self._nursery is not None
             self._nursery.cancel_scope.cancel()  # the client is gone
@@ -275,6 +288,10 @@ class Server:
         self.connections.add(connection)
         try:
             await connection.serve()
+        except Exception:
+            # A connection is an actor boundary: a bug here closes this client, never the
+            # daemon. (Cancellation and KeyboardInterrupt are BaseExceptions and pass.)
+            log.exception("connection failed; it was closed")
         finally:
             self.connections.discard(connection)
 

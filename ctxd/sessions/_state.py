@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
-from ctxd.config import BudgetDefaults
+from ctxd.config import BudgetDefaults, threshold_order_error
 from ctxd.errors import ErrorCode
 from ctxd.tokens import REPLY_PRIMING
 from ctxd.wire import params_error
@@ -31,16 +30,9 @@ def resolve_budget(given: BudgetParams | None, base: Budget | BudgetDefaults) ->
         values.update({name: getattr(given, name) for name in Budget.__struct_fields__
                        if getattr(given, name) is not None})
     budget = Budget(**values)
-    if budget.max_output_tokens >= budget.context_window:
-        raise params_error("$.budget.max_output_tokens",
-                           f"max_output_tokens ({budget.max_output_tokens}) must be smaller "
-                           f"than context_window ({budget.context_window})")
-    order = ["warn", "caution", "compact_trigger", "hard_block"]
-    for lower, higher in itertools.pairwise(order):
-        if getattr(budget, lower) > getattr(budget, higher):
-            raise params_error(f"$.budget.{lower}",
-                               f"{lower} ({getattr(budget, lower)}) must not exceed "
-                               f"{higher} ({getattr(budget, higher)})")
+    problem = threshold_order_error(budget)
+    if problem:
+        raise params_error(f"$.budget.{problem.split(' ', 1)[0]}", problem)
     return budget
 
 

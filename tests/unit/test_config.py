@@ -88,3 +88,29 @@ def test_daemon_refuses_to_start_with_an_unknown_key(tmp_path: Path) -> None:
     result = _run_ctxd(tmp_path)
     assert result.returncode == 2
     assert "sesion_idle_s" in result.stderr
+
+
+@pytest.mark.parametrize(("env", "named"), [
+    ({"CTXD_MAX_CONNECTIONS": "0"}, "max_connections"),
+    ({"CTXD_BUDGET_WARN": "5"}, "budget.warn"),
+    ({"CTXD_SESSION_IDLE_S": "-1"}, "session_idle_s"),
+    ({"CTXD_BUDGET_WARN": "0.9", "CTXD_BUDGET_CAUTION": "0.8"}, "warn (0.9) must not exceed"),
+    ({"CTXD_ENCODING": "nope"}, "unknown encoding 'nope'"),
+])
+def test_out_of_range_values_are_named(tmp_path: Path, env: dict[str, str], named: str) -> None:
+    with pytest.raises(CtxdError, match=named.replace("(", r"\(").replace(")", r"\)")):
+        config.load(environ={"HOME": str(tmp_path), **env}, config_path=tmp_path / "none.toml")
+
+
+def test_the_shell_clients_variable_is_not_a_daemon_key(tmp_path: Path) -> None:
+    cfg = config.load(environ={"HOME": str(tmp_path), "CTXD_CALL_TRANSPORT": "python"},
+                      config_path=tmp_path / "none.toml")
+    assert cfg.max_connections == 256
+
+
+def test_a_bad_encoding_is_a_clean_start_up_error(tmp_path: Path) -> None:
+    result = _run_ctxd(tmp_path, "--encoding", "nope")
+    assert result.returncode == 2
+    assert result.stderr.startswith("ctxd: configuration")
+    assert "unknown encoding 'nope'" in result.stderr
+    assert "Traceback" not in result.stderr
