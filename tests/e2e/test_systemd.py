@@ -56,24 +56,16 @@ def check_notifications(process: DaemonProcess, notify: socket.socket) -> None:
         notify.recv(4096)
 
 
-def test_notify_ready_watchdog_stopping(daemon_root: Path) -> None:
-    path = daemon_root / "notify.sock"
+@pytest.mark.parametrize("abstract", [False, True], ids=["path", "abstract"])
+def test_notify_ready_watchdog_stopping(daemon_root: Path, abstract: bool) -> None:
+    if abstract:
+        name = f"ctxd-test-{uuid.uuid4().hex}"
+        address, notify_socket = "\0" + name, "@" + name
+    else:
+        address = notify_socket = str(daemon_root / "notify.sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
-        notify.bind(str(path))
-        process = DaemonProcess(daemon_root, env={"NOTIFY_SOCKET": str(path),
-                                                  "WATCHDOG_USEC": "200000"})
-        process.start()
-        try:
-            check_notifications(process, notify)
-        finally:
-            process.stop()
-
-
-def test_notify_abstract_socket(daemon_root: Path) -> None:
-    name = f"ctxd-test-{uuid.uuid4().hex}"
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
-        notify.bind("\0" + name)
-        process = DaemonProcess(daemon_root, env={"NOTIFY_SOCKET": "@" + name,
+        notify.bind(address)
+        process = DaemonProcess(daemon_root, env={"NOTIFY_SOCKET": notify_socket,
                                                   "WATCHDOG_USEC": "200000"})
         process.start()
         try:
