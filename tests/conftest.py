@@ -104,10 +104,27 @@ def short_root() -> Path:
     return Path(tempfile.mkdtemp(prefix="ctxd-t"))
 
 
+def kill_leftovers(root: Path) -> None:
+    """SIGKILL any daemon still holding a lock under ``root`` (a test failed mid-way)."""
+    for lock in root.rglob("*.lock"):
+        try:
+            pid = int(lock.read_text().strip() or 0)
+        except (OSError, ValueError):
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                if str(root).encode() not in cmdline.read():
+                    continue
+            os.kill(pid, signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass
+
+
 @pytest.fixture
 def daemon_root() -> Iterator[Path]:
     root = short_root()
     yield root
+    kill_leftovers(root)
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -126,6 +143,7 @@ def shared_daemon() -> Iterator[DaemonProcess]:
     process = DaemonProcess(root).start()
     yield process
     process.stop()
+    kill_leftovers(root)
     shutil.rmtree(root, ignore_errors=True)
 
 

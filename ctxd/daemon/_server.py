@@ -38,7 +38,9 @@ class Connection:
     Responses go out in completion order (pipelined requests may be answered out of
     order); event subscriptions of this connection push notifications to the same writer.
     Methods registered ``inline`` (they never wait) are answered by the reader itself,
-    without a task; everything else gets a task of its own.
+    without a task; everything else gets a task of its own. Those tasks start in arrival
+    order (trio starts new tasks in no fixed order), so pipelined requests for one session
+    reach its actor in the order they were sent.
     """
 
     def __init__(self, server: Server, stream: trio.SocketStream, uid: int):
@@ -54,6 +56,8 @@ class Connection:
         self._sending = False
         self._sent = trio.Event()
         self._nursery: trio.Nursery | None = None
+        self._last_started = trio.Event()
+        self._last_started.set()
         self._idle = trio.Event()
         self._idle.set()
 
@@ -68,7 +72,7 @@ class Connection:
                     pass
                 # EOF (or a half-close): answer everything that was asked, then hang up.
                 await self._idle.wait()
-                await self._flushed()
+                await self.flushed()
                 nursery.cancel_scope.cancel()
         finally:
             for subscription_id in list(self.subscriptions):
@@ -84,7 +88,7 @@ class Connection:
         self._outbox_bytes += len(line) + 1
         self._outbox_filled.set()
 
-    async def _flushed(self) -> None:
+    async def flushed(self) -> None:
         """Wait until every queued line has been handed to the kernel."""
         while self._outbox_bytes or self._sending:
             await self._sent.wait()
@@ -178,13 +182,12 @@ class Connection:
             envelope = decoded
             if dispatcher.is_inline(envelope):
                 started = time.perf_counter()
-                self.server.begin_request()
                 try:
                     reply = await dispatcher.answer(envelope, self.peer_uid, self)
                     if reply is not None:
                         await self.send_line(reply)
                 finally:
-                    self.server.end_request(time.perf_counter() - started)
+                    self.server.record(time.perf_counter() - started)
                 return
         if self.inflight >= self.server.config.max_inflight_per_connection:
             await self.send_line(_overloaded(
@@ -194,13 +197,19 @@ class Connection:
         self.inflight += 1
         self._idle = trio.Event() if self.inflight == 1 else self._idle
         assert self._nursery is not None
-        self._nursery.start_soon(self._handle, line, envelope)
+        previous, self._last_started = self._last_started, trio.Event()
+        self._nursery.start_soon(self._handle, line, envelope, previous, self._last_started)
 
-    async def _handle(self, line: bytes, envelope: Envelope | None) -> None:
+    async def _handle(self, line: bytes, envelope: Envelope | None, previous: trio.Event,
+                      started_event: trio.Event) -> None:
         started = time.perf_counter()
         self.server.begin_request()
         dispatcher = self.server.dispatcher
         try:
+            await previous.wait()
+            # No checkpoint from here until the request is queued at its session's actor,
+            # so the next request's task cannot overtake this one.
+            started_event.set()
             if envelope is None:
                 reply = await dispatcher.handle_line(line, self.peer_uid, self)
             else:
@@ -256,6 +265,9 @@ class Server:
             await listener.aclose()
             with trio.move_on_after(self.config.shutdown_timeout_s):
                 await self._drained.wait()
+                # A finished request has only queued its answer: deliver it before closing.
+                for connection in list(self.connections):
+                    await connection.flushed()
             if self.inflight:
                 log.warning("shutdown deadline passed with %d requests in flight; "
                             "they were cancelled (none was acknowledged)", self.inflight)
@@ -304,6 +316,10 @@ class Server:
         self.inflight -= 1
         if self.inflight == 0:
             self._drained.set()
+        self.record(seconds)
+
+    def record(self, seconds: float) -> None:
+        """Count one answered request and its latency."""
         self.requests_total += 1
         self._latencies.append((time.monotonic(), seconds))
 
@@ -316,6 +332,7 @@ class Server:
         def percentile(p: float) -> float:
             return recent[min(len(recent) - 1, int(p * len(recent)))] * 1000 if recent else 0.0
 
-        return {"connections": len(self.connections), "requests_total": self.requests_total,
+        return {"connections": len(self.connections), "requests_inflight": self.inflight,
+                "requests_total": self.requests_total,
                 "requests_per_s": last_10s / 10, "latency_p50_ms": percentile(0.50),
                 "latency_p99_ms": percentile(0.99)}

@@ -34,7 +34,7 @@ def salvage_id(line: bytes) -> RequestId:
     """The id of a request that failed validation, when one can be read."""
     try:
         return _decode_id(line).id
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return None
 
 

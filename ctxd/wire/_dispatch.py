@@ -37,6 +37,23 @@ class _Method(Generic[P]):
     inline: bool
 
 
+_UNPARSABLE = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
+"""What a line that is not JSON can raise: msgspec's own errors, invalid UTF-8 inside a
+string (msgspec raises UnicodeDecodeError there), nesting deeper than msgspec recurses."""
+
+
+def _check_utf8(line: bytes) -> None:
+    """Reject invalid UTF-8 anywhere in a line, even in a field nobody reads."""
+    if not line.isascii():
+        line.decode("utf-8")
+
+
+def _parse_error(exc: BaseException) -> bytes:
+    reason = "JSON nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+    return _codec.error_response(None, CtxdError(
+        ErrorCode.PARSE_ERROR, f"parse error: {reason}", {"fix": "send valid UTF-8 JSON"}))
+
+
 class Dispatcher:
     """Maps method names to handlers and turns request lines into response lines."""
 
@@ -73,10 +90,10 @@ class Dispatcher:
 
     async def _handle_batch(self, line: bytes, peer_uid: int, connection: Any) -> bytes | None:
         try:
+            _check_utf8(line)
             items = _codec.decode_batch(line)
-        except msgspec.DecodeError as exc:
-            return _codec.error_response(None, CtxdError(
-                ErrorCode.PARSE_ERROR, f"parse error: {exc}", {"fix": "send valid UTF-8 JSON"}))
+        except _UNPARSABLE as exc:
+            return _parse_error(exc)
         if not items:
             return _codec.error_response(None, CtxdError(
                 ErrorCode.INVALID_REQUEST, "invalid request: empty batch",
@@ -89,14 +106,14 @@ class Dispatcher:
     def decode(self, line: bytes) -> _codec.Envelope | bytes:
         """The envelope of a single request, or the error response to send instead."""
         try:
+            _check_utf8(line)
             return _codec.decode_envelope(line)
         except msgspec.ValidationError as exc:
             return _codec.error_response(_codec.salvage_id(line), CtxdError(
                 ErrorCode.INVALID_REQUEST, f"invalid request: {exc}",
                 {"fix": 'send {"jsonrpc":"2.0","id":1,"method":"daemon.ping"}'}))
-        except msgspec.DecodeError as exc:
-            return _codec.error_response(None, CtxdError(
-                ErrorCode.PARSE_ERROR, f"parse error: {exc}", {"fix": "send valid UTF-8 JSON"}))
+        except _UNPARSABLE as exc:
+            return _parse_error(exc)
 
     def is_inline(self, envelope: _codec.Envelope) -> bool:
         method = self._methods.get(envelope.method)
@@ -137,6 +154,8 @@ class Dispatcher:
             params = method.decode(raw)
         except msgspec.ValidationError as exc:
             raise _codec.invalid_params(exc) from None
+        except RecursionError:
+            raise _codec.params_error("$", "params are nested too deeply") from None
         try:
             return await method.handler(Call(request_id, peer_uid, connection), params)
         except CtxdError:

@@ -120,6 +120,7 @@ class DaemonStatus(Result, frozen=True):
     live_branches: int
     memories: int
     connections: int
+    requests_inflight: int
     subscribers: int
     db_size_bytes: int
     rss_bytes: int
@@ -150,7 +151,7 @@ class SessionListParams(Params, frozen=True):
     project: Text | None = None
     state: SessionStateName | None = None
     limit: Annotated[int, Meta(ge=1, le=1000)] = 50
-    cursor: Annotated[str, Meta(pattern=r"^[0-9]{1,19}$")] | None = None
+    cursor: Annotated[str, Meta(pattern=r"^[0-9]{1,18}$")] | None = None
 
 
 class SessionResult(Result, frozen=True):
@@ -209,7 +210,7 @@ class MessageAppendResult(Result, frozen=True):
 
 class MessageListParams(Params, frozen=True):
     session_id: SessionId
-    cursor: Annotated[str, Meta(pattern=r"^[0-9]{1,19}$")] | None = None
+    cursor: Annotated[str, Meta(pattern=r"^[0-9]{1,18}$")] | None = None
     limit: Annotated[int, Meta(ge=1, le=1000)] = 100
 
 

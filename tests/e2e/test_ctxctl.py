@@ -70,6 +70,6 @@ def test_no_daemon_is_exit_two(tmp_path: Path) -> None:
 def test_stop(daemon_root: Path) -> None:
     process = DaemonProcess(daemon_root).start()
     result = ctxctl(process.socket, "stop", "--json")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 0, result.stderr + process.log()
     assert json.loads(result.stdout) == {"stopped": True, "pid": process.proc.pid}  # type: ignore[union-attr]
     assert process.proc.wait(30) == 0  # type: ignore[union-attr]

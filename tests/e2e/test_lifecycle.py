@@ -121,7 +121,12 @@ def test_sigterm_lets_an_in_flight_request_finish(daemon_root: Path) -> None:
             "context_window": 100_000_000}})
         big = [{"role": "user", "content": hello_text(2000) + f" {i}"} for i in range(400)]
         pending = client.submit("message.append", {"session_id": "s", "messages": big})
-        time.sleep(0.05)
+        with process.client() as observer:
+            deadline = time.monotonic() + 30
+            while observer.call("daemon.status")["requests_inflight"] == 0:
+                assert not pending.done(), "the append finished before it was seen in flight"
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
         process.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
         result = pending.result(60)
         assert len(result["appended"]) == 400
@@ -159,7 +164,10 @@ def test_no_acknowledged_append_is_lost_to_sigkill(daemon_root: Path) -> None:
 
         thread = threading.Thread(target=writer)
         thread.start()
-        time.sleep(0.2 + rng.random() * 0.3)
+        deadline = time.monotonic() + 30
+        while not acknowledged[session_id] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(rng.random() * 0.3)
         process.kill()
         stop.set()
         thread.join(20)
