@@ -36,15 +36,15 @@ def rss_bytes() -> int:
 def register(dispatcher: Dispatcher, daemon: Daemon, request_stop: Callable[[], None]) -> None:
     """Add the daemon methods to the dispatcher."""
 
-    async def ping(call: Call, p: Empty) -> PingResult:
+    def ping(call: Call, p: Empty) -> PingResult:
         return PingResult(pong=True, ts=time.time())
 
-    async def hello(call: Call, p: HelloParams) -> HelloResult:
+    def hello(call: Call, p: HelloParams) -> HelloResult:
         return HelloResult(name="ctxd", version=__version__, protocol_version=PROTOCOL_VERSION,
                            features=FEATURES,
                            agreed_features=[f for f in FEATURES if f in p.protocol_features])
 
-    async def status(call: Call, p: Empty) -> DaemonStatus:
+    def status(call: Call, p: Empty) -> DaemonStatus:
         server = daemon.server.statistics()
         supervisor = daemon.supervisor
         return DaemonStatus(
@@ -70,7 +70,7 @@ def register(dispatcher: Dispatcher, daemon: Daemon, request_stop: Callable[[], 
         request_stop()
         return ShutdownResult(stopping=True)
 
-    dispatcher.register("daemon.ping", Empty, ping, inline=True)
-    dispatcher.register("daemon.hello", HelloParams, hello, inline=True)
-    dispatcher.register("daemon.status", Empty, status, inline=True)
+    dispatcher.register_inline("daemon.ping", Empty, ping)
+    dispatcher.register_inline("daemon.hello", HelloParams, hello)
+    dispatcher.register_inline("daemon.status", Empty, status)
     dispatcher.register("daemon.shutdown", Empty, shutdown)

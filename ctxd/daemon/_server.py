@@ -15,12 +15,13 @@ from ctxd.config import Config
 from ctxd.daemon._socket import peer_uid
 from ctxd.errors import CtxdError, ErrorCode
 from ctxd.hub import EventBus, Subscription
-from ctxd.wire import Dispatcher, Envelope, error_response, notification, salvage_id
+from ctxd.wire import NOT_INLINE, Dispatcher, Envelope, error_response, notification, salvage_id
 
 log = logging.getLogger("ctxd.server")
 READ_CHUNK = 256 * 1024
 OUTBOX_LIMIT = 1024 * 1024
 """Bytes of answers queued for a client before the tasks answering it wait for it to read."""
+_WHITESPACE = (b" ", b"\t", b"\r", b"\n")
 EVENT_OUTBOX_LIMIT = 16 * 1024
 """Events wait for a smaller outbox: a lagging subscriber loses events (and is told so by
 the bus) instead of piling a megabyte of stale notifications into its connection."""
@@ -33,14 +34,18 @@ def _overloaded(request_id: Any, why: str, limit: str, value: int) -> bytes:
 
 
 class Connection:
-    """One client: a reader that frames lines, request tasks, a single writer.
+    """One client: a reader that frames lines, request tasks, one outbox.
 
-    Responses go out in completion order (pipelined requests may be answered out of
-    order); event subscriptions of this connection push notifications to the same writer.
-    Methods registered ``inline`` (they never wait) are answered by the reader itself,
-    without a task; everything else gets a task of its own. Those tasks start in arrival
-    order (trio starts new tasks in no fixed order), so pipelined requests for one session
-    reach its actor in the order they were sent.
+    Answers go out in completion order (pipelined requests may be answered out of order)
+    and event subscriptions of this connection share the same outbox. There is no writer
+    task: whoever queues a line sends the outbox, unless another task already is, which
+    then sends it for everyone; the reader sends once per chunk it read, so pipelined
+    answers leave in one write.
+
+    Methods registered inline (they cannot wait) are answered by the reader itself;
+    everything else gets a task of its own. Those tasks start in arrival order (trio starts
+    new tasks in no fixed order), so pipelined requests for one session reach its actor in
+    the order they were sent.
     """
 
     def __init__(self, server: Server, stream: trio.SocketStream, uid: int):
@@ -51,7 +56,6 @@ class Connection:
         self.subscriptions: dict[str, Subscription] = {}
         self._outbox: list[bytes] = []
         self._outbox_bytes = 0
-        self._outbox_filled = trio.Event()
         self._outbox_taken = trio.Event()
         self._sending = False
         self._sent = trio.Event()
@@ -65,7 +69,6 @@ class Connection:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._write_loop)
                 try:
                     await self._read_loop()
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -80,18 +83,51 @@ class Connection:
             with trio.move_on_after(1, shield=True):
                 await self.stream.aclose()
 
-    async def send_line(self, line: bytes, limit: int = OUTBOX_LIMIT) -> None:
-        """Queue one line (without newline) for the writer; waits while the client lags."""
-        while self._outbox_bytes >= limit:
-            await self._outbox_taken.wait()
+    def queue_line(self, line: bytes) -> None:
+        """Add one line (without newline) to the outbox; `flush` sends it."""
         self._outbox.append(line + b"\n")
         self._outbox_bytes += len(line) + 1
-        self._outbox_filled.set()
+
+    async def send_line(self, line: bytes, limit: int = OUTBOX_LIMIT) -> None:
+        """Queue one line and send the outbox; waits while ``limit`` bytes are unsent."""
+        while self._outbox_bytes >= limit:
+            if self._sending:
+                await self._outbox_taken.wait()
+            else:
+                await self.flush()
+        self.queue_line(line)
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Send the outbox, unless another task is already sending it (it sends for us)."""
+        if self._sending:
+            return
+        self._sending = True
+        try:
+            while self._outbox:
+                data = b"".join(self._outbox)
+                self._outbox.clear()
+                self._outbox_bytes = 0
+                self._outbox_taken.set()
+                self._outbox_taken = trio.Event()
+                await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._outbox.clear()
+            self._outbox_bytes = 0
+            assert self._nursery is not None
+            self._nursery.cancel_scope.cancel()  # the client is gone
+        finally:
+            self._sending = False
+            self._sent.set()
+            self._sent = trio.Event()
 
     async def flushed(self) -> None:
         """Wait until every queued line has been handed to the kernel."""
-        while self._outbox_bytes or self._sending:
-            await self._sent.wait()
+        while self._outbox or self._sending:
+            if self._sending:
+                await self._sent.wait()
+            else:
+                await self.flush()
 
     def attach(self, subscription: Subscription) -> None:
         """Stream a subscription's events to this client until it is unsubscribed."""
@@ -112,25 +148,6 @@ class Connection:
             except trio.EndOfChannel:
                 return
             await self.send_line(notification("event", event), EVENT_OUTBOX_LIMIT)
-
-    async def _write_loop(self) -> None:
-        try:
-            while True:
-                await self._outbox_filled.wait()
-                self._outbox_filled = trio.Event()
-                data = b"".join(self._outbox)
-                self._outbox.clear()
-                self._outbox_bytes = 0
-                self._outbox_taken.set()
-                self._outbox_taken = trio.Event()
-                self._sending = True
-                await self.stream.send_all(data)
-                self._sending = False
-                self._sent.set()
-                self._sent = trio.Event()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            assert self._nursery is not None
-            self._nursery.cancel_scope.cancel()  # the client is gone
 
     async def _read_loop(self) -> None:
         limit = self.server.config.max_request_bytes
@@ -153,14 +170,20 @@ class Connection:
                     break
                 if discarding:
                     discarding = False
-                else:
+                elif pending:
                     pending += data[start:newline]
                     if len(pending) > limit:
                         await self._too_large(limit)
                     else:
                         await self._dispatch(bytes(pending))
                     pending.clear()
+                elif newline - start > limit:
+                    await self._too_large(limit)
+                else:
+                    await self._dispatch(data[start:newline])
                 start = newline + 1
+            if self._outbox:
+                await self.flush()  # the inline answers to this chunk, in one write
 
     async def _too_large(self, limit: int) -> None:
         await self.send_line(error_response(None, CtxdError(
@@ -170,24 +193,30 @@ class Connection:
              "fix": "send smaller requests (split a large append into batches)"})))
 
     async def _dispatch(self, line: bytes) -> None:
-        if not line.strip():
+        if not line:
             return
+        first = line[:1]
+        if first in _WHITESPACE:
+            line = line.strip()
+            first = line[:1]
+            if not line:
+                return
         dispatcher = self.server.dispatcher
         envelope: Envelope | None = None
-        if line.lstrip()[:1] != b"[":
+        if first != b"[":
             decoded = dispatcher.decode(line)
             if isinstance(decoded, bytes):
                 await self.send_line(decoded)
                 return
             envelope = decoded
-            if dispatcher.is_inline(envelope):
-                started = time.perf_counter()
-                try:
-                    reply = await dispatcher.answer(envelope, self.peer_uid, self)
-                    if reply is not None:
-                        await self.send_line(reply)
-                finally:
-                    self.server.record(time.perf_counter() - started)
+            started = time.perf_counter()
+            reply = dispatcher.answer_inline(envelope, self.peer_uid, self)
+            if reply is not NOT_INLINE:
+                if reply is not None:
+                    self.queue_line(reply)
+                    if self._outbox_bytes >= OUTBOX_LIMIT:
+                        await self.flush()
+                self.server.record(time.perf_counter() - started)
                 return
         if self.inflight >= self.server.config.max_inflight_per_connection:
             await self.send_line(_overloaded(
@@ -206,7 +235,8 @@ class Connection:
         self.server.begin_request()
         dispatcher = self.server.dispatcher
         try:
-            await previous.wait()
+            if not previous.is_set():
+                await previous.wait()
             # No checkpoint from here until the request is queued at its session's actor,
             # so the next request's task cannot overtake this one.
             started_event.set()

@@ -11,7 +11,7 @@ from ctxd.wire._codec import (
     response,
     salvage_id,
 )
-from ctxd.wire._dispatch import Call, Dispatcher
+from ctxd.wire._dispatch import NOT_INLINE, Call, Dispatcher
 
-__all__ = ["Call", "Dispatcher", "Envelope", "RequestId", "encode", "error_response",
+__all__ = ["NOT_INLINE", "Call", "Dispatcher", "Envelope", "RequestId", "encode", "error_response",
            "notification", "params_error", "response", "salvage_id", "types"]

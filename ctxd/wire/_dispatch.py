@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import msgspec
 
@@ -17,8 +18,7 @@ log = logging.getLogger("ctxd.wire")
 P = TypeVar("P", bound=msgspec.Struct)
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
+class Call(NamedTuple):
     """What a handler knows about the request besides its params."""
 
     request_id: _codec.RequestId
@@ -26,7 +26,8 @@ class Call:
     connection: Any
 
 
-Handler = Callable[[Call, Any], Awaitable[Any]]
+Handler = Callable[[Call, Any], Any]
+"""A coroutine function, or for inline methods a plain function."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,13 @@ class _Method(Generic[P]):
     handler: Handler
     inline: bool
 
+
+class NotInline(enum.Enum):
+    NOT_INLINE = enum.auto()
+
+
+NOT_INLINE = NotInline.NOT_INLINE
+"""`Dispatcher.answer_inline` could not answer: the method must run in a task."""
 
 _UNPARSABLE = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 """What a line that is not JSON can raise: msgspec's own errors, invalid UTF-8 inside a
@@ -61,17 +69,20 @@ class Dispatcher:
         self._methods: dict[str, _Method[Any]] = {}
 
     def register(self, name: str, params_type: type[P],
-                 handler: Callable[[Call, P], Awaitable[Any]], *, inline: bool = False) -> None:
-        """Add a method; its params decoder is built once, here.
+                 handler: Callable[[Call, P], Awaitable[Any]]) -> None:
+        """Add a method; its params decoder is built once, here."""
+        self._add(_Method(name, msgspec.json.Decoder(params_type).decode, handler, False))
 
-        Args:
-            inline: the handler never waits (no I/O, no actor): the server may run it on
-                the connection's reader instead of a task of its own.
-        """
-        if name in self._methods:
-            raise ValueError(f"method {name} registered twice")
-        self._methods[name] = _Method(name, msgspec.json.Decoder(params_type).decode, handler,
-                                      inline)
+    def register_inline(self, name: str, params_type: type[P],
+                        handler: Callable[[Call, P], Any]) -> None:
+        """Add a method whose handler is a plain function: it cannot wait (no I/O, no
+        actor), so the server answers it on the connection's reader, without a task."""
+        self._add(_Method(name, msgspec.json.Decoder(params_type).decode, handler, True))
+
+    def _add(self, method: _Method[Any]) -> None:
+        if method.name in self._methods:
+            raise ValueError(f"method {method.name} registered twice")
+        self._methods[method.name] = method
 
     @property
     def method_names(self) -> list[str]:
@@ -115,10 +126,6 @@ class Dispatcher:
         except _UNPARSABLE as exc:
             return _parse_error(exc)
 
-    def is_inline(self, envelope: _codec.Envelope) -> bool:
-        method = self._methods.get(envelope.method)
-        return method is not None and method.inline
-
     async def _handle_one(self, line: bytes, peer_uid: int, connection: Any) -> bytes | None:
         envelope = self.decode(line)
         if isinstance(envelope, bytes):
@@ -128,19 +135,38 @@ class Dispatcher:
     async def answer(self, envelope: _codec.Envelope, peer_uid: int,
                      connection: Any) -> bytes | None:
         """Run a decoded request; the response line, or None for a notification."""
-        request_id = None if envelope.id is msgspec.UNSET else envelope.id
-        is_notification = envelope.id is msgspec.UNSET
         try:
-            result = await self.call(envelope, peer_uid, connection)
+            method, params = self._validate(envelope)
+            call = Call(_request_id(envelope), peer_uid, connection)
+            try:
+                if method.inline:
+                    result = method.handler(call, params)
+                else:
+                    result = await method.handler(call, params)
+            except Exception as exc:
+                raise _internal_error(method.name, exc) from exc
         except CtxdError as error:
-            return None if is_notification else _codec.error_response(request_id, error)
-        if is_notification:
-            return None
-        return _codec.response(request_id, result)
+            return _error_reply(envelope, error)
+        return _reply(envelope, result)
 
-    async def call(self, envelope: _codec.Envelope, peer_uid: int, connection: Any) -> Any:
-        """Validate and run one request; every failure comes out as a `CtxdError`."""
-        request_id = None if envelope.id is msgspec.UNSET else envelope.id
+    def answer_inline(self, envelope: _codec.Envelope, peer_uid: int,
+                      connection: Any) -> bytes | NotInline | None:
+        """`answer` without waiting, or `NOT_INLINE` when the method needs `answer`."""
+        known = self._methods.get(envelope.method)
+        if known is None or not known.inline:
+            return NOT_INLINE
+        try:
+            method, params = self._validate(envelope)
+            try:
+                result = method.handler(Call(_request_id(envelope), peer_uid, connection), params)
+            except Exception as exc:
+                raise _internal_error(method.name, exc) from exc
+        except CtxdError as error:
+            return _error_reply(envelope, error)
+        return _reply(envelope, result)
+
+    def _validate(self, envelope: _codec.Envelope) -> tuple[_Method[Any], Any]:
+        """The method and its decoded params; every problem is a `CtxdError`."""
         if envelope.jsonrpc != "2.0":
             raise CtxdError(ErrorCode.INVALID_REQUEST,
                             f'invalid request: jsonrpc must be "2.0", got {envelope.jsonrpc!r}',
@@ -151,18 +177,33 @@ class Dispatcher:
                             {"method": envelope.method, "available": self.method_names})
         raw = b"{}" if envelope.params is msgspec.UNSET else bytes(envelope.params)
         try:
-            params = method.decode(raw)
+            return method, method.decode(raw)
         except msgspec.ValidationError as exc:
             raise _codec.invalid_params(exc) from None
         except RecursionError:
             raise _codec.params_error("$", "params are nested too deeply") from None
-        try:
-            return await method.handler(Call(request_id, peer_uid, connection), params)
-        except CtxdError:
-            raise
-        except Exception as exc:
-            # The actor boundary: an unexpected failure becomes a typed reply, never a crash.
-            log.exception("internal error in %s", method.name)
-            raise CtxdError(ErrorCode.INTERNAL_ERROR,
-                            f"internal error in {method.name}: {type(exc).__name__}",
-                            {"method": method.name}) from exc
+
+
+def _request_id(envelope: _codec.Envelope) -> _codec.RequestId:
+    return None if envelope.id is msgspec.UNSET else envelope.id
+
+
+def _reply(envelope: _codec.Envelope, result: Any) -> bytes | None:
+    if envelope.id is msgspec.UNSET:
+        return None  # a notification is never answered
+    return _codec.response(envelope.id, result)
+
+
+def _error_reply(envelope: _codec.Envelope, error: CtxdError) -> bytes | None:
+    if envelope.id is msgspec.UNSET:
+        return None
+    return _codec.error_response(envelope.id, error)
+
+
+def _internal_error(method: str, exc: Exception) -> CtxdError:
+    """The actor boundary: an unexpected failure becomes a typed reply, never a crash."""
+    if isinstance(exc, CtxdError):
+        return exc
+    log.exception("internal error in %s", method)
+    return CtxdError(ErrorCode.INTERNAL_ERROR, f"internal error in {method}: {type(exc).__name__}",
+                     {"method": method})
