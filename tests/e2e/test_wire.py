@@ -1198,24 +1198,13 @@ def test_fuzz_invalid_utf8_in_requests(fuzz_target: FuzzTarget) -> None:
     fuzz_target.run(example)
 
 
-def test_fuzz_json_values(fuzz_target: FuzzTarget) -> None:
+@pytest.mark.parametrize("values", [json_values, lines_of_request_like],
+                         ids=["json-values", "request-shaped"])
+def test_fuzz_json(fuzz_target: FuzzTarget, values: st.SearchStrategy[Any]) -> None:
     methods = available_methods(fuzz_target.current())
 
     @FUZZ_SETTINGS
-    @given(value=json_values)
-    def example(value: Any) -> None:
-        line = encode(value)
-        with fuzz_target.example(line):
-            assert_replies_match(value, line, send_both_ways(fuzz_target, line), methods)
-
-    fuzz_target.run(example)
-
-
-def test_fuzz_request_shaped_objects(fuzz_target: FuzzTarget) -> None:
-    methods = available_methods(fuzz_target.current())
-
-    @FUZZ_SETTINGS
-    @given(value=lines_of_request_like)
+    @given(value=values)
     def example(value: Any) -> None:
         line = encode(value)
         with fuzz_target.example(line):
