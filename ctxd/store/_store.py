@@ -201,12 +201,24 @@ class Store:
 
         Runs for the daemon's lifetime. SQLite's own auto-checkpoint would run inside some
         request's commit and put its milliseconds on that request's latency.
+
+        Cancellation: a checkpoint in progress finishes first (it is not abandoned).
         """
-        while True:
-            await trio.sleep(every_s)
-            if self._wal_pages > max_wal_pages:
-                await self.read(_checkpoint)
-                self._wal_pages = 0
+        # Its own connection, in its own thread: a PASSIVE checkpoint copies pages back
+        # while the writer goes on committing, instead of holding the writer's thread.
+        checkpointer = apsw.Connection(str(self.path))
+        checkpointer.set_busy_timeout(5000)
+        # A connection learns that the database is in WAL mode when it first reads it;
+        # until then its checkpoints do nothing (and say so with (-1, -1)).
+        checkpointer.execute("PRAGMA journal_mode").fetchall()
+        try:
+            while True:
+                await trio.sleep(every_s)
+                if self._wal_pages > max_wal_pages:
+                    self._wal_pages = 0
+                    await trio.to_thread.run_sync(_checkpoint, checkpointer)
+        finally:
+            checkpointer.close()
 
     def _run(self, fn: Callable[..., T], args: tuple[Any, ...], transaction: bool) -> T:
         conn = self.connection

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import apsw
 import pytest
+import trio
 
 from ctxd.errors import CtxdError, ErrorCode
 from ctxd.store import Store, migrate, scalar_int, schema_version
@@ -78,4 +79,36 @@ async def test_a_full_database_is_a_storage_error_and_rolls_back(tmp_path: Path)
     # Nothing of the failed transaction is left behind.
     assert await store.read(scalar_int, "SELECT count(*) FROM sessions") == 0
     assert await store.read(scalar_int, "SELECT count(*) FROM messages") == 0
+    store.close()
+
+
+async def test_wal_is_checkpointed_off_the_writer(tmp_path: Path) -> None:
+    store = Store(tmp_path / "ctxd.db")
+    store.open()
+
+    def write_rows(conn: apsw.Connection, start: int) -> None:
+        conn.execute("INSERT OR IGNORE INTO sessions (id, state, context_window, "
+                     "max_output_tokens, compact_trigger, hard_block, warn, caution, "
+                     "created_at, updated_at) VALUES ('s', 'open', 1000, 10, .95, .98, .7, "
+                     ".8, 0, 0)")
+        for seq in range(start, start + 50):
+            conn.execute("INSERT INTO messages (session_id, seq, role, content, component, "
+                         "tokens, created_at) VALUES ('s', ?, 'user', ?, 'conversation', 1, 0)",
+                         (seq, b"x" * 4000))
+
+    for batch in range(4):
+        await store.write(write_rows, batch * 50 + 1)
+    assert store._wal_pages > 20  # the WAL hook saw the commits; nothing checkpointed them
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.keep_wal_small, 20, 0.01)
+        for _ in range(1000):  # up to ~10 s of real time: the checkpoint runs in a thread
+            if not store._wal_pages:
+                break
+            await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert store._wal_pages == 0
+    # Everything was copied back, so the next commit starts the WAL from its beginning.
+    await store.write(lambda conn: conn.execute("UPDATE sessions SET title = 't'"))
+    assert 0 < store._wal_pages <= 3
+    assert await store.read(scalar_int, "SELECT count(*) FROM messages") == 200
     store.close()
