@@ -54,6 +54,9 @@ class Daemon:
 
     async def run(self) -> None:
         config = self.config
+        # What ctxd creates holds transcripts (the database, its WAL and shared-memory
+        # file): private to the user, whatever umask the caller had.
+        os.umask(0o077)
         data_dir = Path(config.data_dir)
         check_private_directory(data_dir)
         data_lock = Lock(data_dir / "ctxd.lock", f"data directory {data_dir}")

@@ -31,7 +31,10 @@ def test_socket_directory_and_lock_are_private(daemon: DaemonProcess) -> None:
     assert mode(daemon.socket) == 0o600
     assert mode(daemon.socket.parent) == 0o700
     assert mode(daemon.data_dir) == 0o700
-    assert mode(daemon.data_dir / "ctxd.db") == 0o600
+    with daemon.client() as client:
+        client.call("session.open", {"session_id": "private"})
+    for name in ("ctxd.db", "ctxd.db-wal", "ctxd.db-shm", "ctxd.lock"):
+        assert mode(daemon.data_dir / name) == 0o600, name
     lock = daemon.socket.with_name("ctxd.sock.lock")
     assert lock.read_text().strip() == str(daemon.proc.pid)  # type: ignore[union-attr]
 
