@@ -39,12 +39,21 @@ def load_session(conn: apsw.Connection, session_id: str) -> SessionRecord | None
     return _record(rows[0]) if rows else None
 
 
+_UPDATED_COLUMNS = ", ".join(f"{column} = excluded.{column}"
+                            for column in _SESSION_COLUMNS.split(", ")[1:])
+
+
 def save_session(conn: apsw.Connection, record: SessionRecord) -> None:
-    """Insert or replace the session row from the record (counters included)."""
+    """Insert the session row, or update it in place (counters included).
+
+    Never ``INSERT OR REPLACE``: SQLite replaces by deleting the row, and the delete
+    would cascade to every message of the session (and give the row a new rowid).
+    """
     b = record.budget
     conn.execute(
-        f"INSERT OR REPLACE INTO sessions ({_SESSION_COLUMNS}) "
-        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        f"INSERT INTO sessions ({_SESSION_COLUMNS}) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+        f"ON CONFLICT (id) DO UPDATE SET {_UPDATED_COLUMNS}",
         (record.session_id, record.project, record.title, record.state, b.context_window,
          b.max_output_tokens, b.compact_trigger, b.hard_block, b.warn, b.caution,
          record.message_count, *(record.component_tokens[c] for c in COMPONENTS),

@@ -282,3 +282,26 @@ def test_a_full_store_is_a_storage_error_and_nothing_half_written(daemon_root: A
             assert client.call("daemon.ping")["pong"] is True
     finally:
         assert process.stop() == 0
+
+
+def test_close_retitle_and_reopen_keep_every_message_and_the_order(
+        client: Client, sid: str) -> None:
+    # Regression: saving the session row with INSERT OR REPLACE deleted it first, and the
+    # delete cascaded to all of its messages.
+    project = "keep-" + sid
+    for n in ("a", "b"):
+        client.call("session.open", {"session_id": f"{sid}-{n}", "project": project})
+    session = f"{sid}-a"
+    client.call("message.append", {"session_id": session, "messages": [
+        {"role": "user", "content": f"m{i}"} for i in range(3)]})
+    client.call("session.close", {"session_id": session})
+    client.call("session.open", {"session_id": session, "title": "renamed",
+                                 "budget": {"context_window": 50_000}})
+    listed = client.call("message.list", {"session_id": session})
+    assert [m["content"] for m in listed["messages"]] == ["m0", "m1", "m2"]
+    rendered = client.call("ctxd.render", {"session_id": session})
+    # each: 3 framing + 1 role + 2 ("m", "0")
+    assert rendered["stats"] == {"message_count": 3, "stored_messages": 3,
+                                 "message_tokens": 18, "reply_priming_tokens": 3}
+    ordered = client.call("session.list", {"project": project})
+    assert [s["session_id"] for s in ordered["sessions"]] == [f"{sid}-a", f"{sid}-b"]
