@@ -90,13 +90,17 @@ class Connection:
 
     async def send_line(self, line: bytes, limit: int = OUTBOX_LIMIT) -> None:
         """Queue one line and send the outbox; waits while ``limit`` bytes are unsent."""
+        await self.wait_for_room(limit)
+        self.queue_line(line)
+        await self.flush()
+
+    async def wait_for_room(self, limit: int = OUTBOX_LIMIT) -> None:
+        """Wait until fewer than ``limit`` bytes are queued (the client is reading)."""
         while self._outbox_bytes >= limit:
             if self._sending:
                 await self._outbox_taken.wait()
             else:
                 await self.flush()
-        self.queue_line(line)
-        await self.flush()
 
     async def flush(self) -> None:
         """Send the outbox, unless another task is already sending it (it sends for us)."""
@@ -214,8 +218,8 @@ class Connection:
             if reply is not NOT_INLINE:
                 if reply is not None:
                     self.queue_line(reply)
-                    if self._outbox_bytes >= OUTBOX_LIMIT:
-                        await self.flush()
+                    # The reader stops reading while its client does not read its answers.
+                    await self.wait_for_room()
                 self.server.record(time.perf_counter() - started)
                 return
         if self.inflight >= self.server.config.max_inflight_per_connection:

@@ -135,11 +135,13 @@ class SessionActor:
                 with trio.move_on_after(self.supervisor.config.session_idle_s):
                     op, current = await self._receive.receive()
                 if current is None:
+                    if self._has_queued():
+                        continue
                     return
                 await self._process(op, current)
                 current = None
-                if self.record is None and not self._stale:
-                    return
+                if self.record is None and not self._stale and not self._has_queued():
+                    return  # no such session (any more); keep serving what is queued
         finally:
             if current is not None and not current.done:
                 current.fail(CtxdError(ErrorCode.OVERLOADED, "ctxd is shutting down; retry",
@@ -163,8 +165,13 @@ class SessionActor:
                                  f"internal error: {type(exc).__name__}: {exc}",
                                  {"session_id": self.session_id}))
 
+    def _has_queued(self) -> bool:
+        stats = self._receive.statistics()
+        return bool(stats.current_buffer_used or stats.tasks_waiting_send)
+
     def _retire(self) -> None:
-        # No await in here: nobody can queue between the drain and the close.
+        # No await in here: nobody can queue between the drain and the close. Requests are
+        # only left queued when the actor is cancelled (shutdown); their callers retry.
         self.supervisor.forget(self)
         while True:
             try:
@@ -200,13 +207,12 @@ class SessionActor:
         now = time.time()
         sup = self.supervisor
         if self.record is None:
-            sup.reserve_open_slot()
             record = SessionRecord(
                 session_id=self.session_id, project=params.project, title=params.title,
                 state="open", budget=resolve_budget(params.budget, sup.config.budget),
                 created_at=now, updated_at=now)
-            await self._save(record)
-            sup.sessions_open += 1
+            with sup.open_slot():
+                await self._save(record)
             sup.sessions_total += 1
             sup.bus.publish(self.session_id, "session.opened",
                             {"project": record.project, "title": record.title, "created": True})
@@ -215,7 +221,6 @@ class SessionActor:
         record = dataclasses.replace(self.record)
         reopened = record.state != "open"
         if reopened:
-            sup.reserve_open_slot()
             record.state, record.closed_at = "open", None
         if params.budget is not None:
             record.budget = resolve_budget(params.budget, record.budget)
@@ -223,9 +228,12 @@ class SessionActor:
         record.title = params.title if params.title is not None else record.title
         if record != self.record:
             record.updated_at = now
-            await self._save(record)
+            if reopened:
+                with sup.open_slot():
+                    await self._save(record)
+            else:
+                await self._save(record)
         if reopened:
-            sup.sessions_open += 1
             sup.bus.publish(self.session_id, "session.opened",
                             {"project": record.project, "title": record.title,
                              "created": False})

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import trio
@@ -81,8 +82,16 @@ class Supervisor:
         if self._actors.get(actor.session_id) is actor:
             del self._actors[actor.session_id]
 
-    def reserve_open_slot(self) -> None:
-        """Raise -32005 when another open session would pass ``max_open_sessions``."""
+    @contextlib.contextmanager
+    def open_slot(self) -> Iterator[None]:
+        """Count one more open session for the block; given back if the block fails.
+
+        Taken before the block's first await, so concurrent opens of different sessions
+        cannot all pass the check.
+
+        Raises:
+            CtxdError: -32005 when it would pass ``max_open_sessions``.
+        """
         if self.sessions_open >= self.config.max_open_sessions:
             raise CtxdError(ErrorCode.LIMIT_REACHED,
                             f"{self.sessions_open} sessions are open, the maximum "
@@ -90,6 +99,12 @@ class Supervisor:
                             {"limit": "max_open_sessions",
                              "max": self.config.max_open_sessions,
                              "fix": "close or delete sessions you no longer use"})
+        self.sessions_open += 1
+        try:
+            yield
+        except BaseException:
+            self.sessions_open -= 1
+            raise
 
     @property
     def actor_count(self) -> int:
@@ -102,12 +117,13 @@ class Supervisor:
     async def _expire_closed_sessions(self) -> None:
         ttl_s = self.config.session_ttl_h * 3600
         while True:
-            expired = await self.store.read(q.expired_sessions, time.time() - ttl_s)
-            for session_id in expired:
-                try:
+            try:
+                expired = await self.store.read(q.expired_sessions, time.time() - ttl_s)
+                for session_id in expired:
                     await self.call(session_id, _delete_if_still_expired(time.time() - ttl_s))
-                except CtxdError as error:
-                    log.warning("could not expire session %s: %s", session_id, error.message)
+            except CtxdError as error:
+                # A failing store must not take the daemon down; the next sweep retries.
+                log.warning("expiring closed sessions failed: %s", error.message)
             await trio.sleep(min(3600.0, max(1.0, ttl_s / 10)))
 
 

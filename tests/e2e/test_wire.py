@@ -1211,3 +1211,35 @@ def test_fuzz_json(fuzz_target: FuzzTarget, values: st.SearchStrategy[Any]) -> N
             assert_replies_match(value, line, send_both_ways(fuzz_target, line), methods)
 
     fuzz_target.run(example)
+
+
+def test_a_client_that_does_not_read_cannot_grow_the_daemon(daemon: DaemonProcess) -> None:
+    # Regression: inline answers (daemon.ping) were queued without limit while another
+    # task of the same connection was blocked sending a large answer to a non-reader.
+    with daemon.client() as client:
+        client.call("session.open", {"session_id": "big", "budget": {
+            "context_window": 100_000_000}})
+        client.call("message.append", {"session_id": "big", "messages": [
+            {"role": "user", "content": "x " * 2_000_000}]})
+    with socket.socket(socket.AF_UNIX) as raw:
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        raw.connect(str(daemon.socket))
+        raw.sendall(b'{"jsonrpc":"2.0","id":0,"method":"ctxd.render",'
+                    b'"params":{"session_id":"big"}}\n')
+        # Let the render's task become the one blocked sending its 4 MB answer, so the
+        # pings' inline answers can only queue behind it.
+        time.sleep(1.0)
+        ping = b'{"jsonrpc":"2.0","id":1,"method":"daemon.ping"}\n' * 1000
+        raw.settimeout(3)
+        sent = 0
+        try:
+            while sent < 64 * 1024 * 1024:
+                raw.sendall(ping)
+                sent += len(ping)
+        except TimeoutError:
+            pass
+        # The daemon stopped reading: what it took is bounded by its outbox limit
+        # (1 MiB of answers, about 1.4 MiB of pings) plus the kernel's socket buffers.
+        assert sent < 16 * 1024 * 1024
+    with daemon.client() as client:
+        assert client.call("daemon.ping")["pong"] is True
