@@ -88,7 +88,7 @@ class AsyncClient:
             try:
                 self._notify_send.send_nowait(item)
             except trio.WouldBlock:
-                pass  # a client that never reads notifications loses the oldest ones
+                pass  # a client that never reads notifications loses the newest ones
             return
         send.send_nowait(item)
 
@@ -103,13 +103,21 @@ async def connect(path: str | os.PathLike[str] | None = None) -> AsyncIterator[A
     where = str(path or default_socket_path())
     try:
         stream = await trio.open_unix_socket(where)
-    except (FileNotFoundError, ConnectionRefusedError) as exc:
-        raise DaemonUnavailable(where, exc.strerror or type(exc).__name__) from None
+    except OSError as exc:
+        raise DaemonUnavailable(where, exc.strerror or str(exc)) from None
     client = AsyncClient(stream, where)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(client._read_loop)
-        try:
-            yield client
-        finally:
-            nursery.cancel_scope.cancel()
-            await stream.aclose()
+    # The stream is closed after the nursery: closing it inside the cancelled nursery
+    # would raise Cancelled there and hide whatever the caller's block raised.
+    try:
+        async with stream, trio.open_nursery() as nursery:
+            nursery.start_soon(client._read_loop)
+            try:
+                yield client
+            finally:
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The reader ends quietly, so only the caller's block can have failed: give its
+        # exception back as raised, not wrapped in the nursery's group.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise

@@ -38,9 +38,9 @@ class Client:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.connect(self.path)
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
+        except OSError as exc:
             self._sock.close()
-            raise DaemonUnavailable(self.path, exc.strerror or type(exc).__name__) from None
+            raise DaemonUnavailable(self.path, exc.strerror or str(exc)) from None
         self._ids = itertools.count(1)
         self._send_lock = threading.Lock()
         self._pending: dict[int, Future[Any]] = {}
@@ -73,7 +73,7 @@ class Client:
             RpcError: the daemon answered with an error.
             DaemonUnavailable: the connection was lost.
         """
-        return self.submit(method, params).result(timeout or self.timeout)
+        return self.submit(method, params).result(self.timeout if timeout is None else timeout)
 
     def submit(self, method: str, params: dict[str, Any] | None = None) -> Future[Any]:
         """Send a request without waiting; the future resolves to its result."""

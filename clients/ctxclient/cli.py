@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -139,17 +140,30 @@ def cmd_call(client: Client, args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _running(pid: int) -> bool:
+    """Whether the process lives (an exited one not yet reaped by its parent does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
 def cmd_stop(client: Client, args: argparse.Namespace, console: Console) -> int:
     pid = client.call("daemon.status")["pid"]
     client.call("daemon.shutdown")
+    # Gone means the process exited: the socket refuses connections as soon as shutdown
+    # starts, while in-flight requests still drain and the data directory stays locked.
     deadline = time.monotonic() + args.wait
-    while time.monotonic() < deadline:
-        try:
-            Client(client.path, timeout=1).close()
-        except DaemonUnavailable:
-            break
+    while _running(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    else:
+    if _running(pid):
         print(f"ctxctl: ctxd (pid {pid}) is still running after {args.wait}s", file=sys.stderr)
         return 1
     if args.json:
@@ -208,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
             code: int = args.run(client, args, console)
             return code
     except DaemonUnavailable as exc:
+        if args.json:
+            _print_json({"error": {"code": None, "message": str(exc), "data": {
+                "socket": exc.path}}})
         print(f"ctxctl: {exc}", file=sys.stderr)
         return 2
     except RpcError as exc:

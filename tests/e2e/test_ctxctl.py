@@ -59,6 +59,14 @@ def test_call_errors_exit_one_with_the_message(shared_daemon: DaemonProcess) -> 
     assert "PARAMS is not valid JSON" in bad.stderr
 
 
+def test_an_impossible_socket_path_is_exit_two_with_json(tmp_path: Path) -> None:
+    too_long = tmp_path / ("x" * 120) / "ctxd.sock"
+    result = ctxctl(too_long, "--json", "status")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert json.loads(result.stdout)["error"]["data"] == {"socket": str(too_long)}
+
+
 def test_no_daemon_is_exit_two(tmp_path: Path) -> None:
     for command in (["status"], ["sessions"], ["call", "daemon.ping"], ["stop"]):
         result = ctxctl(tmp_path / "none.sock", *command)
@@ -72,4 +80,5 @@ def test_stop(daemon_root: Path) -> None:
     result = ctxctl(process.socket, "stop", "--json")
     assert result.returncode == 0, result.stderr + process.log()
     assert json.loads(result.stdout) == {"stopped": True, "pid": process.proc.pid}  # type: ignore[union-attr]
-    assert process.proc.wait(30) == 0  # type: ignore[union-attr]
+    # "stopped" means exited, not merely no longer accepting connections.
+    assert process.proc.poll() == 0  # type: ignore[union-attr]

@@ -265,3 +265,16 @@ def test_hello_negotiates_features(shared_daemon: DaemonProcess) -> None:
         with pytest.raises(RpcError) as caught:
             client.call("daemon.hello", {"client": 5})
         assert caught.value.data["path"] == "$.client"
+
+
+async def test_errors_inside_the_async_client_block_propagate(
+        shared_daemon: DaemonProcess) -> None:
+    # Regression: closing the stream inside the cancelled nursery raised Cancelled there,
+    # which replaced (and so swallowed) whatever the block raised.
+    with pytest.raises(RpcError) as caught:
+        async with ctxclient.connect(shared_daemon.socket) as client:
+            await client.call("session.get", {"session_id": "nobody-has-this"})
+    assert caught.value.code == -32004
+    with pytest.raises(ValueError, match="from the block"):
+        async with ctxclient.connect(shared_daemon.socket):
+            raise ValueError("from the block")
