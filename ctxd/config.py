@@ -66,6 +66,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     session_ttl_h: Annotated[float, Meta(ge=0)] = 24.0
     shutdown_timeout_s: Annotated[float, Meta(ge=0)] = 10.0
     allow_root: bool = False
+    max_subscriptions_per_connection: Positive = 16
     event_buffer: Positive = 1024
     event_history: Positive = 10_000
     budget: BudgetDefaults = BudgetDefaults()

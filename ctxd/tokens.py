@@ -93,6 +93,12 @@ class TokenCounter:
                 tokens += self.label_tokens(extra) + NAME_OVERHEAD
         return tokens
 
+    async def count_async(self, text: str) -> int:
+        """`count`, in a worker thread when the text is over `OFF_LOOP_BYTES`."""
+        if len(text) <= OFF_LOOP_BYTES:
+            return self.count(text)
+        return await trio.to_thread.run_sync(self.count, text, limiter=self._limiter)
+
     async def count_messages(self, messages: Sequence[Any]) -> list[int]:
         """Token counts of messages (objects with role/content/name/tool_call_id).
 
@@ -124,7 +130,8 @@ class TokenCounter:
 def _approx_bytes(content: str | Sequence[dict[str, Any]]) -> int:
     if isinstance(content, str):
         return len(content)
-    return sum(len(str(part.get("text", ""))) + 64 for part in content)
+    return sum(len(part["text"]) if part.get("type") == "text" and isinstance(
+        part.get("text"), str) else len(_encode_json(part)) for part in content)
 
 
 __all__ = ["MESSAGE_OVERHEAD", "NAME_OVERHEAD", "OFF_LOOP_BYTES", "REPLY_PRIMING",

@@ -92,7 +92,7 @@ class Daemon:
         self.server = Server(dispatcher, self.bus, self.config)
         _methods.register(dispatcher, self, self.request_stop)
         sessions.register(dispatcher, self.supervisor)
-        hub.register(dispatcher, self.bus)
+        hub.register(dispatcher, self.bus, self.config.max_subscriptions_per_connection)
         async with trio.open_nursery() as root:
             root.start_soon(self._watch_signals)
             root.start_soon(self.store.keep_wal_small)

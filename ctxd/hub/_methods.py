@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ctxd.errors import not_found
+from ctxd.errors import CtxdError, ErrorCode, not_found
 from ctxd.hub._events import EventBus
 from ctxd.wire import Call, Dispatcher
 from ctxd.wire.types import (
@@ -13,10 +13,16 @@ from ctxd.wire.types import (
 )
 
 
-def register(dispatcher: Dispatcher, bus: EventBus) -> None:
+def register(dispatcher: Dispatcher, bus: EventBus, max_per_connection: int) -> None:
     """Add the event-stream methods to the dispatcher."""
 
     async def subscribe(call: Call, p: EventsSubscribeParams) -> EventsSubscribeResult:
+        if len(call.connection.subscriptions) >= max_per_connection:
+            raise CtxdError(ErrorCode.LIMIT_REACHED,
+                            f"this connection already has {max_per_connection} subscriptions",
+                            {"limit": "max_subscriptions_per_connection",
+                             "max": max_per_connection,
+                             "fix": "unsubscribe one, or filter one subscription by types"})
         subscription = bus.subscribe(p.session_id, p.types, p.since_seq)
         # The result goes out before the first notification: the pump starts after this
         # handler returns and the writer is fed in order.

@@ -20,7 +20,7 @@ from ctxd.sessions._state import (
     resolve_budget,
     thread_tokens,
 )
-from ctxd.tokens import REPLY_PRIMING
+from ctxd.tokens import MESSAGE_OVERHEAD, REPLY_PRIMING
 from ctxd.wire import params_error
 from ctxd.wire.types import (
     COMPONENTS,
@@ -322,15 +322,8 @@ class SessionActor:
     async def list_messages(self, params: MessageListParams) -> MessageListResult:
         record = self._require()
         after = int(params.cursor) if params.cursor else 0
-        rows = await self.supervisor.store.read(q.list_messages, self.session_id, after,
-                                                params.limit)
-        messages = [StoredMessage(
-            seq=seq, role=role, content=_decode_content(content), name=name,
-            tool_call_id=tool_call_id, component=component,
-            meta=None if meta is None else _decode_meta(meta), tokens=tokens,
-            created_at=created_at)
-            for seq, role, content, name, tool_call_id, component, meta, tokens, created_at
-            in rows]
+        messages = await self.supervisor.store.read(_stored_messages, self.session_id, after,
+                                                    params.limit)
         more = bool(messages) and messages[-1].seq < record.message_count
         return MessageListResult(messages=messages,
                                  next_cursor=str(messages[-1].seq) if more else None,
@@ -352,11 +345,12 @@ class SessionActor:
         counter = self.supervisor.counter
         extra: dict[Component, int] = dict.fromkeys(COMPONENTS, 0)
         if params.system_prompt is not None:
-            extra["system_prompt"] = counter.message_tokens("system", params.system_prompt)
+            extra["system_prompt"] = (await counter.count_async(params.system_prompt)
+                                      + MESSAGE_OVERHEAD + counter.label_tokens("system"))
         for prompt in params.skill_prompts or ():
-            extra["skill_prompts"] += counter.count(prompt)
+            extra["skill_prompts"] += await counter.count_async(prompt)
         for tool in params.tool_definitions or ():
-            extra["tool_descriptions"] += counter.count(_encode(tool).decode())
+            extra["tool_descriptions"] += await counter.count_async(_encode(tool).decode())
         parts = {c: record.component_tokens[c] + extra[c] for c in COMPONENTS}
         message_total = sum(parts.values())
         used = message_total + REPLY_PRIMING if message_total else 0
@@ -371,6 +365,18 @@ class SessionActor:
             should_compact=usage >= record.budget.compact_trigger,
             is_blocked=health_of(usage, record.budget) == "blocked",
             context_state=record.context_state())
+
+
+def _stored_messages(conn: Any, session_id: str, after_seq: int,
+                     limit: int) -> list[StoredMessage]:
+    """A page of messages, decoded in the store's thread (pages can be large)."""
+    return [StoredMessage(
+        seq=seq, role=role, content=_decode_content(content), name=name,
+        tool_call_id=tool_call_id, component=component,
+        meta=None if meta is None else _decode_meta(meta), tokens=tokens,
+        created_at=created_at)
+        for seq, role, content, name, tool_call_id, component, meta, tokens, created_at
+        in q.list_messages(conn, session_id, after_seq, limit)]
 
 
 def _render_rows(conn: Any, session_id: str) -> list[RenderedMessage]:

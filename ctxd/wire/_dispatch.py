@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import msgspec
+import trio
 
 from ctxd.errors import CtxdError, ErrorCode
 from ctxd.wire import _codec
@@ -110,7 +111,10 @@ class Dispatcher:
                 ErrorCode.INVALID_REQUEST, "invalid request: empty batch",
                 {"fix": "send at least one request in a batch"}))
         # In order, one after the other: a batch that appends then renders sees its appends.
-        replies = [await self._handle_one(bytes(item), peer_uid, connection) for item in items]
+        replies = []
+        for item in items:
+            replies.append(await self._handle_one(bytes(item), peer_uid, connection))
+            await trio.lowlevel.checkpoint()  # a batch of inline calls never waits otherwise
         kept = [reply for reply in replies if reply is not None]
         return b"[" + b",".join(kept) + b"]" if kept else None
 

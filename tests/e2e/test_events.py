@@ -121,3 +121,20 @@ def test_events_reach_several_subscribers(shared_daemon: DaemonProcess, sid: str
             assert next_event(watcher)["type"] == "session.opened"
             with pytest.raises(queue.Empty):
                 watcher.notifications.get(timeout=0.05)
+
+
+def test_subscriptions_per_connection_are_capped(daemon_root: Path) -> None:
+    process = DaemonProcess(daemon_root,
+                            extra_args=["--max-subscriptions-per-connection", "2"]).start()
+    try:
+        with process.client() as watcher:
+            first = watcher.call("events.subscribe")
+            watcher.call("events.subscribe")
+            with pytest.raises(RpcError) as caught:
+                watcher.call("events.subscribe")
+            assert (caught.value.code, caught.value.data["limit"], caught.value.data["max"]) == (
+                -32005, "max_subscriptions_per_connection", 2)
+            watcher.call("events.unsubscribe", {"subscription_id": first["subscription_id"]})
+            assert watcher.call("events.subscribe")["subscription_id"].startswith("sub_")
+    finally:
+        assert process.stop() == 0

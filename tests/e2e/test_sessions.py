@@ -363,3 +363,10 @@ def test_concurrent_opens_respect_max_open_sessions(daemon_root: Any) -> None:
             assert client.call("daemon.status")["sessions_open"] == 2
     finally:
         assert process.stop() == 0
+
+
+def test_budget_measure_counts_a_large_system_prompt(client: Client, sid: str) -> None:
+    client.call("session.open", {"session_id": sid, "budget": {"context_window": 10_000_000}})
+    prompt = hello_text(40_000)  # over 64 KiB: counted in a worker thread
+    measured = client.call("budget.measure", {"session_id": sid, "system_prompt": prompt})
+    assert measured["system_prompt"] == 3 + 1 + 40_000
