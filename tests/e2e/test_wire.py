@@ -368,20 +368,6 @@ INVALID_UTF8_LINES = {
 }
 
 
-@pytest.mark.parametrize("line", INVALID_UTF8_LINES.values(), ids=INVALID_UTF8_LINES.keys())
-def test_invalid_utf8_is_a_parse_error(daemon: DaemonProcess, line: bytes) -> None:
-    """A line that is not UTF-8 is not JSON text (RFC 8259 §8.1): -32700, wherever the bytes are.
-
-    A fresh daemon per case: today several of these kill the daemon.
-    """
-    with crash_reported(daemon), Wire(daemon.socket) as wire:
-        wire.send(line + b"\n")
-        assert_parse_error(wire.read())
-        assert wire.ping() == []
-        assert wire.finish() == []
-    assert_alive(daemon)
-
-
 DEEP = 100_000
 DEEPLY_NESTED_LINES = {
     "batch": b"[" * DEEP + b"]" * DEEP,
@@ -395,9 +381,15 @@ DEEPLY_NESTED_LINES = {
 }
 
 
-@pytest.mark.parametrize("line", DEEPLY_NESTED_LINES.values(), ids=DEEPLY_NESTED_LINES.keys())
-def test_deeply_nested_json_is_a_parse_error(daemon: DaemonProcess, line: bytes) -> None:
-    """Nesting deeper than the decoder can follow is a -32700, not a crash."""
+UNPARSABLE_LINES = {**{f"utf8-{name}": line for name, line in INVALID_UTF8_LINES.items()},
+                    **{f"deep-{name}": line for name, line in DEEPLY_NESTED_LINES.items()}}
+
+
+@pytest.mark.parametrize("line", UNPARSABLE_LINES.values(), ids=UNPARSABLE_LINES.keys())
+def test_unparsable_lines_are_parse_errors(daemon: DaemonProcess, line: bytes) -> None:
+    """-32700, never a crash: invalid UTF-8 anywhere in the line (not JSON text, RFC 8259
+    §8.1) and nesting deeper than the decoder follows. These once took the daemon down,
+    hence a fresh daemon per case."""
     with crash_reported(daemon), Wire(daemon.socket) as wire:
         wire.send(line + b"\n")
         assert_parse_error(wire.read())
