@@ -82,3 +82,25 @@ def test_stop(daemon_root: Path) -> None:
     assert json.loads(result.stdout) == {"stopped": True, "pid": process.proc.pid}  # type: ignore[union-attr]
     # "stopped" means exited, not merely no longer accepting connections.
     assert process.proc.poll() == 0  # type: ignore[union-attr]
+
+
+def test_status_watch_refreshes_until_interrupted(shared_daemon: DaemonProcess,
+                                                  sid: str) -> None:
+    import signal
+    import time
+
+    environ = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160"}
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "ctxclient.cli", "--socket", str(shared_daemon.socket),
+         "status", "--watch", "--interval", "0.05"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ)
+    try:
+        time.sleep(0.5)
+        with shared_daemon.client() as client:  # opened after the watch started
+            client.call("session.open", {"session_id": sid, "project": "watched"})
+        time.sleep(0.5)
+    finally:
+        watch.send_signal(signal.SIGINT)
+        out, err = watch.communicate(timeout=30)
+    assert watch.returncode == 0, err
+    assert sid in out
