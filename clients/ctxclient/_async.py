@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections.abc import AsyncIterator
@@ -77,6 +78,10 @@ class AsyncClient:
                         self._deliver(item)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+        except (ValueError, AttributeError, TypeError):
+            # Not ctxd's protocol (a line that is no JSON, an answer that is no object):
+            # the connection ends, and waiting callers get DaemonUnavailable.
+            pass
         finally:
             for send in self._pending.values():
                 send.close()
@@ -90,7 +95,8 @@ class AsyncClient:
             except trio.WouldBlock:
                 pass  # a client that never reads notifications loses the newest ones
             return
-        send.send_nowait(item)
+        with contextlib.suppress(trio.WouldBlock):  # a second answer to one id is ignored
+            send.send_nowait(item)
 
 
 @asynccontextmanager
@@ -116,8 +122,8 @@ async def connect(path: str | os.PathLike[str] | None = None) -> AsyncIterator[A
             finally:
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
-        # The reader ends quietly, so only the caller's block can have failed: give its
-        # exception back as raised, not wrapped in the nursery's group.
+        # The reader never raises (it ends the connection instead), so only the caller's
+        # block can have failed: give its exception back as raised, not wrapped.
         if len(group.exceptions) == 1:
             raise group.exceptions[0] from None
         raise

@@ -21,6 +21,8 @@ log = logging.getLogger("ctxd.server")
 READ_CHUNK = 256 * 1024
 OUTBOX_LIMIT = 1024 * 1024
 """Bytes of answers queued for a client before the tasks answering it wait for it to read."""
+YIELD_EVERY_S = 0.002
+"""The reader gives other tasks a turn at least this often while it works through a chunk."""
 _WHITESPACE = (b" ", b"\t", b"\r", b"\n")
 EVENT_OUTBOX_LIMIT = 16 * 1024
 """Events wait for a smaller outbox: a lagging subscriber loses events (and is told so by
@@ -89,9 +91,14 @@ class Connection:
         self._outbox_bytes += len(line) + 1
 
     async def send_line(self, line: bytes, limit: int = OUTBOX_LIMIT) -> None:
-        """Queue one line and send the outbox; waits while ``limit`` bytes are unsent."""
-        await self.wait_for_room(limit)
+        """Queue one line and send the outbox; waits while ``limit`` bytes are unsent.
+
+        The line is queued before any wait, so lines queued by one task keep their order
+        relative to what other tasks queue afterwards (a subscribe's answer precedes the
+        subscription's first event).
+        """
         self.queue_line(line)
+        await self.wait_for_room(limit)
         await self.flush()
 
     async def wait_for_room(self, limit: int = OUTBOX_LIMIT) -> None:
@@ -162,7 +169,12 @@ class Connection:
             if not data:
                 return
             start = 0
+            last_yield = time.perf_counter()
             while True:
+                if time.perf_counter() - last_yield > YIELD_EVERY_S:
+                    # A chunk of pipelined inline requests never waits otherwise.
+                    await trio.lowlevel.checkpoint()
+                    last_yield = time.perf_counter()
                 newline = data.find(b"\n", start)
                 if newline < 0:
                     if not discarding:
@@ -206,6 +218,11 @@ class Connection:
             if not line:
                 return
         dispatcher = self.server.dispatcher
+        if self.server.draining:
+            await self.send_line(error_response(salvage_id(line), CtxdError(
+                ErrorCode.OVERLOADED, "ctxd is shutting down; the request was not run",
+                {"fix": "retry once the daemon is back"})))
+            return
         envelope: Envelope | None = None
         if first != b"[":
             decoded = dispatcher.decode(line)
@@ -241,12 +258,17 @@ class Connection:
         try:
             if not previous.is_set():
                 await previous.wait()
-            # No checkpoint from here until the request is queued at its session's actor,
-            # so the next request's task cannot overtake this one.
-            started_event.set()
             if envelope is None:
-                reply = await dispatcher.handle_line(line, self.peer_uid, self)
+                # A batch runs its items one after the other; the next request starts
+                # once the whole batch is done, so nothing lands between its items.
+                try:
+                    reply = await dispatcher.handle_line(line, self.peer_uid, self)
+                finally:
+                    started_event.set()
             else:
+                # No checkpoint from here until the request is queued at its session's
+                # actor, so the next request's task cannot overtake this one.
+                started_event.set()
                 reply = await dispatcher.answer(envelope, self.peer_uid, self)
             if reply is not None:
                 await self.send_line(reply)
@@ -273,9 +295,12 @@ class Server:
         self.connections: set[Connection] = set()
         self.inflight = 0
         self.requests_total = 0
-        self._latencies: deque[tuple[float, float]] = deque(maxlen=20_000)
+        self._latencies: deque[float] = deque(maxlen=4096)
+        # (time, requests_total) at most once a second: the rate over the last ~10 s.
+        self._rate_marks: deque[tuple[float, int]] = deque([(time.monotonic(), 0)], maxlen=11)
         self._accept_scope = trio.CancelScope()
         self.closed = trio.Event()
+        self.draining = False
         self._drained = trio.Event()
         self._drained.set()
         self._own_uid = os.getuid()
@@ -297,17 +322,21 @@ class Server:
                     stream = await listener.accept()
                     connections.start_soon(self._serve, stream)
             await listener.aclose()
-            with trio.move_on_after(self.config.shutdown_timeout_s):
-                await self._drained.wait()
+            with trio.move_on_after(self.config.shutdown_timeout_s) as deadline:
+                if self.inflight:
+                    await self._drained.wait()
                 # A finished request has only queued its answer: deliver it before closing.
                 for connection in list(self.connections):
                     await connection.flushed()
-            if self.inflight:
-                log.warning("shutdown deadline passed with %d requests in flight; "
-                            "they were cancelled (none was acknowledged)", self.inflight)
+            if deadline.cancelled_caught:
+                log.warning("shutdown deadline (%ss) passed with %d requests in flight; they "
+                            "were cancelled unanswered (a store write already under way "
+                            "still commits)", self.config.shutdown_timeout_s, self.inflight)
             connections.cancel_scope.cancel()
 
     def stop_accepting(self) -> None:
+        """Begin shutdown: no new connections, and no new requests on open ones."""
+        self.draining = True
         self._accept_scope.cancel()
 
     async def _serve(self, stream: trio.SocketStream) -> None:
@@ -355,18 +384,21 @@ class Server:
     def record(self, seconds: float) -> None:
         """Count one answered request and its latency."""
         self.requests_total += 1
-        self._latencies.append((time.monotonic(), seconds))
+        self._latencies.append(seconds)
+        now = time.monotonic()
+        if now - self._rate_marks[-1][0] >= 1.0:
+            self._rate_marks.append((now, self.requests_total))
 
     def statistics(self) -> dict[str, float]:
-        """Requests per second over the last 10 s and p50/p99 latency of recent requests."""
-        now = time.monotonic()
-        recent = sorted(latency for _, latency in self._latencies)
-        last_10s = sum(1 for ended, _ in self._latencies if ended > now - 10)
+        """Requests per second over about the last 10 s, p50/p99 of the last 4096 requests."""
+        recent = sorted(self._latencies)
+        since, total_then = self._rate_marks[0]
+        elapsed = time.monotonic() - since
 
         def percentile(p: float) -> float:
             return recent[min(len(recent) - 1, int(p * len(recent)))] * 1000 if recent else 0.0
 
         return {"connections": len(self.connections), "requests_inflight": self.inflight,
                 "requests_total": self.requests_total,
-                "requests_per_s": last_10s / 10, "latency_p50_ms": percentile(0.50),
-                "latency_p99_ms": percentile(0.99)}
+                "requests_per_s": (self.requests_total - total_then) / elapsed if elapsed else 0,
+                "latency_p50_ms": percentile(0.50), "latency_p99_ms": percentile(0.99)}

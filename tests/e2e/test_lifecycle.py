@@ -278,3 +278,59 @@ async def test_errors_inside_the_async_client_block_propagate(
     with pytest.raises(ValueError, match="from the block"):
         async with ctxclient.connect(shared_daemon.socket):
             raise ValueError("from the block")
+
+
+def test_shutdown_under_load_answers_everything_it_ran(daemon_root: Path) -> None:
+    # Regression: open connections kept starting requests during the drain, so a busy
+    # client held shutdown for the whole deadline and some writes committed unanswered.
+    process = DaemonProcess(daemon_root).start()
+    acknowledged: set[str] = set()
+    refused: set[str] = set()
+    refused_codes: set[int] = set()
+    with process.client(timeout=60) as client:
+        client.call("session.open", {"session_id": "busy", "budget": {
+            "context_window": 100_000_000}})
+        pending: dict[str, object] = {}
+        n = 0
+        deadline = time.monotonic() + 30
+        signalled = False
+        while time.monotonic() < deadline:
+            try:
+                while len(pending) < 16:
+                    text = f"m{n}"
+                    pending[text] = client.submit("message.append", {
+                        "session_id": "busy", "messages": [{"role": "user", "content": text}]})
+                    n += 1
+            except DaemonUnavailable:
+                pass  # that one was never sent: the daemon had closed
+            if not pending:
+                break
+            text, future = next(iter(pending.items()))
+            try:
+                future.result(30)  # type: ignore[attr-defined]
+                acknowledged.add(text)
+            except RpcError as error:
+                refused_codes.add(error.code)
+                refused.add(text)
+            except DaemonUnavailable:
+                break
+            del pending[text]
+            if len(acknowledged) == 500 and not signalled:
+                process.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+                signalled = True
+    assert process.proc.wait(60) == 0  # type: ignore[union-attr]
+    assert "deadline" not in process.log()
+    assert refused_codes <= {-32007}  # "shutting down; the request was not run"
+    process.start()
+    with process.client() as client:
+        listed = client.call("message.list", {"session_id": "busy", "limit": 1000})
+        stored = {m["content"] for m in listed["messages"]}
+        cursor = listed["next_cursor"]
+        while cursor:
+            page = client.call("message.list", {"session_id": "busy", "cursor": cursor,
+                                                "limit": 1000})
+            stored |= {m["content"] for m in page["messages"]}
+            cursor = page["next_cursor"]
+    assert stored == acknowledged
+    assert not stored & refused
+    assert process.stop() == 0

@@ -370,3 +370,30 @@ def test_budget_measure_counts_a_large_system_prompt(client: Client, sid: str) -
     prompt = hello_text(40_000)  # over 64 KiB: counted in a worker thread
     measured = client.call("budget.measure", {"session_id": sid, "system_prompt": prompt})
     assert measured["system_prompt"] == 3 + 1 + 40_000
+
+
+def test_nothing_lands_between_the_items_of_a_batch(shared_daemon: DaemonProcess,
+                                                    sid: str) -> None:
+    import socket as socket_module
+
+    import msgspec
+
+    def append(i: int, text: str) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "id": i, "method": "message.append",
+                "params": {"session_id": sid, "messages": [{"role": "user", "content": text}]}}
+
+    with shared_daemon.client() as client:
+        client.call("session.open", {"session_id": sid})
+    for trial in range(10):
+        batch = msgspec.json.encode([append(1, f"{trial}-A1"), append(2, f"{trial}-A2")])
+        single = msgspec.json.encode(append(3, f"{trial}-B"))
+        with socket_module.socket(socket_module.AF_UNIX) as raw:
+            raw.connect(str(shared_daemon.socket))
+            raw.sendall(batch + b"\n" + single + b"\n")
+            raw.shutdown(socket_module.SHUT_WR)
+            while raw.recv(1 << 16):
+                pass
+    with shared_daemon.client() as client:
+        listed = client.call("message.list", {"session_id": sid, "limit": 1000})
+    assert [m["content"] for m in listed["messages"]] == [
+        f"{trial}-{name}" for trial in range(10) for name in ("A1", "A2", "B")]

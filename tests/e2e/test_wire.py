@@ -1235,3 +1235,4 @@ def test_a_client_that_does_not_read_cannot_grow_the_daemon(daemon: DaemonProces
         assert sent < 16 * 1024 * 1024
     with daemon.client() as client:
         assert client.call("daemon.ping")["pong"] is True
+
