@@ -74,3 +74,11 @@ async def test_large_batches_are_counted_off_the_loop_with_the_same_result(
 def test_unknown_encoding_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="no_such_encoding"):
         TokenCounter("no_such_encoding")
+
+
+def test_large_texts_count_the_same_by_either_path(counter: TokenCounter) -> None:
+    # Texts over OFF_LOOP_BYTES are counted through tiktoken's numpy buffer (it holds the
+    # GIL far less); the count must be exactly the list-based one.
+    text = "def fold(branch):\n    return summary  # <|endoftext|> é 🎉\n" * 2000
+    assert len(text) > OFF_LOOP_BYTES
+    assert counter.count(text) == len(counter._encoding.encode_ordinary(text))
