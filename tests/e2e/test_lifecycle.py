@@ -334,3 +334,27 @@ def test_shutdown_under_load_answers_everything_it_ran(daemon_root: Path) -> Non
     assert stored == acknowledged
     assert not stored & refused
     assert process.stop() == 0
+
+
+def test_closed_sessions_expire_after_their_ttl(daemon_root: Path) -> None:
+    # 0.0002 h is 0.72 s: the sweep runs every second here (every hour by default).
+    process = DaemonProcess(daemon_root, extra_args=["--session-ttl-h", "0.0002"]).start()
+    try:
+        with process.client() as client:
+            for session_id in ("closed", "open"):
+                client.call("session.open", {"session_id": session_id})
+                client.call("message.append", {"session_id": session_id, "messages": [
+                    {"role": "user", "content": "hello world"}]})
+            client.call("session.close", {"session_id": "closed"})
+            deadline = time.monotonic() + 20
+            while client.call("daemon.status")["sessions_total"] == 2:
+                assert time.monotonic() < deadline, "the closed session never expired"
+                time.sleep(0.1)
+            with pytest.raises(RpcError) as caught:
+                client.call("session.get", {"session_id": "closed"})
+            assert caught.value.code == -32004
+            kept = client.call("session.get", {"session_id": "open"})["session"]
+            assert (kept["state"], kept["message_count"]) == ("open", 1)
+            assert client.call("daemon.status")["sessions_open"] == 1
+    finally:
+        assert process.stop() == 0
