@@ -121,7 +121,8 @@ class Dispatcher:
     def decode(self, line: bytes) -> _codec.Envelope | bytes:
         """The envelope of a single request, or the error response to send instead."""
         try:
-            _check_utf8(line)
+            if not line.isascii():
+                _check_utf8(line)
             return _codec.decode_envelope(line)
         except msgspec.ValidationError as exc:
             return _codec.error_response(_codec.salvage_id(line), CtxdError(
@@ -160,7 +161,7 @@ class Dispatcher:
         if known is None or not known.inline:
             return NOT_INLINE
         try:
-            method, params = self._validate(envelope)
+            method, params = self._validate(envelope, known)
             try:
                 result = method.handler(Call(_request_id(envelope), peer_uid, connection), params)
             except Exception as exc:
@@ -169,13 +170,15 @@ class Dispatcher:
             return _error_reply(envelope, error)
         return _reply(envelope, result)
 
-    def _validate(self, envelope: _codec.Envelope) -> tuple[_Method[Any], Any]:
-        """The method and its decoded params; every problem is a `CtxdError`."""
+    def _validate(self, envelope: _codec.Envelope,
+                  method: _Method[Any] | None = None) -> tuple[_Method[Any], Any]:
+        """The method (looked up unless given) and its decoded params; problems raise
+        `CtxdError`."""
         if envelope.jsonrpc != "2.0":
             raise CtxdError(ErrorCode.INVALID_REQUEST,
                             f'invalid request: jsonrpc must be "2.0", got {envelope.jsonrpc!r}',
                             {"fix": 'set "jsonrpc":"2.0"'})
-        method = self._methods.get(envelope.method)
+        method = method or self._methods.get(envelope.method)
         if method is None:
             raise CtxdError(ErrorCode.METHOD_NOT_FOUND, f"method not found: {envelope.method!r}",
                             {"method": envelope.method, "available": self.method_names})
