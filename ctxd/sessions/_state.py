@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ctxd.config import BudgetDefaults, threshold_order_error
-from ctxd.errors import ErrorCode
 from ctxd.tokens import REPLY_PRIMING
 from ctxd.wire import params_error
 from ctxd.wire.types import (
@@ -105,5 +104,3 @@ class SessionRecord:
             health=state.health, created_at=self.created_at, updated_at=self.updated_at,
             closed_at=self.closed_at)
 
-
-CONTEXT_LIMIT = ErrorCode.CONTEXT_LIMIT_EXCEEDED
