@@ -73,12 +73,7 @@ class TokenCounter:
         """Tokens of a message content: a string or a list of parts."""
         if isinstance(content, str):
             return self.count(content)
-        total = 0
-        for part in content:
-            text = part.get("text") if part.get("type") == "text" else None
-            total += self.count(text) if isinstance(text, str) else self.count(
-                _encode_json(part).decode())
-        return total
+        return sum(self.count(_part_text(part)) for part in content)
 
     def label_tokens(self, label: str) -> int:
         """Tokens of a short label (role, name, tool_call_id): these repeat, so are cached."""
@@ -132,11 +127,18 @@ class TokenCounter:
         return [tokens for part in results for tokens in part]
 
 
+def _part_text(part: dict[str, Any]) -> str:
+    """What a content part contributes: a text part its text, any other its compact JSON."""
+    text = part.get("text")
+    if part.get("type") == "text" and isinstance(text, str):
+        return text
+    return _encode_json(part).decode()
+
+
 def _approx_bytes(content: str | Sequence[dict[str, Any]]) -> int:
     if isinstance(content, str):
         return len(content)
-    return sum(len(part["text"]) if part.get("type") == "text" and isinstance(
-        part.get("text"), str) else len(_encode_json(part)) for part in content)
+    return sum(len(_part_text(part)) for part in content)
 
 
 __all__ = ["MESSAGE_OVERHEAD", "NAME_OVERHEAD", "OFF_LOOP_BYTES", "REPLY_PRIMING",

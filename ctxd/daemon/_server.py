@@ -271,7 +271,7 @@ class Connection:
                 # A batch runs its items one after the other; the next request starts
                 # once the whole batch is done, so nothing lands between its items.
                 try:
-                    reply = await dispatcher.handle_line(line, self.peer_uid, self)
+                    reply = await dispatcher.answer_batch(line, self.peer_uid, self)
                 finally:
                     started_event.set()
             else:

@@ -20,7 +20,7 @@ from ctxd.sessions._state import (
     resolve_budget,
     thread_tokens,
 )
-from ctxd.tokens import MESSAGE_OVERHEAD, REPLY_PRIMING
+from ctxd.tokens import REPLY_PRIMING
 from ctxd.wire import params_error
 from ctxd.wire.types import (
     COMPONENTS,
@@ -345,8 +345,9 @@ class SessionActor:
         counter = self.supervisor.counter
         extra: dict[Component, int] = dict.fromkeys(COMPONENTS, 0)
         if params.system_prompt is not None:
-            extra["system_prompt"] = (await counter.count_async(params.system_prompt)
-                                      + MESSAGE_OVERHEAD + counter.label_tokens("system"))
+            # Counted as the system message it will be (the rule lives in TokenCounter).
+            [extra["system_prompt"]] = await counter.count_messages(
+                [MessageIn(role="system", content=params.system_prompt)])
         for prompt in params.skill_prompts or ():
             extra["skill_prompts"] += await counter.count_async(prompt)
         for tool in params.tool_definitions or ():

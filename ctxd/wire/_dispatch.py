@@ -52,9 +52,9 @@ string (msgspec raises UnicodeDecodeError there), nesting deeper than msgspec re
 
 
 def _check_utf8(line: bytes) -> None:
-    """Reject invalid UTF-8 anywhere in a line, even in a field nobody reads."""
-    if not line.isascii():
-        line.decode("utf-8")
+    """Reject invalid UTF-8 anywhere in a line, even in a field nobody reads (callers
+    skip this call for ASCII lines, the common case)."""
+    line.decode("utf-8")
 
 
 def _parse_error(exc: BaseException) -> bytes:
@@ -89,20 +89,16 @@ class Dispatcher:
     def method_names(self) -> list[str]:
         return sorted(self._methods)
 
-    async def handle_line(self, line: bytes, peer_uid: int, connection: Any) -> bytes | None:
-        """Answer one NDJSON line: a request, a notification or a batch.
+    async def answer_batch(self, line: bytes, peer_uid: int, connection: Any) -> bytes | None:
+        """Answer a batch line (a JSON array): its items in order, one after the other.
 
         Returns:
-            The response line without its newline, or None when nothing is to be sent
-            (notifications, or a batch of notifications only).
+            The array of answers without its newline, or None when every item was a
+            notification. (Single requests go through `decode` and `answer`.)
         """
-        if line.lstrip()[:1] == b"[":
-            return await self._handle_batch(line, peer_uid, connection)
-        return await self._handle_one(line, peer_uid, connection)
-
-    async def _handle_batch(self, line: bytes, peer_uid: int, connection: Any) -> bytes | None:
         try:
-            _check_utf8(line)
+            if not line.isascii():
+                _check_utf8(line)
             items = _codec.decode_batch(line)
         except _UNPARSABLE as exc:
             return _parse_error(exc)
