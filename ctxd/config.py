@@ -69,6 +69,11 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     max_subscriptions_per_connection: Positive = 16
     event_buffer: Positive = 1024
     event_history: Positive = 10_000
+    branch_budget: Annotated[int, Meta(ge=1, le=32_768)] = 8_192
+    branch_timeout_s: Annotated[float, Meta(gt=0, le=600)] = 300.0
+    max_branch_depth: Annotated[int, Meta(ge=1, le=16)] = 3
+    max_live_branches_per_session: Positive = 10
+    max_live_branches: Positive = 10_000
     budget: BudgetDefaults = BudgetDefaults()
 
 
@@ -80,6 +85,11 @@ _HELP = {
     "max_db_bytes": "cap on the database size; writes past it get -32008 (0 = no cap)",
     "session_ttl_h": "hours after close before a session is deleted (0 = keep)",
     "allow_root": "accept connections from root as well as from the daemon's own user",
+    "branch_budget": "tokens a branch may add when branch.create gives no budget (max 32768)",
+    "branch_timeout_s": "seconds a branch may run when branch.create gives no timeout (max 600)",
+    "max_branch_depth": "how deeply branches may nest",
+    "max_live_branches_per_session": "active branches one session may hold at once",
+    "max_live_branches": "active branches the whole daemon may hold at once",
 }
 
 

@@ -73,7 +73,7 @@ class TokenCounter:
         """Tokens of a message content: a string or a list of parts."""
         if isinstance(content, str):
             return self.count(content)
-        return sum(self.count(_part_text(part)) for part in content)
+        return sum(self.count(part_text(part)) for part in content)
 
     def label_tokens(self, label: str) -> int:
         """Tokens of a short label (role, name, tool_call_id): these repeat, so are cached."""
@@ -127,7 +127,7 @@ class TokenCounter:
         return [tokens for part in results for tokens in part]
 
 
-def _part_text(part: dict[str, Any]) -> str:
+def part_text(part: dict[str, Any]) -> str:
     """What a content part contributes: a text part its text, any other its compact JSON."""
     text = part.get("text")
     if part.get("type") == "text" and isinstance(text, str):
@@ -138,8 +138,8 @@ def _part_text(part: dict[str, Any]) -> str:
 def _approx_bytes(content: str | Sequence[dict[str, Any]]) -> int:
     if isinstance(content, str):
         return len(content)
-    return sum(len(_part_text(part)) for part in content)
+    return sum(len(part_text(part)) for part in content)
 
 
 __all__ = ["MESSAGE_OVERHEAD", "NAME_OVERHEAD", "OFF_LOOP_BYTES", "REPLY_PRIMING",
-           "TokenCounter", "load_encoding"]
+           "TokenCounter", "load_encoding", "part_text"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import trio
 
-from ctxd import __version__, hub, sessions
+from ctxd import __version__, folding, hub, sessions
 from ctxd.config import Config
 from ctxd.daemon import _methods, _systemd
 from ctxd.daemon._server import Server
@@ -92,6 +92,7 @@ class Daemon:
         self.server = Server(dispatcher, self.bus, self.config)
         _methods.register(dispatcher, self, self.request_stop)
         sessions.register(dispatcher, self.supervisor)
+        folding.register(dispatcher, self.supervisor)
         hub.register(dispatcher, self.bus, self.config.max_subscriptions_per_connection)
         async with trio.open_nursery() as root:
             root.start_soon(self._watch_signals)

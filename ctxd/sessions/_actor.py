@@ -12,6 +12,9 @@ import msgspec
 import trio
 
 from ctxd.errors import CtxdError, ErrorCode, not_found
+from ctxd.folding import _ops as branch_ops
+from ctxd.folding import _queries as branch_queries
+from ctxd.folding._actor import BranchActor
 from ctxd.sessions import _queries as q
 from ctxd.sessions._state import (
     SessionRecord,
@@ -28,12 +31,14 @@ from ctxd.wire.types import (
     BudgetMeasureParams,
     BudgetMeasureResult,
     Component,
+    ForcedReturn,
     MessageAppendParams,
     MessageAppendResult,
     MessageIn,
     MessageListParams,
     MessageListResult,
     RenderedMessage,
+    RenderParams,
     RenderResult,
     RenderStats,
     SessionDeleteResult,
@@ -115,8 +120,17 @@ class SessionActor:
         self.session_id = session_id
         self.supervisor = supervisor
         self.record: SessionRecord | None = None
+        self.branch_actors: dict[str, BranchActor] = {}
+        self._nursery: trio.Nursery | None = None
         self._stale = True
         self._send, self._receive = trio.open_memory_channel[tuple[Op, Reply[Any]]](MAILBOX_SIZE)
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        """Where the session's BranchActors run (DESIGN §2)."""
+        if self._nursery is None:
+            raise RuntimeError("the session actor is not running")
+        return self._nursery
 
     async def submit(self, op: Op) -> Any:
         """Queue ``op`` and wait for its result. Raises `ActorGone` if the actor retired."""
@@ -127,21 +141,35 @@ class SessionActor:
             raise ActorGone from None
         return await reply.wait()
 
+    async def submit_internal(self, op: Op) -> None:
+        """`submit` for the session's own tasks (a BranchActor's deadline); a failure is
+        logged, since nobody waits for the answer."""
+        try:
+            await self.submit(op)
+        except ActorGone:
+            pass  # shutting down: the branch is re-armed from the store on the next start
+        except CtxdError as error:
+            log.warning("session %s: %s", self.session_id, error.message)
+
     async def run(self) -> None:
-        """The actor loop; returns when idle, when the session is gone, or when cancelled."""
+        """The actor loop; returns when idle (and without live branches), when the session
+        is gone, or when cancelled."""
         current: Reply[Any] | None = None
         try:
-            while True:
-                with trio.move_on_after(self.supervisor.config.session_idle_s):
-                    op, current = await self._receive.receive()
-                if current is None:
-                    if self._has_queued():
-                        continue
-                    return
-                await self._process(op, current)
-                current = None
-                if self.record is None and not self._stale and not self._has_queued():
-                    return  # no such session (any more); keep serving what is queued
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                while True:
+                    with trio.move_on_after(self.supervisor.config.session_idle_s):
+                        op, current = await self._receive.receive()
+                    if current is None:
+                        if self._has_queued() or (self.record and self.record.live):
+                            continue
+                        break
+                    await self._process(op, current)
+                    current = None
+                    if self.record is None and not self._stale and not self._has_queued():
+                        break  # no such session (any more); keep serving what is queued
+                nursery.cancel_scope.cancel()
         finally:
             if current is not None and not current.done:
                 current.fail(CtxdError(ErrorCode.OVERLOADED, "ctxd is shutting down; retry",
@@ -151,7 +179,7 @@ class SessionActor:
     async def _process(self, op: Op, reply: Reply[Any]) -> None:
         try:
             if self._stale:
-                self.record = await self.supervisor.store.read(q.load_session, self.session_id)
+                self.record = await branch_ops.load(self)
                 self._stale = False
             reply.set(await op(self))
         except CtxdError as error:
@@ -183,13 +211,13 @@ class SessionActor:
 
     # ---- helpers ---------------------------------------------------------------
 
-    def _require(self) -> SessionRecord:
+    def require(self) -> SessionRecord:
         if self.record is None:
             raise not_found("session", self.session_id, "open it first with session.open")
         return self.record
 
-    def _require_open(self) -> SessionRecord:
-        record = self._require()
+    def require_open(self) -> SessionRecord:
+        record = self.require()
         if record.state != "open":
             raise CtxdError(ErrorCode.INVALID_STATE,
                             f"session {self.session_id!r} is closed",
@@ -241,12 +269,14 @@ class SessionActor:
                                  context_state=record.context_state())
 
     async def get(self) -> SessionResult:
-        record = self._require()
+        record = self.require()
         return SessionResult(session=record.info(), context_state=record.context_state())
 
     async def close(self) -> SessionResult:
-        record = self._require()
+        record = self.require()
         if record.state == "open":
+            await branch_ops.close_all(self)
+            record = self.require()
             now = time.time()
             closed = dataclasses.replace(record, state="closed", closed_at=now, updated_at=now)
             await self._save(closed)
@@ -258,8 +288,9 @@ class SessionActor:
         return SessionResult(session=record.info(), context_state=record.context_state())
 
     async def delete(self) -> SessionDeleteResult:
-        record = self._require()
+        record = self.require()
         deleted = await self.supervisor.store.write(q.delete_session, self.session_id)
+        branch_ops.forget_all(self)
         if record.state == "open":
             self.supervisor.sessions_open -= 1
         self.supervisor.sessions_total -= 1
@@ -269,79 +300,119 @@ class SessionActor:
         return SessionDeleteResult(session_id=self.session_id, deleted=True,
                                    messages_deleted=deleted)
 
+    def over_hard_block(self, would_use: int, tokens_appended: int) -> CtxdError:
+        """-32001: the active thread would pass the hard block."""
+        record = self.require()
+        window = effective_window(record.budget)
+        limit = int(window * record.budget.hard_block)
+        return CtxdError(
+            ErrorCode.CONTEXT_LIMIT_EXCEEDED,
+            f"appending {tokens_appended} tokens would bring the context to {would_use} "
+            f"of {window} tokens, past the hard block at {limit}",
+            {"session_id": self.session_id, "would_use": would_use,
+             "hard_block_tokens": limit, "effective_window": window,
+             "tokens_appended": tokens_appended,
+             "suggestion": "fold finished sub-tasks (branch.return) or compact the "
+                           "context (context.compact); pass allow_over=true to append "
+                           "anyway"})
+
     async def append(self, params: MessageAppendParams) -> MessageAppendResult:
-        record = self._require_open()
+        self.require_open()
         _check_parts(params.messages)
+        branch = None
+        forced: list[ForcedReturn] = []
+        if params.branch_id is not None:
+            branch, forced = await branch_ops.live_branch(self, params.branch_id,
+                                                          for_append=True)
+        record = self.require()
+        health_before = record.context_state().health
         counts = await self.supervisor.counter.count_messages(params.messages)
         tokens_appended = sum(counts)
-        new_total = record.total_tokens + tokens_appended
-        new_count = record.message_count + len(params.messages)
-        window = effective_window(record.budget)
-        would_use = thread_tokens(new_total, new_count)
-        if would_use / window >= record.budget.hard_block and not params.allow_over:
-            limit = int(window * record.budget.hard_block)
-            raise CtxdError(
-                ErrorCode.CONTEXT_LIMIT_EXCEEDED,
-                f"appending {tokens_appended} tokens would bring the context to {would_use} "
-                f"of {window} tokens, past the hard block at {limit}",
-                {"session_id": self.session_id, "would_use": would_use,
-                 "hard_block_tokens": limit, "effective_window": window,
-                 "tokens_appended": tokens_appended,
-                 "suggestion": "fold finished sub-tasks (branch.return) or compact the "
-                               "context (context.compact); pass allow_over=true to append "
-                               "anyway"})
+        thread_before = record.main_message_tokens if branch is None else branch.rendered_tokens
+        would_use = thread_before + tokens_appended + REPLY_PRIMING
+        if would_use / effective_window(record.budget) >= record.budget.hard_block \
+                and not params.allow_over:
+            raise self.over_hard_block(would_use, tokens_appended)
         now = time.time()
-        updated = dataclasses.replace(record, message_count=new_count, updated_at=now,
+        updated = dataclasses.replace(record, last_seq=record.last_seq + len(params.messages),
+                                      updated_at=now,
                                       component_tokens=dict(record.component_tokens))
         rows: list[q.MessageRow] = []
         appended: list[AppendedMessage] = []
         for offset, (message, tokens) in enumerate(zip(params.messages, counts, strict=True)):
             component: Component = message.component or (
                 "system_prompt" if message.role == "system" else "conversation")
-            seq = record.message_count + offset + 1
-            updated.component_tokens[component] += tokens
+            seq = record.last_seq + offset + 1
+            if branch is None:
+                updated.component_tokens[component] += tokens
             rows.append((self.session_id, seq, message.role, _encode(message.content),
                          message.name, message.tool_call_id, component,
-                         None if message.meta is None else _encode(message.meta), tokens, now))
+                         None if message.meta is None else _encode(message.meta), tokens, now,
+                         params.branch_id))
             appended.append(AppendedMessage(seq=seq, tokens=tokens, component=component))
-        await self.supervisor.store.write(q.append_messages, updated, rows)
-        health_before = record.context_state().health
+        grown = None
+        if branch is None:
+            updated.message_count += len(params.messages)
+            await self.supervisor.store.write(q.append_messages, updated, rows)
+        else:
+            grown = dataclasses.replace(
+                branch, tokens_used=branch.tokens_used + tokens_appended,
+                operations=branch.operations + sum(m.role == "assistant"
+                                                   for m in params.messages))
+            grown.warned = branch.warned or grown.past_warning
+            await self.supervisor.store.write(branch_queries.append_to_branch, updated, grown,
+                                              rows)
+            updated.live[grown.branch_id] = grown
         self.record = updated
         state = updated.context_state()
         bus = self.supervisor.bus
         bus.publish(self.session_id, "message.appended",
-                    {"first_seq": appended[0].seq, "last_seq": appended[-1].seq,
-                     "count": len(appended), "tokens": tokens_appended,
-                     "main_thread_tokens": state.main_thread_tokens})
+                    {"branch_id": params.branch_id, "first_seq": appended[0].seq,
+                     "last_seq": appended[-1].seq, "count": len(appended),
+                     "tokens": tokens_appended, "main_thread_tokens": state.main_thread_tokens})
         if state.health != health_before:
             bus.publish(self.session_id, "context.health",
                         {"from": health_before, "to": state.health, "usage": state.usage})
+        if grown is not None and branch is not None:
+            if grown.warned and not branch.warned:
+                branch_ops.publish_budget_warning(self, grown)
+            if grown.tokens_used >= grown.budget:
+                forced += await branch_ops.force_return(self, grown, "budget_exhausted")
+                state = self.require().context_state()
         return MessageAppendResult(appended=appended, tokens_appended=tokens_appended,
-                                   context_state=state)
+                                   forced_returns=forced, context_state=state)
 
     async def list_messages(self, params: MessageListParams) -> MessageListResult:
-        record = self._require()
+        record = self.require()
+        if params.branch_id is not None:
+            await branch_ops.stored_branch(self, params.branch_id)
         after = int(params.cursor) if params.cursor else 0
-        messages = await self.supervisor.store.read(_stored_messages, self.session_id, after,
-                                                    params.limit)
-        more = bool(messages) and messages[-1].seq < record.message_count
+        messages = await self.supervisor.store.read(_stored_messages, self.session_id,
+                                                    params.branch_id, after, params.limit + 1)
+        more = len(messages) > params.limit
+        messages = messages[:params.limit]
         return MessageListResult(messages=messages,
                                  next_cursor=str(messages[-1].seq) if more else None,
                                  context_state=record.context_state())
 
-    async def render(self) -> RenderResult:
-        record = self._require()
-        messages = await self.supervisor.store.read(_render_rows, self.session_id)
-        message_tokens = record.total_tokens
+    async def render(self, params: RenderParams) -> RenderResult:
+        if params.branch_id is not None:
+            if params.branch_id in self.require().live:
+                await branch_ops.live_branch(self, params.branch_id, for_append=False)
+            else:
+                await branch_ops.stored_branch(self, params.branch_id)
+        record = self.require()
+        messages, message_tokens = await self.supervisor.store.read(
+            _render_rows, self.session_id, params.branch_id)
         tokens = thread_tokens(message_tokens, len(messages))
         return RenderResult(
             messages=messages, tokens=tokens, context_state=record.context_state(),
-            stats=RenderStats(message_count=len(messages), stored_messages=record.message_count,
+            stats=RenderStats(message_count=len(messages), stored_messages=record.last_seq,
                               message_tokens=message_tokens,
                               reply_priming_tokens=tokens - message_tokens))
 
     async def measure(self, params: BudgetMeasureParams) -> BudgetMeasureResult:
-        record = self._require()
+        record = self.require()
         counter = self.supervisor.counter
         extra: dict[Component, int] = dict.fromkeys(COMPONENTS, 0)
         if params.system_prompt is not None:
@@ -368,19 +439,23 @@ class SessionActor:
             context_state=record.context_state())
 
 
-def _stored_messages(conn: Any, session_id: str, after_seq: int,
+def _stored_messages(conn: Any, session_id: str, branch_id: str | None, after_seq: int,
                      limit: int) -> list[StoredMessage]:
     """A page of messages, decoded in the store's thread (pages can be large)."""
     return [StoredMessage(
         seq=seq, role=role, content=_decode_content(content), name=name,
         tool_call_id=tool_call_id, component=component,
         meta=None if meta is None else _decode_meta(meta), tokens=tokens,
-        created_at=created_at)
-        for seq, role, content, name, tool_call_id, component, meta, tokens, created_at
-        in q.list_messages(conn, session_id, after_seq, limit)]
+        created_at=created_at, branch_id=branch, discarded=bool(discarded))
+        for (seq, role, content, name, tool_call_id, component, meta, tokens, created_at, branch,
+             discarded) in q.list_messages(conn, session_id, branch_id, after_seq, limit)]
 
 
-def _render_rows(conn: Any, session_id: str) -> list[RenderedMessage]:
-    return [RenderedMessage(role=role, content=_decode_content(content), name=name,
-                            tool_call_id=tool_call_id)
-            for role, content, name, tool_call_id in q.thread_messages(conn, session_id)]
+def _render_rows(conn: Any, session_id: str,
+                 branch_id: str | None) -> tuple[list[RenderedMessage], int]:
+    """The messages to send for a thread, and the sum of their tokens."""
+    rows = branch_queries.context_rows(conn, session_id, branch_id)
+    return ([RenderedMessage(role=role, content=_decode_content(content), name=name,
+                             tool_call_id=tool_call_id)
+             for role, content, name, tool_call_id, _ in rows],
+            sum(row[4] for row in rows))

@@ -61,7 +61,7 @@ def register(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
         return await supervisor.call(p.session_id, lambda a: a.list_messages(p))
 
     async def render(call: Call, p: RenderParams) -> RenderResult:
-        return await supervisor.call(p.session_id, lambda a: a.render())
+        return await supervisor.call(p.session_id, lambda a: a.render(p))
 
     async def budget_measure(call: Call, p: BudgetMeasureParams) -> BudgetMeasureResult:
         return await supervisor.call(p.session_id, lambda a: a.measure(p))

@@ -14,9 +14,13 @@ from ctxd.wire.types import COMPONENTS, Budget
 _SESSION_COLUMNS = (
     "id, project, title, state, context_window, max_output_tokens, compact_trigger, "
     "hard_block, warn, caution, message_count, tokens_system_prompt, tokens_skill_prompts, "
-    "tokens_tool_descriptions, tokens_conversation, created_at, updated_at, closed_at")
+    "tokens_tool_descriptions, tokens_conversation, created_at, updated_at, closed_at, last_seq, "
+    "folded_tokens")
 
-MessageRow = tuple[str, int, str, bytes, str | None, str | None, str, bytes | None, int, float]
+MessageRow = tuple[str, int, str, bytes, str | None, str | None, str, bytes | None, int, float,
+                   str | None]
+"""session_id, seq, role, content, name, tool_call_id, component, meta, tokens, created_at,
+branch_id (None: the main thread)."""
 
 
 def scalar_rowid(value: object) -> int:
@@ -30,7 +34,8 @@ def _record(row: Sequence[Any]) -> SessionRecord:
     return SessionRecord(
         session_id=row[0], project=row[1], title=row[2], state=row[3], budget=budget,
         message_count=row[10], component_tokens=dict(zip(COMPONENTS, row[11:15], strict=True)),
-        created_at=row[15], updated_at=row[16], closed_at=row[17])
+        created_at=row[15], updated_at=row[16], closed_at=row[17], last_seq=row[18],
+        folded_tokens=row[19])
 
 
 def load_session(conn: apsw.Connection, session_id: str) -> SessionRecord | None:
@@ -52,43 +57,64 @@ def save_session(conn: apsw.Connection, record: SessionRecord) -> None:
     b = record.budget
     conn.execute(
         f"INSERT INTO sessions ({_SESSION_COLUMNS}) "
-        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
         f"ON CONFLICT (id) DO UPDATE SET {_UPDATED_COLUMNS}",
         (record.session_id, record.project, record.title, record.state, b.context_window,
          b.max_output_tokens, b.compact_trigger, b.hard_block, b.warn, b.caution,
          record.message_count, *(record.component_tokens[c] for c in COMPONENTS),
-         record.created_at, record.updated_at, record.closed_at))
+         record.created_at, record.updated_at, record.closed_at, record.last_seq,
+         record.folded_tokens))
+
+
+def insert_messages(conn: apsw.Connection, rows: Sequence[MessageRow]) -> None:
+    """Insert messages (of any thread); the caller's transaction."""
+    conn.executemany(
+        "INSERT INTO messages (session_id, seq, role, content, name, tool_call_id, component, "
+        "meta, tokens, created_at, branch_id) VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
+
+
+def save_counters(conn: apsw.Connection, record: SessionRecord) -> None:
+    """Write the session's counters (main thread, seq, folded tokens); the caller's
+    transaction."""
+    conn.execute(
+        "UPDATE sessions SET message_count = ?, tokens_system_prompt = ?, "
+        "tokens_skill_prompts = ?, tokens_tool_descriptions = ?, tokens_conversation = ?, "
+        "last_seq = ?, folded_tokens = ?, updated_at = ? WHERE id = ?",
+        (record.message_count, *(record.component_tokens[c] for c in COMPONENTS),
+         record.last_seq, record.folded_tokens, record.updated_at, record.session_id))
 
 
 def append_messages(conn: apsw.Connection, record: SessionRecord,
                     rows: Sequence[MessageRow]) -> None:
     """Insert messages and update the session's counters; the caller's transaction."""
-    conn.executemany(
-        "INSERT INTO messages (session_id, seq, role, content, name, tool_call_id, component, "
-        "meta, tokens, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
-    conn.execute(
-        "UPDATE sessions SET message_count = ?, tokens_system_prompt = ?, "
-        "tokens_skill_prompts = ?, tokens_tool_descriptions = ?, tokens_conversation = ?, "
-        "updated_at = ? WHERE id = ?",
-        (record.message_count, *(record.component_tokens[c] for c in COMPONENTS),
-         record.updated_at, record.session_id))
+    insert_messages(conn, rows)
+    save_counters(conn, record)
 
 
-_MESSAGE_COLUMNS = "seq, role, content, name, tool_call_id, component, meta, tokens, created_at"
+_MESSAGE_COLUMNS = ("seq, role, content, name, tool_call_id, component, meta, tokens, "
+                    "created_at, branch_id, discarded")
 
 
-def list_messages(conn: apsw.Connection, session_id: str, after_seq: int,
-                  limit: int) -> list[tuple[Any, ...]]:
+def list_messages(conn: apsw.Connection, session_id: str, branch_id: str | None,
+                  after_seq: int, limit: int) -> list[tuple[Any, ...]]:
+    """A page of the archive: every message of the session, or of one branch."""
+    if branch_id is None:
+        return conn.execute(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND seq > ? "
+            "ORDER BY seq LIMIT ?", (session_id, after_seq, limit)).fetchall()
     return conn.execute(
-        f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND seq > ? "
-        "ORDER BY seq LIMIT ?", (session_id, after_seq, limit)).fetchall()
+        f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE branch_id = ? AND seq > ? "
+        "ORDER BY seq LIMIT ?", (branch_id, after_seq, limit)).fetchall()
 
 
-def thread_messages(conn: apsw.Connection, session_id: str) -> list[tuple[Any, ...]]:
-    """Role, content, name, tool_call_id of every message, in order (for render)."""
+def thread_messages(conn: apsw.Connection, session_id: str, branch_id: str | None,
+                    through_seq: int) -> list[tuple[Any, ...]]:
+    """Role, content, name, tool_call_id, tokens of one thread's kept messages up to a seq,
+    in order (for render). ``branch_id`` None is the main thread."""
     return conn.execute(
-        "SELECT role, content, name, tool_call_id FROM messages WHERE session_id = ? "
-        "ORDER BY seq", (session_id,)).fetchall()
+        "SELECT role, content, name, tool_call_id, tokens FROM messages "
+        "WHERE session_id = ? AND branch_id IS ? AND discarded = 0 AND seq <= ? ORDER BY seq",
+        (session_id, branch_id, through_seq)).fetchall()
 
 
 def delete_session(conn: apsw.Connection, session_id: str) -> int:

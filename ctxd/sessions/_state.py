@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ctxd.config import BudgetDefaults, threshold_order_error
 from ctxd.tokens import REPLY_PRIMING
@@ -16,6 +17,9 @@ from ctxd.wire.types import (
     Health,
     SessionInfo,
 )
+
+if TYPE_CHECKING:
+    from ctxd.folding._state import BranchRecord
 
 
 def resolve_budget(given: BudgetParams | None, base: Budget | BudgetDefaults) -> Budget:
@@ -38,6 +42,13 @@ def resolve_budget(given: BudgetParams | None, base: Budget | BudgetDefaults) ->
 def effective_window(budget: Budget) -> int:
     """The tokens a prompt may use: context_window - max_output_tokens."""
     return budget.context_window - budget.max_output_tokens
+
+
+HEALTH_ORDER: tuple[Health, ...] = ("ok", "warn", "caution", "compact", "blocked")
+
+
+def worse_health(a: Health, b: Health) -> Health:
+    return max(a, b, key=HEALTH_ORDER.index)
 
 
 def health_of(usage: float, budget: Budget) -> Health:
@@ -71,28 +82,69 @@ class SessionRecord:
     updated_at: float
     closed_at: float | None = None
     message_count: int = 0
+    """Kept messages of the main thread."""
     component_tokens: dict[Component, int] = field(
         default_factory=lambda: dict.fromkeys(COMPONENTS, 0))
+    """Tokens of the main thread's kept messages, by budget component."""
+    last_seq: int = 0
+    """The newest message's seq in any thread (seqs are never reused)."""
+    folded_tokens: int = 0
+    """Tokens of every branch that folded (and was not rolled back)."""
+    live: dict[str, BranchRecord] = field(default_factory=dict, compare=False)
+    """The session's active branches. Shared by copies of the record: the actor changes
+    it only after the write that makes the change has committed."""
 
     @property
-    def total_tokens(self) -> int:
+    def main_message_tokens(self) -> int:
+        """Tokens of the main thread's kept messages (without the reply priming)."""
         return sum(self.component_tokens.values())
 
     @property
+    def total_tokens(self) -> int:
+        """Tokens of every message in a live context: the main thread and active branches."""
+        return self.main_message_tokens + sum(b.tokens_used for b in self.live.values())
+
+    @property
     def main_thread_tokens(self) -> int:
-        return thread_tokens(self.total_tokens, self.message_count)
+        return thread_tokens(self.main_message_tokens, self.message_count)
+
+    @property
+    def active_branch(self) -> BranchRecord | None:
+        """The newest live branch: where the agent works now (None: the main thread)."""
+        return max(self.live.values(), key=lambda b: b.fork_seq, default=None)
+
+    def branch_path(self, branch: BranchRecord | None) -> list[str]:
+        """Ids from the outermost live ancestor down to ``branch``."""
+        path: list[str] = []
+        while branch is not None:
+            path.append(branch.branch_id)
+            branch = self.live.get(branch.parent_id) if branch.parent_id else None
+        return path[::-1]
 
     def usage_of(self, tokens: int) -> float:
         return tokens / effective_window(self.budget)
 
     def context_state(self) -> ContextState:
-        used = self.main_thread_tokens
+        """Where the context stands; ``usage`` and ``health`` are those of the active
+        thread (the active branch's rendered context, else the main thread), and a branch
+        past its budget warning is at least ``caution``."""
+        main = self.main_thread_tokens
+        branch = self.active_branch
+        used = main if branch is None else branch.rendered_tokens + REPLY_PRIMING
         usage = self.usage_of(used)
+        health = health_of(usage, self.budget)
+        if branch is not None and branch.past_warning:
+            health = worse_health(health, "caution")
         return ContextState(
-            session_id=self.session_id, active_branch_id=None, branch_depth=0, branch_path=[],
-            total_tokens=self.total_tokens, main_thread_tokens=used, current_branch_tokens=0,
-            folded_tokens=0, effective_window=effective_window(self.budget),
-            usage=round(usage, 6), health=health_of(usage, self.budget))
+            session_id=self.session_id,
+            active_branch_id=None if branch is None else branch.branch_id,
+            branch_depth=0 if branch is None else branch.depth,
+            branch_path=self.branch_path(branch), total_tokens=self.total_tokens,
+            main_thread_tokens=main,
+            current_branch_tokens=0 if branch is None else branch.tokens_used,
+            current_branch_budget=0 if branch is None else branch.budget,
+            folded_tokens=self.folded_tokens, effective_window=effective_window(self.budget),
+            usage=round(usage, 6), health=health)
 
     def info(self) -> SessionInfo:
         state = self.context_state()
@@ -101,6 +153,5 @@ class SessionRecord:
             state="open" if self.state == "open" else "closed", budget=self.budget,
             message_count=self.message_count, total_tokens=self.total_tokens,
             main_thread_tokens=state.main_thread_tokens, usage=state.usage,
-            health=state.health, created_at=self.created_at, updated_at=self.updated_at,
-            closed_at=self.closed_at)
-
+            health=state.health, live_branches=len(self.live), created_at=self.created_at,
+            updated_at=self.updated_at, closed_at=self.closed_at)

@@ -11,7 +11,8 @@ from typing import Any, TypeVar
 import trio
 
 from ctxd.config import Config
-from ctxd.errors import CtxdError, ErrorCode
+from ctxd.errors import CtxdError, ErrorCode, not_found
+from ctxd.folding import _queries as branch_queries
 from ctxd.hub import EventBus
 from ctxd.sessions import _queries as q
 from ctxd.sessions._actor import ActorGone, SessionActor
@@ -39,6 +40,9 @@ class Supervisor:
         self.config = config
         self.sessions_open = 0
         self.sessions_total = 0
+        self.live_branches = 0
+        self.branch_sessions: dict[str, str] = {}
+        """Live branch → its session (other branches are looked up in the store)."""
         self._actors: dict[str, SessionActor] = {}
         self._nursery: trio.Nursery | None = None
 
@@ -46,11 +50,13 @@ class Supervisor:
                   ) -> None:
         """Own the actors' nursery until cancelled."""
         self.sessions_open, self.sessions_total = await self.store.read(q.count_sessions)
+        self.live_branches = await self.store.read(branch_queries.count_live_branches)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 if self.config.session_ttl_h > 0:
                     nursery.start_soon(self._expire_closed_sessions)
+                nursery.start_soon(self._rearm_live_branches)
                 task_status.started(self)
                 await trio.sleep_forever()
         finally:
@@ -106,6 +112,45 @@ class Supervisor:
             self.sessions_open -= 1
             raise
 
+    @contextlib.contextmanager
+    def branch_slot(self) -> Iterator[None]:
+        """Count one more live branch for the block; given back if the block fails.
+
+        Raises:
+            CtxdError: -32005 when it would pass ``max_live_branches``.
+        """
+        maximum = self.config.max_live_branches
+        if self.live_branches >= maximum:
+            raise CtxdError(ErrorCode.LIMIT_REACHED,
+                            f"{self.live_branches} branches are active in this daemon, the "
+                            f"maximum (max_live_branches = {maximum})",
+                            {"limit": "max_live_branches", "max": maximum,
+                             "fix": "return branches that are done, or retry later"})
+        self.live_branches += 1
+        try:
+            yield
+        except BaseException:
+            self.live_branches -= 1
+            raise
+
+    def release_branch(self, branch_id: str) -> None:
+        """A live branch ended (returned, discarded, or deleted with its session)."""
+        if self.branch_sessions.pop(branch_id, None) is not None:
+            self.live_branches -= 1
+
+    async def session_of_branch(self, branch_id: str) -> str:
+        """The session a branch belongs to.
+
+        Raises:
+            CtxdError: -32004 for an unknown branch.
+        """
+        session_id = self.branch_sessions.get(branch_id)
+        if session_id is None:
+            session_id = await self.store.read(branch_queries.session_of, branch_id)
+        if session_id is None:
+            raise not_found("branch", branch_id, "list a session's branches with branch.list")
+        return session_id
+
     @property
     def actor_count(self) -> int:
         return len(self._actors)
@@ -125,6 +170,20 @@ class Supervisor:
                 # A failing store must not take the daemon down; the next sweep retries.
                 log.warning("expiring closed sessions failed: %s", error.message)
             await trio.sleep(min(3600.0, max(1.0, ttl_s / 10)))
+
+    async def _rearm_live_branches(self) -> None:
+        """After a restart, load every session with live branches so that their deadlines
+        are armed again (an expired one is force-returned at once)."""
+        try:
+            session_ids = await self.store.read(branch_queries.sessions_with_live_branches)
+            for session_id in session_ids:
+                await self.call(session_id, _loaded)
+        except CtxdError as error:
+            log.error("re-arming live branches failed: %s", error.message)
+
+
+async def _loaded(actor: SessionActor) -> None:
+    """An operation that only makes the actor load its session (and arm its branches)."""
 
 
 def _delete_if_still_expired(closed_before: float) -> Callable[[SessionActor], Awaitable[None]]:

@@ -26,6 +26,10 @@ COMPONENTS: tuple[Component, ...] = ("system_prompt", "skill_prompts", "tool_des
 Health = Literal["ok", "warn", "caution", "compact", "blocked"]
 SessionStateName = Literal["open", "closed"]
 Text = Annotated[str, Meta(max_length=256)]
+BranchId = Annotated[str, Meta(pattern=r"^br_[0-9a-f]{12}$",
+                               description='"br_" and 12 lower-case hex digits')]
+BranchStatus = Literal["active", "completed", "budget_exhausted", "timeout", "failed",
+                       "discarded"]
 
 
 # ---- shared shapes ------------------------------------------------------------------
@@ -62,6 +66,7 @@ class ContextState(Result, frozen=True):
     total_tokens: int
     main_thread_tokens: int
     current_branch_tokens: int
+    current_branch_budget: int
     folded_tokens: int
     effective_window: int
     usage: float
@@ -79,6 +84,7 @@ class SessionInfo(Result, frozen=True):
     main_thread_tokens: int
     usage: float
     health: Health
+    live_branches: int
     created_at: float
     updated_at: float
     closed_at: float | None
@@ -193,6 +199,7 @@ class MessageIn(Params, frozen=True):
 class MessageAppendParams(Params, frozen=True):
     session_id: SessionId
     messages: Annotated[list[MessageIn], Meta(min_length=1, max_length=10_000)]
+    branch_id: BranchId | None = None
     allow_over: bool = False
 
 
@@ -202,14 +209,25 @@ class AppendedMessage(Result, frozen=True):
     component: Component
 
 
+class ForcedReturn(Result, frozen=True):
+    """A branch that ctxd returned by itself (budget, deadline, parent or session gone)."""
+
+    branch_id: str
+    status: BranchStatus
+    reason: str
+    result: str
+
+
 class MessageAppendResult(Result, frozen=True):
     appended: list[AppendedMessage]
     tokens_appended: int
+    forced_returns: list[ForcedReturn]
     context_state: ContextState
 
 
 class MessageListParams(Params, frozen=True):
     session_id: SessionId
+    branch_id: BranchId | None = None
     cursor: Annotated[str, Meta(pattern=r"^[0-9]{1,18}$")] | None = None
     limit: Annotated[int, Meta(ge=1, le=1000)] = 100
 
@@ -224,6 +242,8 @@ class StoredMessage(Result, frozen=True, omit_defaults=True):
     name: str | None = None
     tool_call_id: str | None = None
     meta: dict[str, Any] | None = None
+    branch_id: str | None = None
+    discarded: bool = False
 
 
 class MessageListResult(Result, frozen=True):
@@ -236,6 +256,7 @@ class MessageListResult(Result, frozen=True):
 
 class RenderParams(Params, frozen=True):
     session_id: SessionId
+    branch_id: BranchId | None = None
 
 
 class RenderedMessage(Result, frozen=True, omit_defaults=True):
@@ -279,6 +300,127 @@ class BudgetMeasureResult(Result, frozen=True):
     used_pct: float
     should_compact: bool
     is_blocked: bool
+    context_state: ContextState
+
+
+# ---- branch.* (context folding, DESIGN §7) ---------------------------------------------
+
+class BranchCreateParams(Params, frozen=True):
+    session_id: SessionId
+    description: Annotated[str, Meta(min_length=1, max_length=500)]
+    prompt: Annotated[str, Meta(min_length=1, max_length=1_048_576)]
+    budget: Annotated[int, Meta(ge=1, le=32_768)] | None = None
+    timeout_seconds: Annotated[float, Meta(gt=0, le=600)] | None = None
+    inject_memories: bool = True
+    parent_branch_id: BranchId | msgspec.UnsetType | None = msgspec.UNSET
+    """Unset: the session's active branch (or the main thread); null: the main thread."""
+
+
+class InjectedItem(Result, frozen=True):
+    memory_id: int
+    title: str
+    tokens: int
+
+
+class BranchCreateResult(Result, frozen=True):
+    branch_id: str
+    parent_branch_id: str | None
+    depth: int
+    budget_allocated: int
+    budget_used: int
+    parent_budget_remaining: int
+    timeout_seconds: float
+    deadline: float
+    injected_context: list[InjectedItem]
+    created_at: float
+    context_state: ContextState
+
+
+class BranchIdParams(Params, frozen=True):
+    branch_id: BranchId
+
+
+class BranchReturnParams(Params, frozen=True):
+    branch_id: BranchId
+    message: Annotated[str, Meta(min_length=1, max_length=65_536)]
+    extract_memory: bool = False
+
+
+class FoldSummary(Result, frozen=True):
+    tokens_folded: int
+    tokens_saved: int
+    operations_count: int
+    secrets_scrubbed: int
+    summary_redacted: bool
+
+
+class BranchReturnResult(Result, frozen=True):
+    success: bool
+    branch_id: str
+    parent_branch_id: str | None
+    folded_at: float
+    fold_seq: int
+    tokens_used: int
+    summary: FoldSummary
+    memory_queued: bool
+    forced_returns: list[ForcedReturn]
+    context_state: ContextState
+
+
+class BranchInfo(Result, frozen=True):
+    branch_id: str
+    session_id: str
+    parent_branch_id: str | None
+    depth: int
+    description: str
+    status: BranchStatus
+    return_reason: str | None
+    budget: int
+    budget_used: int
+    budget_remaining: int
+    operations_count: int
+    timeout_seconds: float
+    created_at: float
+    deadline: float
+    time_left_s: float | None
+    fork_seq: int
+    returned_at: float | None
+    result: str | None
+    fold_seq: int | None
+    tokens_folded: int | None
+    tokens_saved: int | None
+    secrets_scrubbed: int | None
+
+
+class BranchStatusResult(Result, frozen=True):
+    branch: BranchInfo
+    context_state: ContextState
+
+
+class BranchListParams(Params, frozen=True):
+    session_id: SessionId
+    status: BranchStatus | None = None
+
+
+class BranchListResult(Result, frozen=True):
+    branches: list[BranchInfo]
+    total: int
+    active: int
+    folded: int
+    context_state: ContextState
+
+
+class BranchRollbackParams(Params, frozen=True):
+    session_id: SessionId
+    branch_id: BranchId
+
+
+class BranchRollbackResult(Result, frozen=True):
+    rolled_back_to: int
+    thread: str | None
+    branches_discarded: list[str]
+    messages_discarded: int
+    tokens_recovered: int
     context_state: ContextState
 
 

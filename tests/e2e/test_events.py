@@ -38,8 +38,8 @@ def test_session_events_stream_in_order(shared_daemon: DaemonProcess, sid: str) 
     seqs = [e["seq"] for e in events]
     assert seqs == sorted(set(seqs))
     assert seqs[0] > subscribed["seq"]
-    assert events[1]["data"] == {"first_seq": 1, "last_seq": 1, "count": 1, "tokens": 804,
-                                 "main_thread_tokens": 807}
+    assert events[1]["data"] == {"branch_id": None, "first_seq": 1, "last_seq": 1, "count": 1,
+                                 "tokens": 804, "main_thread_tokens": 807}
     assert events[2]["data"] == {"from": "ok", "to": "caution", "usage": 0.807}
 
 

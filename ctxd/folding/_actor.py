@@ -1,0 +1,47 @@
+"""BranchActor: owns one live branch's deadline, in its session's nursery."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import trio
+
+
+class BranchActor:
+    """Waits, in a cancel scope whose deadline is the branch's timeout, for its branch to end.
+
+    The session actor ends it (`end`) when the branch returns or is discarded. When the
+    deadline comes first, the actor calls ``on_deadline`` (which queues the forced return on
+    the session actor, in order with the session's other requests).
+
+    Args:
+        branch_id: the branch.
+        deadline: when it times out, on trio's clock.
+        on_deadline: called once when the deadline passes before the branch ended.
+    """
+
+    def __init__(self, branch_id: str, deadline: float,
+                 on_deadline: Callable[[str], Awaitable[None]]):
+        self.branch_id = branch_id
+        self.deadline = deadline
+        self._on_deadline = on_deadline
+        self._ended = trio.Event()
+
+    def end(self) -> None:
+        """The branch returned or was discarded: stop waiting for its deadline."""
+        self._ended.set()
+
+    @property
+    def ended(self) -> bool:
+        return self._ended.is_set()
+
+    async def run(self) -> None:
+        """Wait for the end or the deadline.
+
+        Cancellation: cancelled with its session's nursery (shutdown); the branch stays
+        active in the store and is re-armed on the next start.
+        """
+        with trio.move_on_at(self.deadline):
+            await self._ended.wait()
+        if not self._ended.is_set():
+            await self._on_deadline(self.branch_id)
