@@ -1,4 +1,4 @@
-"""ctxctl: look at and drive a running ctxd (status, sessions, raw calls, stop).
+"""ctxctl: look at and drive a running ctxd (status, sessions, branches, raw calls, stop).
 
 Exit codes: 0 success, 1 the daemon answered with an error, 2 no daemon (or bad usage).
 Every command takes ``--json`` for machine-readable output; ``NO_COLOR`` is honoured.
@@ -11,7 +11,7 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 from rich.console import Console, Group
@@ -21,9 +21,17 @@ from rich.text import Text
 
 from ctxclient._errors import DaemonUnavailable, RpcError
 from ctxclient._sync import Client
+from ctxd.errors import ErrorCode
+from ctxd.wire.types import BranchStatus
 
 HEALTH_STYLE = {"ok": "green", "warn": "yellow", "caution": "dark_orange",
                 "compact": "red", "blocked": "bold red"}
+BRANCH_STATUS_STYLE = {"active": "green", "completed": "", "budget_exhausted": "dark_orange",
+                       "timeout": "dark_orange", "failed": "red", "discarded": "dim"}
+BRANCH_BUDGET_WARNING = 0.8
+"""Share of its budget at which the daemon warns about a branch (DESIGN §7)."""
+DESCRIPTION_SHOWN = 40
+"""Characters of a branch description that fit in a table cell."""
 
 
 def _bytes(n: float) -> str:
@@ -65,10 +73,67 @@ def sessions_table(sessions: list[dict[str, Any]], title: str) -> Table:
     for s in sessions:
         window = s["budget"]["context_window"] - s["budget"]["max_output_tokens"]
         table.add_row(
-            s["session_id"], s["project"] or "", (s["title"] or "")[:40], s["state"],
+            s["session_id"], Text(s["project"] or ""), Text((s["title"] or "")[:40]), s["state"],
             str(s["message_count"]), f"{s['main_thread_tokens']:,}/{window:,}",
             usage_bar(s["usage"], s["health"]),
             Text(s["health"], style=HEALTH_STYLE.get(s["health"], "")))
+    return table
+
+
+def _shorten(text: str, width: int = DESCRIPTION_SHOWN) -> Text:
+    """One line of at most ``width`` characters, as plain text (brackets are not markup)."""
+    text = " ".join(text.split())
+    return Text(text if len(text) <= width else text[:width - 1] + "…")
+
+
+def _timestamp(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _branch_budget(branch: dict[str, Any]) -> str:
+    return f"{branch['budget_used']:,}/{branch['budget']:,}"
+
+
+def branch_budget_bar(branch: dict[str, Any]) -> Text:
+    """The usage bar of a branch's budget: caution from the budget warning on, blocked once
+    it is spent."""
+    usage = branch["budget_used"] / branch["budget"]
+    health = ("blocked" if usage >= 1.0 else "caution" if usage >= BRANCH_BUDGET_WARNING
+              else "ok")
+    return usage_bar(usage, health)
+
+
+def live_branches_table(branches: list[dict[str, Any]]) -> Table:
+    table = Table(title="live branches", title_justify="left", expand=False)
+    for column in ("session", "branch", "depth", "description", "budget"):
+        table.add_column(column, justify="right" if column in ("depth", "budget") else "left",
+                         no_wrap=column != "description")
+    table.add_column("usage", no_wrap=True)
+    table.add_column("time left", justify="right", no_wrap=True)
+    for b in branches:
+        table.add_row(
+            b["session_id"], b["branch_id"], str(b["depth"]), _shorten(b["description"]),
+            _branch_budget(b), branch_budget_bar(b), _duration(b["time_left_s"] or 0))
+    return table
+
+
+def branches_table(branches: list[dict[str, Any]], title: str) -> Table:
+    table = Table(title=title, title_justify="left", expand=False)
+    for column in ("branch", "parent", "depth", "status", "budget", "left / returned",
+                   "folded/saved", "description"):
+        table.add_column(column, justify="right" if column in (
+            "depth", "budget", "folded/saved") else "left", no_wrap=column != "description")
+    for b in branches:
+        if b["status"] == "active":
+            when = f"{_duration(b['time_left_s'] or 0)} left"
+        else:
+            when = _timestamp(b["returned_at"]) if b["returned_at"] is not None else ""
+        folded = ("" if b["tokens_folded"] is None
+                  else f"{b['tokens_folded']:,}/{b['tokens_saved']:,}")
+        table.add_row(
+            b["branch_id"], b["parent_branch_id"] or "main", str(b["depth"]),
+            Text(b["status"], style=BRANCH_STATUS_STYLE.get(b["status"], "")),
+            _branch_budget(b), when, folded, _shorten(b["description"]))
     return table
 
 
@@ -84,16 +149,60 @@ def daemon_line(status: dict[str, Any]) -> Text:
         (f"socket {status['socket']}  data {status['data_dir']}", "dim"))
 
 
+def _open_sessions(client: Client, first_page: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every open session: ``first_page`` of session.list and the pages after it."""
+    sessions = list(first_page["sessions"])
+    cursor = first_page["next_cursor"]
+    while cursor is not None:
+        page = client.call("session.list", {"state": "open", "limit": 1000, "cursor": cursor})
+        sessions += page["sessions"]
+        cursor = page["next_cursor"]
+    return sessions
+
+
+def live_branches(client: Client, status: dict[str, Any],
+                  first_page: dict[str, Any]) -> list[dict[str, Any]]:
+    """The active branches of every open session, session by session, oldest first.
+
+    One pipelined branch.list per session that holds live branches.
+
+    Raises:
+        RpcError: the daemon answered a branch.list with an error other than -32004 (a
+            session deleted since it was listed is skipped).
+    """
+    if status["live_branches"] == 0:
+        return []
+    sessions = _open_sessions(client, first_page)
+    holding = [s for s in sessions if s["live_branches"] > 0]
+    if sum(s["live_branches"] for s in holding) < status["live_branches"]:
+        # The sessions' counts fall short of the daemon's (a list read from the store can
+        # miss what the session actors hold): ask every open session rather than show less.
+        holding = sessions
+    pending = [client.submit("branch.list", {"session_id": s["session_id"],
+                                             "status": "active"}) for s in holding]
+    branches: list[dict[str, Any]] = []
+    for future in pending:
+        try:
+            branches += future.result(client.timeout)["branches"]
+        except RpcError as exc:
+            if exc.code != ErrorCode.NOT_FOUND:
+                raise
+    return branches
+
+
 def _status_snapshot(client: Client, limit: int) -> dict[str, Any]:
     status = client.call("daemon.status")
     sessions = client.call("session.list", {"state": "open", "limit": limit})
     return {"daemon": status, "sessions": sessions["sessions"],
-            "more_sessions": sessions["next_cursor"] is not None}
+            "more_sessions": sessions["next_cursor"] is not None,
+            "live_branches": live_branches(client, status, sessions)}
 
 
 def _status_view(snapshot: dict[str, Any]) -> Group:
     title = "open sessions" + (" (first page)" if snapshot["more_sessions"] else "")
-    return Group(daemon_line(snapshot["daemon"]), sessions_table(snapshot["sessions"], title))
+    branches = snapshot["live_branches"]
+    return Group(daemon_line(snapshot["daemon"]), sessions_table(snapshot["sessions"], title),
+                 live_branches_table(branches) if branches else Text("no live branches"))
 
 
 def cmd_status(client: Client, args: argparse.Namespace, console: Console) -> int:
@@ -127,6 +236,24 @@ def cmd_sessions(client: Client, args: argparse.Namespace, console: Console) -> 
         console.print(sessions_table(result["sessions"], "sessions"))
         if result["next_cursor"]:
             console.print(f"(more: --limit larger than {args.limit})", style="dim")
+    return 0
+
+
+def cmd_branches(client: Client, args: argparse.Namespace, console: Console) -> int:
+    params: dict[str, Any] = {"session_id": args.session}
+    if args.status:
+        params["status"] = args.status
+    result = client.call("branch.list", params)
+    if args.json:
+        _print_json(result)
+        return 0
+    what = f"{args.status} branches" if args.status else "branches"
+    if not result["branches"]:
+        console.print(f"no {what} in session {args.session}")
+        return 0
+    console.print(branches_table(
+        result["branches"], f"{what} of session {args.session}  ({result['total']} in all: "
+                            f"{result['active']} active, {result['folded']} folded)"))
     return 0
 
 
@@ -193,7 +320,8 @@ def parser() -> argparse.ArgumentParser:
     cli = argparse.ArgumentParser(prog="ctxctl", description="Look at and drive ctxd.")
     _common_options(cli, defaults=True)
     commands = cli.add_subparsers(dest="command", required=True)
-    status = commands.add_parser("status", parents=[common], help="the daemon and its sessions")
+    status = commands.add_parser("status", parents=[common],
+                                 help="the daemon, its open sessions and live branches")
     status.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
     status.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     status.add_argument("--limit", type=int, default=50, help="sessions shown")
@@ -203,6 +331,12 @@ def parser() -> argparse.ArgumentParser:
     sessions.add_argument("--state", choices=["open", "closed"])
     sessions.add_argument("--limit", type=int, default=100)
     sessions.set_defaults(run=cmd_sessions)
+    branches = commands.add_parser("branches", parents=[common],
+                                   help="the branches of a session (context folding)")
+    branches.add_argument("session", metavar="SESSION", help="the session's id")
+    branches.add_argument("--status", choices=get_args(BranchStatus),
+                          help="only the branches with this status")
+    branches.set_defaults(run=cmd_branches)
     call = commands.add_parser("call", parents=[common], help="call any method")
     call.add_argument("method", help="e.g. session.get")
     call.add_argument("params", nargs="?", help='params as JSON, e.g. \'{"session_id": "s1"}\'')
