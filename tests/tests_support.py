@@ -1,4 +1,8 @@
-"""Test data shared by unit and end-to-end tests."""
+"""Test data and helpers shared by unit and end-to-end tests."""
+
+from typing import Any
+
+from ctxclient import Client
 
 # OpenAI's worked example ("How to count tokens with tiktoken"): the chat API itself
 # reported 129 prompt tokens for these messages on gpt-3.5-turbo-0613 and gpt-4-0613.
@@ -23,3 +27,10 @@ OPENAI_EXAMPLE_PROMPT_TOKENS = 129
 def hello_text(tokens: int) -> str:
     """A text of exactly ``tokens`` cl100k_base tokens ("hello hello …")."""
     return "hello" + " hello" * (tokens - 1)
+
+
+def next_event(client: Client, timeout: float = 10) -> dict[str, Any]:
+    """The next `event` notification a subscribed client receives."""
+    message = client.notifications.get(timeout=timeout)
+    assert message["method"] == "event"
+    return message["params"]  # type: ignore[no-any-return]

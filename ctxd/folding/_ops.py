@@ -190,10 +190,15 @@ def _descendants(record: SessionRecord, branch_id: str) -> list[BranchRecord]:
     return sorted(found, key=lambda b: (b.depth, b.fork_seq), reverse=True)
 
 
-async def force_return(actor: SessionActor, branch: BranchRecord, reason: str
-                       ) -> list[ForcedReturn]:
+async def force_return(actor: SessionActor, branch: BranchRecord, reason: str, *,
+                       charge_parent: bool = True) -> list[ForcedReturn]:
     """Return a branch for the agent: its live children first (deepest first), then it,
-    each with a partial result; the parent may in turn run out of budget.
+    each with a partial result.
+
+    Args:
+        charge_parent: whether the parent, grown by the fold message, may then get its
+            budget warning or be force-returned in turn (not when the parent is itself
+            being returned).
 
     Returns:
         Every branch force-returned, in order.
@@ -206,17 +211,22 @@ async def force_return(actor: SessionActor, branch: BranchRecord, reason: str
     except ScrubError:
         log.exception("branch %s: partial result could not be scrubbed", branch.branch_id)
         scrubbed = scrub(UNSCRUBBABLE)
-    done = await _fold(actor, branch, scrubbed.text, scrubbed.total, reason, False)
+    done = await _fold(actor, actor.require().live[branch.branch_id], scrubbed.text,
+                       scrubbed.total, reason, False)
     forced.append(ForcedReturn(branch_id=branch.branch_id, status=done.status, reason=reason,
                                result=scrubbed.text))
-    return forced + await _after_fold(actor, done)
+    if charge_parent:
+        forced += await _after_fold(actor, done)
+    return forced
 
 
 async def _return_children(actor: SessionActor, branch: BranchRecord) -> list[ForcedReturn]:
+    """Force-return a branch's live descendants, deepest first; their folds go into threads
+    that are being returned, so no parent is charged on the way."""
     forced: list[ForcedReturn] = []
     for child in _descendants(actor.require(), branch.branch_id):
         if child.branch_id in actor.require().live:
-            forced += await force_return(actor, child, "parent_returned")
+            forced += await force_return(actor, child, "parent_returned", charge_parent=False)
     return forced
 
 
@@ -227,7 +237,7 @@ async def close_all(actor: SessionActor) -> list[ForcedReturn]:
     for branch in sorted(record.live.values(), key=lambda b: (b.depth, b.fork_seq),
                          reverse=True):
         if branch.branch_id in record.live:
-            forced += await force_return(actor, branch, "session_closed")
+            forced += await force_return(actor, branch, "session_closed", charge_parent=False)
     return forced
 
 
@@ -387,7 +397,15 @@ async def create(actor: SessionActor, p: BranchCreateParams) -> BranchCreateResu
                      "return or roll back a branch first")
     budget = p.budget or config.branch_budget
     timeout_s = p.timeout_seconds or config.branch_timeout_s
-    note = branch_note(p.description, budget, timeout_s, depth, config.max_branch_depth)
+    try:
+        # Shown in the note and the fold message, and kept as a memory's title.
+        description = scrub(p.description).text
+    except ScrubError as exc:
+        raise CtxdError(ErrorCode.INTERNAL_ERROR,
+                        f"the description could not be checked for secrets ({exc}); no "
+                        "branch was created", {"fix": "retry; report the error if it "
+                                                      "persists"}) from exc
+    note = branch_note(description, budget, timeout_s, depth, config.max_branch_depth)
     opening = [MessageIn(role="user", content=note), MessageIn(role="user", content=p.prompt)]
     counts = await sup.counter.count_messages(opening)
     opening_tokens = sum(counts)
@@ -405,7 +423,7 @@ async def create(actor: SessionActor, p: BranchCreateParams) -> BranchCreateResu
     fork_seq = record.last_seq
     branch = BranchRecord(
         branch_id=new_branch_id(), session_id=actor.session_id, parent_id=parent_id,
-        depth=depth, description=p.description, budget=budget, tokens_used=opening_tokens,
+        depth=depth, description=description, budget=budget, tokens_used=opening_tokens,
         operations=0, warned=False, timeout_s=timeout_s, created_at=now,
         deadline_at=now + timeout_s, deadline=now_trio + timeout_s, fork_seq=fork_seq,
         prefix_tokens=prefix_tokens)
@@ -422,7 +440,7 @@ async def create(actor: SessionActor, p: BranchCreateParams) -> BranchCreateResu
     arm(actor, branch)
     sup.bus.publish(actor.session_id, "branch.created", {
         "branch_id": branch.branch_id, "parent_branch_id": parent_id, "depth": depth,
-        "description": p.description, "budget": budget, "budget_used": opening_tokens,
+        "description": description, "budget": budget, "budget_used": opening_tokens,
         "timeout_seconds": timeout_s, "deadline": branch.deadline_at})
     if branch.warned:
         publish_budget_warning(actor, branch)
@@ -444,7 +462,8 @@ async def status(actor: SessionActor, branch_id: str) -> BranchStatusResult:
     if branch is not None:
         await enforce(actor, branch)
         branch = actor.require().live.get(branch_id)
-    info = branch.info(time.time()) if branch else await stored_branch(actor, branch_id)
+    info = (branch.info(trio.current_time()) if branch
+            else await stored_branch(actor, branch_id))
     return BranchStatusResult(branch=info, context_state=actor.require().context_state())
 
 
@@ -453,7 +472,7 @@ async def list_branches(actor: SessionActor, p: BranchListParams) -> BranchListR
         if branch.branch_id in actor.require().live:
             await enforce(actor, branch)
     record = actor.require()
-    now = time.time()
+    now = trio.current_time()
     stored = await actor.supervisor.store.read(q.list_branches, actor.session_id)
     every = [record.live[b.branch_id].info(now) if b.branch_id in record.live else b
              for b in stored]

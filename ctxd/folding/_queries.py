@@ -126,13 +126,12 @@ def recent_work(conn: apsw.Connection, branch_id: str, recent: int = 3
     last = conn.execute(
         "SELECT content FROM messages WHERE branch_id = ? AND role = 'assistant' "
         "AND discarded = 0 ORDER BY seq DESC LIMIT 1", (branch_id,)).fetchall()
-    if last:
-        return _decode_content(_blob(last[0][0])), []
     rows = conn.execute(
         "SELECT role, content FROM messages WHERE branch_id = ? AND discarded = 0 "
         "AND meta IS NOT ? ORDER BY seq DESC LIMIT ?",
         (branch_id, OPENING_META, recent)).fetchall()
-    return None, [(role, _decode_content(content)) for role, content in reversed(rows)]
+    return (_decode_content(_blob(last[0][0])) if last else None,
+            [(role, _decode_content(content)) for role, content in reversed(rows)])
 
 
 OPENING_META = msgspec.json.encode({"ctxd": "branch_opening"})
@@ -196,13 +195,16 @@ def rollback(conn: apsw.Connection, session_id: str, thread: str | None, fork_se
         What was discarded, and what it took from live threads (the thread's own messages
         and those of branches that were still active).
     """
+    # The thread's branches forked at or after the point, and all their descendants (a
+    # branch forked earlier from the thread keeps its children, however late they came).
     later = [(row[0], row[1]) for row in conn.execute(
         "WITH RECURSIVE grown (id, status, fork_seq) AS ("
         "  SELECT id, status, fork_seq FROM branches WHERE session_id = ? AND parent_id IS ?"
+        "  AND fork_seq >= ?"
         "  UNION ALL SELECT b.id, b.status, b.fork_seq FROM branches b "
         "  JOIN grown ON b.parent_id = grown.id) "
-        "SELECT id, status FROM grown WHERE fork_seq >= ? AND status != 'discarded' "
-        "ORDER BY fork_seq", (session_id, thread, fork_seq))]
+        "SELECT id, status FROM grown WHERE status != 'discarded' ORDER BY fork_seq",
+        (session_id, thread, fork_seq))]
     ids = [branch_id for branch_id, _ in later]
     active = [branch_id for branch_id, status in later if status == "active"]
     by_component: dict[Component, int] = dict.fromkeys(COMPONENTS, 0)

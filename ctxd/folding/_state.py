@@ -71,7 +71,8 @@ class BranchRecord:
         """Message tokens of the branch's whole rendered context (prefix included)."""
         return self.prefix_tokens + self.tokens_used
 
-    def info(self, now_wall: float) -> BranchInfo:
+    def info(self, now: float) -> BranchInfo:
+        """The branch's status; ``now`` is trio's clock (time left is measured on it)."""
         return BranchInfo(
             branch_id=self.branch_id, session_id=self.session_id,
             parent_branch_id=self.parent_id, depth=self.depth, description=self.description,
@@ -79,7 +80,7 @@ class BranchRecord:
             budget_used=self.tokens_used, budget_remaining=max(0, self.budget - self.tokens_used),
             operations_count=self.operations, timeout_seconds=self.timeout_s,
             created_at=self.created_at, deadline=self.deadline_at,
-            time_left_s=round(max(0.0, self.deadline_at - now_wall), 3),
+            time_left_s=round(max(0.0, self.deadline - now), 3),
             fork_seq=self.fork_seq, returned_at=None, result=None, fold_seq=None,
             tokens_folded=None, tokens_saved=None, secrets_scrubbed=None)
 

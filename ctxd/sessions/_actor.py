@@ -396,17 +396,28 @@ class SessionActor:
                                  context_state=record.context_state())
 
     async def render(self, params: RenderParams) -> RenderResult:
-        if params.branch_id is not None:
-            if params.branch_id in self.require().live:
-                await branch_ops.live_branch(self, params.branch_id, for_append=False)
-            else:
-                await branch_ops.stored_branch(self, params.branch_id)
+        record = self.require()
+        if params.branch_id is msgspec.UNSET:
+            for branch in list(record.live.values()):
+                if branch.branch_id in record.live:
+                    await branch_ops.enforce(self, branch)
+            active = self.require().active_branch
+            branch_id = None if active is None else active.branch_id
+        else:
+            branch_id = params.branch_id
+            if branch_id is not None:
+                live = record.live.get(branch_id)
+                if live is not None:
+                    await branch_ops.enforce(self, live)
+                else:
+                    await branch_ops.stored_branch(self, branch_id)
         record = self.require()
         messages, message_tokens = await self.supervisor.store.read(
-            _render_rows, self.session_id, params.branch_id)
+            _render_rows, self.session_id, branch_id)
         tokens = thread_tokens(message_tokens, len(messages))
         return RenderResult(
-            messages=messages, tokens=tokens, context_state=record.context_state(),
+            branch_id=branch_id, messages=messages, tokens=tokens,
+            context_state=record.context_state(),
             stats=RenderStats(message_count=len(messages), stored_messages=record.last_seq,
                               message_tokens=message_tokens,
                               reply_priming_tokens=tokens - message_tokens))

@@ -16,6 +16,7 @@ from ctxd.folding import _queries as branch_queries
 from ctxd.hub import EventBus
 from ctxd.sessions import _queries as q
 from ctxd.sessions._actor import ActorGone, SessionActor
+from ctxd.sessions._state import SessionRecord
 from ctxd.store import Store
 from ctxd.tokens import TokenCounter
 
@@ -82,6 +83,15 @@ class Supervisor:
             except ActorGone:
                 continue
             return result
+
+    def current(self, stored: SessionRecord) -> SessionRecord:
+        """The running actor's record of a session (with its live branches), else ``stored``.
+
+        A session with live branches always has a running actor, so its live branches are
+        never missed.
+        """
+        actor = self._actors.get(stored.session_id)
+        return actor.record if actor is not None and actor.record is not None else stored
 
     def forget(self, actor: SessionActor) -> None:
         """Called by an actor as it retires."""

@@ -256,7 +256,8 @@ class MessageListResult(Result, frozen=True):
 
 class RenderParams(Params, frozen=True):
     session_id: SessionId
-    branch_id: BranchId | None = None
+    branch_id: BranchId | msgspec.UnsetType | None = msgspec.UNSET
+    """Unset: the active thread (what to send now); null: the main thread."""
 
 
 class RenderedMessage(Result, frozen=True, omit_defaults=True):
@@ -274,6 +275,8 @@ class RenderStats(Result, frozen=True):
 
 
 class RenderResult(Result, frozen=True):
+    branch_id: str | None
+    """The thread rendered: a branch, or null for the main thread."""
     messages: list[RenderedMessage]
     tokens: int
     context_state: ContextState

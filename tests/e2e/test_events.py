@@ -7,19 +7,13 @@ import queue
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import pytest
 from conftest import DaemonProcess
+from tests_support import next_event
 
-from ctxclient import Client, RpcError
-
-
-def next_event(client: Client, timeout: float = 10) -> dict[str, Any]:
-    message = client.notifications.get(timeout=timeout)
-    assert message["method"] == "event"
-    return message["params"]  # type: ignore[no-any-return]
+from ctxclient import RpcError
 
 
 def test_session_events_stream_in_order(shared_daemon: DaemonProcess, sid: str) -> None:

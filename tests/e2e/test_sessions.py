@@ -37,8 +37,8 @@ def test_open_is_idempotent_and_generates_ids(client: Client, sid: str) -> None:
     assert generated["context_state"] == {
         "session_id": generated["session"]["session_id"], "active_branch_id": None,
         "branch_depth": 0, "branch_path": [], "total_tokens": 0, "main_thread_tokens": 0,
-        "current_branch_tokens": 0, "folded_tokens": 0, "effective_window": 191_808,
-        "usage": 0.0, "health": "ok"}
+        "current_branch_tokens": 0, "current_branch_budget": 0, "folded_tokens": 0,
+        "effective_window": 191_808, "usage": 0.0, "health": "ok"}
 
 
 def test_open_updates_budget_of_an_existing_session(client: Client, sid: str) -> None:

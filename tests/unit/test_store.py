@@ -18,7 +18,7 @@ def test_migrates_an_empty_database_to_the_latest_version(tmp_path: Path) -> Non
     assert schema_version(conn) == 0
     assert migrate(conn) == LATEST
     tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_schema WHERE type='table'")}
-    assert {"sessions", "messages"} <= tables
+    assert {"sessions", "messages", "branches", "memory_candidates"} <= tables
 
 
 @pytest.mark.parametrize("start", range(LATEST))
@@ -30,6 +30,28 @@ def test_migrates_from_every_older_version(tmp_path: Path, start: int) -> None:
             conn.execute(f"PRAGMA user_version = {version}")
     assert migrate(conn) == LATEST
     assert migrate(conn) == LATEST  # idempotent
+
+
+def test_version_2_keeps_version_1_sessions_and_messages(tmp_path: Path) -> None:
+    conn = apsw.Connection(str(tmp_path / "db"))
+    conn.execute("PRAGMA foreign_keys = ON")
+    [(_, first)] = load_all()[:1]
+    with conn:
+        conn.execute(first.SQL)
+        conn.execute("PRAGMA user_version = 1")
+        conn.execute("INSERT INTO sessions (id, context_window, max_output_tokens, "
+                     "compact_trigger, hard_block, warn, caution, message_count, "
+                     "tokens_conversation, created_at, updated_at) "
+                     "VALUES ('s1', 200000, 8192, 0.95, 0.98, 0.7, 0.8, 2, 12, 1.0, 1.0)")
+        conn.executemany("INSERT INTO messages (session_id, seq, role, content, component, "
+                         "tokens, created_at) VALUES ('s1', ?, 'user', X'226869', "
+                         "'conversation', 6, 1.0)", [(1,), (2,)])
+    assert migrate(conn) == LATEST
+    assert conn.execute("SELECT message_count, last_seq, folded_tokens FROM sessions"
+                        ).fetchall() == [(2, 2, 0)]
+    assert conn.execute("SELECT seq, branch_id, discarded FROM messages ORDER BY seq"
+                        ).fetchall() == [(1, None, 0), (2, None, 0)]
+    assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
 
 
 def test_refuses_a_newer_database(tmp_path: Path) -> None:

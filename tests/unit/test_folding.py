@@ -1,0 +1,165 @@
+"""Folding in-process on trio's virtual clock: BranchActor deadlines and forced returns."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import msgspec
+import pytest
+import trio
+import trio.testing
+
+from ctxd.config import Config
+from ctxd.errors import CtxdError, ErrorCode
+from ctxd.folding import BranchActor
+from ctxd.folding import _ops as ops
+from ctxd.hub import EventBus
+from ctxd.sessions import SessionActor, Supervisor
+from ctxd.store import Store
+from ctxd.tokens import TokenCounter
+from ctxd.wire.types import (
+    BranchCreateParams,
+    BranchCreateResult,
+    MessageAppendParams,
+    MessageIn,
+    SessionOpenParams,
+)
+
+COUNTER = TokenCounter()
+
+
+@pytest.fixture
+def clock() -> trio.testing.MockClock:
+    """Virtual time that jumps only when every task has waited 10 ms of real time, so that
+    the store's thread (real time) finishes its work before the clock moves on. Tests that
+    sleep must request it themselves (pytest-trio takes the clock from the test's own
+    arguments)."""
+    return trio.testing.MockClock(autojump_threshold=0.01)
+
+
+@pytest.fixture
+async def supervisor(tmp_path: Path, clock: trio.testing.MockClock
+                     ) -> AsyncIterator[Supervisor]:
+    store = Store(tmp_path / "ctxd.db")
+    store.open()
+    config = Config(session_idle_s=3600.0, max_live_branches=2000)
+    async with trio.open_nursery() as nursery:
+        running = await nursery.start(Supervisor(store, COUNTER, EventBus(), config).run)
+        yield running
+        nursery.cancel_scope.cancel()
+    store.close()
+
+
+async def open_session(supervisor: Supervisor, session_id: str) -> None:
+    await supervisor.call(session_id, lambda a: a.open(SessionOpenParams(session_id=session_id)))
+
+
+async def create(supervisor: Supervisor, session_id: str, timeout_s: float,
+                 parent: str | msgspec.UnsetType | None = msgspec.UNSET) -> BranchCreateResult:
+    params = BranchCreateParams(session_id=session_id, description="work", prompt="do it",
+                                timeout_seconds=timeout_s, parent_branch_id=parent)
+    return await supervisor.call(session_id, lambda a: ops.create(a, params))
+
+
+async def status_of(supervisor: Supervisor, session_id: str, branch_id: str) -> str:
+    result = await supervisor.call(session_id, lambda a: ops.status(a, branch_id))
+    return result.branch.status
+
+
+async def test_branch_actor_calls_back_at_its_deadline_only(
+        clock: trio.testing.MockClock) -> None:
+    fired: list[tuple[str, float]] = []
+
+    async def on_deadline(branch_id: str) -> None:
+        fired.append((branch_id, trio.current_time()))
+
+    async with trio.open_nursery() as nursery:
+        late = BranchActor("br_000000000001", trio.current_time() + 30, on_deadline)
+        ended = BranchActor("br_000000000002", trio.current_time() + 20, on_deadline)
+        nursery.start_soon(late.run)
+        nursery.start_soon(ended.run)
+        await trio.sleep(10)
+        ended.end()
+    assert fired == [("br_000000000001", 30.0)]
+    assert ended.ended
+    assert not late.ended
+
+
+async def test_timeout_force_returns_at_the_deadline(
+        supervisor: Supervisor, clock: trio.testing.MockClock) -> None:
+    await open_session(supervisor, "s1")
+    created = await create(supervisor, "s1", 300)
+    start = trio.current_time()
+    subscription = supervisor.bus.subscribe("s1", ["branch.forced_return"])
+    await trio.sleep(299.5)
+    assert await status_of(supervisor, "s1", created.branch_id) == "active"
+    info = (await supervisor.call("s1", lambda a: ops.status(a, created.branch_id))).branch
+    assert info.time_left_s == pytest.approx(0.5, abs=0.01)
+    with trio.fail_after(5):
+        event = await subscription.receive()
+    fired_at = trio.current_time() - start
+    assert 300 <= fired_at < 300.1
+    assert (event.data["branch_id"], event.data["status"]) == (created.branch_id, "timeout")
+    assert await status_of(supervisor, "s1", created.branch_id) == "timeout"
+    assert supervisor.live_branches == 0
+
+
+async def test_an_append_after_the_deadline_is_refused_even_before_the_actor_fires(
+        supervisor: Supervisor, clock: trio.testing.MockClock) -> None:
+    await open_session(supervisor, "s1")
+    created = await create(supervisor, "s1", 10)
+    params = MessageAppendParams(session_id="s1", branch_id=created.branch_id,
+                                 messages=[MessageIn(role="assistant", content="late")])
+
+    async def sleep_past_the_deadline_then_append(actor: SessionActor) -> object:
+        # Holds the session's actor: the BranchActor's forced return waits in the mailbox.
+        await trio.sleep(11)
+        return await actor.append(params)
+
+    with pytest.raises(CtxdError) as caught:
+        await supervisor.call("s1", sleep_past_the_deadline_then_append)
+    assert caught.value.code == ErrorCode.TIMEOUT
+    assert caught.value.data is not None
+    assert caught.value.data["status"] == "timeout"
+
+
+async def test_hundreds_of_deadlines_fire_on_time(
+        supervisor: Supervisor, clock: trio.testing.MockClock) -> None:
+    rng = random.Random(7)
+    subscription = supervisor.bus.subscribe(None, ["branch.forced_return"])
+    start = trio.current_time()
+    deadlines: dict[str, float] = {}
+    for session in range(30):
+        session_id = f"s{session}"
+        await open_session(supervisor, session_id)
+        for _ in range(10):
+            timeout_s = rng.uniform(60, 600)
+            created = await create(supervisor, session_id, timeout_s, parent=None)
+            deadlines[created.branch_id] = trio.current_time() + timeout_s
+    assert supervisor.live_branches == 300
+    assert trio.current_time() - start < 60
+    late: dict[str, float] = {}
+    with trio.fail_after(700):
+        while len(late) < 300:
+            event = await subscription.receive()
+            late[event.data["branch_id"]] = trio.current_time() - deadlines[
+                event.data["branch_id"]]
+    assert sorted(late) == sorted(deadlines)
+    assert min(late.values()) >= 0
+    assert max(late.values()) < 0.1
+    assert supervisor.live_branches == 0
+
+
+async def test_a_timed_out_parent_returns_its_children_first(
+        supervisor: Supervisor, clock: trio.testing.MockClock) -> None:
+    await open_session(supervisor, "s1")
+    parent = await create(supervisor, "s1", 50)
+    child = await create(supervisor, "s1", 500)
+    subscription = supervisor.bus.subscribe("s1", ["branch.folded"])
+    await trio.sleep(51)
+    folded = [await subscription.receive(), await subscription.receive()]
+    assert [(e.data["branch_id"], e.data["status"]) for e in folded] == [
+        (child.branch_id, "failed"), (parent.branch_id, "timeout")]
+    assert await status_of(supervisor, "s1", child.branch_id) == "failed"
