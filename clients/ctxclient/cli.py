@@ -164,7 +164,10 @@ def live_branches(client: Client, status: dict[str, Any],
                   first_page: dict[str, Any]) -> list[dict[str, Any]]:
     """The active branches of every open session, session by session, oldest first.
 
-    One pipelined branch.list per session that holds live branches.
+    One pipelined branch.list per session that session.list counts live branches in. The
+    daemon's count, session.list and branch.list are read at different moments, so a
+    branch created or returned in between may show in one and not in another: the view
+    is a snapshot of those moments, and the next refresh catches up.
 
     Raises:
         RpcError: the daemon answered a branch.list with an error other than -32004 (a
@@ -172,12 +175,7 @@ def live_branches(client: Client, status: dict[str, Any],
     """
     if status["live_branches"] == 0:
         return []
-    sessions = _open_sessions(client, first_page)
-    holding = [s for s in sessions if s["live_branches"] > 0]
-    if sum(s["live_branches"] for s in holding) < status["live_branches"]:
-        # The sessions' counts fall short of the daemon's (a list read from the store can
-        # miss what the session actors hold): ask every open session rather than show less.
-        holding = sessions
+    holding = [s for s in _open_sessions(client, first_page) if s["live_branches"] > 0]
     pending = [client.submit("branch.list", {"session_id": s["session_id"],
                                              "status": "active"}) for s in holding]
     branches: list[dict[str, Any]] = []

@@ -182,6 +182,9 @@ def test_status_shows_the_live_branches_of_every_open_session(daemon: DaemonProc
     snapshot = json.loads(ctxctl(daemon.socket, "status", "--json", "--limit", "1").stdout)
     assert [s["session_id"] for s in snapshot["sessions"]] == ["s_first"]
     assert snapshot["more_sessions"] is True
+    # session.list counts a session's live branches; ctxctl asks only the sessions it
+    # counts them in.
+    assert [s["live_branches"] for s in snapshot["sessions"]] == [1]
     assert snapshot["daemon"]["live_branches"] == 2
     shown = snapshot["live_branches"]
     assert [without_time_left(b) for b in shown] == [without_time_left(b) for b in expected]
