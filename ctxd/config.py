@@ -49,6 +49,23 @@ class BudgetDefaults(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     caution: Ratio = 0.80
 
 
+class MemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The ``[memory]`` table: the embedder and retrieval of memory items (DESIGN §9)."""
+
+    embedder: Literal["hashing", "sentence-transformers", "http"] = "hashing"
+    model_path: str = ""
+    embedding_url: str = ""
+    embedding_model: str = ""
+    api_key_env: str = ""
+    hash_dim: Annotated[int, Meta(ge=64, le=65_536)] = 1_024
+    rrf_k: Annotated[int, Meta(ge=1, le=1_000)] = 60
+    lexical_weight: Annotated[float, Meta(ge=0.0, le=10.0)] = 1.0
+    dense_weight: Annotated[float, Meta(ge=0.0, le=10.0)] = 1.0
+    dense_min_score: Annotated[float, Meta(ge=-1.0, le=1.0)] = 0.1
+    ann_threshold: Positive = 50_000
+    nprobe: Annotated[int, Meta(ge=1, le=4_096)] = 16
+
+
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The daemon's effective configuration."""
 
@@ -75,7 +92,11 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     max_live_branches_per_session: Positive = 10
     max_live_branches: Positive = 10_000
     budget: BudgetDefaults = BudgetDefaults()
+    memory: MemoryConfig = MemoryConfig()
 
+
+TABLES: dict[str, type[msgspec.Struct]] = {"budget": BudgetDefaults, "memory": MemoryConfig}
+"""The TOML tables of the configuration, by name."""
 
 _HELP = {
     "socket": "Unix socket path "
@@ -90,6 +111,13 @@ _HELP = {
     "max_branch_depth": "how deeply branches may nest",
     "max_live_branches_per_session": "active branches one session may hold at once",
     "max_live_branches": "active branches the whole daemon may hold at once",
+    "embedder": "how memories are embedded: hashing (built in, no model), "
+                "sentence-transformers (model_path) or http (embedding_url)",
+    "model_path": "folder of a local sentence-transformers model",
+    "embedding_url": "base URL of an OpenAI-compatible API (…/v1) that serves /embeddings",
+    "embedding_model": "the model name sent to embedding_url",
+    "api_key_env": "name of the environment variable that holds the embedding API key",
+    "dense_min_score": "cosine similarity below which the dense leg does not propose a memory",
 }
 
 
@@ -130,8 +158,8 @@ def _keys() -> list[tuple[str, ...]]:
     """Every configurable key as a path: ("socket",), ("budget", "warn"), …"""
     paths: list[tuple[str, ...]] = []
     for name in Config.__struct_fields__:
-        if name == "budget":
-            paths.extend(("budget", sub) for sub in BudgetDefaults.__struct_fields__)
+        if name in TABLES:
+            paths.extend((name, sub) for sub in TABLES[name].__struct_fields__)
         else:
             paths.append((name,))
     return paths
@@ -238,12 +266,13 @@ def to_toml(config: Config) -> str:
             return msgspec.json.encode(value).decode()
         return repr(value)
 
-    top = [f"{key} = {literal(getattr(config, key))}"
-           for key in Config.__struct_fields__ if key != "budget"]
-    budget = [f"{key} = {literal(getattr(config.budget, key))}"
-              for key in BudgetDefaults.__struct_fields__]
-    return "\n".join([*top, "", "[budget]", *budget]) + "\n"
+    lines = [f"{key} = {literal(getattr(config, key))}"
+             for key in Config.__struct_fields__ if key not in TABLES]
+    for table, struct in TABLES.items():
+        lines += ["", f"[{table}]", *(f"{key} = {literal(getattr(getattr(config, table), key))}"
+                                      for key in struct.__struct_fields__)]
+    return "\n".join(lines) + "\n"
 
 
-__all__ = ["BudgetDefaults", "Config", "add_flags", "default_config_path", "default_data_dir",
-           "default_socket_path", "load", "to_toml"]
+__all__ = ["TABLES", "BudgetDefaults", "Config", "MemoryConfig", "add_flags",
+           "default_config_path", "default_data_dir", "default_socket_path", "load", "to_toml"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import trio
 
-from ctxd import __version__, folding, hub, sessions
+from ctxd import __version__, folding, hub, memory, sessions
 from ctxd.config import Config
 from ctxd.daemon import _methods, _systemd
 from ctxd.daemon._server import Server
@@ -47,6 +47,7 @@ class Daemon:
         """Where clients reach us: the configured path, or the activated socket's address."""
         self._signals = 0
         self.supervisor: Supervisor
+        self.memory: memory.Memory
         self.server: Server
 
     def request_stop(self) -> None:
@@ -88,15 +89,20 @@ class Daemon:
 
     async def _serve(self, sock: socket.socket, counter: TokenCounter, activated: bool) -> None:
         dispatcher = Dispatcher()
-        self.supervisor = Supervisor(self.store, counter, self.bus, self.config)
+        self.memory = memory.Memory(self.store, memory.make_embedder(self.config.memory),
+                                    Path(self.config.data_dir) / "memory.faiss",
+                                    self.config.memory, self.bus)
+        self.supervisor = Supervisor(self.store, counter, self.bus, self.config, self.memory)
         self.server = Server(dispatcher, self.bus, self.config)
         _methods.register(dispatcher, self, self.request_stop)
         sessions.register(dispatcher, self.supervisor)
         folding.register(dispatcher, self.supervisor)
+        memory.register(dispatcher, self.memory)
         hub.register(dispatcher, self.bus, self.config.max_subscriptions_per_connection)
         async with trio.open_nursery() as root:
             root.start_soon(self._watch_signals)
             root.start_soon(self.store.keep_wal_small)
+            await root.start(self.memory.run)
             await root.start(self.supervisor.run)
             await root.start(self.server.run, sock)
             where = self.socket_path + (" (systemd-activated)" if activated else "")

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ctxd.daemon._app import Daemon
 
 PROTOCOL_VERSION = 1
-FEATURES = ["folding", "events"]
+FEATURES = ["folding", "memory", "events"]
 """Protocol features this daemon implements (DESIGN §4); later capabilities add theirs."""
 
 
@@ -53,7 +53,7 @@ def register(dispatcher: Dispatcher, daemon: Daemon, request_stop: Callable[[], 
             socket=daemon.socket_path, data_dir=daemon.config.data_dir,
             sessions_open=supervisor.sessions_open, sessions_total=supervisor.sessions_total,
             session_actors=supervisor.actor_count, live_branches=supervisor.live_branches,
-            memories=0,
+            memories=daemon.memory.count,
             connections=int(server["connections"]),
             requests_inflight=int(server["requests_inflight"]),
             subscribers=daemon.bus.statistics()["subscribers"],

@@ -21,6 +21,7 @@ from ctxd.errors import CtxdError, ErrorCode, not_found
 from ctxd.folding import _queries as q
 from ctxd.folding._actor import BranchActor
 from ctxd.folding._state import FORCED_STATUS, BranchRecord, branch_note, fold_text, partial_result
+from ctxd.memory._injection import INJECT_SHARE, Injected
 from ctxd.scrub import ScrubError, scrub
 from ctxd.sessions import _queries as session_queries
 from ctxd.sessions._state import SessionRecord, effective_window
@@ -40,6 +41,7 @@ from ctxd.wire.types import (
     BranchStatusResult,
     FoldSummary,
     ForcedReturn,
+    Injection,
     MessageIn,
 )
 
@@ -408,12 +410,16 @@ async def create(actor: SessionActor, p: BranchCreateParams) -> BranchCreateResu
     note = branch_note(description, budget, timeout_s, depth, config.max_branch_depth)
     opening = [MessageIn(role="user", content=note), MessageIn(role="user", content=p.prompt)]
     counts = await sup.counter.count_messages(opening)
-    opening_tokens = sum(counts)
-    if opening_tokens >= budget:
+    if sum(counts) >= budget:
         raise params_error("$.budget",
-                           f"the branch's opening (its note and prompt) takes {opening_tokens} "
+                           f"the branch's opening (its note and prompt) takes {sum(counts)} "
                            f"tokens, so a budget of {budget} leaves nothing for its work; "
                            "give a larger budget or a shorter prompt")
+    injected = await _inject(actor, p, description, budget - sum(counts) - 1)
+    if injected.text is not None:
+        opening.insert(1, MessageIn(role="user", content=injected.text))
+        counts.insert(1, injected.tokens)
+    opening_tokens = sum(counts)
     prefix_tokens = parent.rendered_tokens if parent else record.main_message_tokens
     window = effective_window(record.budget)
     would_use = prefix_tokens + opening_tokens + REPLY_PRIMING
@@ -444,14 +450,35 @@ async def create(actor: SessionActor, p: BranchCreateParams) -> BranchCreateResu
         "timeout_seconds": timeout_s, "deadline": branch.deadline_at})
     if branch.warned:
         publish_budget_warning(actor, branch)
+    if injected.items and sup.memory is not None:
+        await sup.memory.record_use([item.memory_id for item in injected.items],
+                                    branch.branch_id)
     parent_remaining = (parent.budget - parent.tokens_used if parent
                         else window - record.main_thread_tokens)
     return BranchCreateResult(
         branch_id=branch.branch_id, parent_branch_id=parent_id, depth=depth,
         budget_allocated=budget, budget_used=opening_tokens,
         parent_budget_remaining=parent_remaining, timeout_seconds=timeout_s,
-        deadline=branch.deadline_at, injected_context=[], created_at=now,
+        deadline=branch.deadline_at, injected_context=injected.items,
+        injection=injected.injection, created_at=now,
         context_state=updated.context_state())
+
+
+async def _inject(actor: SessionActor, p: BranchCreateParams, description: str,
+                  room: int) -> Injected:
+    """Memories for the new branch, within 20% of its budget (and the room its note and
+    prompt leave)."""
+    memory = actor.supervisor.memory
+    cap = min(int(INJECT_SHARE * (p.budget or actor.supervisor.config.branch_budget)), room)
+    if not p.inject_memories or memory is None:
+        reason = ("inject_memories is false" if not p.inject_memories
+                  else "memory is not running in this daemon")
+        return Injected(None, 0, [], Injection(status="disabled", reason=reason, tokens=0,
+                                               budget=cap))
+    project = actor.require().project
+    return await memory.inject(f"{description}\n{p.prompt}",
+                               f"project:{project}" if project else "global", cap,
+                               actor.supervisor.counter)
 
 
 # ---- status, list ----------------------------------------------------------------------

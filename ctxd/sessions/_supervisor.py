@@ -6,7 +6,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
@@ -20,6 +20,9 @@ from ctxd.sessions._state import SessionRecord
 from ctxd.store import Store
 from ctxd.tokens import TokenCounter
 
+if TYPE_CHECKING:
+    from ctxd.memory import Memory
+
 log = logging.getLogger("ctxd.sessions")
 T = TypeVar("T")
 
@@ -32,10 +35,14 @@ class Supervisor:
         counter: the token counter shared by every actor.
         bus: where session events are published.
         config: the daemon configuration (idle time, TTL, limits, default budget).
+        memory: the memory service, for injection into new branches.
     """
 
-    def __init__(self, store: Store, counter: TokenCounter, bus: EventBus, config: Config):
+    def __init__(self, store: Store, counter: TokenCounter, bus: EventBus, config: Config,
+                 memory: Memory | None = None):
         self.store = store
+        self.memory = memory
+        """Where new branches get their injected memories (None: no injection)."""
         self.counter = counter
         self.bus = bus
         self.config = config

@@ -325,6 +325,15 @@ class InjectedItem(Result, frozen=True):
     tokens: int
 
 
+class Injection(Result, frozen=True):
+    """What memory injection did for a new branch, and why."""
+
+    status: Literal["injected", "none_found", "disabled", "failed"]
+    reason: str | None
+    tokens: int
+    budget: int
+
+
 class BranchCreateResult(Result, frozen=True):
     branch_id: str
     parent_branch_id: str | None
@@ -335,6 +344,7 @@ class BranchCreateResult(Result, frozen=True):
     timeout_seconds: float
     deadline: float
     injected_context: list[InjectedItem]
+    injection: Injection
     created_at: float
     context_state: ContextState
 
@@ -425,6 +435,115 @@ class BranchRollbackResult(Result, frozen=True):
     messages_discarded: int
     tokens_recovered: int
     context_state: ContextState
+
+
+# ---- memory.* (DESIGN §9) -------------------------------------------------------------
+
+Scope = Annotated[str, Meta(pattern=r"^(global|project:[^\s]{1,128})$",
+                            description='"global" or "project:<name>"')]
+Outcome = Literal["success", "failure"]
+MemoryId = Annotated[int, Meta(ge=1, le=2**62)]
+SearchMode = Literal["hybrid", "lexical", "dense"]
+Leg = Literal["lexical", "dense"]
+
+
+class MemoryItem(Result, frozen=True):
+    id: int
+    scope: str
+    title: str
+    description: str
+    content: str
+    outcome: Outcome
+    tags: list[str]
+    confidence: float
+    usage_count: int
+    source: str | None
+    created_at: float
+    updated_at: float
+
+
+class MemoryRecordParams(Params, frozen=True):
+    title: Annotated[str, Meta(min_length=1, max_length=500)]
+    content: Annotated[str, Meta(min_length=1, max_length=65_536)]
+    description: Annotated[str, Meta(max_length=2_000)] = ""
+    scope: Scope = "global"
+    outcome: Outcome = "success"
+    tags: Annotated[list[Annotated[str, Meta(pattern=r"^\S{1,64}$")]],
+                    Meta(max_length=32)] = []
+
+
+class MemoryRecordResult(Result, frozen=True):
+    memory: MemoryItem
+    secrets_scrubbed: int
+    indexed: bool
+
+
+class MemorySearchParams(Params, frozen=True):
+    query: Annotated[str, Meta(min_length=1, max_length=8_192)]
+    scope: Scope | None = None
+    k: Annotated[int, Meta(ge=1, le=100)] = 5
+    min_confidence: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
+    mode: SearchMode = "hybrid"
+
+
+class SearchHit(Result, frozen=True):
+    id: int
+    title: str
+    description: str
+    content: str
+    scope: str
+    confidence: float
+    score: float
+    legs: list[Leg]
+
+
+class MemorySearchResult(Result, frozen=True):
+    results: list[SearchHit]
+    mode: SearchMode
+    legs_used: list[Leg]
+    note: str | None
+
+
+class MemoryIdParams(Params, frozen=True):
+    id: MemoryId
+
+
+class MemoryFeedbackParams(Params, frozen=True):
+    id: MemoryId
+    helpful: bool
+
+
+class MemoryOutcomeParams(Params, frozen=True):
+    id: MemoryId
+    succeeded: bool
+
+
+class MemoryResult(Result, frozen=True):
+    memory: MemoryItem
+
+
+class MemoryDeleteResult(Result, frozen=True):
+    id: int
+    deleted: bool
+
+
+class MemoryListParams(Params, frozen=True):
+    scope: Scope | None = None
+    limit: Annotated[int, Meta(ge=1, le=1000)] = 50
+    cursor: Annotated[str, Meta(pattern=r"^[0-9]{1,18}$")] | None = None
+
+
+class MemoryListResult(Result, frozen=True):
+    memories: list[MemoryItem]
+    next_cursor: str | None
+
+
+class MemoryIndexStatus(Result, frozen=True):
+    state: Literal["loading", "rebuilding", "ready", "unavailable"]
+    reason: str | None
+    vectors: int
+    memories: int
+    embedder: str
 
 
 # ---- events.* -----------------------------------------------------------------------

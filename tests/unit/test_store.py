@@ -81,7 +81,7 @@ def test_full_durability_syncs_every_commit(tmp_path: Path) -> None:
 
 
 async def test_a_full_database_is_a_storage_error_and_rolls_back(tmp_path: Path) -> None:
-    store = Store(tmp_path / "ctxd.db", max_db_bytes=64 * 1024)
+    store = Store(tmp_path / "ctxd.db", max_db_bytes=256 * 1024)
     store.open()
 
     def fill(conn: apsw.Connection) -> None:

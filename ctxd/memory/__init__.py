@@ -1,0 +1,16 @@
+"""Memory: ReasoningBank items, hybrid FTS5 + FAISS retrieval, embedders (DESIGN §9)."""
+
+from ctxd.memory._embedders import (
+    Embedder,
+    EmbedderError,
+    HashingEmbedder,
+    HttpEmbedder,
+    SentenceTransformerEmbedder,
+    make_embedder,
+)
+from ctxd.memory._index import MemoryIndex
+from ctxd.memory._methods import register
+from ctxd.memory._service import Memory
+
+__all__ = ["Embedder", "EmbedderError", "HashingEmbedder", "HttpEmbedder", "Memory",
+           "MemoryIndex", "SentenceTransformerEmbedder", "make_embedder", "register"]

@@ -1,0 +1,248 @@
+"""Embedders: text → L2-normalised float32 vectors, behind one small interface (DESIGN §9).
+
+- `HashingEmbedder`: feature hashing of stemmed words and word pairs; no model, the
+  default (and what the tests use).
+- `SentenceTransformerEmbedder`: a sentence-transformers model from a local folder
+  (optional extra ``semantic``).
+- `HttpEmbedder`: an OpenAI-compatible ``/embeddings`` endpoint (Ollama, llama.cpp, OpenAI).
+
+Embedding never runs on the event loop: every embedder does its work in a worker thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import re
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import trio
+
+from ctxd.config import MemoryConfig
+
+Vectors = npt.NDArray[np.float32]
+
+
+class EmbedderError(Exception):
+    """The embedder could not embed (model missing, endpoint down, bad answer)."""
+
+
+class Embedder(Protocol):
+    """What the memory index needs from an embedder."""
+
+    @property
+    def signature(self) -> str:
+        """Names the vector space: an index built with another signature is stale."""
+
+    @property
+    def dim(self) -> int:
+        """Dimensions of a vector (known once `load` has returned)."""
+
+    async def load(self) -> None:
+        """Make the embedder ready (load a model, probe an endpoint); may take long.
+
+        Raises:
+            EmbedderError: it cannot be made ready.
+        """
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        """One normalised row per text.
+
+        Raises:
+            EmbedderError: embedding failed.
+        """
+
+
+def normalise(vectors: Vectors) -> Vectors:
+    """Rows scaled to unit length (zero rows stay zero)."""
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    np.divide(vectors, norms, out=vectors, where=norms > 0)
+    return vectors
+
+
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+_SUFFIXES = ("ational", "ization", "fulness", "iveness", "ations", "nesses", "ments",
+             "ingly", "ation", "ities", "ness", "ment", "ings", "ably", "ibly", "edly",
+             "ing", "ies", "ied", "ity", "ers", "est", "ed", "es", "er", "ly", "s")
+
+
+def stem(word: str) -> str:
+    """A light suffix stripper: enough for feature hashing to match inflections."""
+    for suffix in _SUFFIXES:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            return word[:-len(suffix)]
+    return word
+
+
+def _bucket(feature: str, dim: int) -> tuple[int, float]:
+    digest = int.from_bytes(hashlib.blake2b(feature.encode(), digest_size=8).digest(), "little")
+    return digest % dim, (1.0 if digest >> 63 else -1.0)
+
+
+class HashingEmbedder:
+    """Feature hashing of stemmed words and adjacent word pairs (signed, log-scaled counts).
+
+    Args:
+        dim: dimensions of the vectors.
+    """
+
+    def __init__(self, dim: int = 1024):
+        self._dim = dim
+
+    @property
+    def signature(self) -> str:
+        return f"hashing-v1-{self._dim}"
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    async def load(self) -> None:
+        return None
+
+    def embed_sync(self, texts: Sequence[str]) -> Vectors:
+        vectors = np.zeros((len(texts), self._dim), dtype=np.float32)
+        for row, text in enumerate(texts):
+            words = [stem(w) for w in _WORD.findall(text.lower())]
+            features = Counter(words)
+            features.update(f"{a} {b}" for a, b in itertools.pairwise(words))
+            for feature, count in features.items():
+                index, sign = _bucket(feature, self._dim)
+                vectors[row, index] += sign * (1.0 + np.log(count))
+        return normalise(vectors)
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        return await trio.to_thread.run_sync(self.embed_sync, texts)
+
+
+class SentenceTransformerEmbedder:
+    """A sentence-transformers model loaded from a local folder (extra ``semantic``).
+
+    Args:
+        model_path: the model's folder; nothing is downloaded.
+    """
+
+    def __init__(self, model_path: str):
+        self._path = model_path
+        self._model: Any = None
+        self._dim = 0
+
+    @property
+    def signature(self) -> str:
+        return f"sentence-transformers:{os.path.basename(os.path.normpath(self._path))}"
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def _load_sync(self) -> None:
+        try:
+            from sentence_transformers import (  # type: ignore[import-not-found,unused-ignore]
+                SentenceTransformer,
+            )
+        except ImportError as exc:
+            raise EmbedderError("sentence-transformers is not installed; install ctxd with "
+                                "the `semantic` extra") from exc
+        if not os.path.isdir(self._path):
+            raise EmbedderError(f"model_path {self._path!r} is not a folder")
+        try:
+            model = SentenceTransformer(self._path, device="cpu", local_files_only=True)
+        except Exception as exc:
+            raise EmbedderError(f"could not load the model at {self._path!r}: {exc}") from exc
+        self._dim = int(model.get_sentence_embedding_dimension())
+        self._model = model
+
+    async def load(self) -> None:
+        await trio.to_thread.run_sync(self._load_sync)
+
+    def _embed_sync(self, texts: Sequence[str]) -> Vectors:
+        if self._model is None:
+            raise EmbedderError("the model is not loaded yet")
+        vectors = self._model.encode(list(texts), convert_to_numpy=True,
+                                     normalize_embeddings=True, show_progress_bar=False)
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        return await trio.to_thread.run_sync(self._embed_sync, texts)
+
+
+class HttpEmbedder:
+    """An OpenAI-compatible ``POST {base_url}/embeddings`` endpoint.
+
+    Args:
+        base_url: e.g. ``http://127.0.0.1:11434/v1``.
+        model: the model name to send.
+        api_key: sent as a bearer token when given.
+        timeout_s: per request.
+        batch: texts per request.
+    """
+
+    def __init__(self, base_url: str, model: str, api_key: str | None = None,
+                 timeout_s: float = 30.0, batch: int = 64):
+        self._url = base_url.rstrip("/") + "/embeddings"
+        self._model = model
+        self._api_key = api_key
+        self._timeout_s = timeout_s
+        self._batch = batch
+        self._dim = 0
+
+    @property
+    def signature(self) -> str:
+        return f"http:{self._url}:{self._model}"
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def _post(self, texts: Sequence[str]) -> Vectors:
+        body = json.dumps({"model": self._model, "input": list(texts)}).encode()
+        headers = {"Content-Type": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        request = urllib.request.Request(self._url, body, headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self._timeout_s) as response:
+                answer = json.loads(response.read())
+            rows = sorted(answer["data"], key=lambda item: item["index"])
+            vectors = np.asarray([row["embedding"] for row in rows], dtype=np.float32)
+        except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError) as exc:
+            raise EmbedderError(f"embedding endpoint {self._url}: {exc}") from exc
+        if vectors.ndim != 2 or len(vectors) != len(texts):
+            raise EmbedderError(f"embedding endpoint {self._url} answered {len(vectors)} "
+                                f"vectors for {len(texts)} texts")
+        return normalise(vectors)
+
+    def _embed_sync(self, texts: Sequence[str]) -> Vectors:
+        parts = [self._post(texts[i:i + self._batch]) for i in range(0, len(texts),
+                                                                      self._batch)]
+        vectors = np.concatenate(parts) if parts else np.zeros((0, self._dim), np.float32)
+        if self._dim and vectors.shape[1] != self._dim:
+            raise EmbedderError(f"embedding endpoint {self._url} changed dimensions from "
+                                f"{self._dim} to {vectors.shape[1]}")
+        return vectors
+
+    async def load(self) -> None:
+        probe = await trio.to_thread.run_sync(self._post, ["dimension probe"])
+        self._dim = int(probe.shape[1])
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        return await trio.to_thread.run_sync(self._embed_sync, texts)
+
+
+def make_embedder(config: MemoryConfig, environ: dict[str, str] | None = None) -> Embedder:
+    """The embedder the configuration names."""
+    environ = dict(os.environ) if environ is None else environ
+    if config.embedder == "sentence-transformers":
+        return SentenceTransformerEmbedder(config.model_path)
+    if config.embedder == "http":
+        key = environ.get(config.api_key_env) if config.api_key_env else None
+        return HttpEmbedder(config.embedding_url, config.embedding_model, key)
+    return HashingEmbedder(config.hash_dim)

@@ -1,0 +1,286 @@
+"""MemoryIndex: the FAISS index of memory vectors, owned by one task (DESIGN §2, §9).
+
+SQLite is the truth; this index is a cache of it. Ids are the memories' rowids, vectors are
+normalised, so inner product is cosine similarity. The index is saved atomically (temp
+file + rename) with the store's memory *generation* (bumped by every write that changes
+what is indexed) and the embedder's signature; at start a file whose generation, signature
+or size does not match the store is rebuilt from SQLite while the daemon keeps serving
+(searches are lexical-only meanwhile, and say so). Above ``ann_threshold`` vectors the
+rebuilt index is approximate (IVF, ``nprobe`` lists searched).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import faiss
+import numpy as np
+import trio
+
+from ctxd.memory import _queries as q
+from ctxd.memory._embedders import Embedder, EmbedderError, Vectors
+from ctxd.store import Store
+
+log = logging.getLogger("ctxd.memory")
+T = TypeVar("T")
+IndexState = Literal["loading", "rebuilding", "ready", "unavailable"]
+REBUILD_BATCH = 512
+
+
+class MemoryIndex:
+    """The dense leg of memory retrieval.
+
+    Args:
+        path: the index file (a ``.json`` beside it holds its generation and signature).
+        embedder: turns texts into vectors.
+        store: the database, to rebuild from.
+        ann_threshold: above this many vectors a rebuild makes an approximate index.
+        nprobe: inverted lists searched by the approximate index.
+    """
+
+    def __init__(self, path: Path, embedder: Embedder, store: Store, ann_threshold: int,
+                 nprobe: int):
+        self.path = path
+        self.embedder = embedder
+        self._store = store
+        self._ann_threshold = ann_threshold
+        self._nprobe = nprobe
+        self._index: Any = None
+        self.state: IndexState = "loading"
+        self.reason: str | None = "the index is loading"
+        self.generation = -1
+        self._dirty = False
+        self._pending: dict[int, tuple[str, int]] = {}
+        self._jobs_send, self._jobs = trio.open_memory_channel[
+            tuple[Callable[[], Awaitable[Any]], trio.Event, list[Any]]](64)
+
+    # ---- the owner task ------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[MemoryIndex] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Own the index: load (or rebuild) it, then serve jobs one at a time, saving it
+        when it changed. Returns only when cancelled (after a last save)."""
+        task_status.started(self)
+        try:
+            await self._open()
+            while True:
+                with trio.move_on_after(5.0):
+                    job, done, box = await self._jobs.receive()
+                    try:
+                        box.append(await job())
+                    except BaseException as exc:  # handed to the caller, which re-raises
+                        box.append(exc)
+                        if not isinstance(exc, Exception):
+                            raise
+                    finally:
+                        done.set()
+                    continue
+                await self._save_if_dirty()
+        finally:
+            with trio.move_on_after(10, shield=True):
+                await self._save_if_dirty()
+
+    async def _submit(self, job: Callable[[], Awaitable[T]]) -> T:
+        done = trio.Event()
+        box: list[Any] = []
+        await self._jobs_send.send((job, done, box))
+        await done.wait()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        result: T = box[0]
+        return result
+
+    # ---- opening, rebuilding, saving ------------------------------------------------
+
+    async def _open(self) -> None:
+        try:
+            await self.embedder.load()
+        except EmbedderError as exc:
+            self.state, self.reason = "unavailable", f"the embedder is unavailable: {exc}"
+            log.error("memory: %s; searches are lexical only", self.reason)
+            return
+        generation, count = await self._store.read(q.index_generation)
+        loaded = await trio.to_thread.run_sync(self._load_file, generation, count)
+        if loaded:
+            self.generation, self.state, self.reason = generation, "ready", None
+            log.info("memory index loaded: %d vectors", count)
+            await self._apply_pending()
+            return
+        await self._rebuild()
+
+    def _load_file(self, generation: int, count: int) -> bool:
+        meta_path = self.path.with_suffix(".json")
+        try:
+            meta = json.loads(meta_path.read_text())
+            if (meta.get("generation"), meta.get("signature")) != (
+                    generation, self.embedder.signature):
+                log.info("memory index file is stale; rebuilding")
+                return False
+            index = faiss.read_index(str(self.path))
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError, RuntimeError) as exc:
+            log.warning("memory index file unreadable (%s); rebuilding", exc)
+            return False
+        if index.ntotal != count or index.d != self.embedder.dim:
+            log.warning("memory index file holds %d vectors for %d memories; rebuilding",
+                        index.ntotal, count)
+            return False
+        self._set_nprobe(index)
+        self._index = index
+        return True
+
+    def _set_nprobe(self, index: Any) -> None:
+        inner = faiss.downcast_index(index.index) if hasattr(index, "index") else None
+        if inner is not None and hasattr(inner, "nprobe"):
+            inner.nprobe = self._nprobe
+
+    async def _rebuild(self) -> None:
+        """Build a new index from SQLite, in batches; searches are lexical meanwhile."""
+        self.state, self.reason = "rebuilding", "the dense index is being rebuilt"
+        generation, count = await self._store.read(q.index_generation)
+        ids: list[int] = []
+        parts: list[Vectors] = []
+        after = 0
+        try:
+            while True:
+                rows = await self._store.read(q.texts_after, after, REBUILD_BATCH)
+                if not rows:
+                    break
+                ids.extend(row_id for row_id, _ in rows)
+                parts.append(await self.embedder.embed([text for _, text in rows]))
+                after = rows[-1][0]
+        except EmbedderError as exc:
+            self.state, self.reason = "unavailable", f"the embedder failed: {exc}"
+            log.error("memory: %s; searches are lexical only", self.reason)
+            return
+        vectors = (np.concatenate(parts) if parts
+                   else np.zeros((0, self.embedder.dim), np.float32))
+        self._index = await trio.to_thread.run_sync(self._build, ids, vectors)
+        self.generation = generation
+        self._dirty = True
+        await self._save_if_dirty()
+        self.state, self.reason = "ready", None
+        await self._apply_pending()
+        log.info("memory index rebuilt: %d vectors (%d memories when it started)",
+                 len(ids), count)
+
+    def _build(self, ids: Sequence[int], vectors: Vectors) -> Any:
+        dim = self.embedder.dim
+        if len(ids) > self._ann_threshold:
+            lists = max(1, int(4 * math.sqrt(len(ids))))
+            quantizer = faiss.IndexFlatIP(dim)
+            inner = faiss.IndexIVFFlat(quantizer, dim, lists, faiss.METRIC_INNER_PRODUCT)
+            inner.train(vectors)
+            inner.nprobe = self._nprobe
+            index = faiss.IndexIDMap2(inner)
+            index.own_fields = True
+            inner.this.disown()  # type: ignore[attr-defined]
+        else:
+            index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
+        if len(ids):
+            index.add_with_ids(vectors, np.asarray(ids, dtype=np.int64))
+        return index
+
+    async def _save_if_dirty(self) -> None:
+        if not self._dirty or self._index is None or self.state != "ready":
+            return
+        self._dirty = False
+        await trio.to_thread.run_sync(self._save, self._index, self.generation)
+
+    def _save(self, index: Any, generation: int) -> None:
+        temporary = self.path.with_suffix(".tmp")
+        faiss.write_index(index, str(temporary))
+        os.replace(temporary, self.path)
+        meta = self.path.with_suffix(".json")
+        meta_temporary = meta.with_suffix(".json.tmp")
+        meta_temporary.write_text(json.dumps({"generation": generation,
+                                              "signature": self.embedder.signature,
+                                              "count": int(index.ntotal)}))
+        os.replace(meta_temporary, meta)
+
+    # ---- jobs -----------------------------------------------------------------------
+
+    async def add(self, memory_id: int, text: str, generation: int) -> None:
+        """Index one memory whose row has committed (again, if its text changed).
+
+        Waits until it is indexed when the index is ready; while it is being rebuilt the
+        memory is queued and indexed right after the rebuild.
+        """
+        self._pending[memory_id] = (text, generation)
+        if self.state == "ready":
+            await self._submit(self._apply_pending)
+
+    async def _apply_pending(self) -> None:
+        if self.state != "ready" or not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        ids = list(pending)
+        try:
+            vectors = await self.embedder.embed([pending[i][0] for i in ids])
+        except EmbedderError as exc:
+            log.warning("%d memories not embedded (%s); rebuilding the index", len(ids), exc)
+            await self._rebuild()
+            return
+        await trio.to_thread.run_sync(self._replace, np.asarray(ids, dtype=np.int64),
+                                      vectors)
+        self._advance(max(generation for _, generation in pending.values()))
+
+    def _replace(self, ids: Any, vectors: Vectors) -> None:
+        self._index.remove_ids(ids)
+        self._index.add_with_ids(vectors, ids)
+
+    async def remove(self, memory_ids: Sequence[int], generation: int) -> None:
+        """Drop deleted memories from the index (one deleted during a rebuild may stay in
+        it until the next: search results are always read back from SQLite)."""
+        for memory_id in memory_ids:
+            self._pending.pop(memory_id, None)
+
+        async def job() -> None:
+            if self.state != "ready":
+                return
+            ids = np.asarray(memory_ids, dtype=np.int64)
+            await trio.to_thread.run_sync(self._index.remove_ids, ids)
+            self._advance(generation)
+
+        await self._submit(job)
+
+    def _advance(self, generation: int) -> None:
+        self.generation = max(self.generation, generation)
+        self._dirty = True
+
+    async def search(self, query: str, k: int) -> list[tuple[int, float]] | None:
+        """The ``k`` nearest memories as (id, cosine), or None when the dense leg is not
+        ready (rebuilding, or no embedder)."""
+        if self.state != "ready":
+            return None
+        try:
+            [vector] = await self.embedder.embed([query])
+        except EmbedderError as exc:
+            log.warning("query not embedded: %s", exc)
+            return None
+
+        async def job() -> list[tuple[int, float]] | None:
+            if self.state != "ready" or self._index.ntotal == 0:
+                return [] if self.state == "ready" else None
+            scores, ids = await trio.to_thread.run_sync(
+                self._index.search, vector[None, :], min(k, int(self._index.ntotal)))
+            return [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True)
+                    if i >= 0]
+
+        return await self._submit(job)
+
+    async def rebuild(self) -> None:
+        """Rebuild from SQLite now (memory.reindex, or after a failed add)."""
+        await self._submit(self._rebuild)
+
+    def statistics(self) -> dict[str, Any]:
+        return {"state": self.state, "reason": self.reason,
+                "vectors": 0 if self._index is None else int(self._index.ntotal),
+                "generation": self.generation, "signature": self.embedder.signature}

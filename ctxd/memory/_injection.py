@@ -1,0 +1,57 @@
+"""Injection of memories into a new branch: the best items that fit 20% of its budget,
+by exact token counts (DESIGN §7, §9)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from ctxd.tokens import TokenCounter
+from ctxd.wire.types import InjectedItem, Injection
+
+log = logging.getLogger("ctxd.memory")
+
+INJECT_SHARE = 0.2
+"""Share of a branch's budget that injected memories may use."""
+INJECT_MIN_CONFIDENCE = 0.7
+INJECT_MAX_ITEMS = 10
+HEADER = "Memories from earlier work that may help with this sub-task:"
+
+
+@dataclass(frozen=True)
+class Injected:
+    """The message to put in the branch's opening (None: nothing injected)."""
+
+    text: str | None
+    tokens: int
+    items: list[InjectedItem]
+    injection: Injection
+
+
+def block(title: str, content: str, confidence: float) -> str:
+    """How one memory reads in the injected message."""
+    return f"\n\n- {title} (confidence {confidence:.2f}): {content}"
+
+
+def fit(candidates: list[tuple[int, str, str, float]], counter: TokenCounter,
+        cap: int) -> Injected:
+    """Greedily add (id, title, content, confidence) candidates, best first, while the
+    whole message (as a user message) stays within ``cap`` tokens. Each item's ``tokens``
+    is what adding it cost the message, so the items and the header add up exactly."""
+    text = HEADER
+    base = counter.message_tokens("user", text)
+    used = base
+    items: list[InjectedItem] = []
+    for memory_id, title, content, confidence in candidates[:INJECT_MAX_ITEMS]:
+        longer = text + block(title, content, confidence)
+        tokens = counter.message_tokens("user", longer)
+        if tokens > cap:
+            continue
+        items.append(InjectedItem(memory_id=memory_id, title=title, tokens=tokens - used))
+        text, used = longer, tokens
+    if not items:
+        return Injected(None, 0, [], Injection(
+            status="none_found", reason="no memory with confidence ≥ 0.7 fits the budget"
+            if candidates else "no memory matched", tokens=0, budget=cap))
+    return Injected(text, used, items, Injection(status="injected", reason=None, tokens=used,
+                                                 budget=cap))

@@ -1,0 +1,204 @@
+"""SQL of ``memories``, ``memories_fts``, ``memory_signals``, ``memory_index_state`` and the
+consumption of ``memory_candidates``; every function runs in the store thread."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+
+from ctxd.store import scalar_int
+from ctxd.wire.types import MemoryItem
+
+PRIOR_RECORDED = (4.0, 1.0)
+"""Beta(alpha, beta) of a recorded memory: confidence 0.8, worth five signals."""
+PRIOR_DISTILLED = (3.0, 2.0)
+"""Beta(alpha, beta) of a memory extracted from a branch: confidence 0.6."""
+SIGNAL_WEIGHTS = {"feedback": 1.0, "outcome": 1.0, "use": 0.1}
+"""How much one signal moves alpha (positive) or beta (negative)."""
+
+_COLUMNS = ("id, scope, title, description, content, outcome, tags, alpha, beta, "
+            "usage_count, source, created_at, updated_at")
+
+
+def confidence(alpha: float, beta: float) -> float:
+    """The mean of Beta(alpha, beta)."""
+    return alpha / (alpha + beta)
+
+
+def embedding_text(title: str, description: str, content: str, tags: str) -> str:
+    """What is embedded (and searched) for a memory."""
+    return "\n".join(part for part in (title, description, content, tags) if part)
+
+
+def _item(row: Sequence[Any]) -> MemoryItem:
+    (memory_id, scope, title, description, content, outcome, tags, alpha, beta, usage_count,
+     source, created_at, updated_at) = row
+    return MemoryItem(
+        id=memory_id, scope=scope, title=title, description=description, content=content,
+        outcome=outcome, tags=tags.split() if tags else [],
+        confidence=round(confidence(alpha, beta), 6), usage_count=usage_count, source=source,
+        created_at=created_at, updated_at=updated_at)
+
+
+def _bump_generation(conn: apsw.Connection) -> int:
+    conn.execute("UPDATE memory_index_state SET generation = generation + 1")
+    return scalar_int(conn, "SELECT generation FROM memory_index_state")
+
+
+def index_generation(conn: apsw.Connection) -> tuple[int, int]:
+    """(generation, number of memories): what the FAISS index must match."""
+    return (scalar_int(conn, "SELECT generation FROM memory_index_state"),
+            scalar_int(conn, "SELECT count(*) FROM memories"))
+
+
+def texts_after(conn: apsw.Connection, after_id: int, limit: int) -> list[tuple[int, str]]:
+    """(id, embedding text) of memories after an id, in id order (for a rebuild)."""
+    return [(row[0], embedding_text(row[1], row[2], row[3], row[4])) for row in conn.execute(
+        "SELECT id, title, description, content, tags FROM memories WHERE id > ? ORDER BY id "
+        "LIMIT ?", (after_id, limit))]
+
+
+@dataclass(frozen=True)
+class NewMemory:
+    scope: str
+    title: str
+    description: str
+    content: str
+    outcome: str
+    tags: str
+    prior: tuple[float, float]
+    source: str | None
+    created_at: float
+
+
+def insert(conn: apsw.Connection, memory: NewMemory) -> tuple[MemoryItem, int]:
+    """A new memory; returns it and the new index generation."""
+    conn.execute(
+        "INSERT INTO memories (scope, title, description, content, outcome, tags, alpha, beta, "
+        "source, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        (memory.scope, memory.title, memory.description, memory.content, memory.outcome,
+         memory.tags, *memory.prior, memory.source, memory.created_at, memory.created_at))
+    item = get(conn, conn.last_insert_rowid())
+    assert item is not None
+    return item, _bump_generation(conn)
+
+
+def get(conn: apsw.Connection, memory_id: int) -> MemoryItem | None:
+    rows = conn.execute(f"SELECT {_COLUMNS} FROM memories WHERE id = ?",
+                        (memory_id,)).fetchall()
+    return _item(rows[0]) if rows else None
+
+
+def by_ids(conn: apsw.Connection, memory_ids: Sequence[int]) -> dict[int, MemoryItem]:
+    found: dict[int, MemoryItem] = {}
+    for start in range(0, len(memory_ids), 500):
+        chunk = memory_ids[start:start + 500]
+        for row in conn.execute(f"SELECT {_COLUMNS} FROM memories WHERE id IN "
+                                f"({','.join('?' * len(chunk))})", tuple(chunk)):
+            found[row[0]] = _item(row)
+    return found
+
+
+def delete(conn: apsw.Connection, memory_id: int) -> int | None:
+    """Delete a memory (its signals cascade); the new generation, or None if unknown."""
+    conn.execute("DELETE FROM memories WHERE id = ?", (memory_id,))
+    if conn.changes() == 0:
+        return None
+    return _bump_generation(conn)
+
+
+def signal(conn: apsw.Connection, memory_id: int, kind: str, positive: bool,
+           source: str | None, now: float) -> MemoryItem | None:
+    """Record a signal and move the memory's Beta(alpha, beta); None if the memory is unknown."""
+    weight = SIGNAL_WEIGHTS[kind]
+    conn.execute(
+        "UPDATE memories SET alpha = alpha + ?, beta = beta + ?, "
+        "usage_count = usage_count + ?, updated_at = ? WHERE id = ?",
+        (weight if positive else 0.0, 0.0 if positive else weight, int(kind == "use"), now,
+         memory_id))
+    if conn.changes() == 0:
+        return None
+    conn.execute("INSERT INTO memory_signals (memory_id, kind, positive, weight, source, "
+                 "created_at) VALUES (?,?,?,?,?,?)",
+                 (memory_id, kind, int(positive), weight, source, now))
+    return get(conn, memory_id)
+
+
+def _scope_clause(scope: str | None) -> tuple[str, tuple[Any, ...]]:
+    """A project scope sees its own memories and the global ones."""
+    if scope is None:
+        return "", ()
+    if scope == "global":
+        return " AND m.scope = 'global'", ()
+    return " AND m.scope IN (?, 'global')", (scope,)
+
+
+def list_memories(conn: apsw.Connection, scope: str | None, after_id: int,
+                  limit: int) -> list[MemoryItem]:
+    clause, bindings = _scope_clause(scope)
+    return [_item(row) for row in conn.execute(
+        f"SELECT {_COLUMNS} FROM memories m WHERE m.id > ?{clause} ORDER BY m.id LIMIT ?",
+        (after_id, *bindings, limit))]
+
+
+_FTS_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+
+
+def fts_query(text: str) -> str | None:
+    """The words of free text as an FTS5 OR query (quoted: no operator can slip in)."""
+    words = list(dict.fromkeys(word.lower() for word in _FTS_WORD.findall(text)))
+    if not words:
+        return None
+    return " OR ".join(f'"{word}"' for word in words[:64])
+
+
+def lexical(conn: apsw.Connection, query: str, scope: str | None, min_confidence: float,
+            limit: int) -> list[tuple[int, float]]:
+    """(id, BM25 score, higher is better) of the best lexical matches, filtered."""
+    match = fts_query(query)
+    if match is None:
+        return []
+    clause, bindings = _scope_clause(scope)
+    return [(row[0], -row[1]) for row in conn.execute(
+        "SELECT m.id, bm25(memories_fts) AS rank FROM memories_fts "
+        "JOIN memories m ON m.id = memories_fts.rowid "
+        f"WHERE memories_fts MATCH ?{clause} AND m.alpha / (m.alpha + m.beta) >= ? "
+        "ORDER BY rank LIMIT ?", (match, *bindings, min_confidence, limit))]
+
+
+def allowed(conn: apsw.Connection, memory_ids: Sequence[int], scope: str | None,
+            min_confidence: float) -> set[int]:
+    """The ids among ``memory_ids`` that pass the scope and confidence filters."""
+    clause, bindings = _scope_clause(scope)
+    kept: set[int] = set()
+    for start in range(0, len(memory_ids), 500):
+        chunk = tuple(memory_ids[start:start + 500])
+        kept.update(row[0] for row in conn.execute(
+            f"SELECT m.id FROM memories m WHERE m.id IN ({','.join('?' * len(chunk))})"
+            f"{clause} AND m.alpha / (m.alpha + m.beta) >= ?",
+            (*chunk, *bindings, min_confidence)))
+    return kept
+
+
+def promote_candidates(conn: apsw.Connection, limit: int = 100
+                       ) -> list[tuple[MemoryItem, int]]:
+    """Turn memory candidates queued by folding into memories (confidence 0.6), in the
+    scope of their session's project (else global); returns each with the generation
+    after it."""
+    made = []
+    rows: list[Any] = conn.execute(
+        "SELECT c.id, c.title, c.content, c.outcome, c.created_at, c.branch_id, s.project "
+        "FROM memory_candidates c LEFT JOIN sessions s ON s.id = c.session_id "
+        "ORDER BY c.id LIMIT ?", (limit,)).fetchall()
+    for (candidate_id, title, content, outcome, created_at, branch_id,
+         project) in rows:
+        made.append(insert(conn, NewMemory(
+            scope=f"project:{project}" if project else "global", title=title,
+            description="", content=content, outcome=outcome, tags="",
+            prior=PRIOR_DISTILLED, source=branch_id, created_at=created_at)))
+        conn.execute("DELETE FROM memory_candidates WHERE id = ?", (candidate_id,))
+    return made

@@ -1,0 +1,189 @@
+"""Memory: records, searches and rates ReasoningBank items; owns the MemoryIndex task and
+turns folding's memory candidates into memories (DESIGN §9)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import trio
+
+from ctxd.config import MemoryConfig
+from ctxd.errors import CtxdError, ErrorCode, not_found
+from ctxd.hub import EventBus
+from ctxd.memory import _queries as q
+from ctxd.memory._embedders import Embedder
+from ctxd.memory._index import MemoryIndex
+from ctxd.memory._injection import INJECT_MAX_ITEMS, INJECT_MIN_CONFIDENCE, Injected, fit
+from ctxd.memory._retrieval import Retrieved, retrieve
+from ctxd.scrub import ScrubError, scrub
+from ctxd.store import Store
+from ctxd.tokens import TokenCounter
+from ctxd.wire.types import (
+    Injection,
+    MemoryIndexStatus,
+    MemoryItem,
+    MemoryListParams,
+    MemoryListResult,
+    MemoryRecordParams,
+    MemoryRecordResult,
+    MemorySearchParams,
+    MemorySearchResult,
+    SearchHit,
+)
+
+log = logging.getLogger("ctxd.memory")
+CANDIDATE_POLL_S = 1.0
+
+
+def _unknown(memory_id: int) -> CtxdError:
+    return not_found("memory", str(memory_id), "list memories with memory.list or find "
+                                               "them with memory.search")
+
+
+class Memory:
+    """The memory service.
+
+    Args:
+        store: the database.
+        embedder: the configured embedder.
+        index_path: where the FAISS index is saved.
+        config: the ``[memory]`` configuration.
+        bus: where memory events are published.
+    """
+
+    def __init__(self, store: Store, embedder: Embedder, index_path: Path,
+                 config: MemoryConfig, bus: EventBus):
+        self.store = store
+        self.config = config
+        self.bus = bus
+        self.index = MemoryIndex(index_path, embedder, store, config.ann_threshold,
+                                 config.nprobe)
+        self.count = 0
+
+    async def run(self, *, task_status: trio.TaskStatus[Memory] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Run the index's owner task and promote folding's memory candidates."""
+        _, self.count = await self.store.read(q.index_generation)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.index.run)
+            task_status.started(self)
+            while True:
+                try:
+                    await self.promote_candidates()
+                except CtxdError as error:
+                    log.warning("promoting memory candidates failed: %s", error.message)
+                await trio.sleep(CANDIDATE_POLL_S)
+
+    async def promote_candidates(self) -> int:
+        """Turn queued memory candidates into memories (confidence 0.6)."""
+        made = await self.store.write(q.promote_candidates)
+        for item, generation in made:
+            self.count += 1
+            await self.index.add(item.id, _text(item), generation)
+            self.bus.publish(None, "memory.recorded", {"id": item.id, "scope": item.scope,
+                                                       "source": item.source})
+        return len(made)
+
+    async def record(self, p: MemoryRecordParams) -> MemoryRecordResult:
+        try:
+            parts = [scrub(text) for text in (p.title, p.description, p.content,
+                                              " ".join(p.tags))]
+        except ScrubError as exc:
+            raise CtxdError(ErrorCode.INTERNAL_ERROR,
+                            f"the memory could not be checked for secrets ({exc}); nothing "
+                            "was stored", {"fix": "retry; report the error if it persists"}
+                            ) from exc
+        title, description, content, tags = (part.text for part in parts)
+        memory = q.NewMemory(scope=p.scope, title=title, description=description,
+                             content=content, outcome=p.outcome, tags=tags,
+                             prior=q.PRIOR_RECORDED, source=None, created_at=time.time())
+        item, generation = await self.store.write(q.insert, memory)
+        self.count += 1
+        await self.index.add(item.id, _text(item), generation)
+        self.bus.publish(None, "memory.recorded", {"id": item.id, "scope": item.scope,
+                                                   "source": None})
+        return MemoryRecordResult(memory=item, secrets_scrubbed=sum(p.total for p in parts),
+                                  indexed=self.index.state == "ready")
+
+    async def search(self, p: MemorySearchParams) -> MemorySearchResult:
+        found = await self.retrieve(p.query, scope=p.scope, k=p.k,
+                                    min_confidence=p.min_confidence, mode=p.mode)
+        return MemorySearchResult(
+            results=[SearchHit(id=r.item.id, title=r.item.title,
+                               description=r.item.description, content=r.item.content,
+                               scope=r.item.scope, confidence=r.item.confidence,
+                               score=r.score, legs=r.legs) for r in found.ranked],
+            mode=p.mode, legs_used=found.legs_used, note=found.note)
+
+    async def retrieve(self, query: str, *, scope: str | None, k: int, min_confidence: float,
+                       mode: str = "hybrid") -> Retrieved:
+        return await retrieve(self.store, self.index, self.config, query, scope=scope, k=k,
+                              min_confidence=min_confidence,
+                              mode="hybrid" if mode not in ("lexical", "dense") else
+                              ("lexical" if mode == "lexical" else "dense"))
+
+    async def inject(self, query: str, scope: str, cap: int, counter: TokenCounter) -> Injected:
+        """The memories to inject into a new branch (DESIGN §7): retrieved with the
+        branch's description and prompt, confidence ≥ 0.7, at most 10, fitted into
+        ``cap`` tokens. A failure never fails the branch: it comes back as the reason."""
+        try:
+            found = await self.retrieve(query, scope=scope, k=INJECT_MAX_ITEMS,
+                                        min_confidence=INJECT_MIN_CONFIDENCE)
+        except Exception as exc:
+            # Injection is optional: the branch is created without it, and says why.
+            log.warning("memory injection failed: %s", exc)
+            return Injected(None, 0, [], Injection(
+                status="failed", reason=f"retrieval failed: {exc}", tokens=0, budget=cap))
+        return fit([(r.item.id, r.item.title, r.item.content, r.item.confidence)
+                    for r in found.ranked], counter, cap)
+
+    async def record_use(self, memory_ids: list[int], source: str) -> None:
+        """The memories were injected into a branch: a weak positive signal each."""
+        now = time.time()
+        for memory_id in memory_ids:
+            await self.store.write(q.signal, memory_id, "use", True, source, now)
+
+    async def get(self, memory_id: int) -> MemoryItem:
+        item = await self.store.read(q.get, memory_id)
+        if item is None:
+            raise _unknown(memory_id)
+        return item
+
+    async def signal(self, memory_id: int, kind: str, positive: bool,
+                     source: str | None = None) -> MemoryItem:
+        """Feedback, outcome or use: moves the memory's confidence."""
+        item = await self.store.write(q.signal, memory_id, kind, positive, source, time.time())
+        if item is None:
+            raise _unknown(memory_id)
+        return item
+
+    async def delete(self, memory_id: int) -> None:
+        generation = await self.store.write(q.delete, memory_id)
+        if generation is None:
+            raise _unknown(memory_id)
+        self.count -= 1
+        await self.index.remove([memory_id], generation)
+
+    async def list(self, p: MemoryListParams) -> MemoryListResult:
+        after = int(p.cursor) if p.cursor else 0
+        items = await self.store.read(q.list_memories, p.scope, after, p.limit + 1)
+        more = len(items) > p.limit
+        items = items[:p.limit]
+        return MemoryListResult(memories=items,
+                                next_cursor=str(items[-1].id) if more else None)
+
+    async def reindex(self) -> MemoryIndexStatus:
+        await self.index.rebuild()
+        return self.status()
+
+    def status(self) -> MemoryIndexStatus:
+        stats = self.index.statistics()
+        return MemoryIndexStatus(state=stats["state"], reason=stats["reason"],
+                                 vectors=stats["vectors"], memories=self.count,
+                                 embedder=stats["signature"])
+
+
+def _text(item: MemoryItem) -> str:
+    return q.embedding_text(item.title, item.description, item.content, " ".join(item.tags))
