@@ -125,6 +125,7 @@ class DaemonStatus(Result, frozen=True):
     session_actors: int
     live_branches: int
     memories: int
+    memory_index: MemoryIndexStatus
     connections: int
     requests_inflight: int
     subscribers: int

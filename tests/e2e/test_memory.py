@@ -1,0 +1,268 @@
+"""Memory against a real daemon: record, search (lexical, dense, hybrid), signals, deletes,
+restarts, a corrupt index, injection into branches, secrets."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import DaemonProcess
+
+from ctxclient import Client, RpcError
+from ctxd.tokens import TokenCounter
+
+COUNTER = TokenCounter()
+LESSONS = [
+    ("Run the tests with the project's venv",
+     "Always run the test suite with the project's virtualenv: .venv/bin/pytest -q"),
+    ("Migrations must bump user_version",
+     "Every schema migration must bump PRAGMA user_version, or the migration test fails."),
+    ("Coffee machine", "The coffee machine is on the third floor, next to the stairs."),
+    ("Rebase before pushing", "Rebase the feature branch on main before pushing to avoid "
+     "merge commits in the history."),
+]
+
+
+def record(client: Client, title: str, content: str, **extra: Any) -> dict[str, Any]:
+    return client.call("memory.record", {"title": title, "content": content, **extra})  # type: ignore[no-any-return]
+
+
+def search(client: Client, query: str, **extra: Any) -> dict[str, Any]:
+    return client.call("memory.search", {"query": query, **extra})  # type: ignore[no-any-return]
+
+
+def rpc_error(client: Client, method: str, params: dict[str, Any]) -> RpcError:
+    with pytest.raises(RpcError) as caught:
+        client.call(method, params)
+    return caught.value
+
+
+def wait_index_ready(client: Client, timeout: float = 20) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        index = client.call("daemon.status")["memory_index"]
+        if index["state"] == "ready" or time.monotonic() > deadline:
+            return index  # type: ignore[no-any-return]
+        time.sleep(0.02)
+
+
+def test_record_search_rate_delete(daemon: DaemonProcess) -> None:
+    with daemon.client() as client:
+        ids = [record(client, title, content, scope="project:demo" if i == 0 else "global",
+                      tags=["testing"] if i == 0 else [])["memory"]["id"]
+               for i, (title, content) in enumerate(LESSONS)]
+        assert ids == [1, 2, 3, 4]
+        got = client.call("memory.get", {"id": 1})["memory"]
+        assert {k: got[k] for k in ("scope", "title", "content", "outcome", "tags",
+                                    "confidence", "usage_count", "source")} == {
+            "scope": "project:demo", "title": LESSONS[0][0], "content": LESSONS[0][1],
+            "outcome": "success", "tags": ["testing"], "confidence": 0.8, "usage_count": 0,
+            "source": None}
+        found = search(client, "why does the migration test fail", k=2)
+        assert [r["id"] for r in found["results"]] == [2, 1]
+        assert found["results"][0]["legs"] == ["dense", "lexical"]
+        assert (found["mode"], found["legs_used"], found["note"]) == (
+            "hybrid", ["dense", "lexical"], None)
+        lexical = search(client, "coffee", mode="lexical")
+        assert [(r["id"], r["legs"]) for r in lexical["results"]] == [(3, ["lexical"])]
+        dense = search(client, "coffee machine floor", mode="dense", k=1)
+        assert [(r["id"], r["legs"]) for r in dense["results"]] == [(3, ["dense"])]
+        # A project scope sees its own memories and the global ones; "global" only those.
+        assert {r["id"] for r in search(client, "test", scope="project:demo", k=10)[
+            "results"]} == {1, 2}
+        assert {r["id"] for r in search(client, "test", scope="global", k=10)[
+            "results"]} == {2}
+        assert search(client, "test", scope="project:other", k=10)["results"][0]["id"] == 2
+
+        rated = client.call("memory.feedback", {"id": 2, "helpful": True})["memory"]
+        assert rated["confidence"] == round(5 / 6, 6)
+        rated = client.call("memory.outcome", {"id": 2, "succeeded": False})["memory"]
+        assert rated["confidence"] == round(5 / 7, 6)
+        assert search(client, "migration", min_confidence=0.75)["results"] == []
+        client.call("memory.feedback", {"id": 3, "helpful": False})
+        assert client.call("memory.get", {"id": 3})["memory"]["confidence"] == round(4 / 6, 6)
+
+        assert client.call("memory.delete", {"id": 2}) == {"id": 2, "deleted": True}
+        for mode in ("lexical", "dense", "hybrid"):
+            assert 2 not in [r["id"] for r in search(client, "migration user_version",
+                                                     mode=mode, k=10)["results"]]
+        assert rpc_error(client, "memory.get", {"id": 2}).code == -32004
+        assert rpc_error(client, "memory.delete", {"id": 2}).code == -32004
+        assert rpc_error(client, "memory.feedback", {"id": 2, "helpful": True}).code == -32004
+        listed = client.call("memory.list", {"limit": 2})
+        assert ([m["id"] for m in listed["memories"]], listed["next_cursor"]) == ([1, 3], "3")
+        rest = client.call("memory.list", {"limit": 2, "cursor": "3"})
+        assert ([m["id"] for m in rest["memories"]], rest["next_cursor"]) == ([4], None)
+        status = client.call("daemon.status")
+        assert (status["memories"], status["memory_index"]["vectors"]) == (3, 3)
+
+
+def test_invalid_memory_params_name_the_field(shared_daemon: DaemonProcess) -> None:
+    with shared_daemon.client() as client:
+        cases = [("memory.record", {"title": "", "content": "x"}, "$.title"),
+                 ("memory.record", {"title": "t", "content": "x", "scope": "project x"},
+                  "$.scope"),
+                 ("memory.record", {"title": "t", "content": "x", "outcome": "meh"},
+                  "$.outcome"),
+                 ("memory.record", {"title": "t", "content": "x", "tags": ["two words"]},
+                  "$.tags[0]"),
+                 ("memory.search", {"query": "q", "k": 0}, "$.k"),
+                 ("memory.search", {"query": "q", "mode": "fuzzy"}, "$.mode"),
+                 ("memory.search", {"query": "q", "min_confidence": 1.5}, "$.min_confidence"),
+                 ("memory.search", {"query": ""}, "$.query"),
+                 ("memory.get", {"id": 0}, "$.id"),
+                 ("memory.feedback", {"id": 1}, "$"),
+                 ("memory.list", {"cursor": "abc"}, "$.cursor")]
+        for method, params, path in cases:
+            error = rpc_error(client, method, params)
+            assert (error.code, error.data["path"]) == (-32602, path), (method, params)
+
+
+def test_secrets_in_memories_are_redacted(shared_daemon: DaemonProcess) -> None:
+    with shared_daemon.client() as client:
+        made = record(client, "deploy with AKIAIOSFODNN7EXAMPLE",
+                      "export GITHUB_TOKEN=ghp_a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8 then deploy",
+                      description="password=hunter2hunter2")
+        memory = made["memory"]
+        assert made["secrets_scrubbed"] == 3
+        assert memory["title"] == "deploy with [REDACTED:aws_access_key_id]"
+        assert "ghp_" not in memory["content"]
+        assert "hunter2" not in memory["description"]
+        assert search(client, "hunter2hunter2", mode="lexical")["results"] == []
+
+
+def test_index_survives_restarts_and_deletes(daemon: DaemonProcess) -> None:
+    with daemon.client() as client:
+        for title, content in LESSONS:
+            record(client, title, content)
+        client.call("memory.delete", {"id": 3})
+        before = {mode: search(client, "tests migration coffee rebase", mode=mode, k=10)
+                  for mode in ("lexical", "dense")}
+    daemon.stop()
+    daemon.start()
+    with daemon.client() as client:
+        index = wait_index_ready(client)
+        assert (index["state"], index["vectors"], index["memories"]) == ("ready", 3, 3)
+        after = {mode: search(client, "tests migration coffee rebase", mode=mode, k=10)
+                 for mode in ("lexical", "dense")}
+        assert after == before
+        assert sorted(r["id"] for r in after["lexical"]["results"]) == [1, 2, 4]
+        assert 3 not in [r["id"] for r in after["dense"]["results"]]
+        assert after["dense"]["results"] != []
+    assert "memory index loaded: 3 vectors" in daemon.log()
+
+
+def test_a_corrupt_index_file_is_rebuilt(daemon: DaemonProcess) -> None:
+    with daemon.client() as client:
+        for title, content in LESSONS:
+            record(client, title, content)
+        expected = search(client, "migration user_version", mode="dense", k=2)
+    daemon.stop()
+    index_file = daemon.data_dir / "memory.faiss"
+    assert index_file.stat().st_size > 0
+    index_file.write_bytes(b"\x00garbage" * 100)
+    daemon.start()
+    with daemon.client() as client:
+        index = wait_index_ready(client)
+        assert (index["state"], index["vectors"]) == ("ready", 4)
+        assert search(client, "migration user_version", mode="dense", k=2) == expected
+    log = daemon.log()
+    assert "memory index file unreadable" in log
+    assert "memory index rebuilt: 4 vectors" in log
+
+
+def test_a_stale_index_file_is_rebuilt(daemon: DaemonProcess, tmp_path: Path) -> None:
+    with daemon.client() as client:
+        record(client, *LESSONS[0])
+    daemon.stop()
+    saved = (daemon.data_dir / "memory.faiss").read_bytes()
+    saved_meta = (daemon.data_dir / "memory.json").read_text()
+    daemon.start()
+    with daemon.client() as client:
+        record(client, *LESSONS[1])
+    daemon.kill()
+    # The older file (one vector, an older generation) comes back, as after a crash.
+    (daemon.data_dir / "memory.faiss").write_bytes(saved)
+    (daemon.data_dir / "memory.json").write_text(saved_meta)
+    daemon.start()
+    with daemon.client() as client:
+        index = wait_index_ready(client)
+        assert (index["state"], index["vectors"], index["memories"]) == ("ready", 2, 2)
+        assert [r["id"] for r in search(client, "migration user_version", mode="dense",
+                                        k=1)["results"]] == [2]
+    assert "memory index file is stale; rebuilding" in daemon.log()
+
+
+def injected_message(client: Client, session_id: str, branch_id: str) -> dict[str, Any]:
+    listed = client.call("message.list", {"session_id": session_id, "branch_id": branch_id,
+                                          "limit": 3})
+    return listed["messages"][1]  # type: ignore[no-any-return]
+
+
+def test_injection_fits_twenty_percent_of_the_budget_exactly(
+        shared_daemon: DaemonProcess) -> None:
+    with shared_daemon.client() as client:
+        long_lesson = "When the migration test fails, check user_version. " * 12
+        for i in range(12):
+            record(client, f"migration lesson {i}", f"{i}: {long_lesson}",
+                   scope="project:inject")
+        record(client, "Low confidence migration lesson", "migration " + long_lesson,
+               scope="project:inject")
+        low = client.call("memory.list", {"scope": "project:inject", "limit": 100})[
+            "memories"][-1]["id"]
+        for _ in range(3):
+            client.call("memory.feedback", {"id": low, "helpful": False})
+        client.call("session.open", {"session_id": "inject1", "project": "inject"})
+        created = client.call("branch.create", {
+            "session_id": "inject1", "description": "fix the failing migration test",
+            "prompt": "The migration test fails. Fix it.", "budget": 2000})
+        injection = created["injection"]
+        assert (injection["status"], injection["budget"]) == ("injected", 400)
+        message = injected_message(client, "inject1", created["branch_id"])
+        tokens = COUNTER.message_tokens("user", message["content"])
+        assert injection["tokens"] == message["tokens"] == tokens
+        assert tokens <= 400
+        items = created["injected_context"]
+        assert 1 <= len(items) <= 10
+        header = COUNTER.message_tokens(
+            "user", "Memories from earlier work that may help with this sub-task:")
+        assert header + sum(item["tokens"] for item in items) == tokens
+        assert low not in [item["memory_id"] for item in items]
+        # One more item would not have fitted: each costs about the same.
+        assert tokens + min(item["tokens"] for item in items) > 400
+        opening = client.call("message.list", {"session_id": "inject1",
+                                               "branch_id": created["branch_id"]})["messages"]
+        assert created["budget_used"] == sum(m["tokens"] for m in opening)
+        used = client.call("memory.get", {"id": items[0]["memory_id"]})["memory"]
+        assert used["usage_count"] == 1
+        without = client.call("branch.create", {
+            "session_id": "inject1", "description": "fix the failing migration test",
+            "prompt": "The migration test fails.", "inject_memories": False,
+            "parent_branch_id": None})
+        assert (without["injected_context"], without["injection"]["status"]) == (
+            [], "disabled")
+
+
+def test_extracted_memories_become_memories(shared_daemon: DaemonProcess) -> None:
+    with shared_daemon.client() as client:
+        client.call("session.open", {"session_id": "extract1", "project": "lessons"})
+        branch_id = client.call("branch.create", {"session_id": "extract1",
+                                                  "description": "find the flaky test",
+                                                  "prompt": "find it"})["branch_id"]
+        client.call("branch.return", {"branch_id": branch_id, "extract_memory": True,
+                                      "message": "test_io is flaky because of a 1 s sleep"})
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            found = search(client, "flaky sleep", scope="project:lessons", mode="lexical")
+            if found["results"]:
+                break
+            time.sleep(0.05)
+        [hit] = found["results"]
+        memory = client.call("memory.get", {"id": hit["id"]})["memory"]
+        assert {k: memory[k] for k in ("scope", "title", "content", "outcome", "confidence",
+                                       "source")} == {
+            "scope": "project:lessons", "title": "find the flaky test",
+            "content": "test_io is flaky because of a 1 s sleep", "outcome": "success",
+            "confidence": 0.6, "source": branch_id}
