@@ -12,7 +12,7 @@ import pytest
 
 from ctxclient.cli import parser as ctxctl_parser
 from ctxd import __version__
-from ctxd.config import BudgetDefaults, Config, to_toml
+from ctxd.config import TABLES, Config, to_toml
 from ctxd.daemon import parser as ctxd_parser
 
 MAN = Path(__file__).resolve().parents[1] / "man"
@@ -94,37 +94,78 @@ def test_ctxctl_page_shows_the_shell_clients_usage() -> None:
 
 
 KIND = {int: "integer", float: "float", bool: "boolean", str: "string"}
-RATIOS = {"compact_trigger", "hard_block", "warn", "caution"}
+RATIOS = {("budget", "compact_trigger"), ("budget", "hard_block"), ("budget", "warn"),
+          ("budget", "caution")}
 
 
-def key_lines() -> dict[str, str]:
-    """Each documented key's heading line: ``.BR key " (type, default …)"``."""
-    lines = {}
+def key_lines() -> dict[tuple[str | None, str], str]:
+    """Each documented key's heading line, by (table, key): ``.BR key " (type, default …)"``.
+
+    A key belongs to the table of the ``.SS "[table]"`` it follows, or to no table (None)
+    when no subsection opened since the last ``.SH``; any other subsection counts as a
+    table of its own name, so a key under it is reported as unexpected.
+    """
+    lines: dict[tuple[str | None, str], str] = {}
+    table: str | None = None
     for line in source("ctxd.toml.5").splitlines():
+        if line.startswith(".SH "):
+            table = None
+        elif line.startswith(".SS "):
+            heading = re.fullmatch(r'\.SS "\[([a-z_]+)\]"', line)
+            table = heading[1] if heading else line
         found = re.match(r'\.BR ([a-z_]+) " \((.*)', line)
         if found:
-            lines[found[1]] = found[2]
+            assert (table, found[1]) not in lines, f"documented twice: {table}.{found[1]}"
+            lines[table, found[1]] = found[2]
     return lines
+
+
+def toml_literals() -> dict[tuple[str | None, str], str]:
+    """The default of every key as ``ctxd --print-config`` writes it, by (table, key)."""
+    literals: dict[tuple[str | None, str], str] = {}
+    table: str | None = None
+    for line in to_toml(Config()).splitlines():
+        heading = re.fullmatch(r"\[([a-z_]+)\]", line)
+        if heading:
+            table = heading[1]
+        elif " = " in line:
+            key, value = line.split(" = ", 1)
+            literals[table, key] = value
+    return literals
+
+
+def defaults() -> dict[tuple[str | None, str], object]:
+    """Every configuration key's default value, by (table, key)."""
+    config = Config()
+    values: dict[tuple[str | None, str], object] = {
+        (None, key): getattr(config, key) for key in Config.__struct_fields__
+        if key not in TABLES}
+    for table, struct in TABLES.items():
+        values.update({(table, key): getattr(getattr(config, table), key)
+                       for key in struct.__struct_fields__})
+    return values
+
+
+def test_every_table_is_a_config_field() -> None:
+    assert [table for table in TABLES if table not in Config.__struct_fields__] == []
+    assert {table: type(getattr(Config(), table)) for table in TABLES} == TABLES
 
 
 def test_toml_page_documents_every_key_with_its_default() -> None:
     documented = key_lines()
-    literals = dict(line.split(" = ", 1) for line in to_toml(Config()).splitlines()
-                    if " = " in line)
-    expected_keys = [*Config.__struct_fields__, *BudgetDefaults.__struct_fields__]
-    expected_keys.remove("budget")
-    assert sorted(documented) == sorted(expected_keys)
+    values = defaults()
+    literals = toml_literals()
+    assert sorted(documented, key=str) == sorted(values, key=str)
     wrong = []
-    for key, heading in documented.items():
-        value = getattr(Config(), key) if key in Config.__struct_fields__ else getattr(
-            BudgetDefaults(), key)
-        kind = "ratio" if key in RATIOS else KIND[type(value)]
-        if key in ("socket", "data_dir"):
+    for (table, key), heading in documented.items():
+        value = values[table, key]
+        kind = "ratio" if (table, key) in RATIOS else KIND[type(value)]
+        if (table, key) in ((None, "socket"), (None, "data_dir")):
             continue  # resolved from the environment; the page says how
         if isinstance(value, str):
             default = f'default " \\(dq{value}\\(dq )'
         else:
-            default = f"default {literals[key]})\""
+            default = f"default {literals[table, key]})\""
         if not heading.startswith(f"{kind}, {default}"):
-            wrong.append((key, heading, f"{kind}, {default}"))
+            wrong.append((table, key, heading, f"{kind}, {default}"))
     assert wrong == []
