@@ -5,8 +5,8 @@ normalised, so inner product is cosine similarity. The index is saved atomically
 file + rename) with the store's memory *generation* (bumped by every write that changes
 what is indexed) and the embedder's signature; at start a file whose generation, signature
 or size does not match the store is rebuilt from SQLite while the daemon keeps serving
-(searches are lexical-only meanwhile, and say so). Above ``ann_threshold`` vectors the
-rebuilt index is approximate (IVF, ``nprobe`` lists searched).
+(searches are lexical-only meanwhile, and say so). Past ``ann_threshold`` vectors the index
+is rebuilt approximate (IVF, ``nprobe`` lists searched, ids kept in its inverted lists).
 """
 
 from __future__ import annotations
@@ -80,6 +80,8 @@ class MemoryIndex:
                             raise
                     finally:
                         done.set()
+                    if self._outgrown():
+                        await self._rebuild()
                     continue
                 await self._save_if_dirty()
         finally:
@@ -136,10 +138,16 @@ class MemoryIndex:
         self._index = index
         return True
 
+    def _outgrown(self) -> bool:
+        """An exact index that has grown past ``ann_threshold``: rebuild it approximate."""
+        if self.state != "ready" or self._index is None:
+            return False
+        return (self._index.ntotal > self._ann_threshold
+                and not isinstance(self._index, faiss.IndexIVF))
+
     def _set_nprobe(self, index: Any) -> None:
-        inner = faiss.downcast_index(index.index) if hasattr(index, "index") else None
-        if inner is not None and hasattr(inner, "nprobe"):
-            inner.nprobe = self._nprobe
+        if isinstance(index, faiss.IndexIVF):
+            index.nprobe = self._nprobe
 
     async def _rebuild(self) -> None:
         """Build a new index from SQLite, in batches; searches are lexical meanwhile."""
@@ -173,15 +181,17 @@ class MemoryIndex:
 
     def _build(self, ids: Sequence[int], vectors: Vectors) -> Any:
         dim = self.embedder.dim
+        index: Any
         if len(ids) > self._ann_threshold:
+            # IVF keeps the ids itself. Wrapped in an IndexIDMap2 its deletes would go
+            # wrong: the map compacts its positions, the inverted lists do not.
             lists = max(1, int(4 * math.sqrt(len(ids))))
             quantizer = faiss.IndexFlatIP(dim)
-            inner = faiss.IndexIVFFlat(quantizer, dim, lists, faiss.METRIC_INNER_PRODUCT)
-            inner.train(vectors)
-            inner.nprobe = self._nprobe
-            index = faiss.IndexIDMap2(inner)
+            index = faiss.IndexIVFFlat(quantizer, dim, lists, faiss.METRIC_INNER_PRODUCT)
+            index.train(vectors)
+            index.nprobe = self._nprobe
+            quantizer.this.disown()  # type: ignore[attr-defined]
             index.own_fields = True
-            inner.this.disown()  # type: ignore[attr-defined]
         else:
             index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
         if len(ids):

@@ -266,3 +266,36 @@ def test_extracted_memories_become_memories(shared_daemon: DaemonProcess) -> Non
             "scope": "project:lessons", "title": "find the flaky test",
             "content": "test_io is flaky because of a 1 s sleep", "outcome": "success",
             "confidence": 0.6, "source": branch_id}
+
+
+def test_an_approximate_index_handles_deletes(daemon_root: Path) -> None:
+    # nprobe above the number of lists: the approximate index searches exhaustively here.
+    process = DaemonProcess(daemon_root, ["--memory-ann-threshold", "20",
+                                          "--memory-nprobe", "64"]).start()
+    try:
+        with process.client() as client:
+            for i in range(1, 31):
+                record(client, f"lesson {i}", f"topic{i} notes about subject{i}")
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                index = client.call("daemon.status")["memory_index"]
+                if index["state"] == "ready" and index["vectors"] == 30:
+                    break
+                time.sleep(0.05)
+            assert (index["state"], index["vectors"]) == ("ready", 30)
+            assert "memory index rebuilt" in process.log()
+            client.call("memory.delete", {"id": 7})
+            for wanted in (6, 8, 30):
+                found = search(client, f"topic{wanted} subject{wanted}", mode="dense", k=1)
+                assert [r["id"] for r in found["results"]] == [wanted]
+            assert 7 not in [r["id"] for r in search(client, "topic7 subject7", mode="dense",
+                                                     k=30)["results"]]
+        process.stop()
+        process.start()
+        with process.client() as client:
+            index = wait_index_ready(client)
+            assert (index["state"], index["vectors"], index["memories"]) == ("ready", 29, 29)
+            found = search(client, "topic8 subject8", mode="dense", k=1)
+            assert [r["id"] for r in found["results"]] == [8]
+    finally:
+        process.stop()
