@@ -1,4 +1,5 @@
-"""ctxctl: look at and drive a running ctxd (status, sessions, branches, raw calls, stop).
+"""ctxctl: look at and drive a running ctxd (status, sessions, branches, memory, raw calls,
+stop).
 
 Exit codes: 0 success, 1 the daemon answered with an error, 2 no daemon (or bad usage).
 Every command takes ``--json`` for machine-readable output; ``NO_COLOR`` is honoured.
@@ -22,7 +23,7 @@ from rich.text import Text
 from ctxclient._errors import DaemonUnavailable, RpcError
 from ctxclient._sync import Client
 from ctxd.errors import ErrorCode
-from ctxd.wire.types import BranchStatus
+from ctxd.wire.types import BranchStatus, Outcome, SearchMode
 
 HEALTH_STYLE = {"ok": "green", "warn": "yellow", "caution": "dark_orange",
                 "compact": "red", "blocked": "bold red"}
@@ -32,6 +33,12 @@ BRANCH_BUDGET_WARNING = 0.8
 """Share of its budget at which the daemon warns about a branch (DESIGN §7)."""
 DESCRIPTION_SHOWN = 40
 """Characters of a branch description that fit in a table cell."""
+CONTENT_SHOWN = 60
+"""Characters of a memory's content that fit in a table cell."""
+MEMORY_PAGE = 50
+"""Memories `memory list` shows by default."""
+MEMORY_PAGE_ALL = 1000
+"""Memories per memory.list call for `memory list --all` (the largest page it gives)."""
 
 
 def _bytes(n: float) -> str:
@@ -134,6 +141,39 @@ def branches_table(branches: list[dict[str, Any]], title: str) -> Table:
             b["branch_id"], b["parent_branch_id"] or "main", str(b["depth"]),
             Text(b["status"], style=BRANCH_STATUS_STYLE.get(b["status"], "")),
             _branch_budget(b), when, folded, _shorten(b["description"]))
+    return table
+
+
+def _confidence(confidence: float) -> str:
+    return f"{confidence:.3f}"
+
+
+def memory_hits_table(result: dict[str, Any]) -> Table:
+    """The results of memory.search, best first."""
+    table = Table(title=f"{len(result['results'])} found by {result['mode']} search (legs: "
+                        f"{', '.join(result['legs_used']) or 'none'})",
+                  title_justify="left", expand=False)
+    for column in ("id", "score", "confidence", "legs", "scope", "title", "content"):
+        table.add_column(column, justify="right" if column in (
+            "id", "score", "confidence") else "left",
+            no_wrap=column not in ("scope", "title", "content"))
+    for hit in result["results"]:
+        table.add_row(str(hit["id"]), f"{hit['score']:.4f}", _confidence(hit["confidence"]),
+                      "+".join(hit["legs"]), Text(hit["scope"]), _shorten(hit["title"]),
+                      _shorten(hit["content"], CONTENT_SHOWN))
+    return table
+
+
+def memories_table(memories: list[dict[str, Any]], title: str) -> Table:
+    table = Table(title=title, title_justify="left", expand=False)
+    for column in ("id", "scope", "confidence", "outcome", "uses", "tags", "title", "content"):
+        table.add_column(column, justify="right" if column in (
+            "id", "confidence", "uses") else "left",
+            no_wrap=column not in ("scope", "tags", "title", "content"))
+    for m in memories:
+        table.add_row(str(m["id"]), Text(m["scope"]), _confidence(m["confidence"]),
+                      m["outcome"], str(m["usage_count"]), Text(" ".join(m["tags"])),
+                      _shorten(m["title"]), _shorten(m["content"], CONTENT_SHOWN))
     return table
 
 
@@ -255,6 +295,110 @@ def cmd_branches(client: Client, args: argparse.Namespace, console: Console) -> 
     return 0
 
 
+def cmd_memory_search(client: Client, args: argparse.Namespace, console: Console) -> int:
+    params: dict[str, Any] = {"query": args.query}
+    for name in ("scope", "k", "min_confidence", "mode"):
+        if getattr(args, name) is not None:
+            params[name] = getattr(args, name)
+    result = client.call("memory.search", params)
+    if args.json:
+        _print_json(result)
+        return 0
+    if result["results"]:
+        console.print(memory_hits_table(result))
+    else:
+        console.print(f"no memories found by {result['mode']} search")
+    if result["note"]:
+        console.print(Text(f"note: {result['note']}", style="yellow"))
+    return 0
+
+
+def _read_stdin() -> str | None:
+    """Standard input as UTF-8 text, or None (and a message) when it is not."""
+    try:
+        return sys.stdin.buffer.read().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        print(f"ctxctl: standard input is not UTF-8 text: {exc}", file=sys.stderr)
+        return None
+
+
+def cmd_memory_add(client: Client, args: argparse.Namespace, console: Console) -> int:
+    content = _read_stdin() if args.content == "-" else args.content
+    if content is None:
+        return 2
+    params: dict[str, Any] = {"title": args.title, "content": content}
+    for name in ("description", "scope", "outcome"):
+        if getattr(args, name) is not None:
+            params[name] = getattr(args, name)
+    if args.tag:
+        params["tags"] = args.tag
+    result = client.call("memory.record", params)
+    if args.json:
+        _print_json(result)
+        return 0
+    memory = result["memory"]
+    line = Text(f"memory {memory['id']} recorded in ")
+    line.append(memory["scope"])
+    scrubbed = result["secrets_scrubbed"]
+    if scrubbed:
+        line.append(f"; {scrubbed} secret{'s' if scrubbed > 1 else ''} scrubbed")
+    console.print(line)
+    if not result["indexed"]:
+        console.print("not in the dense index yet (it is not ready); lexical search finds it",
+                      style="dim")
+    return 0
+
+
+def cmd_memory_list(client: Client, args: argparse.Namespace, console: Console) -> int:
+    limit = args.limit if args.limit is not None else (
+        MEMORY_PAGE_ALL if args.all else MEMORY_PAGE)
+    params: dict[str, Any] = {"limit": limit}
+    if args.scope is not None:
+        params["scope"] = args.scope
+    result = client.call("memory.list", params)
+    memories = list(result["memories"])
+    while args.all and result["next_cursor"] is not None:
+        result = client.call("memory.list", {**params, "cursor": result["next_cursor"]})
+        memories += result["memories"]
+    if args.json:
+        _print_json({"memories": memories, "next_cursor": result["next_cursor"]})
+        return 0
+    if not memories:
+        console.print("no memories")
+        return 0
+    console.print(memories_table(memories, "memories"))
+    if result["next_cursor"] is not None:
+        console.print(f"(more: --all, or --limit larger than {limit})", style="dim")
+    return 0
+
+
+RATINGS = {"helpful": ("memory.feedback", "helpful", True),
+           "unhelpful": ("memory.feedback", "helpful", False),
+           "succeeded": ("memory.outcome", "succeeded", True),
+           "failed": ("memory.outcome", "succeeded", False)}
+"""A rating flag's method and params."""
+
+
+def cmd_memory_rate(client: Client, args: argparse.Namespace, console: Console) -> int:
+    method, field, value = RATINGS[args.rating]
+    result = client.call(method, {"id": args.id, field: value})
+    if args.json:
+        _print_json(result)
+    else:
+        console.print(f"memory {args.id}: confidence "
+                      f"{_confidence(result['memory']['confidence'])}")
+    return 0
+
+
+def cmd_memory_rm(client: Client, args: argparse.Namespace, console: Console) -> int:
+    result = client.call("memory.delete", {"id": args.id})
+    if args.json:
+        _print_json(result)
+    else:
+        console.print(f"memory {args.id} deleted")
+    return 0
+
+
 def cmd_call(client: Client, args: argparse.Namespace, console: Console) -> int:
     try:
         params = json.loads(args.params) if args.params else None
@@ -335,6 +479,7 @@ def parser() -> argparse.ArgumentParser:
     branches.add_argument("--status", choices=get_args(BranchStatus),
                           help="only the branches with this status")
     branches.set_defaults(run=cmd_branches)
+    _memory_commands(commands, common)
     call = commands.add_parser("call", parents=[common], help="call any method")
     call.add_argument("method", help="e.g. session.get")
     call.add_argument("params", nargs="?", help='params as JSON, e.g. \'{"session_id": "s1"}\'')
@@ -343,6 +488,49 @@ def parser() -> argparse.ArgumentParser:
     stop.add_argument("--wait", type=float, default=15.0, help="seconds to wait for the exit")
     stop.set_defaults(run=cmd_stop)
     return cli
+
+
+def _memory_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser],
+                     common: argparse.ArgumentParser) -> None:
+    memory = commands.add_parser("memory", parents=[common],
+                                 help="search, add, list, rate and remove memories")
+    actions = memory.add_subparsers(dest="action", required=True)
+    search = actions.add_parser("search", parents=[common], help="find memories")
+    search.add_argument("query", metavar="QUERY", help="what to look for, in words")
+    search.add_argument("--scope", help='"global" or "project:NAME" (also sees global ones)')
+    search.add_argument("-k", type=int, help="results wanted (default 5)")
+    search.add_argument("--min-confidence", type=float,
+                        help="hide memories below this confidence (0..1, default 0)")
+    search.add_argument("--mode", choices=get_args(SearchMode),
+                        help="which retrievers to use (default hybrid)")
+    search.set_defaults(run=cmd_memory_search)
+    add = actions.add_parser("add", parents=[common], help="record a memory")
+    add.add_argument("title", metavar="TITLE")
+    add.add_argument("content", metavar="CONTENT", help="the text, or - to read standard input")
+    add.add_argument("--description", help="when the memory applies")
+    add.add_argument("--scope", help='"global" (default) or "project:NAME"')
+    add.add_argument("--outcome", choices=get_args(Outcome),
+                     help="whether what it records worked (default success)")
+    add.add_argument("--tag", action="append", help="a tag (repeat for more)")
+    add.set_defaults(run=cmd_memory_add)
+    listing = actions.add_parser("list", parents=[common], help="list memories, oldest first")
+    listing.add_argument("--scope", help='"global" or "project:NAME" (also lists global ones)')
+    listing.add_argument("--limit", type=int, help=f"memories per page (default "
+                         f"{MEMORY_PAGE}, or {MEMORY_PAGE_ALL} with --all)")
+    listing.add_argument("--all", action="store_true", help="every page, not just the first")
+    listing.set_defaults(run=cmd_memory_list)
+    rate = actions.add_parser("rate", parents=[common], help="move a memory's confidence")
+    rate.add_argument("id", metavar="ID", type=int)
+    ratings = rate.add_mutually_exclusive_group(required=True)
+    for flag, help_text in (("helpful", "it helped"), ("unhelpful", "it did not help"),
+                            ("succeeded", "acting on it succeeded"),
+                            ("failed", "acting on it failed")):
+        ratings.add_argument(f"--{flag}", dest="rating", action="store_const", const=flag,
+                             help=help_text)
+    rate.set_defaults(run=cmd_memory_rate)
+    remove = actions.add_parser("rm", parents=[common], help="delete a memory")
+    remove.add_argument("id", metavar="ID", type=int)
+    remove.set_defaults(run=cmd_memory_rm)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
-"""ctxctl against a real daemon: tables, --json, raw calls, branches, stop, and no daemon at
-all."""
+"""ctxctl against a real daemon: tables, --json, raw calls, branches, memories, stop, and no
+daemon at all."""
 
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ from conftest import DaemonProcess
 from ctxclient import Client
 
 
-def ctxctl(socket: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+def ctxctl(socket: Path, *args: str, stdin: str = "",
+           **env: str) -> subprocess.CompletedProcess[str]:
     environ = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160", **env}
     environ.pop("CTXD_SOCKET", None)
     return subprocess.run([sys.executable, "-m", "ctxclient.cli", "--socket", str(socket),
                            *args], capture_output=True, text=True, env=environ, timeout=60,
-                          check=False)
+                          input=stdin, check=False)
 
 
 def test_status_shows_daemon_and_sessions(shared_daemon: DaemonProcess, sid: str) -> None:
@@ -74,7 +75,10 @@ def test_an_impossible_socket_path_is_exit_two_with_json(tmp_path: Path) -> None
 
 
 def test_no_daemon_is_exit_two(tmp_path: Path) -> None:
-    for command in (["status"], ["sessions"], ["call", "daemon.ping"], ["stop"]):
+    for command in (["status"], ["sessions"], ["call", "daemon.ping"], ["stop"],
+                    ["memory", "search", "x"], ["memory", "add", "t", "c"],
+                    ["memory", "list"], ["memory", "rate", "1", "--helpful"],
+                    ["memory", "rm", "1"]):
         result = ctxctl(tmp_path / "none.sock", *command)
         assert result.returncode == 2
         assert result.stderr.startswith(f"ctxctl: no ctxd daemon is running on "
@@ -288,3 +292,241 @@ def test_branches_of_an_unknown_session_exit_one(shared_daemon: DaemonProcess,
         client.call("session.open", {"session_id": sid})
     empty = ctxctl(shared_daemon.socket, "branches", sid)
     assert (empty.returncode, empty.stdout) == (0, f"no branches in session {sid}\n")
+
+
+GITHUB_TOKEN = "ghp_" + "a1B2c3D4e5" * 4
+"""A credential the daemon scrubs from stored text (as ``[REDACTED:github_token]``)."""
+
+
+def memory_row(output: str, memory_id: int) -> str:
+    """The row of a memory in a `memory list` or `memory search` table."""
+    [row] = [line for line in output.splitlines() if line.startswith(f"│ {memory_id:>2} │")]
+    return row
+
+
+def memory_ids(output: str) -> list[str]:
+    """The id column of a `memory list` or `memory search` table."""
+    return [line.split("│")[1].strip() for line in output.splitlines() if line.startswith("│")]
+
+
+def test_memory_add_list_search_rate_rm(daemon: DaemonProcess) -> None:
+    # Brackets are text, not rich markup (an unmatched closing tag would crash a table).
+    title = "[/draft] pytest under trio"
+    content = (f"Set trio_mode = true in [tool.pytest.ini_options]; the CI token "
+               f"{GITHUB_TOKEN} is not needed.\n")
+    scope = "project:demo"
+    added = ctxctl(daemon.socket, "memory", "add", title, "-", "--scope", scope,
+                   "--description", "async tests", "--tag", "pytest", "--tag", "[trio]",
+                   stdin=content)
+    assert (added.returncode, added.stdout, added.stderr) == (
+        0, "memory 1 recorded in project:demo; 1 secret scrubbed\n", "")
+    other = ctxctl(daemon.socket, "memory", "add", "flaky network", "retry the download twice",
+                   "--outcome", "failure", "--json")
+    assert other.returncode == 0, other.stderr
+    recorded = json.loads(other.stdout)
+    assert {key: recorded["memory"][key] for key in (
+        "id", "scope", "title", "description", "content", "outcome", "tags", "confidence",
+        "usage_count", "source")} == {
+        "id": 2, "scope": "global", "title": "flaky network", "description": "",
+        "content": "retry the download twice", "outcome": "failure", "tags": [],
+        "confidence": 0.8, "usage_count": 0, "source": None}
+    assert (recorded["secrets_scrubbed"], recorded["indexed"]) == (0, True)
+    with daemon.client() as client:
+        first = client.call("memory.get", {"id": 1})["memory"]
+        listed = client.call("memory.list", {})
+    stored = content.replace(GITHUB_TOKEN, "[REDACTED:github_token]")
+    assert (first["title"], first["content"], first["description"], first["scope"],
+            first["outcome"], first["tags"], first["confidence"]) == (
+        title, stored, "async tests", scope, "success", ["pytest", "[trio]"], 0.8)
+
+    shown = ctxctl(daemon.socket, "memory", "list", COLUMNS="200")
+    assert shown.returncode == 0, shown.stderr
+    assert "\x1b[" not in shown.stdout  # NO_COLOR
+    assert "more:" not in shown.stdout
+    row = memory_row(shown.stdout, 1)
+    shortened = " ".join(stored.split())[:59] + "…"
+    for cell in (f"│ {scope} ", " 0.800 │", "│ success │", "│    0 │", "│ pytest [trio] ",
+                 f"│ {title} ", f"│ {shortened} │"):
+        assert cell in row
+    assert GITHUB_TOKEN not in shown.stdout
+    row = memory_row(shown.stdout, 2)
+    for cell in ("│ global ", " 0.800 │", "│ failure │", "│ flaky network ",
+                 "│ retry the download twice "):
+        assert cell in row
+    assert json.loads(ctxctl(daemon.socket, "memory", "list", "--json").stdout) == listed
+    assert [m["id"] for m in listed["memories"]] == [1, 2]
+    assert listed["next_cursor"] is None
+
+    query = ["pytest trio mode", "--scope", scope]
+    found = ctxctl(daemon.socket, "memory", "search", *query, "--json")
+    assert found.returncode == 0, found.stderr
+    with daemon.client() as client:
+        direct = client.call("memory.search", {"query": "pytest trio mode", "scope": scope})
+    assert json.loads(found.stdout) == direct
+    assert (direct["mode"], direct["legs_used"], direct["note"]) == (
+        "hybrid", ["dense", "lexical"], None)
+    best = direct["results"][0]
+    assert (best["id"], best["title"], best["scope"], best["content"], best["confidence"],
+            best["legs"]) == (1, title, scope, stored, 0.8, ["dense", "lexical"])
+    lexical = json.loads(ctxctl(daemon.socket, "memory", "search", *query, "--mode", "lexical",
+                                "-k", "1", "--json").stdout)
+    assert [(r["id"], r["legs"]) for r in lexical["results"]] == [(1, ["lexical"])]
+    assert (lexical["mode"], lexical["legs_used"]) == ("lexical", ["lexical"])
+    table = ctxctl(daemon.socket, "memory", "search", *query, COLUMNS="200")
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.startswith(
+        f"{len(direct['results'])} found by hybrid search (legs: dense, lexical)")
+    assert "note:" not in table.stdout
+    row = memory_row(table.stdout, 1)
+    for cell in (f"│ {best['score']:.4f} │", " 0.800 │", "│ dense+lexical ", f"│ {scope} ",
+                 f"│ {title} ", f"│ {shortened} │"):
+        assert cell in row
+    confident = json.loads(ctxctl(daemon.socket, "memory", "search", *query, "--json",
+                                  "--min-confidence", "0.81").stdout)
+    assert confident["results"] == []
+
+    # Beta(4, 1) is 0.8; helpful adds one to alpha: 5/6.
+    rated = ctxctl(daemon.socket, "memory", "rate", "1", "--helpful")
+    assert (rated.returncode, rated.stdout) == (0, "memory 1: confidence 0.833\n")
+    with daemon.client() as client:
+        assert client.call("memory.get", {"id": 1})["memory"]["confidence"] == 0.833333
+    failed = json.loads(ctxctl(daemon.socket, "memory", "rate", "1", "--failed",
+                               "--json").stdout)
+    assert (failed["memory"]["id"], failed["memory"]["confidence"]) == (1, 0.714286)  # 5/7
+    succeeded = json.loads(ctxctl(daemon.socket, "memory", "rate", "2", "--succeeded",
+                                  "--json").stdout)
+    assert succeeded["memory"]["confidence"] == 0.833333  # 5/6
+    unhelpful = ctxctl(daemon.socket, "memory", "rate", "2", "--unhelpful")
+    assert (unhelpful.returncode, unhelpful.stdout) == (0, "memory 2: confidence 0.714\n")
+    after = json.loads(ctxctl(daemon.socket, "memory", "search", *query, "--json").stdout)
+    assert after["results"][0]["confidence"] == 0.714286
+    assert " 0.714 │" in memory_row(ctxctl(daemon.socket, "memory", "search", *query,
+                                            COLUMNS="200").stdout, 1)
+
+    removed = ctxctl(daemon.socket, "memory", "rm", "1")
+    assert (removed.returncode, removed.stdout) == (0, "memory 1 deleted\n")
+    gone = json.loads(ctxctl(daemon.socket, "memory", "search", *query, "--json").stdout)
+    assert 1 not in [r["id"] for r in gone["results"]]
+    as_json = ctxctl(daemon.socket, "memory", "rm", "2", "--json")
+    assert json.loads(as_json.stdout) == {"id": 2, "deleted": True}
+    assert json.loads(ctxctl(daemon.socket, "memory", "list", "--json").stdout) == {
+        "memories": [], "next_cursor": None}
+    empty = ctxctl(daemon.socket, "memory", "list")
+    assert (empty.returncode, empty.stdout) == (0, "no memories\n")
+    nothing = ctxctl(daemon.socket, "memory", "search", "pytest")
+    assert (nothing.returncode, nothing.stdout) == (0, "no memories found by hybrid search\n")
+
+
+def test_memory_list_pages_and_scopes(daemon: DaemonProcess) -> None:
+    with daemon.client() as client:
+        for n, scope in enumerate(["global", "project:a", "project:b", "project:a", "global"]):
+            client.call("memory.record", {"title": f"memory {n}", "content": f"text {n}",
+                                          "scope": scope})
+    first = ctxctl(daemon.socket, "memory", "list", "--limit", "2")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines()[-1] == "(more: --all, or --limit larger than 2)"
+    assert memory_ids(first.stdout) == ["1", "2"]
+    page = json.loads(ctxctl(daemon.socket, "memory", "list", "--limit", "2", "--json").stdout)
+    assert ([m["id"] for m in page["memories"]], page["next_cursor"]) == ([1, 2], "2")
+    every = json.loads(ctxctl(daemon.socket, "memory", "list", "--limit", "2", "--all",
+                              "--json").stdout)
+    assert ([m["id"] for m in every["memories"]], every["next_cursor"]) == ([1, 2, 3, 4, 5], None)
+    default = json.loads(ctxctl(daemon.socket, "memory", "list", "--all", "--json").stdout)
+    assert default == every
+    # A project scope lists its own memories and the global ones.
+    scoped = json.loads(ctxctl(daemon.socket, "memory", "list", "--scope", "project:a",
+                               "--limit", "1", "--all", "--json").stdout)
+    assert [(m["id"], m["scope"]) for m in scoped["memories"]] == [
+        (1, "global"), (2, "project:a"), (4, "project:a"), (5, "global")]
+    table = ctxctl(daemon.socket, "memory", "list", "--scope", "global", "--all")
+    assert table.returncode == 0, table.stderr
+    assert memory_ids(table.stdout) == ["1", "5"]
+    assert "more:" not in table.stdout
+
+
+def test_memory_errors(shared_daemon: DaemonProcess) -> None:
+    socket = shared_daemon.socket
+    for command in (["rate", "999999", "--helpful"], ["rate", "999999", "--succeeded"],
+                    ["rm", "999999"]):
+        result = ctxctl(socket, "memory", *command)
+        assert (result.returncode, result.stdout) == (1, ""), command
+        assert result.stderr == "ctxctl: error -32004: unknown memory '999999'\n"
+        as_json = ctxctl(socket, "memory", *command, "--json")
+        assert as_json.returncode == 1
+        assert json.loads(as_json.stdout)["error"]["code"] == -32004
+    # Scopes are checked by the daemon (like projects and session ids): -32602, exit 1.
+    for command in (["add", "t", "c", "--scope", "project:two words"],
+                    ["search", "q", "--scope", "team:x"], ["list", "--scope", "Global"]):
+        result = ctxctl(socket, "memory", *command)
+        assert (result.returncode, result.stdout) == (1, ""), command
+        assert result.stderr.startswith("ctxctl: error -32602: invalid params: ")
+        assert result.stderr.endswith("(at $.scope)\n")
+        as_json = json.loads(ctxctl(socket, "memory", *command, "--json").stdout)
+        assert as_json["error"]["code"] == -32602
+    for command, field in ((["search", "q", "-k", "0"], "$.k"),
+                           (["search", "q", "--min-confidence", "1.5"], "$.min_confidence"),
+                           (["list", "--limit", "0"], "$.limit"),
+                           (["add", "t", "-"], "$.content")):
+        result = ctxctl(socket, "memory", *command)
+        assert result.returncode == 1, command
+        assert result.stderr.startswith("ctxctl: error -32602: invalid params: ")
+        assert result.stderr.endswith(f"(at {field})\n")
+    with shared_daemon.client() as client:
+        assert client.call("memory.list", {})["memories"] == []
+    # Fixed choices and the shape of the command line are checked here: exit 2.
+    for command, message in (
+            (["rate", "1"], "one of the arguments --helpful --unhelpful --succeeded --failed "
+                            "is required"),
+            (["rate", "1", "--helpful", "--failed"],
+             "argument --failed: not allowed with argument --helpful"),
+            (["rate", "one", "--helpful"], "argument ID: invalid int value: 'one'"),
+            (["rm", "1.5"], "argument ID: invalid int value: '1.5'"),
+            (["search", "q", "--mode", "fuzzy"], "argument --mode: invalid choice: 'fuzzy'"),
+            (["add", "t", "c", "--outcome", "partial"],
+             "argument --outcome: invalid choice: 'partial'"),
+            (["add", "t"], "the following arguments are required: CONTENT"),
+            ([], "the following arguments are required: action")):
+        result = ctxctl(socket, "memory", *command)
+        assert (result.returncode, result.stdout) == (2, ""), command
+        assert message in result.stderr, command
+
+
+def test_memory_add_refuses_stdin_that_is_not_utf8(shared_daemon: DaemonProcess) -> None:
+    environ = {**os.environ, "NO_COLOR": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "ctxclient.cli", "--socket", str(shared_daemon.socket),
+         "memory", "add", "binary", "-"], input=b"\xff\xfe not text", capture_output=True,
+        env=environ, timeout=60, check=False)
+    assert (result.returncode, result.stdout) == (2, b"")
+    assert result.stderr.startswith(b"ctxctl: standard input is not UTF-8 text: ")
+    with shared_daemon.client() as client:
+        assert client.call("memory.list", {})["memories"] == []
+
+
+def test_memory_search_shows_the_note_of_a_missing_dense_leg(daemon_root: Path) -> None:
+    config = daemon_root / "config" / "ctxd" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text(f'[memory]\nembedder = "sentence-transformers"\n'
+                      f'model_path = "{daemon_root / "no-such-model"}"\n')
+    process = DaemonProcess(daemon_root).start()
+    try:
+        added = ctxctl(process.socket, "memory", "add", "pytest under trio", "trio_mode = true")
+        assert (added.returncode, added.stdout) == (
+            0, "memory 1 recorded in global\nnot in the dense index yet (it is not ready); "
+               "lexical search finds it\n")
+        as_json = json.loads(ctxctl(process.socket, "memory", "search", "pytest",
+                                    "--json").stdout)
+        assert [(r["id"], r["legs"]) for r in as_json["results"]] == [(1, ["lexical"])]
+        assert (as_json["mode"], as_json["legs_used"]) == ("hybrid", ["lexical"])
+        note = as_json["note"]
+        assert note.startswith("dense leg unavailable (the embedder is unavailable: ")
+        assert note.endswith("); lexical results only")
+        shown = ctxctl(process.socket, "memory", "search", "pytest", COLUMNS="1000")
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.startswith("1 found by hybrid search (legs: lexical)")
+        assert shown.stdout.splitlines()[-1] == f"note: {note}"
+        nothing = ctxctl(process.socket, "memory", "search", "zebra", COLUMNS="1000")
+        assert (nothing.returncode, nothing.stdout) == (
+            0, f"no memories found by hybrid search\nnote: {note}\n")
+    finally:
+        process.stop()
