@@ -10,7 +10,7 @@ from pathlib import Path
 import trio
 
 from ctxd.config import MemoryConfig
-from ctxd.errors import CtxdError, ErrorCode, not_found
+from ctxd.errors import CtxdError, ErrorCode
 from ctxd.hub import EventBus
 from ctxd.memory import _queries as q
 from ctxd.memory._embedders import Embedder
@@ -38,8 +38,9 @@ CANDIDATE_POLL_S = 1.0
 
 
 def _unknown(memory_id: int) -> CtxdError:
-    return not_found("memory", str(memory_id), "list memories with memory.list or find "
-                                               "them with memory.search")
+    return CtxdError(ErrorCode.NOT_FOUND, f"unknown memory {memory_id}",
+                     {"memory_id": memory_id,
+                      "fix": "list memories with memory.list or find them with memory.search"})
 
 
 class Memory:

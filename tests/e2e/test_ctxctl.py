@@ -450,7 +450,7 @@ def test_memory_errors(shared_daemon: DaemonProcess) -> None:
                     ["rm", "999999"]):
         result = ctxctl(socket, "memory", *command)
         assert (result.returncode, result.stdout) == (1, ""), command
-        assert result.stderr == "ctxctl: error -32004: unknown memory '999999'\n"
+        assert result.stderr == "ctxctl: error -32004: unknown memory 999999\n"
         as_json = ctxctl(socket, "memory", *command, "--json")
         assert as_json.returncode == 1
         assert json.loads(as_json.stdout)["error"]["code"] == -32004

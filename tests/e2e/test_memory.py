@@ -88,7 +88,9 @@ def test_record_search_rate_delete(daemon: DaemonProcess) -> None:
         for mode in ("lexical", "dense", "hybrid"):
             assert 2 not in [r["id"] for r in search(client, "migration user_version",
                                                      mode=mode, k=10)["results"]]
-        assert rpc_error(client, "memory.get", {"id": 2}).code == -32004
+        error = rpc_error(client, "memory.get", {"id": 2})
+        assert (error.code, error.message, error.data["memory_id"]) == (
+            -32004, "unknown memory 2", 2)
         assert rpc_error(client, "memory.delete", {"id": 2}).code == -32004
         assert rpc_error(client, "memory.feedback", {"id": 2, "helpful": True}).code == -32004
         listed = client.call("memory.list", {"limit": 2})
