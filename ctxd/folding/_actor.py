@@ -6,6 +6,9 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+RETRY_S = 1.0
+"""How soon a forced return that could not be written is tried again."""
+
 
 class BranchActor:
     """Waits, in a cancel scope whose deadline is the branch's timeout, for its branch to end.
@@ -17,7 +20,8 @@ class BranchActor:
     Args:
         branch_id: the branch.
         deadline: when it times out, on trio's clock.
-        on_deadline: called once when the deadline passes before the branch ended.
+        on_deadline: called when the deadline passes before the branch ended (again every
+            `RETRY_S` while the branch stays live).
     """
 
     def __init__(self, branch_id: str, deadline: float,
@@ -33,6 +37,7 @@ class BranchActor:
 
     @property
     def ended(self) -> bool:
+        """Whether `end` was called."""
         return self._ended.is_set()
 
     async def run(self) -> None:
@@ -43,5 +48,8 @@ class BranchActor:
         """
         with trio.move_on_at(self.deadline):
             await self._ended.wait()
-        if not self._ended.is_set():
+        while not self._ended.is_set():
             await self._on_deadline(self.branch_id)
+            # Still live: the forced return could not be written. Try again shortly.
+            with trio.move_on_after(RETRY_S):
+                await self._ended.wait()

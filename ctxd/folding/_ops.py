@@ -55,6 +55,7 @@ UNSCRUBBABLE = "(the partial result was withheld: it could not be checked for se
 
 
 def new_branch_id() -> str:
+    """``br_`` and 12 random hex digits."""
     return "br_" + secrets.token_hex(6)
 
 
@@ -142,36 +143,66 @@ def not_active(info: BranchInfo, for_append: bool) -> CtxdError:
 
 
 async def live_branch(actor: SessionActor, branch_id: str, *, for_append: bool
-                      ) -> tuple[BranchRecord, list[ForcedReturn]]:
+                      ) -> BranchRecord:
     """The live branch ``branch_id`` after its deadline and budget have been enforced.
-
-    Returns:
-        The branch, and the branches force-returned on the way (its parent's, say).
 
     Raises:
         CtxdError: -32004 unknown; -32002 / -32009 / -32003 when it is not active (or was
             force-returned just now because its deadline had passed).
     """
-    record = actor.require()
-    branch = record.live.get(branch_id)
-    forced: list[ForcedReturn] = []
+    branch = actor.require().live.get(branch_id)
     if branch is not None:
-        forced = await enforce(actor, branch)
-        branch = record.live.get(branch_id)
+        await enforce(actor, branch)
+        branch = actor.require().live.get(branch_id)
     if branch is None:
         raise not_active(await stored_branch(actor, branch_id), for_append)
-    return branch, forced
+    overdue = _overdue(actor, branch)
+    if overdue is not None:
+        # Its forced return could not be written (the store failed); refuse all the same.
+        raise not_active(msgspec.structs.replace(branch.info(trio.current_time()),
+                                                 status=overdue), for_append)
+    return branch
 
 
 # ---- force-return ----------------------------------------------------------------------
 
-async def enforce(actor: SessionActor, branch: BranchRecord) -> list[ForcedReturn]:
-    """Force-return the branch if its deadline has passed or its budget is spent."""
-    if trio.current_time() >= branch.deadline:
-        return await force_return(actor, branch, "timeout")
+def _overdue(actor: SessionActor, branch: BranchRecord) -> BranchStatus | None:
+    """Why the branch must be force-returned now (judged at the request's arrival)."""
+    if actor.arrived >= branch.deadline:
+        return "timeout"
     if branch.tokens_used >= branch.budget:
-        return await force_return(actor, branch, "budget_exhausted")
-    return []
+        return "budget_exhausted"
+    return None
+
+
+async def enforce(actor: SessionActor, branch: BranchRecord) -> list[ForcedReturn]:
+    """Force-return the branch if its deadline had passed when the request arrived, or its
+    budget is spent.
+
+    A storage failure is logged, not raised: the branch stays live and the forced return
+    is tried again by the next request that touches it (and by its BranchActor).
+    """
+    reason = _overdue(actor, branch)
+    if reason is None:
+        return []
+    try:
+        return await force_return(actor, branch, reason)
+    except CtxdError as error:
+        if error.code != ErrorCode.STORAGE_ERROR:
+            raise
+        log.warning("branch %s: forced return (%s) not written: %s", branch.branch_id,
+                    reason, error.message)
+        return []
+
+
+async def enforce_all(actor: SessionActor) -> list[ForcedReturn]:
+    """`enforce` every live branch of the session, oldest first."""
+    forced: list[ForcedReturn] = []
+    record = actor.require()
+    for branch in sorted(record.live.values(), key=lambda b: b.fork_seq):
+        if branch.branch_id in record.live:
+            forced += await enforce(actor, record.live[branch.branch_id])
+    return forced
 
 
 async def expire(actor: SessionActor, branch_id: str) -> None:
@@ -232,30 +263,23 @@ async def _return_children(actor: SessionActor, branch: BranchRecord) -> list[Fo
     return forced
 
 
-async def close_all(actor: SessionActor) -> list[ForcedReturn]:
-    """Force-return every live branch of a session that is being closed."""
+async def close_all(actor: SessionActor, reason: str = "session_closed"
+                    ) -> list[ForcedReturn]:
+    """Force-return every live branch of a session that is being closed or deleted,
+    deepest first."""
     forced: list[ForcedReturn] = []
     record = actor.require()
     for branch in sorted(record.live.values(), key=lambda b: (b.depth, b.fork_seq),
                          reverse=True):
         if branch.branch_id in record.live:
-            forced += await force_return(actor, branch, "session_closed", charge_parent=False)
+            forced += await force_return(actor, branch, reason, charge_parent=False)
     return forced
-
-
-def forget_all(actor: SessionActor) -> None:
-    """The session is deleted (its branches with it): stop every BranchActor."""
-    record = actor.require()
-    for branch_id in list(record.live):
-        _ended(actor, branch_id)
-    record.live.clear()
 
 
 # ---- fold ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class _Folded:
-    branch: BranchRecord
     status: BranchStatus
     fold: q.Fold
     parent: BranchRecord | None
@@ -312,10 +336,11 @@ async def _fold(actor: SessionActor, branch: BranchRecord, result: str, secrets_
         "branch_id": branch.branch_id, "parent_branch_id": branch.parent_id, "status": status,
         "fold_seq": seq, "tokens_folded": done.tokens_folded, "tokens_saved": done.tokens_saved,
         "secrets_scrubbed": secrets_scrubbed})
-    return _Folded(branch, status, done, new_parent, warned_now)
+    return _Folded(status, done, new_parent, warned_now)
 
 
 def publish_budget_warning(actor: SessionActor, branch: BranchRecord) -> None:
+    """The ``branch.budget_warning`` event (the branch has reached 80% of its budget)."""
     actor.supervisor.bus.publish(actor.session_id, "branch.budget_warning", {
         "branch_id": branch.branch_id, "budget": branch.budget,
         "budget_used": branch.tokens_used,
@@ -329,20 +354,12 @@ async def _after_fold(actor: SessionActor, done: _Folded) -> list[ForcedReturn]:
         return []
     if done.parent_warned_now:
         publish_budget_warning(actor, parent)
-    if parent.tokens_used >= parent.budget:
-        return await force_return(actor, parent, "budget_exhausted")
-    return []
+    return await enforce(actor, parent)
 
 
 async def return_branch(actor: SessionActor, p: BranchReturnParams) -> BranchReturnResult:
     """branch.return: children first, then the scrubbed fold into the parent."""
-    record = actor.require()
-    branch = record.live.get(p.branch_id)
-    if branch is not None:
-        await enforce(actor, branch)
-        branch = actor.require().live.get(p.branch_id)
-    if branch is None:
-        raise not_active(await stored_branch(actor, p.branch_id), for_append=False)
+    branch = await live_branch(actor, p.branch_id, for_append=False)
     try:
         scrubbed = scrub(p.message)
     except ScrubError as exc:
@@ -379,12 +396,14 @@ async def create(actor: SessionActor, p: BranchCreateParams) -> BranchCreateResu
     """branch.create: a new live branch under the active branch (or the given parent)."""
     sup = actor.supervisor
     config = sup.config
-    record = actor.require_open()
+    actor.require_open()
+    await enforce_all(actor)
+    record = actor.require()
     parent_id = (record.active_branch.branch_id if record.active_branch else None
                  ) if p.parent_branch_id is msgspec.UNSET else p.parent_branch_id
     parent: BranchRecord | None = None
     if parent_id is not None:
-        parent, _ = await live_branch(actor, parent_id, for_append=True)
+        parent = await live_branch(actor, parent_id, for_append=True)
         record = actor.require()
     depth = (parent.depth if parent else 0) + 1
     if depth > config.max_branch_depth:
@@ -424,7 +443,7 @@ async def create(actor: SessionActor, p: BranchCreateParams) -> BranchCreateResu
     window = effective_window(record.budget)
     would_use = prefix_tokens + opening_tokens + REPLY_PRIMING
     if would_use / window >= record.budget.hard_block:
-        raise actor.over_hard_block(would_use, opening_tokens)
+        raise actor.over_hard_block(would_use, opening_tokens, allow_over=False)
     now, now_trio = time.time(), trio.current_time()
     fork_seq = record.last_seq
     branch = BranchRecord(
@@ -484,6 +503,7 @@ async def _inject(actor: SessionActor, p: BranchCreateParams, description: str,
 # ---- status, list ----------------------------------------------------------------------
 
 async def status(actor: SessionActor, branch_id: str) -> BranchStatusResult:
+    """branch.status: the live record when the branch is active, else the stored one."""
     record = actor.require()
     branch = record.live.get(branch_id)
     if branch is not None:
@@ -495,9 +515,8 @@ async def status(actor: SessionActor, branch_id: str) -> BranchStatusResult:
 
 
 async def list_branches(actor: SessionActor, p: BranchListParams) -> BranchListResult:
-    for branch in list(actor.require().live.values()):
-        if branch.branch_id in actor.require().live:
-            await enforce(actor, branch)
+    """branch.list: every branch of the session, live ones with their current meters."""
+    await enforce_all(actor)
     record = actor.require()
     now = trio.current_time()
     stored = await actor.supervisor.store.read(q.list_branches, actor.session_id)
@@ -524,6 +543,7 @@ async def rollback(actor: SessionActor, p: BranchRollbackParams) -> BranchRollba
     thread = info.parent_branch_id
     if thread is not None:
         await live_branch(actor, thread, for_append=False)
+    await enforce_all(actor)
     record = actor.require()
     parent = record.live.get(thread) if thread else None
     now = time.time()

@@ -185,6 +185,17 @@ class Discarded:
     folded_tokens: int
 
 
+def _chunks(ids: Sequence[str], size: int = 500) -> list[tuple[str, ...]]:
+    """Ids in groups small enough to bind (SQLite limits the variables of a statement)."""
+    return [tuple(ids[i:i + size]) for i in range(0, len(ids), size)]
+
+
+def _sum_over(conn: apsw.Connection, sql: str, ids: Sequence[str]) -> int:
+    """``sql`` (one integer, with ``{}`` for the id list) summed over groups of ids."""
+    return sum(scalar_int(conn, sql.format(",".join("?" * len(chunk))), chunk)
+               for chunk in _chunks(ids))
+
+
 def rollback(conn: apsw.Connection, session_id: str, thread: str | None, fork_seq: int,
              now: float) -> Discarded:
     """Discard what came after ``fork_seq`` in a thread: its later messages, and every later
@@ -195,16 +206,17 @@ def rollback(conn: apsw.Connection, session_id: str, thread: str | None, fork_se
         What was discarded, and what it took from live threads (the thread's own messages
         and those of branches that were still active).
     """
-    # The thread's branches forked at or after the point, and all their descendants (a
-    # branch forked earlier from the thread keeps its children, however late they came).
+    # The thread's branches forked at or after the point, or folded into it after the point
+    # (their fold is discarded with the thread's later messages), and all their
+    # descendants (a branch of the thread that is kept keeps its children, however late).
     later = [(row[0], row[1]) for row in conn.execute(
         "WITH RECURSIVE grown (id, status, fork_seq) AS ("
         "  SELECT id, status, fork_seq FROM branches WHERE session_id = ? AND parent_id IS ?"
-        "  AND fork_seq >= ?"
+        "  AND (fork_seq >= ? OR fold_seq > ?)"
         "  UNION ALL SELECT b.id, b.status, b.fork_seq FROM branches b "
         "  JOIN grown ON b.parent_id = grown.id) "
         "SELECT id, status FROM grown WHERE status != 'discarded' ORDER BY fork_seq",
-        (session_id, thread, fork_seq))]
+        (session_id, thread, fork_seq, fork_seq))]
     ids = [branch_id for branch_id, _ in later]
     active = [branch_id for branch_id, status in later if status == "active"]
     by_component: dict[Component, int] = dict.fromkeys(COMPONENTS, 0)
@@ -215,22 +227,17 @@ def rollback(conn: apsw.Connection, session_id: str, thread: str | None, fork_se
         by_component[component] += tokens
         thread_messages += 1
         thread_operations += role == "assistant"
-    recovered = sum(by_component.values())
-    marks = ",".join("?" * len(ids))
-    if active:
-        recovered += scalar_int(
-            conn, f"SELECT coalesce(sum(tokens), 0) FROM messages WHERE branch_id IN "
-            f"({','.join('?' * len(active))}) AND discarded = 0", tuple(active))
-    discarded = thread_messages
-    if ids:
-        discarded += scalar_int(
-            conn, f"SELECT count(*) FROM messages WHERE branch_id IN ({marks}) "
-            "AND discarded = 0", tuple(ids))
-        conn.execute(f"UPDATE messages SET discarded = 1 WHERE branch_id IN ({marks})",
-                     tuple(ids))
+    recovered = sum(by_component.values()) + _sum_over(
+        conn, "SELECT coalesce(sum(tokens), 0) FROM messages WHERE discarded = 0 AND "
+        "branch_id IN ({})", active)
+    discarded = thread_messages + _sum_over(
+        conn, "SELECT count(*) FROM messages WHERE discarded = 0 AND branch_id IN ({})", ids)
+    for chunk in _chunks(ids):
+        marks = ",".join("?" * len(chunk))
+        conn.execute(f"UPDATE messages SET discarded = 1 WHERE branch_id IN ({marks})", chunk)
         conn.execute(
             f"UPDATE branches SET status = 'discarded', return_reason = 'rolled_back', "
-            f"returned_at = coalesce(returned_at, ?) WHERE id IN ({marks})", (now, *ids))
+            f"returned_at = coalesce(returned_at, ?) WHERE id IN ({marks})", (now, *chunk))
     conn.execute("UPDATE messages SET discarded = 1 WHERE session_id = ? AND branch_id IS ? "
                  "AND seq > ?", (session_id, thread, fork_seq))
     folded = scalar_int(conn, "SELECT coalesce(sum(tokens_folded), 0) FROM branches "

@@ -23,6 +23,7 @@ FORCED_STATUS: dict[str, BranchStatus] = {
     "timeout": "timeout",
     "parent_returned": "failed",
     "session_closed": "failed",
+    "session_deleted": "failed",
 }
 """The status a branch ends in, by the reason ctxd returned it."""
 
@@ -31,6 +32,7 @@ _REASON_TEXT = {
     "timeout": "its time limit passed",
     "parent_returned": "its parent branch returned first",
     "session_closed": "the session was closed",
+    "session_deleted": "the session was deleted",
 }
 
 

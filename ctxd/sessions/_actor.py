@@ -68,9 +68,12 @@ class ActorGone(Exception):
 class Reply(Generic[T]):
     """A one-shot reply slot: the actor sets it once, the caller waits for it."""
 
-    __slots__ = ("_error", "_event", "_value")
+    __slots__ = ("_error", "_event", "_value", "arrived")
 
     def __init__(self) -> None:
+        self.arrived = trio.current_time()
+        """When the request arrived: deadlines are judged against it, not against when
+        the actor got to it."""
         self._event = trio.Event()
         self._value: T | None = None
         self._error: BaseException | None = None
@@ -121,6 +124,8 @@ class SessionActor:
         self.supervisor = supervisor
         self.record: SessionRecord | None = None
         self.branch_actors: dict[str, BranchActor] = {}
+        self.arrived = 0.0
+        """When the request being processed arrived (trio's clock)."""
         self._nursery: trio.Nursery | None = None
         self._stale = True
         self._send, self._receive = trio.open_memory_channel[tuple[Op, Reply[Any]]](MAILBOX_SIZE)
@@ -177,6 +182,7 @@ class SessionActor:
             self._retire()
 
     async def _process(self, op: Op, reply: Reply[Any]) -> None:
+        self.arrived = reply.arrived
         try:
             if self._stale:
                 self.record = await branch_ops.load(self)
@@ -289,8 +295,10 @@ class SessionActor:
 
     async def delete(self) -> SessionDeleteResult:
         record = self.require()
+        if record.live:
+            await branch_ops.close_all(self, "session_deleted")
+            record = self.require()
         deleted = await self.supervisor.store.write(q.delete_session, self.session_id)
-        branch_ops.forget_all(self)
         if record.state == "open":
             self.supervisor.sessions_open -= 1
         self.supervisor.sessions_total -= 1
@@ -300,8 +308,10 @@ class SessionActor:
         return SessionDeleteResult(session_id=self.session_id, deleted=True,
                                    messages_deleted=deleted)
 
-    def over_hard_block(self, would_use: int, tokens_appended: int) -> CtxdError:
-        """-32001: the active thread would pass the hard block."""
+    def over_hard_block(self, would_use: int, tokens_appended: int,
+                        allow_over: bool = True) -> CtxdError:
+        """-32001: the active thread would pass the hard block (``allow_over``: whether
+        the method takes ``allow_over=true``)."""
         record = self.require()
         window = effective_window(record.budget)
         limit = int(window * record.budget.hard_block)
@@ -313,8 +323,9 @@ class SessionActor:
              "hard_block_tokens": limit, "effective_window": window,
              "tokens_appended": tokens_appended,
              "suggestion": "fold finished sub-tasks (branch.return) or compact the "
-                           "context (context.compact); pass allow_over=true to append "
-                           "anyway"})
+                           "context (context.compact)"
+                           + ("; pass allow_over=true to append anyway" if allow_over
+                              else "")})
 
     async def append(self, params: MessageAppendParams) -> MessageAppendResult:
         self.require_open()
@@ -322,8 +333,7 @@ class SessionActor:
         branch = None
         forced: list[ForcedReturn] = []
         if params.branch_id is not None:
-            branch, forced = await branch_ops.live_branch(self, params.branch_id,
-                                                          for_append=True)
+            branch = await branch_ops.live_branch(self, params.branch_id, for_append=True)
         record = self.require()
         health_before = record.context_state().health
         counts = await self.supervisor.counter.count_messages(params.messages)
@@ -376,9 +386,10 @@ class SessionActor:
         if grown is not None and branch is not None:
             if grown.warned and not branch.warned:
                 branch_ops.publish_budget_warning(self, grown)
-            if grown.tokens_used >= grown.budget:
-                forced += await branch_ops.force_return(self, grown, "budget_exhausted")
-                state = self.require().context_state()
+            # The append has committed: a failure of the forced return is retried when the
+            # branch is next touched, and does not turn this answer into an error.
+            forced += await branch_ops.enforce(self, grown)
+            state = self.require().context_state()
         return MessageAppendResult(appended=appended, tokens_appended=tokens_appended,
                                    forced_returns=forced, context_state=state)
 
@@ -396,17 +407,14 @@ class SessionActor:
                                  context_state=record.context_state())
 
     async def render(self, params: RenderParams) -> RenderResult:
-        record = self.require()
         if params.branch_id is msgspec.UNSET:
-            for branch in list(record.live.values()):
-                if branch.branch_id in record.live:
-                    await branch_ops.enforce(self, branch)
+            await branch_ops.enforce_all(self)
             active = self.require().active_branch
             branch_id = None if active is None else active.branch_id
         else:
             branch_id = params.branch_id
             if branch_id is not None:
-                live = record.live.get(branch_id)
+                live = self.require().live.get(branch_id)
                 if live is not None:
                     await branch_ops.enforce(self, live)
                 else:

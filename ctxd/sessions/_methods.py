@@ -51,8 +51,8 @@ def register(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
                                            p.limit + 1)
         more = len(rows) > p.limit
         rows = rows[:p.limit]
-        return SessionListResult(sessions=[supervisor.current(record).info()
-                                           for _, record in rows],
+        return SessionListResult(sessions=[supervisor.info(record, live)
+                                           for _, record, live in rows],
                                  next_cursor=str(rows[-1][0]) if more else None)
 
     async def message_append(call: Call, p: MessageAppendParams) -> MessageAppendResult:

@@ -125,13 +125,16 @@ def delete_session(conn: apsw.Connection, session_id: str) -> int:
 
 
 def list_sessions(conn: apsw.Connection, project: str | None, state: str | None,
-                  after_rowid: int, limit: int) -> list[tuple[int, SessionRecord]]:
-    """Sessions in creation order after a rowid cursor, filtered."""
+                  after_rowid: int, limit: int) -> list[tuple[int, SessionRecord, int]]:
+    """Sessions in creation order after a rowid cursor, filtered, each with its number of
+    active branches."""
     rows = conn.execute(
-        f"SELECT rowid, {_SESSION_COLUMNS} FROM sessions WHERE rowid > ? "
-        "AND (? IS NULL OR project = ?) AND (? IS NULL OR state = ?) ORDER BY rowid LIMIT ?",
+        f"SELECT rowid, {_SESSION_COLUMNS}, (SELECT count(*) FROM branches b "
+        "WHERE b.session_id = sessions.id AND b.status = 'active') FROM sessions "
+        "WHERE rowid > ? AND (? IS NULL OR project = ?) AND (? IS NULL OR state = ?) "
+        "ORDER BY rowid LIMIT ?",
         (after_rowid, project, project, state, state, limit)).fetchall()
-    return [(scalar_rowid(row[0]), _record(row[1:])) for row in rows]
+    return [(scalar_rowid(row[0]), _record(row[1:-1]), scalar_rowid(row[-1])) for row in rows]
 
 
 def count_sessions(conn: apsw.Connection) -> tuple[int, int]:

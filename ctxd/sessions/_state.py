@@ -146,12 +146,16 @@ class SessionRecord:
             folded_tokens=self.folded_tokens, effective_window=effective_window(self.budget),
             usage=round(usage, 6), health=health)
 
-    def info(self) -> SessionInfo:
+    def info(self, live_branches: int | None = None) -> SessionInfo:
+        """The session as listed; ``live_branches`` counts stored active branches when the
+        record was read from the store without them."""
         state = self.context_state()
         return SessionInfo(
             session_id=self.session_id, project=self.project, title=self.title,
             state="open" if self.state == "open" else "closed", budget=self.budget,
             message_count=self.message_count, total_tokens=self.total_tokens,
             main_thread_tokens=state.main_thread_tokens, usage=state.usage,
-            health=state.health, live_branches=len(self.live), created_at=self.created_at,
+            health=state.health,
+            live_branches=len(self.live) if live_branches is None else live_branches,
+            created_at=self.created_at,
             updated_at=self.updated_at, closed_at=self.closed_at)

@@ -19,12 +19,14 @@ from ctxd.sessions._actor import ActorGone, SessionActor
 from ctxd.sessions._state import SessionRecord
 from ctxd.store import Store
 from ctxd.tokens import TokenCounter
+from ctxd.wire.types import SessionInfo
 
 if TYPE_CHECKING:
     from ctxd.memory import Memory
 
 log = logging.getLogger("ctxd.sessions")
 T = TypeVar("T")
+REARM_CONCURRENCY = 32
 
 
 class Supervisor:
@@ -91,14 +93,13 @@ class Supervisor:
                 continue
             return result
 
-    def current(self, stored: SessionRecord) -> SessionRecord:
-        """The running actor's record of a session (with its live branches), else ``stored``.
-
-        A session with live branches always has a running actor, so its live branches are
-        never missed.
-        """
+    def info(self, stored: SessionRecord, live_branches: int) -> SessionInfo:
+        """A session's info from its running actor (live branches and all), else from the
+        store (with the stored count of its active branches)."""
         actor = self._actors.get(stored.session_id)
-        return actor.record if actor is not None and actor.record is not None else stored
+        if actor is not None and actor.record is not None:
+            return actor.record.info()
+        return stored.info(live_branches)
 
     def forget(self, actor: SessionActor) -> None:
         """Called by an actor as it retires."""
@@ -174,7 +175,7 @@ class Supervisor:
 
     def statistics(self) -> dict[str, int]:
         return {"actors": len(self._actors), "sessions_open": self.sessions_open,
-                "sessions_total": self.sessions_total}
+                "sessions_total": self.sessions_total, "live_branches": self.live_branches}
 
     async def _expire_closed_sessions(self) -> None:
         ttl_s = self.config.session_ttl_h * 3600
@@ -189,14 +190,26 @@ class Supervisor:
             await trio.sleep(min(3600.0, max(1.0, ttl_s / 10)))
 
     async def _rearm_live_branches(self) -> None:
-        """After a restart, load every session with live branches so that their deadlines
-        are armed again (an expired one is force-returned at once)."""
+        """After a restart, load every session with live branches, a few at a time, so
+        that their deadlines are armed again (an expired one is force-returned at once)."""
         try:
             session_ids = await self.store.read(branch_queries.sessions_with_live_branches)
-            for session_id in session_ids:
-                await self.call(session_id, _loaded)
         except CtxdError as error:
             log.error("re-arming live branches failed: %s", error.message)
+            return
+        limiter = trio.CapacityLimiter(REARM_CONCURRENCY)
+
+        async def rearm(session_id: str) -> None:
+            async with limiter:
+                try:
+                    await self.call(session_id, _loaded)
+                except CtxdError as error:
+                    log.error("session %s: re-arming its branches failed: %s", session_id,
+                              error.message)
+
+        async with trio.open_nursery() as nursery:
+            for session_id in session_ids:
+                nursery.start_soon(rearm, session_id)
 
 
 async def _loaded(actor: SessionActor) -> None:

@@ -673,3 +673,93 @@ def test_session_list_counts_live_branches(shared_daemon: DaemonProcess, sid: st
         got = client.call("session.get", {"session_id": sid})
         assert mine == got["session"]
         assert mine["live_branches"] == 1
+
+
+def test_an_append_that_committed_is_acknowledged_when_the_forced_return_fails(
+        daemon_root: Path, sid: str) -> None:
+    process = DaemonProcess(daemon_root, ["--max-db-bytes", "1000000"]).start()
+    try:
+        with process.client() as client:
+            start_session(client, sid)
+            created = client.call("branch.create", {"session_id": sid, "description": "d",
+                                                    "prompt": "p", "budget": 2000})
+            branch_id = created["branch_id"]
+            # A long last answer: the forced return's fold message (its partial result, cut
+            # to 4,000 characters) needs far more room than the small append below.
+            client.call("message.append", {"session_id": sid, "branch_id": branch_id,
+                                           "messages": [assistant(hello_text(
+                                               2000 - created["budget_used"] - 4 - 12))]})
+            client.call("session.open", {"session_id": sid + "f",
+                                         "budget": {"context_window": 100_000_000}})
+            for size in (20_000, 3_000, 1_000):  # fill the database up to its cap
+                codes: list[int] = []
+                while not codes:
+                    try:
+                        client.call("message.append", {"session_id": sid + "f",
+                                                       "messages": [user("y" * size)]})
+                    except RpcError as error:
+                        codes.append(error.code)
+                assert codes == [-32008]
+            result = client.call("message.append", {"session_id": sid, "branch_id": branch_id,
+                                                    "messages": [user(hello_text(8))]})
+            # It committed: the answer says so, although the forced return (a second write)
+            # did not fit; further appends are refused all the same.
+            assert result["forced_returns"] == []
+            assert result["context_state"]["current_branch_tokens"] == 2000
+            error = rpc_error(client, "message.append", {"session_id": sid,
+                                                         "branch_id": branch_id,
+                                                         "messages": [user("more")]})
+            assert (error.code, error.data["status"]) == (-32002, "budget_exhausted")
+            assert client.call("branch.status", {"branch_id": branch_id})["branch"][
+                "status"] == "active"
+            # With room again, the next request that touches it force-returns it.
+            client.call("session.delete", {"session_id": sid + "f"})
+            status = client.call("branch.status", {"branch_id": branch_id})["branch"]
+            assert (status["status"], status["budget_used"]) == ("budget_exhausted", 2000)
+    finally:
+        process.stop()
+
+
+def test_rollback_discards_branches_folded_after_the_point(shared_daemon: DaemonProcess,
+                                                           sid: str) -> None:
+    with shared_daemon.client() as client:
+        start_session(client, sid)
+        a = client.call("branch.create", {"session_id": sid, "description": "A",
+                                          "prompt": "a"})["branch_id"]
+        x = client.call("branch.create", {"session_id": sid, "description": "X", "prompt": "x",
+                                          "parent_branch_id": None})["branch_id"]
+        client.call("branch.return", {"branch_id": a, "message": "A done"})
+        rolled = client.call("branch.rollback", {"session_id": sid, "branch_id": x})
+        assert rolled["branches_discarded"] == [a, x]
+        listed = client.call("branch.list", {"session_id": sid})
+        assert (listed["folded"], listed["context_state"]["folded_tokens"]) == (0, 0)
+        assert client.call("ctxd.render", {"session_id": sid})["messages"] == [SYSTEM, TASK]
+
+
+def test_deleting_a_session_force_returns_its_branches_first(shared_daemon: DaemonProcess,
+                                                             sid: str) -> None:
+    with shared_daemon.client() as client, shared_daemon.client() as watcher:
+        start_session(client, sid)
+        watcher.call("events.subscribe", {"session_id": sid})
+        branch_id = client.call("branch.create", {"session_id": sid, "description": "d",
+                                                  "prompt": "p"})["branch_id"]
+        client.call("session.delete", {"session_id": sid})
+        events = [next_event(watcher) for _ in range(4)]
+        assert [e["type"] for e in events] == ["branch.created", "branch.forced_return",
+                                               "branch.folded", "session.deleted"]
+        assert (events[1]["data"]["branch_id"], events[1]["data"]["reason"]) == (
+            branch_id, "session_deleted")
+
+
+def test_a_branch_past_the_hard_block_is_refused_without_allow_over(
+        shared_daemon: DaemonProcess, sid: str) -> None:
+    with shared_daemon.client() as client:
+        client.call("session.open", {"session_id": sid, "budget": {
+            "context_window": 2000, "max_output_tokens": 100}})
+        client.call("message.append", {"session_id": sid, "messages": [
+            user(hello_text(1800))], "allow_over": True})
+        error = rpc_error(client, "branch.create", {"session_id": sid, "description": "d",
+                                                    "prompt": "p"})
+        assert error.code == -32001
+        assert error.data["suggestion"] == ("fold finished sub-tasks (branch.return) or "
+                                            "compact the context (context.compact)")

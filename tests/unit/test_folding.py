@@ -68,12 +68,15 @@ async def status_of(supervisor: Supervisor, session_id: str, branch_id: str) -> 
     return result.branch.status
 
 
-async def test_branch_actor_calls_back_at_its_deadline_only(
+async def test_branch_actor_calls_back_at_its_deadline_until_the_branch_ends(
         clock: trio.testing.MockClock) -> None:
     fired: list[tuple[str, float]] = []
 
     async def on_deadline(branch_id: str) -> None:
+        # The first two forced returns "fail" (the branch stays live); the third ends it.
         fired.append((branch_id, trio.current_time()))
+        if len(fired) == 3:
+            late.end()
 
     async with trio.open_nursery() as nursery:
         late = BranchActor("br_000000000001", trio.current_time() + 30, on_deadline)
@@ -82,9 +85,9 @@ async def test_branch_actor_calls_back_at_its_deadline_only(
         nursery.start_soon(ended.run)
         await trio.sleep(10)
         ended.end()
-    assert fired == [("br_000000000001", 30.0)]
+    assert fired == [("br_000000000001", 30.0), ("br_000000000001", 31.0),
+                     ("br_000000000001", 32.0)]
     assert ended.ended
-    assert not late.ended
 
 
 async def test_timeout_force_returns_at_the_deadline(
@@ -106,23 +109,35 @@ async def test_timeout_force_returns_at_the_deadline(
     assert supervisor.live_branches == 0
 
 
-async def test_an_append_after_the_deadline_is_refused_even_before_the_actor_fires(
+async def test_requests_are_judged_by_when_they_arrived(
         supervisor: Supervisor, clock: trio.testing.MockClock) -> None:
     await open_session(supervisor, "s1")
     created = await create(supervisor, "s1", 10)
-    params = MessageAppendParams(session_id="s1", branch_id=created.branch_id,
-                                 messages=[MessageIn(role="assistant", content="late")])
 
-    async def sleep_past_the_deadline_then_append(actor: SessionActor) -> object:
-        # Holds the session's actor: the BranchActor's forced return waits in the mailbox.
-        await trio.sleep(11)
-        return await actor.append(params)
+    def append(text: str) -> MessageAppendParams:
+        return MessageAppendParams(session_id="s1", branch_id=created.branch_id,
+                                   messages=[MessageIn(role="assistant", content=text)])
 
-    with pytest.raises(CtxdError) as caught:
-        await supervisor.call("s1", sleep_past_the_deadline_then_append)
-    assert caught.value.code == ErrorCode.TIMEOUT
-    assert caught.value.data is not None
-    assert caught.value.data["status"] == "timeout"
+    async def busy(actor: SessionActor) -> None:
+        await trio.sleep(11)  # holds the actor past the deadline
+
+    async def late_request() -> None:
+        await trio.sleep(10.5)
+        with pytest.raises(CtxdError) as caught:
+            await supervisor.call("s1", lambda a: a.append(append("late")))
+        late_errors.append(caught.value.code)
+
+    late_errors: list[int] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(supervisor.call, "s1", busy)
+        await trio.sleep(1)
+        # Arrives before the deadline, is processed after it: accepted (it becomes the
+        # partial result below).
+        nursery.start_soon(supervisor.call, "s1", lambda a: a.append(append("ok")))
+        nursery.start_soon(late_request)
+    assert late_errors == [ErrorCode.TIMEOUT]
+    info = (await supervisor.call("s1", lambda a: ops.status(a, created.branch_id))).branch
+    assert (info.status, info.result) == ("timeout", "ok")
 
 
 async def test_hundreds_of_deadlines_fire_on_time(
