@@ -113,7 +113,8 @@ _HELP = {
     "max_live_branches": "active branches the whole daemon may hold at once",
     "embedder": "how memories are embedded: hashing (built in, no model), "
                 "sentence-transformers (model_path) or http (embedding_url)",
-    "model_path": "folder of a local sentence-transformers model",
+    "model_path": "folder of a local sentence-transformers model (empty: the all-MiniLM-L6-v2 "
+                  "that the `semantic` extra installs)",
     "embedding_url": "base URL of an OpenAI-compatible API (…/v1) that serves /embeddings",
     "embedding_model": "the model name sent to embedding_url",
     "api_key_env": "name of the environment variable that holds the embedding API key",

@@ -23,6 +23,7 @@ import faiss
 import numpy as np
 import trio
 
+from ctxd.errors import CtxdError
 from ctxd.memory import _queries as q
 from ctxd.memory._embedders import Embedder, EmbedderError, Vectors
 from ctxd.store import Store
@@ -31,6 +32,14 @@ log = logging.getLogger("ctxd.memory")
 T = TypeVar("T")
 IndexState = Literal["loading", "rebuilding", "ready", "unavailable"]
 REBUILD_BATCH = 512
+TICK_S = 5.0
+"""How often the owner saves a changed index when idle."""
+RETRY_S = 30.0
+"""How soon an unavailable index (embedder or rebuild failed) is rebuilt again."""
+
+
+class DenseUnavailable(Exception):
+    """The dense leg cannot answer; the message says why."""
 
 
 class MemoryIndex:
@@ -57,6 +66,8 @@ class MemoryIndex:
         self.generation = -1
         self._dirty = False
         self._pending: dict[int, tuple[str, int]] = {}
+        self._embedder_loaded = False
+        self._retry_at = 0.0
         self._jobs_send, self._jobs = trio.open_memory_channel[
             tuple[Callable[[], Awaitable[Any]], trio.Event, list[Any]]](64)
 
@@ -70,7 +81,7 @@ class MemoryIndex:
         try:
             await self._open()
             while True:
-                with trio.move_on_after(5.0):
+                with trio.move_on_after(TICK_S):
                     job, done, box = await self._jobs.receive()
                     try:
                         box.append(await job())
@@ -84,6 +95,8 @@ class MemoryIndex:
                         await self._rebuild()
                     continue
                 await self._save_if_dirty()
+                if self.state == "unavailable" and trio.current_time() >= self._retry_at:
+                    await self._rebuild()
         finally:
             with trio.move_on_after(10, shield=True):
                 await self._save_if_dirty()
@@ -100,12 +113,27 @@ class MemoryIndex:
 
     # ---- opening, rebuilding, saving ------------------------------------------------
 
-    async def _open(self) -> None:
+    async def _load_embedder(self) -> bool:
+        if self._embedder_loaded:
+            return True
         try:
             await self.embedder.load()
         except EmbedderError as exc:
-            self.state, self.reason = "unavailable", f"the embedder is unavailable: {exc}"
-            log.error("memory: %s; searches are lexical only", self.reason)
+            self._unavailable(f"the embedder is unavailable: {exc}")
+            return False
+        self._embedder_loaded = True
+        return True
+
+    def _unavailable(self, reason: str) -> None:
+        """Lexical-only until the rebuild that is retried every `RETRY_S` succeeds."""
+        self.state, self.reason = "unavailable", reason
+        self._pending.clear()  # the rebuild reads every memory from SQLite
+        self._retry_at = trio.current_time() + RETRY_S
+        log.error("memory: %s; searches are lexical only (retrying in %g s)", reason,
+                  RETRY_S)
+
+    async def _open(self) -> None:
+        if not await self._load_embedder():
             return
         generation, count = await self._store.read(q.index_generation)
         loaded = await trio.to_thread.run_sync(self._load_file, generation, count)
@@ -150,13 +178,20 @@ class MemoryIndex:
             index.nprobe = self._nprobe
 
     async def _rebuild(self) -> None:
-        """Build a new index from SQLite, in batches; searches are lexical meanwhile."""
+        """Build a new index from SQLite, in batches; searches are lexical meanwhile.
+
+        Any failure leaves the index unavailable (lexical-only) with the reason, and the
+        rebuild is tried again later: the index is a cache, its failure never stops the
+        daemon.
+        """
+        if not await self._load_embedder():
+            return
         self.state, self.reason = "rebuilding", "the dense index is being rebuilt"
-        generation, count = await self._store.read(q.index_generation)
-        ids: list[int] = []
-        parts: list[Vectors] = []
-        after = 0
         try:
+            generation, count = await self._store.read(q.index_generation)
+            ids: list[int] = []
+            parts: list[Vectors] = []
+            after = 0
             while True:
                 rows = await self._store.read(q.texts_after, after, REBUILD_BATCH)
                 if not rows:
@@ -164,20 +199,20 @@ class MemoryIndex:
                 ids.extend(row_id for row_id, _ in rows)
                 parts.append(await self.embedder.embed([text for _, text in rows]))
                 after = rows[-1][0]
-        except EmbedderError as exc:
-            self.state, self.reason = "unavailable", f"the embedder failed: {exc}"
-            log.error("memory: %s; searches are lexical only", self.reason)
+            vectors = (np.concatenate(parts) if parts
+                       else np.zeros((0, self.embedder.dim), np.float32))
+            self._index = await trio.to_thread.run_sync(self._build, ids, vectors)
+        except (EmbedderError, CtxdError, RuntimeError, ValueError) as exc:
+            # RuntimeError is how faiss reports its failures.
+            self._unavailable(f"rebuilding the dense index failed: {exc}")
             return
-        vectors = (np.concatenate(parts) if parts
-                   else np.zeros((0, self.embedder.dim), np.float32))
-        self._index = await trio.to_thread.run_sync(self._build, ids, vectors)
         self.generation = generation
         self._dirty = True
-        await self._save_if_dirty()
         self.state, self.reason = "ready", None
-        await self._apply_pending()
+        await self._save_if_dirty()
         log.info("memory index rebuilt: %d vectors (%d memories when it started)",
                  len(ids), count)
+        await self._apply_pending()
 
     def _build(self, ids: Sequence[int], vectors: Vectors) -> Any:
         dim = self.embedder.dim
@@ -185,7 +220,8 @@ class MemoryIndex:
         if len(ids) > self._ann_threshold:
             # IVF keeps the ids itself. Wrapped in an IndexIDMap2 its deletes would go
             # wrong: the map compacts its positions, the inverted lists do not.
-            lists = max(1, int(4 * math.sqrt(len(ids))))
+            # About 4·√n lists, each trained with at least 39 points (what faiss asks).
+            lists = max(1, min(int(4 * math.sqrt(len(ids))), len(ids) // 39))
             quantizer = faiss.IndexFlatIP(dim)
             index = faiss.IndexIVFFlat(quantizer, dim, lists, faiss.METRIC_INNER_PRODUCT)
             index.train(vectors)
@@ -202,7 +238,12 @@ class MemoryIndex:
         if not self._dirty or self._index is None or self.state != "ready":
             return
         self._dirty = False
-        await trio.to_thread.run_sync(self._save, self._index, self.generation)
+        try:
+            await trio.to_thread.run_sync(self._save, self._index, self.generation)
+        except (OSError, RuntimeError) as exc:
+            # The file is a cache: a failed save costs a rebuild at the next start.
+            log.warning("memory index not saved: %s", exc)
+            self._dirty = True
 
     def _save(self, index: Any, generation: int) -> None:
         temporary = self.path.with_suffix(".tmp")
@@ -223,6 +264,8 @@ class MemoryIndex:
         Waits until it is indexed when the index is ready; while it is being rebuilt the
         memory is queued and indexed right after the rebuild.
         """
+        if self.state == "unavailable":
+            return  # the next rebuild reads it from SQLite
         self._pending[memory_id] = (text, generation)
         if self.state == "ready":
             await self._submit(self._apply_pending)
@@ -235,8 +278,7 @@ class MemoryIndex:
         try:
             vectors = await self.embedder.embed([pending[i][0] for i in ids])
         except EmbedderError as exc:
-            log.warning("%d memories not embedded (%s); rebuilding the index", len(ids), exc)
-            await self._rebuild()
+            self._unavailable(f"{len(ids)} memories could not be embedded: {exc}")
             return
         await trio.to_thread.run_sync(self._replace, np.asarray(ids, dtype=np.int64),
                                       vectors)
@@ -251,6 +293,8 @@ class MemoryIndex:
         it until the next: search results are always read back from SQLite)."""
         for memory_id in memory_ids:
             self._pending.pop(memory_id, None)
+        if self.state != "ready":
+            return
 
         async def job() -> None:
             if self.state != "ready":
@@ -265,20 +309,24 @@ class MemoryIndex:
         self.generation = max(self.generation, generation)
         self._dirty = True
 
-    async def search(self, query: str, k: int) -> list[tuple[int, float]] | None:
-        """The ``k`` nearest memories as (id, cosine), or None when the dense leg is not
-        ready (rebuilding, or no embedder)."""
+    async def search(self, query: str, k: int) -> list[tuple[int, float]]:
+        """The ``k`` nearest memories as (id, cosine).
+
+        Raises:
+            DenseUnavailable: the dense leg cannot answer now (and why).
+        """
         if self.state != "ready":
-            return None
+            raise DenseUnavailable(self.reason or self.state)
         try:
             [vector] = await self.embedder.embed([query])
         except EmbedderError as exc:
-            log.warning("query not embedded: %s", exc)
-            return None
+            raise DenseUnavailable(f"the query could not be embedded: {exc}") from exc
 
-        async def job() -> list[tuple[int, float]] | None:
-            if self.state != "ready" or self._index.ntotal == 0:
-                return [] if self.state == "ready" else None
+        async def job() -> list[tuple[int, float]]:
+            if self.state != "ready":
+                raise DenseUnavailable(self.reason or self.state)
+            if self._index.ntotal == 0:
+                return []
             scores, ids = await trio.to_thread.run_sync(
                 self._index.search, vector[None, :], min(k, int(self._index.ntotal)))
             return [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True)

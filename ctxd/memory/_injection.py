@@ -28,22 +28,23 @@ class Injected:
     injection: Injection
 
 
-def block(title: str, content: str, confidence: float) -> str:
-    """How one memory reads in the injected message."""
-    return f"\n\n- {title} (confidence {confidence:.2f}): {content}"
+def block(title: str, content: str, confidence: float, outcome: str) -> str:
+    """How one memory reads in the injected message (a lesson from a failure says so)."""
+    lesson = ", learned from a failure" if outcome == "failure" else ""
+    return f"\n\n- {title} (confidence {confidence:.2f}{lesson}): {content}"
 
 
-def fit(candidates: list[tuple[int, str, str, float]], counter: TokenCounter,
+def fit(candidates: list[tuple[int, str, str, float, str]], counter: TokenCounter,
         cap: int) -> Injected:
-    """Greedily add (id, title, content, confidence) candidates, best first, while the
+    """Greedily add (id, title, content, confidence, outcome) candidates, best first, while the
     whole message (as a user message) stays within ``cap`` tokens. Each item's ``tokens``
     is what adding it cost the message, so the items and the header add up exactly."""
     text = HEADER
     base = counter.message_tokens("user", text)
     used = base
     items: list[InjectedItem] = []
-    for memory_id, title, content, confidence in candidates[:INJECT_MAX_ITEMS]:
-        longer = text + block(title, content, confidence)
+    for memory_id, title, content, confidence, outcome in candidates[:INJECT_MAX_ITEMS]:
+        longer = text + block(title, content, confidence, outcome)
         tokens = counter.message_tokens("user", longer)
         if tokens > cap:
             continue

@@ -111,6 +111,13 @@ def delete(conn: apsw.Connection, memory_id: int) -> int | None:
     return _bump_generation(conn)
 
 
+def record_use(conn: apsw.Connection, memory_ids: Sequence[int], source: str,
+               now: float) -> None:
+    """A use signal for each memory injected into a branch; the caller's transaction."""
+    for memory_id in memory_ids:
+        signal(conn, memory_id, "use", True, source, now)
+
+
 def signal(conn: apsw.Connection, memory_id: int, kind: str, positive: bool,
            source: str | None, now: float) -> MemoryItem | None:
     """Record a signal and move the memory's Beta(alpha, beta); None if the memory is unknown."""
@@ -146,11 +153,23 @@ def list_memories(conn: apsw.Connection, scope: str | None, after_id: int,
 
 
 _FTS_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+STOPWORDS = frozenset("""
+a about above after again against all am an and any are as at be because been before being
+below between both but by can could did do does doing down during each few for from further
+had has have having he her here hers herself him himself his how i if in into is it its
+itself just me more most my myself no nor not now of off on once only or other our ours
+ourselves out over own same she should so some such than that the their theirs them
+themselves then there these they this those through to too under until up very was we were
+what when where which while who whom why will with would you your yours yourself yourselves
+""".split())
+"""Words too common to say which memory is meant (they only add noise to an OR query)."""
 
 
 def fts_query(text: str) -> str | None:
-    """The words of free text as an FTS5 OR query (quoted: no operator can slip in)."""
+    """The words of free text as an FTS5 OR query (quoted: no operator can slip in), without
+    stop words unless the text has nothing else."""
     words = list(dict.fromkeys(word.lower() for word in _FTS_WORD.findall(text)))
+    words = [word for word in words if word not in STOPWORDS] or words
     if not words:
         return None
     return " OR ".join(f'"{word}"' for word in words[:64])

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ctxd.config import MemoryConfig
 from ctxd.memory import _queries as q
-from ctxd.memory._index import MemoryIndex
+from ctxd.memory._index import DenseUnavailable, MemoryIndex
 from ctxd.store import Store
 from ctxd.wire.types import Leg, MemoryItem, SearchMode
 
@@ -48,14 +48,12 @@ def fuse(legs: dict[Leg, Sequence[int]], weights: dict[Leg, float], rrf_k: int
 
 
 async def _dense(store: Store, index: MemoryIndex, query: str, scope: str | None,
-                 min_confidence: float, wanted: int, min_score: float) -> list[int] | None:
+                 min_confidence: float, wanted: int, min_score: float) -> list[int]:
     """The dense leg's ids that pass the filters (and ``min_score``), asking FAISS for more
     while the filters remove too many."""
     asked = wanted
     while True:
         found = await index.search(query, asked)
-        if found is None:
-            return None
         ids = [memory_id for memory_id, score in found if score >= min_score]
         kept = await store.read(q.allowed, ids, scope, min_confidence)
         ranked = [memory_id for memory_id in ids if memory_id in kept]
@@ -75,12 +73,11 @@ async def retrieve(store: Store, index: MemoryIndex, config: MemoryConfig, query
     legs: dict[Leg, Sequence[int]] = {}
     note = None
     if mode in ("hybrid", "dense"):
-        dense = await _dense(store, index, query, scope, min_confidence, wanted,
-                             config.dense_min_score)
-        if dense is None:
-            note = f"dense leg unavailable ({index.reason}); lexical results only"
-        else:
-            legs["dense"] = dense
+        try:
+            legs["dense"] = await _dense(store, index, query, scope, min_confidence, wanted,
+                                         config.dense_min_score)
+        except DenseUnavailable as exc:
+            note = f"dense leg unavailable ({exc}); lexical results only"
     if mode in ("hybrid", "lexical") or "dense" not in legs:
         lexical = await store.read(q.lexical, query, scope, min_confidence, wanted)
         legs["lexical"] = [memory_id for memory_id, _ in lexical]

@@ -137,14 +137,16 @@ class Memory:
             log.warning("memory injection failed: %s", exc)
             return Injected(None, 0, [], Injection(
                 status="failed", reason=f"retrieval failed: {exc}", tokens=0, budget=cap))
-        return fit([(r.item.id, r.item.title, r.item.content, r.item.confidence)
-                    for r in found.ranked], counter, cap)
+        return fit([(r.item.id, r.item.title, r.item.content, r.item.confidence,
+                     r.item.outcome) for r in found.ranked], counter, cap)
 
     async def record_use(self, memory_ids: list[int], source: str) -> None:
-        """The memories were injected into a branch: a weak positive signal each."""
-        now = time.time()
-        for memory_id in memory_ids:
-            await self.store.write(q.signal, memory_id, "use", True, source, now)
+        """The memories were injected into a branch: a weak positive signal each (in one
+        transaction). A failure is logged: the branch exists either way."""
+        try:
+            await self.store.write(q.record_use, memory_ids, source, time.time())
+        except CtxdError as error:
+            log.warning("use of memories %s not recorded: %s", memory_ids, error.message)
 
     async def get(self, memory_id: int) -> MemoryItem:
         item = await self.store.read(q.get, memory_id)

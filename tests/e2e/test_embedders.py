@@ -139,3 +139,55 @@ def test_packaged_minilm_is_the_default_model(daemon_root: Path) -> None:
             assert [(r["id"], r["legs"]) for r in found["results"]] == [(2, ["dense"])]
     finally:
         assert daemon.stop() == 0
+
+
+def test_an_endpoint_that_recovers_brings_the_dense_leg_back(daemon_root: Path) -> None:
+    with EmbeddingServer(dim=256) as server:
+        server.failure = "status"
+        daemon = http_daemon(daemon_root, server.url).start()
+        try:
+            with daemon.client() as client:
+                index = wait_index(client, "unavailable")
+                assert index["reason"].startswith("the embedder is unavailable: embedding "
+                                                  "endpoint")
+                record_lessons(client)
+                server.failure = None
+                status = client.call("memory.reindex", {})
+                assert (status["state"], status["vectors"], status["memories"]) == (
+                    "ready", 3, 3)
+                found = search(client, "migration user_version", mode="dense", k=1)
+                assert ([r["id"] for r in found["results"]], found["note"]) == ([2], None)
+
+                # The endpoint fails while the index is ready: the query is answered
+                # lexically and says why; a memory recorded meanwhile is kept in SQLite.
+                server.failure = "status"
+                found = search(client, "coffee machine")
+                assert found["legs_used"] == ["lexical"]
+                assert found["note"].startswith("dense leg unavailable (the query could not "
+                                                "be embedded: embedding endpoint")
+                made = client.call("memory.record", {"title": "Deploys",
+                                                     "content": "Deploy on Tuesdays."})
+                assert made["memory"]["id"] == 4
+                assert client.call("daemon.status")["memory_index"]["state"] == "unavailable"
+                server.failure = None
+                status = client.call("memory.reindex", {})
+                assert (status["state"], status["vectors"], status["memories"]) == (
+                    "ready", 4, 4)
+                found = search(client, "deploy tuesdays", mode="dense", k=1)
+                assert [r["id"] for r in found["results"]] == [4]
+        finally:
+            assert daemon.stop() == 0
+
+
+def test_an_approximate_index_with_few_memories_keeps_the_daemon_up(
+        daemon_root: Path) -> None:
+    daemon = DaemonProcess(daemon_root, ["--memory-ann-threshold", "1"]).start()
+    try:
+        with daemon.client() as client:
+            record_lessons(client)
+            index = wait_index(client, "ready")
+            assert (index["vectors"], index["memories"]) == (3, 3)
+            found = search(client, "coffee machine", mode="dense", k=1)
+            assert [r["id"] for r in found["results"]] == [3]
+    finally:
+        assert daemon.stop() == 0
