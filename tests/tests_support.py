@@ -1,8 +1,31 @@
 """Test data and helpers shared by unit and end-to-end tests."""
 
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
-from ctxclient import Client
+import pytest
+import trio
+
+from ctxclient import Client, RpcError
+from ctxd.config import Config
+from ctxd.hub import EventBus
+from ctxd.sessions import Supervisor
+from ctxd.store import Store
+from ctxd.tokens import TokenCounter
+
+COUNTER = TokenCounter()
+LESSONS = [
+    ("Run the tests with the project's venv",
+     "Always run the test suite with the project's virtualenv: .venv/bin/pytest -q"),
+    ("Migrations must bump user_version",
+     "Every schema migration must bump PRAGMA user_version, or the migration test fails."),
+    ("Coffee machine", "The coffee machine is on the third floor, next to the stairs."),
+    ("Rebase before pushing", "Rebase the feature branch on main before pushing to avoid "
+     "merge commits in the history."),
+]
+"""Memories for retrieval tests: ids 1-4 in this order when recorded first."""
 
 # OpenAI's worked example ("How to count tokens with tiktoken"): the chat API itself
 # reported 129 prompt tokens for these messages on gpt-3.5-turbo-0613 and gpt-4-0613.
@@ -34,3 +57,28 @@ def next_event(client: Client, timeout: float = 10) -> dict[str, Any]:
     message = client.notifications.get(timeout=timeout)
     assert message["method"] == "event"
     return message["params"]  # type: ignore[no-any-return]
+
+
+def rpc_error(client: Client, method: str, params: dict[str, Any]) -> RpcError:
+    """The error a call must fail with."""
+    with pytest.raises(RpcError) as caught:
+        client.call(method, params)
+    return caught.value
+
+
+def search(client: Client, query: str, **extra: Any) -> dict[str, Any]:
+    """memory.search."""
+    return client.call("memory.search", {"query": query, **extra})  # type: ignore[no-any-return]
+
+
+@contextlib.asynccontextmanager
+async def running_supervisor(path: Path, config: Config) -> AsyncIterator[Supervisor]:
+    """A Supervisor with its own store at ``path``, in-process, for the block."""
+    store = Store(path)
+    store.open()
+    try:
+        async with trio.open_nursery() as nursery:
+            yield await nursery.start(Supervisor(store, COUNTER, EventBus(), config).run)
+            nursery.cancel_scope.cancel()
+    finally:
+        store.close()

@@ -9,17 +9,11 @@ from typing import Any
 
 import pytest
 from conftest import DaemonProcess
+from tests_support import LESSONS, search
 from unit.test_embedders import HAS_SENTENCE_TRANSFORMERS, NEEDS_SEMANTIC, EmbeddingServer
 
 from ctxclient import Client
 
-LESSONS = [
-    ("Run the tests with the project's venv",
-     "Always run the test suite with the project's virtualenv: .venv/bin/pytest -q"),
-    ("Migrations must bump user_version",
-     "Every schema migration must bump PRAGMA user_version, or the migration test fails."),
-    ("Coffee machine", "The coffee machine is on the third floor, next to the stairs."),
-]
 KEY_VARIABLE = "EMBEDDINGS_TOKEN"
 
 
@@ -36,11 +30,8 @@ def wait_index(client: Client, state: str, timeout: float = 60) -> dict[str, Any
 
 def record_lessons(client: Client) -> list[dict[str, Any]]:
     return [client.call("memory.record", {"title": title, "content": content})
-            for title, content in LESSONS]
+            for title, content in LESSONS[:3]]
 
-
-def search(client: Client, query: str, **extra: Any) -> dict[str, Any]:
-    return client.call("memory.search", {"query": query, **extra})  # type: ignore[no-any-return]
 
 
 def http_daemon(root: Path, url: str) -> DaemonProcess:
@@ -78,7 +69,7 @@ def test_http_embedder_records_and_searches(daemon_root: Path) -> None:
             ("/v1/embeddings", "Bearer s3cret", "test-model")}
         inputs = [text for r in server.requests for text in r.body["input"]]
         assert inputs == ["dimension probe",
-                          *(f"{title}\n{content}" for title, content in LESSONS),
+                          *(f"{title}\n{content}" for title, content in LESSONS[:3]),
                           "which migration bumps user_version", "coffee machine floor"]
 
 

@@ -11,12 +11,10 @@ from typing import Any
 import apsw
 import pytest
 from conftest import DaemonProcess
-from tests_support import hello_text, next_event
+from tests_support import COUNTER, hello_text, next_event, rpc_error
 
 from ctxclient import Client, RpcError
-from ctxd.tokens import TokenCounter
 
-COUNTER = TokenCounter()
 SYSTEM = {"role": "system", "content": "You are a careful coding agent."}
 TASK = {"role": "user", "content": "The migration test fails. Find out why and fix it."}
 
@@ -38,11 +36,6 @@ def user(text: str) -> dict[str, Any]:
 def assistant(text: str) -> dict[str, Any]:
     return {"role": "assistant", "content": text}
 
-
-def rpc_error(client: Client, method: str, params: dict[str, Any]) -> RpcError:
-    with pytest.raises(RpcError) as caught:
-        client.call(method, params)
-    return caught.value
 
 
 def opening(client: Client, branch_id: str) -> list[dict[str, Any]]:

@@ -7,36 +7,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from conftest import DaemonProcess
+from tests_support import COUNTER, LESSONS, rpc_error, search
 
-from ctxclient import Client, RpcError
-from ctxd.tokens import TokenCounter
-
-COUNTER = TokenCounter()
-LESSONS = [
-    ("Run the tests with the project's venv",
-     "Always run the test suite with the project's virtualenv: .venv/bin/pytest -q"),
-    ("Migrations must bump user_version",
-     "Every schema migration must bump PRAGMA user_version, or the migration test fails."),
-    ("Coffee machine", "The coffee machine is on the third floor, next to the stairs."),
-    ("Rebase before pushing", "Rebase the feature branch on main before pushing to avoid "
-     "merge commits in the history."),
-]
+from ctxclient import Client
 
 
 def record(client: Client, title: str, content: str, **extra: Any) -> dict[str, Any]:
     return client.call("memory.record", {"title": title, "content": content, **extra})  # type: ignore[no-any-return]
 
 
-def search(client: Client, query: str, **extra: Any) -> dict[str, Any]:
-    return client.call("memory.search", {"query": query, **extra})  # type: ignore[no-any-return]
-
-
-def rpc_error(client: Client, method: str, params: dict[str, Any]) -> RpcError:
-    with pytest.raises(RpcError) as caught:
-        client.call(method, params)
-    return caught.value
 
 
 def wait_index_ready(client: Client, timeout: float = 20) -> dict[str, Any]:

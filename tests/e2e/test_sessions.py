@@ -7,15 +7,9 @@ from typing import Any
 
 import pytest
 from conftest import DaemonProcess
-from tests_support import OPENAI_EXAMPLE, OPENAI_EXAMPLE_PROMPT_TOKENS, hello_text
+from tests_support import OPENAI_EXAMPLE, OPENAI_EXAMPLE_PROMPT_TOKENS, hello_text, rpc_error
 
 from ctxclient import Client, RpcError
-
-
-def rpc_error(client: Client, method: str, params: dict[str, Any]) -> RpcError:
-    with pytest.raises(RpcError) as caught:
-        client.call(method, params)
-    return caught.value
 
 
 @pytest.fixture

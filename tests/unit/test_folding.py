@@ -10,15 +10,13 @@ import msgspec
 import pytest
 import trio
 import trio.testing
+from tests_support import running_supervisor
 
 from ctxd.config import Config
 from ctxd.errors import CtxdError, ErrorCode
 from ctxd.folding import BranchActor
 from ctxd.folding import _ops as ops
-from ctxd.hub import EventBus
 from ctxd.sessions import SessionActor, Supervisor
-from ctxd.store import Store
-from ctxd.tokens import TokenCounter
 from ctxd.wire.types import (
     BranchCreateParams,
     BranchCreateResult,
@@ -26,8 +24,6 @@ from ctxd.wire.types import (
     MessageIn,
     SessionOpenParams,
 )
-
-COUNTER = TokenCounter()
 
 
 @pytest.fixture
@@ -42,14 +38,9 @@ def clock() -> trio.testing.MockClock:
 @pytest.fixture
 async def supervisor(tmp_path: Path, clock: trio.testing.MockClock
                      ) -> AsyncIterator[Supervisor]:
-    store = Store(tmp_path / "ctxd.db")
-    store.open()
     config = Config(session_idle_s=3600.0, max_live_branches=2000)
-    async with trio.open_nursery() as nursery:
-        running = await nursery.start(Supervisor(store, COUNTER, EventBus(), config).run)
+    async with running_supervisor(tmp_path / "ctxd.db", config) as running:
         yield running
-        nursery.cancel_scope.cancel()
-    store.close()
 
 
 async def open_session(supervisor: Supervisor, session_id: str) -> None:

@@ -6,28 +6,19 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from tests_support import running_supervisor
 
 from ctxd.config import Config
 from ctxd.errors import CtxdError, ErrorCode
-from ctxd.hub import EventBus
 from ctxd.sessions import Supervisor
-from ctxd.store import Store
-from ctxd.tokens import TokenCounter
 from ctxd.wire.types import MessageAppendParams, MessageIn, SessionOpenParams
-
-COUNTER = TokenCounter()
 
 
 @pytest.fixture
 async def supervisor(tmp_path: Path) -> AsyncIterator[Supervisor]:
-    store = Store(tmp_path / "ctxd.db")
-    store.open()
     config = Config(session_idle_s=600.0, max_open_sessions=3)
-    async with trio.open_nursery() as nursery:
-        running = await nursery.start(Supervisor(store, COUNTER, EventBus(), config).run)
+    async with running_supervisor(tmp_path / "ctxd.db", config) as running:
         yield running
-        nursery.cancel_scope.cancel()
-    store.close()
 
 
 def append(session_id: str, *texts: str) -> MessageAppendParams:
