@@ -167,11 +167,12 @@ async def live_branch(actor: SessionActor, branch_id: str, *, for_append: bool
 # ---- force-return ----------------------------------------------------------------------
 
 def _overdue(actor: SessionActor, branch: BranchRecord) -> BranchStatus | None:
-    """Why the branch must be force-returned now (judged at the request's arrival)."""
-    if actor.arrived >= branch.deadline:
-        return "timeout"
+    """Why the branch must be force-returned now (judged at the request's arrival). A spent
+    budget comes first: it was spent by an append accepted before the deadline."""
     if branch.tokens_used >= branch.budget:
         return "budget_exhausted"
+    if actor.arrived >= branch.deadline:
+        return "timeout"
     return None
 
 
