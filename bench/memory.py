@@ -1,0 +1,625 @@
+"""Memory benchmark: memory.search and branch.create with injection over 10k and 100k memories.
+
+Everything runs against a real daemon (``python -m ctxd`` on a temporary socket and data
+directory, restarted on the same data between phases; default ``[memory]`` settings but
+for ``ann_threshold`` in phase 1: hashing embedder, 1,024 dimensions). The load generator
+is this process: blocking Unix-socket clients from ``bench/rpc.py``, requests encoded
+before their timer starts, one request at a time for latencies. Machines are shared and
+noisy: client and daemon share the cores.
+
+Texts are synthetic but shaped like real memories: a bigram chain trained on the project's
+own documentation (``docs/*.md``, ``README.md``) writes the sentences; each memory has a
+title (4-8 words), a description (one sentence), content (2-5 sentences, some with
+identifiers, paths and error codes unique to the memory) and 1-3 tags, in one of 20
+project scopes (80%) or ``global`` (20%). A query is 4-10 words, half of them taken from a
+recorded memory and half generated, searched in a random project's scope.
+
+Phases, in order, on one data directory:
+
+1. ``record``: memories recorded up to each size of ``--sizes`` (default 10,000 and
+   100,000), pipelined (``--window`` in flight), memories/s per block of 10,000; the first
+   ``--sequential`` one at a time. Every reply is checked (an id, no error).
+2. ``search`` at each size: ``daemon.ping`` (the baseline: the floor of a round trip),
+   then ``memory.search`` (k 5, a project's scope) in hybrid, lexical and dense mode,
+   interleaved per query: p50/p99 and the ratio to ping. The index is *flat as grown*:
+   memories recorded one by one go into the exact index that exists; this phase's daemon
+   runs with ``--memory-ann-threshold`` above the largest size so that it stays exact.
+3. ``inject`` at the largest size: ``branch.create`` with a 1 KB prompt, with memory
+   injection (the default) and, interleaved as the baseline, with ``inject_memories``
+   false, in a session of one of the projects; every tenth create the session's ten
+   branches are returned (untimed).
+4. ``reindex``: the daemon restarted with ``--ann-threshold`` (default 50,000, the
+   daemon's) and ``memory.reindex`` timed: above the threshold the rebuilt index is IVF.
+   Should the daemon not answer it (see docs/performance.md), it is stopped, its index
+   file removed and it is started again: its start-up rebuild makes the same index. Then
+   ``search`` and ``inject`` again (the same queries), and the share of the flat index's
+   dense results that the approximate index finds again.
+5. ``breakdown``: where a search's time goes, measured in this process on copies of the
+   daemon's index files and on its database (read-only): the query's embedding, a worker
+   thread hop, FAISS searches of the sizes the dense leg asks for (and how many rounds it
+   needs in a project's scope), the FTS5 query (short, and a branch's description and
+   prompt), the SQLite reads of the filters and the results; and one scratch technique,
+   an FTS5 query cut to its rarest words.
+
+Targets: search p99 <= 5 ms at 100k memories; branch.create with injection p99 <= 10 ms.
+The script reports and exits 0 once the daemon has started; it exits 1 only when a figure
+could not be measured.
+
+Run: ``python bench/memory.py`` (about 10 minutes), ``python bench/memory.py --sizes
+2000,20000 --queries 300`` (about a minute).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import math
+import os
+import platform
+import random
+import re
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import apsw
+import faiss
+import trio
+from folding import Caller, vm_bytes
+from locomo_recall import running, wait_dense
+from rpc import BenchError, RawClient, ServerProcess, ms, percentile, print_table, verdict
+
+from ctxd.memory import HashingEmbedder
+from ctxd.memory import _queries as queries
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SEARCH_P99_TARGET_S = 0.005
+INJECT_P99_TARGET_S = 0.010
+PROJECTS = 20
+GLOBAL_SHARE = 0.2
+BLOCK = 10_000
+BIG_BUDGET = {"context_window": 100_000_000, "max_output_tokens": 8192}
+PER_SESSION = 10  # live branches a session may hold (the default)
+LEG_CANDIDATES = 50  # what each leg proposes for k <= 12 (ctxd/memory/_retrieval.py)
+
+
+# ---- synthetic texts --------------------------------------------------------------------
+
+class Writer:
+    """Sentences from a bigram chain trained on the project's documentation."""
+
+    _TOKEN = re.compile(r"[A-Za-z][A-Za-z'-]*|[.!?]")
+
+    def __init__(self, seed: int):
+        text = " ".join(path.read_text(errors="replace") for path in sorted(
+            [*REPO_ROOT.glob("docs/*.md"), REPO_ROOT / "README.md"]) if path.exists())
+        tokens = [t.lower() for t in self._TOKEN.findall(text)]
+        self.follows: dict[str, list[str]] = defaultdict(list)
+        for a, b in itertools.pairwise([".", *tokens]):
+            self.follows["." if a in "!?" else a].append("." if b in "!?" else b)
+        self.words = sorted({t for t in tokens if t not in ".!?"})
+        self.rng = random.Random(seed)
+        self.serial = itertools.count(1)
+
+    def sentence(self, low: int, high: int) -> str:
+        length = self.rng.randint(low, high)
+        words: list[str] = []
+        current = "."
+        while len(words) < length:
+            current = self.rng.choice(self.follows[current] or ["."])
+            if current == ".":
+                if len(words) >= low:
+                    break
+                continue
+            words.append(current)
+        return " ".join(words).capitalize() + "."
+
+    def identifier(self) -> str:
+        number = next(self.serial)
+        a, b = self.rng.choice(self.words), self.rng.choice(self.words)
+        return self.rng.choice((f"{a}_{b}_{number}", f"src/{a}/{b}{number}.py",
+                                f"E{number:05d}", f"{a.capitalize()}{b.capitalize()}Error"))
+
+    def memory(self) -> dict[str, Any]:
+        sentences = [self.sentence(6, 18) for _ in range(self.rng.randint(2, 5))]
+        spot = self.rng.randrange(len(sentences))
+        sentences[spot] = sentences[spot][:-1] + f" ({self.identifier()})."
+        project = self.rng.randrange(PROJECTS)
+        return {
+            "title": self.sentence(4, 8)[:-1],
+            "description": self.sentence(8, 16),
+            "content": " ".join(sentences),
+            "tags": sorted({self.rng.choice(self.words).strip("'-") or "misc"
+                            for _ in range(self.rng.randint(1, 3))}),
+            "scope": ("global" if self.rng.random() < GLOBAL_SHARE
+                      else f"project:bench-{project}"),
+        }
+
+    def query(self, recorded: Sequence[str]) -> str:
+        if recorded and self.rng.random() < 0.5:
+            words = recorded[self.rng.randrange(len(recorded))].split()
+            start = self.rng.randrange(max(1, len(words) - 6))
+            return " ".join(words[start:start + self.rng.randint(4, 8)]).strip(".")
+        return self.sentence(4, 10)[:-1]
+
+    def prompt(self, size: int) -> str:
+        parts: list[str] = []
+        while sum(len(p) + 1 for p in parts) < size:
+            parts.append(self.sentence(8, 20))
+        return " ".join(parts)[:size]
+
+    def scope(self) -> str:
+        return f"project:bench-{self.rng.randrange(PROJECTS)}"
+
+
+# ---- the report -------------------------------------------------------------------------
+
+@dataclass
+class Latencies:
+    """One-at-a-time samples of one kind of request."""
+
+    samples: list[float] = field(default_factory=list)
+
+    def p(self, fraction: float) -> float:
+        return percentile(self.samples, fraction)
+
+    def cell(self) -> str:
+        if not self.samples:
+            return "-"
+        return f"{ms(self.p(0.5))} / {ms(self.p(0.99))}"
+
+
+@dataclass
+class SearchRun:
+    """Search latencies at one size and index kind."""
+
+    label: str
+    memories: int
+    ping: Latencies = field(default_factory=Latencies)
+    modes: dict[str, Latencies] = field(default_factory=lambda: {
+        mode: Latencies() for mode in ("hybrid", "lexical", "dense")})
+    dense_ids: list[list[int]] = field(default_factory=list)
+    rss: int | None = None
+
+
+@dataclass
+class InjectRun:
+    label: str
+    plain: Latencies = field(default_factory=Latencies)
+    injected: Latencies = field(default_factory=Latencies)
+    items: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    statuses: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    args: argparse.Namespace
+    sequential_rate: float | None = None
+    blocks: list[tuple[int, int, float]] = field(default_factory=list)
+    searches: list[SearchRun] = field(default_factory=list)
+    injects: list[InjectRun] = field(default_factory=list)
+    reindex: str = ""
+    ivf_overlap: float | None = None
+    breakdown: list[tuple[str, str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def print(self) -> None:
+        args = self.args
+        print()
+        print(f"ctxd memory benchmark: {platform.python_implementation()} "
+              f"{platform.python_version()}, {os.cpu_count()} CPUs, load average "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print("one daemon, default [memory] settings (hashing embedder, 1,024 dimensions); "
+              "load generator in this process; latencies one request at a time")
+        print()
+        if self.sequential_rate is not None or self.blocks:
+            rows: list[tuple[str, ...]] = [("memory.record", "memories", "memories/s")]
+            if self.sequential_rate is not None:
+                rows.append(("one at a time", f"first {args.sequential:,}",
+                             f"{self.sequential_rate:,.0f}"))
+            for start, end, rate in self.blocks:
+                rows.append((f"pipelined, {args.window} in flight", f"{start:,}-{end:,}",
+                             f"{rate:,.0f}"))
+            print_table(rows)
+            print()
+        if self.searches:
+            rows = [("memory.search (k 5, project scope)", "memories", "index",
+                     "p50 / p99", "p99 / ping p99", "target", "result")]
+            for run in self.searches:
+                ping99 = run.ping.p(0.99) if run.ping.samples else math.nan
+                rows.append(("daemon.ping (baseline)", f"{run.memories:,}", run.label,
+                             run.ping.cell(), "1.00x", "-", "baseline"))
+                for mode, latencies in run.modes.items():
+                    if not latencies.samples:
+                        continue
+                    p99 = latencies.p(0.99)
+                    target = mode == "hybrid" and run.memories >= 100_000
+                    rows.append((f"  {mode}", f"{run.memories:,}", run.label,
+                                 latencies.cell(), f"{p99 / ping99:.1f}x",
+                                 "<= 5 ms" if target else "-",
+                                 verdict(p99 <= SEARCH_P99_TARGET_S) if target else "info"))
+                if run.rss is not None:
+                    rows.append(("  daemon RSS", f"{run.memories:,}", run.label,
+                                 f"{run.rss / 1e6:,.0f} MB", "-", "-", "info"))
+            print_table(rows)
+            print()
+        if self.injects:
+            rows = [("branch.create, 1 KB prompt", "index", "p50 / p99", "ratio p50 / p99",
+                     "target", "result")]
+            for run in self.injects:
+                rows.append(("inject_memories false (baseline)", run.label, run.plain.cell(),
+                             "1.00x", "-", "baseline"))
+                if run.injected.samples and run.plain.samples:
+                    ratio = (f"{run.injected.p(0.5) / run.plain.p(0.5):.1f}x / "
+                             f"{run.injected.p(0.99) / run.plain.p(0.99):.1f}x")
+                    rows.append(("with injection", run.label, run.injected.cell(), ratio,
+                                 "<= 10 ms",
+                                 verdict(run.injected.p(0.99) <= INJECT_P99_TARGET_S)))
+                if run.items:
+                    rows.append(("  memories injected per branch (mean), tokens (mean)",
+                                 run.label, f"{statistics.mean(run.items):.1f}, "
+                                 f"{statistics.mean(run.tokens):.0f}", "-", "-",
+                                 ", ".join(f"{k} {v}" for k, v in run.statuses.items())))
+            print_table(rows)
+            print()
+        if self.reindex:
+            print(f"memory.reindex: {self.reindex}")
+        if self.ivf_overlap is not None:
+            print(f"approximate index: {self.ivf_overlap:.1%} of the flat index's dense "
+                  "results (k 5, same queries) found again")
+        if self.reindex or self.ivf_overlap is not None:
+            print()
+        if self.breakdown:
+            print("where a search's time goes (this process, on the daemon's files)")
+            print_table([("step", "flat", "IVF"), *self.breakdown])
+            print()
+        for note in self.notes:
+            print(f"note: {note}")
+
+
+# ---- phases -----------------------------------------------------------------------------
+
+def record(caller: Caller, writer: Writer, report: Report, start: int, end: int,
+           contents: list[str]) -> None:
+    args = report.args
+    if start == 0 and args.sequential:
+        count = min(args.sequential, end)
+        began = time.perf_counter()
+        for _ in range(count):
+            params = writer.memory()
+            result = caller.call("memory.record", params)
+            if not result["memory"]["id"]:
+                raise BenchError(f"memory.record answered {result}")
+            contents.append(params["content"])
+        report.sequential_rate = count / (time.perf_counter() - began)
+        start = count
+    while start < end:
+        stop = min(end, (start // BLOCK + 1) * BLOCK)
+        batch = [writer.memory() for _ in range(stop - start)]
+        began = time.perf_counter()
+        results = caller.pipelined("memory.record", ((lambda p=p: p) for p in batch),
+                                   args.window)
+        rate = len(batch) / (time.perf_counter() - began)
+        if any(not result["memory"]["id"] for result in results):
+            raise BenchError("a memory.record reply has no id")
+        contents.extend(p["content"] for p in batch)
+        report.blocks.append((start, stop, rate))
+        print(f"  recorded {stop:,} ({rate:,.0f}/s)", flush=True)
+        start = stop
+
+
+def search(caller: Caller, writer: Writer, run: SearchRun, contents: list[str],
+           count: int, pid: int) -> None:
+    for _ in range(count):
+        run.ping.samples.append(caller.ping_seconds())
+    for _ in range(count):
+        query, scope = writer.query(contents), writer.scope()
+        for mode, latencies in run.modes.items():
+            seconds, result = caller.timed("memory.search", {
+                "query": query, "scope": scope, "k": 5, "mode": mode})
+            latencies.samples.append(seconds)
+            if mode == "dense":
+                run.dense_ids.append([hit["id"] for hit in result["results"]])
+    run.rss = vm_bytes(pid, "VmRSS")
+
+
+def inject(caller: Caller, writer: Writer, run: InjectRun, count: int, tag: str) -> None:
+    session_id = f"bench-memory-{os.getpid()}-{tag}"
+    caller.call("session.open", {"session_id": session_id, "budget": BIG_BUDGET,
+                                 "project": f"bench-{writer.rng.randrange(PROJECTS)}"})
+    live: list[str] = []
+    for number in range(count):
+        for injecting in (True, False):
+            if len(live) == PER_SESSION:
+                caller.pipelined("branch.return", (
+                    (lambda b=b: {"branch_id": b, "message": "done"}) for b in live),
+                    PER_SESSION)
+                live.clear()
+            params = {"session_id": session_id, "description": writer.sentence(6, 12),
+                      "prompt": writer.prompt(1024), "timeout_seconds": 600,
+                      "parent_branch_id": None, "inject_memories": injecting}
+            seconds, created = caller.timed("branch.create", params)
+            live.append(created["branch_id"])
+            if injecting:
+                run.injected.samples.append(seconds)
+                status = created["injection"]["status"]
+                run.statuses[status] = run.statuses.get(status, 0) + 1
+                run.items.append(len(created["injected_context"]))
+                run.tokens.append(created["injection"]["tokens"])
+            else:
+                run.plain.samples.append(seconds)
+        if number % 100 == 99:
+            print(f"  {number + 1} pairs of creates", flush=True)
+    caller.pipelined("branch.return", (
+        (lambda b=b: {"branch_id": b, "message": "done"}) for b in live), PER_SESSION)
+
+
+def reindex(server: ServerProcess, caller: Caller) -> tuple[float | None, str]:
+    """memory.reindex, timed; (None, what happened) when the daemon did not answer it."""
+    started = time.perf_counter()
+    try:
+        status = caller.call("memory.reindex")
+    except BenchError as exc:
+        elapsed = time.perf_counter() - started
+        return None, f"no answer after {elapsed:.1f} s ({exc})"
+    elapsed = time.perf_counter() - started
+    return elapsed, f"{status['state']}, {status['vectors']:,} vectors in {elapsed:.1f} s"
+
+
+# ---- where the time goes ----------------------------------------------------------------
+
+RARE_TERMS = 16
+
+
+def rarest_words(conn: apsw.Connection, text: str, count: int) -> str:
+    """The ``count`` words of ``text`` found in the fewest memories (scratch technique)."""
+    words = list(dict.fromkeys(w.lower() for w in re.findall(r"[^\W_]+", text)))[:64]
+    frequency = {w: int(conn.execute("SELECT count(*) FROM memories_fts WHERE memories_fts "
+                                     "MATCH ?", (f'"{w}"',)).fetchall()[0][0]) for w in words}
+    return " ".join(sorted(words, key=lambda w: (frequency[w], w))[:count])
+
+
+def _best_of(fn: Callable[[], object], repeat: int) -> float:
+    """Median seconds of ``repeat`` calls."""
+    samples = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:,.0f} us" if seconds < 0.01 else f"{seconds * 1e3:,.1f} ms"
+
+
+def breakdown(report: Report, data_dir: Path, flat: Path, ivf: Path | None,
+              writer: Writer, contents: list[str]) -> None:
+    """Median cost of each step of a search, on the daemon's database and index files."""
+    args = report.args
+    embedder = HashingEmbedder(1024)
+    sample = [writer.query(contents) for _ in range(200)]
+    scopes = [writer.scope() for _ in sample]
+    long_queries = [writer.sentence(6, 12) + "\n" + writer.prompt(1024) for _ in range(50)]
+    vectors = embedder.embed_sync(sample)
+    indexes = [faiss.read_index(str(flat))]
+    if ivf is not None:
+        index = faiss.read_index(str(ivf))
+        faiss.extract_index_ivf(index).nprobe = args.nprobe
+        indexes.append(index)
+    rows: list[tuple[str, str, str]] = []
+
+    def row(label: str, flat_s: float, ivf_s: float | None = None) -> None:
+        rows.append((label, _us(flat_s), "-" if ivf_s is None else _us(ivf_s)))
+
+    queries_iter = itertools.cycle(sample)
+    row("embed the query (hashing, 1,024 dims)",
+        _best_of(lambda: embedder.embed_sync([next(queries_iter)]), 200))
+
+    async def hops() -> float:
+        samples = []
+        for _ in range(200):
+            started = time.perf_counter()
+            await trio.to_thread.run_sync(lambda: None)
+            samples.append(time.perf_counter() - started)
+        return statistics.median(samples)
+
+    row("one trio.to_thread hop (the embedding, each FAISS call)", trio.run(hops))
+    vector_iter = itertools.cycle(range(len(vectors)))
+    for asked in (50, 200, 800):
+        times = [_best_of(lambda i=i, a=asked: i.search(vectors[next(vector_iter)][None, :],
+                                                        a), 50) for i in indexes]
+        row(f"FAISS search, k {asked}", times[0], times[1] if len(times) > 1 else None)
+    conn = apsw.Connection(str(data_dir / "ctxd.db"), flags=apsw.SQLITE_OPEN_READONLY)
+    pairs = itertools.cycle(zip(sample, scopes, strict=True))
+    row("FTS5 BM25 query, 50 best (4-10 word query, project scope)",
+        _best_of(lambda: queries.lexical(conn, *next(pairs), 0.0, LEG_CANDIDATES), 200))
+    long_iter = itertools.cycle(long_queries)
+    row("FTS5 BM25 query, 50 best (branch description + 1 KB prompt)",
+        _best_of(lambda: queries.lexical(conn, next(long_iter), scopes[0], 0.0,
+                                         LEG_CANDIDATES), 30))
+    # A technique to try (not the daemon's): keep only the query's rarest words.
+    rare = [rarest_words(conn, text, RARE_TERMS) for text in long_queries]
+    rare_iter = itertools.cycle(rare)
+    row(f"  the same query cut to its {RARE_TERMS} rarest words (scratch)",
+        _best_of(lambda: queries.lexical(conn, next(rare_iter), scopes[0], 0.0,
+                                         LEG_CANDIDATES), 30))
+    overlap = statistics.mean(
+        len({i for i, _ in queries.lexical(conn, text, scopes[0], 0.0, 10)}
+            & {i for i, _ in queries.lexical(conn, cut, scopes[0], 0.0, 10)}) / 10
+        for text, cut in zip(long_queries[:20], rare[:20], strict=True))
+    rows.append(("  its 10 best among the full query's 10 best", f"{overlap:.0%}", ""))
+    # The dense leg's rounds: FAISS is asked for 50, then 200, then 800 while the scope
+    # filter keeps fewer than 50 (ctxd/memory/_retrieval.py).
+    rounds: list[int] = []
+    for vector, scope in zip(vectors, scopes, strict=True):
+        asked = LEG_CANDIDATES
+        for round_number in itertools.count(1):
+            scores, ids = indexes[0].search(vector[None, :], asked)
+            found = [int(i) for i, s in zip(ids[0], scores[0], strict=True)
+                     if i >= 0 and s >= 0.1]
+            kept = queries.allowed(conn, found, scope, 0.0)
+            if (len(kept) >= LEG_CANDIDATES or len(found) < asked
+                    or asked >= 16 * LEG_CANDIDATES):
+                rounds.append(round_number)
+                break
+            asked *= 4
+    rows.append(("dense leg: FAISS rounds per search (mean, project scope)",
+                 f"{statistics.mean(rounds):.2f}", ""))
+    id_lists = [[int(i) for i in indexes[0].search(v[None, :], 800)[1][0] if i >= 0]
+                for v in vectors[:50]]
+    for size in (50, 200, 800):
+        lists = itertools.cycle(id_lists)
+        row(f"SQLite scope/confidence filter of {size} ids",
+            _best_of(lambda s=size, c=lists: queries.allowed(conn, next(c)[:s], scopes[0], 0.0),
+                     50))
+    lists = itertools.cycle(id_lists)
+    row("SQLite read of the 5 results", _best_of(
+        lambda: queries.by_ids(conn, next(lists)[:5]), 200))
+    conn.close()
+    report.breakdown = rows
+
+
+# ---- the run ----------------------------------------------------------------------------
+
+def run_benchmark(report: Report) -> None:
+    args = report.args
+    sizes = sorted(args.sizes)
+    writer = Writer(seed=20251122)
+    contents: list[str] = []
+    root = Path(tempfile.mkdtemp(prefix="ctxd-m"))
+    data_dir = root / "data"
+    flat_copy = root / "flat.faiss"
+    ivf_copy = root / "ivf.faiss"
+    flat_run: SearchRun | None = None
+    try:
+        print(f"starting ctxd in {root} ...", flush=True)
+        # Phase 1 keeps the index exact however large it grows ("flat as grown"): with the
+        # default threshold the daemon rebuilds it approximate once past it (see phase 4).
+        flat = {"ann-threshold": str(sizes[-1] + 1)}
+        with running(root, data_dir, "ctxd", sys.executable, flat) as (server, caller):
+            recorded = 0
+            for size in sizes:
+                print(f"recording up to {size:,} memories ...", flush=True)
+                record(caller, writer, report, recorded, size, contents)
+                recorded = size
+                problem = wait_dense(caller, size, 600)
+                if problem:
+                    report.notes.append(f"at {size:,}: {problem}")
+                print(f"searching at {size:,} ...", flush=True)
+                flat_run = SearchRun("flat as grown", size)
+                writer.rng.seed(1)  # every pass searches the same queries
+                search(caller, writer, flat_run, contents, args.queries, server.proc.pid)
+                report.searches.append(flat_run)
+            print("branch.create with and without injection ...", flush=True)
+            run = InjectRun("flat as grown")
+            inject(caller, writer, run, args.creates, "flat")
+            report.injects.append(run)
+        # The daemon saved its index when it stopped: keep the flat one for the breakdown.
+        if (data_dir / "memory.faiss").exists():
+            shutil.copy(data_dir / "memory.faiss", flat_copy)
+        settings = {"ann-threshold": str(args.ann_threshold)}
+        label = "IVF" if sizes[-1] > args.ann_threshold else "flat, rebuilt"
+        print(f"memory.reindex (ann_threshold {args.ann_threshold:,}) ...", flush=True)
+        with running(root, data_dir, "ctxd-reindex", sys.executable, settings) as (
+                server, caller):
+            elapsed, report.reindex = reindex(server, caller)
+            if elapsed is None:
+                with contextlib.closing(RawClient(server.socket_path)) as client:
+                    index = Caller(client).call("daemon.status").get("memory_index")
+                if index is not None:
+                    report.reindex += (f"; daemon.status then says the index is "
+                                       f"{index['state']} ({index['reason']})")
+        if elapsed is None:
+            for name in ("memory.faiss", "memory.json"):
+                (data_dir / name).unlink(missing_ok=True)
+        print(f"restarting ctxd ({label}) ...", flush=True)
+        with running(root, data_dir, "ctxd-2", sys.executable, settings) as (server, caller):
+            started = time.perf_counter()
+            problem = wait_dense(caller, sizes[-1], 1800)
+            if elapsed is None:
+                report.reindex += (f"; restarted without its index file, the daemon rebuilt "
+                                   f"it at start in {time.perf_counter() - started:.1f} s"
+                                   + (f" ({problem})" if problem else ""))
+            elif problem:
+                report.notes.append(f"after the restart: {problem}")
+            rebuilt = SearchRun(label, sizes[-1])
+            writer.rng.seed(1)
+            search(caller, writer, rebuilt, contents, args.queries, server.proc.pid)
+            report.searches.append(rebuilt)
+            print("branch.create with and without injection ...", flush=True)
+            run = InjectRun(label)
+            inject(caller, writer, run, args.creates, "rebuilt")
+            report.injects.append(run)
+        if (data_dir / "memory.faiss").exists():
+            shutil.copy(data_dir / "memory.faiss", ivf_copy)
+        if flat_run is not None and flat_run.dense_ids and rebuilt.dense_ids:
+            report.ivf_overlap = statistics.mean(
+                len(set(a) & set(b)) / len(a)
+                for a, b in zip(flat_run.dense_ids, rebuilt.dense_ids, strict=True) if a)
+        if flat_copy.exists():
+            print("where the time goes ...", flush=True)
+            breakdown(report, data_dir, flat_copy, ivf_copy if ivf_copy.exists() else None,
+                      writer, contents)
+    finally:
+        if args.keep_logs:
+            destination = Path(args.keep_logs)
+            destination.mkdir(parents=True, exist_ok=True)
+            for log in root.glob("*.log"):
+                shutil.copy(log, destination / log.name)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    cli = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    cli.add_argument("--sizes", type=lambda text: [int(x) for x in text.split(",")],
+                     default=[10_000, 100_000],
+                     help="memory counts to search at, comma-separated (default 10000,100000)")
+    cli.add_argument("--queries", type=int, default=1000,
+                     help="searches per mode and size (default 1000)")
+    cli.add_argument("--creates", type=int, default=500,
+                     help="branch.create pairs (with and without injection) per index "
+                          "(default 500)")
+    cli.add_argument("--sequential", type=int, default=1000,
+                     help="memories recorded one at a time first (default 1000)")
+    cli.add_argument("--window", type=int, default=32,
+                     help="pipelined records in flight (default 32)")
+    cli.add_argument("--ann-threshold", type=int, default=50_000,
+                     help="the daemon's [memory] ann_threshold, passed as a flag "
+                          "(default 50000, the daemon's default)")
+    cli.add_argument("--nprobe", type=int, default=16,
+                     help="the daemon's [memory] nprobe, for the breakdown (default 16)")
+    cli.add_argument("--keep-logs", metavar="DIR", help="copy the daemon's logs to DIR")
+    return cli.parse_args(argv)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    sys.exit(128 + signum)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the daemon is stopped and the temp dir removed.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    report = Report(args)
+    try:
+        run_benchmark(report)
+    except (BenchError, OSError) as exc:
+        report.print()
+        print(f"benchmark could not finish: {exc}", file=sys.stderr)
+        sys.exit(1)
+    report.print()
+
+
+if __name__ == "__main__":
+    main()
