@@ -230,6 +230,9 @@ def wait_dense(caller: Caller, memories: int, timeout_s: float) -> str | None:
             if index is not None and index["vectors"] != memories:
                 return f"the dense index holds {index['vectors']} of {memories} memories"
             return None
+        index = caller.call("daemon.status").get("memory_index")
+        if index is not None and index["state"] == "unavailable":
+            return f"the dense index is unavailable: {index['reason']}"
         if time.monotonic() > give_up:
             return found.get("note") or "the dense leg did not answer"
         time.sleep(0.5)
@@ -584,6 +587,7 @@ def techniques_pass(report: Report, root: Path) -> None:
 
     default = Fusion()
     light = Fusion(dense_weight=0.25, rrf_k=10, min_score=0.2)
+    tuned = Fusion(dense_weight=0.25, rrf_k=10)
     best = {"stop_words": True, "char_ngrams": (3, 4), "char_weight": 0.5}
     variants: list[tuple[Variant, Fusion]] = [
         (Variant("daemon's embedder and fusion (words + pairs, 1024)"), default),
@@ -598,13 +602,13 @@ def techniques_pass(report: Report, root: Path) -> None:
         (Variant("stop words + IDF", stop_words=True, idf="both"), default),
         (Variant("stop words + char 3,4-grams x0.5 + IDF", idf="both", **best), default),
         (Variant("stop words + char 3,4-grams x0.5 + IDF", idf="both", **best),
-         Fusion(dense_weight=0.25)),
+         tuned),
         (Variant("stop words + char 3,4-grams x0.5 + IDF, 2048 dims", idf="both", dim=2048,
                  **best), default),
         (Variant("stop words + char 3,4-grams x0.5 + IDF squared on queries only",
                  idf="query", **best), default),
         (Variant("stop words + char 3,4-grams x0.5 + IDF squared on queries only",
-                 idf="query", **best), Fusion(dense_weight=0.25)),
+                 idf="query", **best), tuned),
     ]
     for number, (variant, fusion) in enumerate(variants):
         label = variant.label

@@ -45,7 +45,7 @@ Targets: search p99 <= 5 ms at 100k memories; branch.create with injection p99 <
 The script reports and exits 0 once the daemon has started; it exits 1 only when a figure
 could not be measured.
 
-Run: ``python bench/memory.py`` (about 10 minutes), ``python bench/memory.py --sizes
+Run: ``python bench/memory.py`` (about 25 minutes), ``python bench/memory.py --sizes
 2000,20000 --queries 300`` (about a minute).
 """
 
@@ -219,8 +219,9 @@ class Report:
         print(f"ctxd memory benchmark: {platform.python_implementation()} "
               f"{platform.python_version()}, {os.cpu_count()} CPUs, load average "
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-        print("one daemon, default [memory] settings (hashing embedder, 1,024 dimensions); "
-              "load generator in this process; latencies one request at a time")
+        print("a daemon restarted on one data directory, default [memory] settings (hashing "
+              "embedder, 1,024 dimensions) but ann_threshold in the flat phase; load "
+              "generator in this process; latencies one request at a time")
         print()
         if self.sequential_rate is not None or self.blocks:
             rows: list[tuple[str, ...]] = [("memory.record", "memories", "memories/s")]
