@@ -58,10 +58,10 @@ class MemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     embedding_model: str = ""
     api_key_env: str = ""
     hash_dim: Annotated[int, Meta(ge=64, le=65_536)] = 1_024
-    rrf_k: Annotated[int, Meta(ge=1, le=1_000)] = 60
+    rrf_k: Annotated[int, Meta(ge=1, le=1_000)] = 10
     lexical_weight: Annotated[float, Meta(ge=0.0, le=10.0)] = 1.0
-    dense_weight: Annotated[float, Meta(ge=0.0, le=10.0)] = 1.0
-    dense_min_score: Annotated[float, Meta(ge=-1.0, le=1.0)] = 0.1
+    dense_weight: Annotated[float, Meta(ge=0.0, le=10.0)] = 0.25
+    dense_min_score: Annotated[float, Meta(ge=-1.0, le=1.0)] = 0.2
     ann_threshold: Positive = 50_000
     nprobe: Annotated[int, Meta(ge=1, le=4_096)] = 16
 

@@ -68,6 +68,8 @@ class MemoryIndex:
         self._pending: dict[int, tuple[str, int]] = {}
         self._embedder_loaded = False
         self._retry_at = 0.0
+        self._max_id = 0
+        """The highest id ever put in the index (an id above it is not there)."""
         self._jobs_send, self._jobs = trio.open_memory_channel[
             tuple[Callable[[], Awaitable[Any]], trio.Event, list[Any]]](64)
 
@@ -81,21 +83,25 @@ class MemoryIndex:
         try:
             await self._open()
             while True:
+                received = None
+                # Only the wait is timed: a job (a rebuild) may take as long as it needs.
                 with trio.move_on_after(TICK_S):
-                    job, done, box = await self._jobs.receive()
-                    try:
-                        box.append(await job())
-                    except BaseException as exc:  # handed to the caller, which re-raises
-                        box.append(exc)
-                        if not isinstance(exc, Exception):
-                            raise
-                    finally:
-                        done.set()
-                    if self._outgrown():
+                    received = await self._jobs.receive()
+                if received is None:
+                    await self._save_if_dirty()
+                    if self.state == "unavailable" and trio.current_time() >= self._retry_at:
                         await self._rebuild()
                     continue
-                await self._save_if_dirty()
-                if self.state == "unavailable" and trio.current_time() >= self._retry_at:
+                job, done, box = received
+                try:
+                    box.append(await job())
+                except BaseException as exc:  # handed to the caller, which re-raises
+                    box.append(exc)
+                    if not isinstance(exc, Exception):
+                        raise
+                finally:
+                    done.set()
+                if self._outgrown():
                     await self._rebuild()
         finally:
             with trio.move_on_after(10, shield=True):
@@ -164,6 +170,7 @@ class MemoryIndex:
             return False
         self._set_nprobe(index)
         self._index = index
+        self._max_id = int(meta.get("max_id", 1 << 62))  # unknown: remove before each add
         return True
 
     def _outgrown(self) -> bool:
@@ -202,6 +209,7 @@ class MemoryIndex:
             vectors = (np.concatenate(parts) if parts
                        else np.zeros((0, self.embedder.dim), np.float32))
             self._index = await trio.to_thread.run_sync(self._build, ids, vectors)
+            self._max_id = max(ids, default=0)
         except (EmbedderError, CtxdError, RuntimeError, ValueError) as exc:
             # RuntimeError is how faiss reports its failures.
             self._unavailable(f"rebuilding the dense index failed: {exc}")
@@ -253,7 +261,8 @@ class MemoryIndex:
         meta_temporary = meta.with_suffix(".json.tmp")
         meta_temporary.write_text(json.dumps({"generation": generation,
                                               "signature": self.embedder.signature,
-                                              "count": int(index.ntotal)}))
+                                              "count": int(index.ntotal),
+                                              "max_id": self._max_id}))
         os.replace(meta_temporary, meta)
 
     # ---- jobs -----------------------------------------------------------------------
@@ -285,8 +294,11 @@ class MemoryIndex:
         self._advance(max(generation for _, generation in pending.values()))
 
     def _replace(self, ids: Any, vectors: Vectors) -> None:
-        self._index.remove_ids(ids)
+        # Removing costs a scan of the index; only ids it may hold already need it.
+        if int(ids.min()) <= self._max_id:
+            self._index.remove_ids(ids)
         self._index.add_with_ids(vectors, ids)
+        self._max_id = max(self._max_id, int(ids.max()))
 
     async def remove(self, memory_ids: Sequence[int], generation: int) -> None:
         """Drop deleted memories from the index (one deleted during a rebuild may stay in

@@ -182,3 +182,17 @@ def test_an_approximate_index_with_few_memories_keeps_the_daemon_up(
             assert [r["id"] for r in found["results"]] == [3]
     finally:
         assert daemon.stop() == 0
+
+
+def test_a_rebuild_may_take_longer_than_the_index_owners_tick(daemon_root: Path) -> None:
+    with EmbeddingServer(dim=64) as server:
+        daemon = http_daemon(daemon_root, server.url).start()
+        try:
+            with daemon.client(timeout=60) as client:
+                wait_index(client, "ready")
+                record_lessons(client)
+                server.delay_s = 6.0  # the owner task's idle tick is 5 s
+                status = client.call("memory.reindex", {})
+                assert (status["state"], status["vectors"]) == ("ready", 3)
+        finally:
+            assert daemon.stop() == 0

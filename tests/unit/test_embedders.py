@@ -49,18 +49,21 @@ class EmbeddingServer:
     A text's vector is the hashing embedder's (``dim`` dimensions) times 3, so a client
     must normalise it; rows are answered in reverse order, so a client must sort them by
     ``index``. ``failure`` makes every answer fail: ``"status"`` (HTTP 500),
-    ``"bad-json"`` or ``"wrong-count"`` (one vector too few).
+    ``"bad-json"`` or ``"wrong-count"`` (one vector too few); ``delay_s`` delays every
+    answer.
     """
 
     def __init__(self, dim: int = SERVER_DIM):
         self.dim = dim
         self.failure: str | None = None
+        self.delay_s = 0.0
         self.requests: list[SeenRequest] = []
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                time.sleep(server.delay_s)
                 server.requests.append(SeenRequest(self.path, self.headers["Authorization"],
                                                    self.headers["Content-Type"], body))
                 if self.path != "/v1/embeddings":
