@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import secrets
 import time
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from ctxd.folding import _queries as q
 from ctxd.folding._actor import BranchActor
 from ctxd.folding._state import FORCED_STATUS, BranchRecord, branch_note, fold_text, partial_result
 from ctxd.memory._injection import INJECT_SHARE, Injected
+from ctxd.memory._queries import project_scope
 from ctxd.scrub import ScrubError, scrub
 from ctxd.sessions import _queries as session_queries
 from ctxd.sessions._state import SessionRecord, effective_window
@@ -318,7 +320,8 @@ async def _fold(actor: SessionActor, branch: BranchRecord, result: str, secrets_
         fold_row=(actor.session_id, seq, "user", _encode(text), None, None, "conversation",
                   _encode(meta), fold_tokens, now, branch.parent_id),
         memory_candidate=(actor.session_id, branch.branch_id, branch.description, result,
-                          "success" if status == "completed" else "failure", now)
+                          "success" if status == "completed" else "failure", now,
+                          project_scope(record.project))
         if extract_memory else None)
     await sup.store.write(q.fold, done, updated, new_parent)
     updated.live.pop(branch.branch_id, None)
@@ -435,13 +438,16 @@ async def create(actor: SessionActor, p: BranchCreateParams) -> BranchCreateResu
                            f"the branch's opening (its note and prompt) takes {sum(counts)} "
                            f"tokens, so a budget of {budget} leaves nothing for its work; "
                            "give a larger budget or a shorter prompt")
-    injected = await _inject(actor, p, description, budget - sum(counts) - 1)
+    prefix_tokens = parent.rendered_tokens if parent else record.main_message_tokens
+    window = effective_window(record.budget)
+    window_room = (math.ceil(window * record.budget.hard_block) - 1 - prefix_tokens
+                   - sum(counts) - REPLY_PRIMING)
+    injected = await _inject(actor, p, description,
+                             min(budget - sum(counts) - 1, max(0, window_room)))
     if injected.text is not None:
         opening.insert(1, MessageIn(role="user", content=injected.text))
         counts.insert(1, injected.tokens)
     opening_tokens = sum(counts)
-    prefix_tokens = parent.rendered_tokens if parent else record.main_message_tokens
-    window = effective_window(record.budget)
     would_use = prefix_tokens + opening_tokens + REPLY_PRIMING
     if would_use / window >= record.budget.hard_block:
         raise actor.over_hard_block(would_use, opening_tokens, allow_over=False)
@@ -486,8 +492,8 @@ async def create(actor: SessionActor, p: BranchCreateParams) -> BranchCreateResu
 
 async def _inject(actor: SessionActor, p: BranchCreateParams, description: str,
                   room: int) -> Injected:
-    """Memories for the new branch, within 20% of its budget (and the room its note and
-    prompt leave)."""
+    """Memories for the new branch, within 20% of its budget (and the ``room`` its note
+    and prompt leave in the budget and under the session's hard block)."""
     memory = actor.supervisor.memory
     cap = min(int(INJECT_SHARE * (p.budget or actor.supervisor.config.branch_budget)), room)
     if not p.inject_memories or memory is None:
@@ -495,9 +501,8 @@ async def _inject(actor: SessionActor, p: BranchCreateParams, description: str,
                   else "memory is not running in this daemon")
         return Injected(None, 0, [], Injection(status="disabled", reason=reason, tokens=0,
                                                budget=cap))
-    project = actor.require().project
     return await memory.inject(f"{description}\n{p.prompt}",
-                               f"project:{project}" if project else "global", cap,
+                               project_scope(actor.require().project), cap,
                                actor.supervisor.counter)
 
 

@@ -152,7 +152,7 @@ class Fold:
     tokens_saved: int
     secrets_scrubbed: int
     fold_row: session_queries.MessageRow
-    memory_candidate: tuple[str, str, str, str, str, float] | None
+    memory_candidate: tuple[str, str, str, str, str, float, str] | None
 
 
 def fold(conn: apsw.Connection, done: Fold, session: SessionRecord,
@@ -169,7 +169,8 @@ def fold(conn: apsw.Connection, done: Fold, session: SessionRecord,
     session_queries.save_counters(conn, session)
     if done.memory_candidate is not None:
         conn.execute("INSERT INTO memory_candidates (session_id, branch_id, title, content, "
-                     "outcome, created_at) VALUES (?,?,?,?,?,?)", done.memory_candidate)
+                     "outcome, created_at, scope) VALUES (?,?,?,?,?,?,?)",
+                     done.memory_candidate)
 
 
 @dataclass(frozen=True)

@@ -250,8 +250,8 @@ class HttpEmbedder:
         headers = {"Content-Type": "application/json"}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
-        request = urllib.request.Request(self._url, body, headers, method="POST")
         try:
+            request = urllib.request.Request(self._url, body, headers, method="POST")
             with urllib.request.urlopen(request, timeout=self._timeout_s) as response:
                 answer = json.loads(response.read())
             rows = sorted(answer["data"], key=lambda item: item["index"])

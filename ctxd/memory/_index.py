@@ -23,7 +23,7 @@ import faiss
 import numpy as np
 import trio
 
-from ctxd.errors import CtxdError
+from ctxd.errors import CtxdError, ErrorCode
 from ctxd.memory import _queries as q
 from ctxd.memory._embedders import Embedder, EmbedderError, Vectors
 from ctxd.store import Store
@@ -36,6 +36,11 @@ TICK_S = 5.0
 """How often the owner saves a changed index when idle."""
 RETRY_S = 30.0
 """How soon an unavailable index (embedder or rebuild failed) is rebuilt again."""
+
+
+def _stopping() -> CtxdError:
+    return CtxdError(ErrorCode.OVERLOADED, "the memory index is stopping; retry",
+                     {"fix": "retry once the daemon is back"})
 
 
 class DenseUnavailable(Exception):
@@ -95,22 +100,26 @@ class MemoryIndex:
                 job, done, box = received
                 try:
                     box.append(await job())
-                except BaseException as exc:  # handed to the caller, which re-raises
+                except Exception as exc:  # the job's failure is its caller's to raise
                     box.append(exc)
-                    if not isinstance(exc, Exception):
-                        raise
                 finally:
+                    if not box:  # cancelled: the daemon is stopping
+                        box.append(_stopping())
                     done.set()
                 if self._outgrown():
                     await self._rebuild()
         finally:
+            self._jobs.close()
             with trio.move_on_after(10, shield=True):
                 await self._save_if_dirty()
 
     async def _submit(self, job: Callable[[], Awaitable[T]]) -> T:
         done = trio.Event()
         box: list[Any] = []
-        await self._jobs_send.send((job, done, box))
+        try:
+            await self._jobs_send.send((job, done, box))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise _stopping() from None
         await done.wait()
         if isinstance(box[0], BaseException):
             raise box[0]
@@ -154,6 +163,8 @@ class MemoryIndex:
         meta_path = self.path.with_suffix(".json")
         try:
             meta = json.loads(meta_path.read_text())
+            if not isinstance(meta, dict):
+                raise ValueError(f"{meta_path} does not hold an object")
             if (meta.get("generation"), meta.get("signature")) != (
                     generation, self.embedder.signature):
                 log.info("memory index file is stale; rebuilding")

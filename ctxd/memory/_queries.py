@@ -135,6 +135,14 @@ def signal(conn: apsw.Connection, memory_id: int, kind: str, positive: bool,
     return get(conn, memory_id)
 
 
+def project_scope(project: str | None) -> str:
+    """The memory scope of a session's project (whitespace becomes ``-``), else global."""
+    if not project or not project.split():
+        return "global"
+    return "project:" + "-".join(project.split())[:128]
+
+
+# Confidence filters allow for rounding: sums of 0.1 (use signals) are not exact.
 def _scope_clause(scope: str | None) -> tuple[str, tuple[Any, ...]]:
     """A project scope sees its own memories and the global ones."""
     if scope is None:
@@ -185,7 +193,7 @@ def lexical(conn: apsw.Connection, query: str, scope: str | None, min_confidence
     return [(row[0], -row[1]) for row in conn.execute(
         "SELECT m.id, bm25(memories_fts) AS rank FROM memories_fts "
         "JOIN memories m ON m.id = memories_fts.rowid "
-        f"WHERE memories_fts MATCH ?{clause} AND m.alpha / (m.alpha + m.beta) >= ? "
+        f"WHERE memories_fts MATCH ?{clause} AND m.alpha / (m.alpha + m.beta) >= ? - 1e-9 "
         "ORDER BY rank LIMIT ?", (match, *bindings, min_confidence, limit))]
 
 
@@ -198,7 +206,7 @@ def allowed(conn: apsw.Connection, memory_ids: Sequence[int], scope: str | None,
         chunk = tuple(memory_ids[start:start + 500])
         kept.update(row[0] for row in conn.execute(
             f"SELECT m.id FROM memories m WHERE m.id IN ({','.join('?' * len(chunk))})"
-            f"{clause} AND m.alpha / (m.alpha + m.beta) >= ?",
+            f"{clause} AND m.alpha / (m.alpha + m.beta) >= ? - 1e-9",
             (*chunk, *bindings, min_confidence)))
     return kept
 
@@ -206,17 +214,17 @@ def allowed(conn: apsw.Connection, memory_ids: Sequence[int], scope: str | None,
 def promote_candidates(conn: apsw.Connection, limit: int = 100
                        ) -> list[tuple[MemoryItem, int]]:
     """Turn memory candidates queued by folding into memories (confidence 0.6), in the
-    scope of their session's project (else global); returns each with the generation
-    after it."""
+    scope their session's project had when the branch returned (else global); returns
+    each with the generation after it."""
     made = []
     rows: list[Any] = conn.execute(
-        "SELECT c.id, c.title, c.content, c.outcome, c.created_at, c.branch_id, s.project "
-        "FROM memory_candidates c LEFT JOIN sessions s ON s.id = c.session_id "
+        "SELECT c.id, c.title, c.content, c.outcome, c.created_at, c.branch_id, c.scope, "
+        "s.project FROM memory_candidates c LEFT JOIN sessions s ON s.id = c.session_id "
         "ORDER BY c.id LIMIT ?", (limit,)).fetchall()
-    for (candidate_id, title, content, outcome, created_at, branch_id,
+    for (candidate_id, title, content, outcome, created_at, branch_id, candidate_scope,
          project) in rows:
         made.append(insert(conn, NewMemory(
-            scope=f"project:{project}" if project else "global", title=title,
+            scope=candidate_scope or project_scope(project), title=title,
             description="", content=content, outcome=outcome, tags="",
             prior=PRIOR_DISTILLED, source=branch_id, created_at=created_at)))
         conn.execute("DELETE FROM memory_candidates WHERE id = ?", (candidate_id,))

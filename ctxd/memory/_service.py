@@ -35,6 +35,7 @@ from ctxd.wire.types import (
 
 log = logging.getLogger("ctxd.memory")
 CANDIDATE_POLL_S = 1.0
+RETRY_S = 30.0
 
 
 def _unknown(memory_id: int) -> CtxdError:
@@ -73,8 +74,10 @@ class Memory:
             while True:
                 try:
                     await self.promote_candidates()
-                except CtxdError as error:
-                    log.warning("promoting memory candidates failed: %s", error.message)
+                except Exception:
+                    # Service boundary: the candidates stay queued and are tried again.
+                    log.exception("promoting memory candidates failed")
+                    await trio.sleep(RETRY_S)
                 await trio.sleep(CANDIDATE_POLL_S)
 
     async def promote_candidates(self) -> int:
@@ -137,8 +140,11 @@ class Memory:
             log.warning("memory injection failed: %s", exc)
             return Injected(None, 0, [], Injection(
                 status="failed", reason=f"retrieval failed: {exc}", tokens=0, budget=cap))
-        return fit([(r.item.id, r.item.title, r.item.content, r.item.confidence,
-                     r.item.outcome) for r in found.ranked], counter, cap)
+        candidates: list[tuple[int, str, str, float, str]] = [
+            (r.item.id, r.item.title, r.item.content, r.item.confidence, r.item.outcome)
+            for r in found.ranked]
+        # Counting tokens of long memories takes milliseconds: off the event loop.
+        return await trio.to_thread.run_sync(fit, candidates, counter, cap)
 
     async def record_use(self, memory_ids: list[int], source: str) -> None:
         """The memories were injected into a branch: a weak positive signal each (in one

@@ -9,14 +9,17 @@ from msgspec import Meta
 
 
 class Params(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Base of every native params type: unknown fields are an error that names them."""
+    """Base of every native params type: unknown fields are an error that names them.
+
+    Patterns end in ``\\Z``, not ``$``: ``$`` also matches before a trailing newline.
+    """
 
 
 class Result(msgspec.Struct, frozen=True, kw_only=True):
     """Base of every result type."""
 
 
-SessionId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$",
+SessionId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z",
                                 description="1-128 of A-Z a-z 0-9 . _ : - (first alphanumeric)")]
 Ratio = Annotated[float, Meta(gt=0.0, le=1.0)]
 Role = Literal["system", "user", "assistant", "tool"]
@@ -26,7 +29,7 @@ COMPONENTS: tuple[Component, ...] = ("system_prompt", "skill_prompts", "tool_des
 Health = Literal["ok", "warn", "caution", "compact", "blocked"]
 SessionStateName = Literal["open", "closed"]
 Text = Annotated[str, Meta(max_length=256)]
-BranchId = Annotated[str, Meta(pattern=r"^br_[0-9a-f]{12}$",
+BranchId = Annotated[str, Meta(pattern=r"^br_[0-9a-f]{12}\Z",
                                description='"br_" and 12 lower-case hex digits')]
 BranchStatus = Literal["active", "completed", "budget_exhausted", "timeout", "failed",
                        "discarded"]
@@ -158,7 +161,7 @@ class SessionListParams(Params, frozen=True):
     project: Text | None = None
     state: SessionStateName | None = None
     limit: Annotated[int, Meta(ge=1, le=1000)] = 50
-    cursor: Annotated[str, Meta(pattern=r"^[0-9]{1,18}$")] | None = None
+    cursor: Annotated[str, Meta(pattern=r"^[0-9]{1,18}\Z")] | None = None
 
 
 class SessionResult(Result, frozen=True):
@@ -229,7 +232,7 @@ class MessageAppendResult(Result, frozen=True):
 class MessageListParams(Params, frozen=True):
     session_id: SessionId
     branch_id: BranchId | None = None
-    cursor: Annotated[str, Meta(pattern=r"^[0-9]{1,18}$")] | None = None
+    cursor: Annotated[str, Meta(pattern=r"^[0-9]{1,18}\Z")] | None = None
     limit: Annotated[int, Meta(ge=1, le=1000)] = 100
 
 
@@ -440,7 +443,7 @@ class BranchRollbackResult(Result, frozen=True):
 
 # ---- memory.* (DESIGN §9) -------------------------------------------------------------
 
-Scope = Annotated[str, Meta(pattern=r"^(global|project:[^\s]{1,128})$",
+Scope = Annotated[str, Meta(pattern=r"^(global|project:[^\s]{1,128})\Z",
                             description='"global" or "project:<name>"')]
 Outcome = Literal["success", "failure"]
 MemoryId = Annotated[int, Meta(ge=1, le=2**62)]
@@ -469,7 +472,7 @@ class MemoryRecordParams(Params, frozen=True):
     description: Annotated[str, Meta(max_length=2_000)] = ""
     scope: Scope = "global"
     outcome: Outcome = "success"
-    tags: Annotated[list[Annotated[str, Meta(pattern=r"^\S{1,64}$")]],
+    tags: Annotated[list[Annotated[str, Meta(pattern=r"^\S{1,64}\Z")]],
                     Meta(max_length=32)] = []
 
 
@@ -531,7 +534,7 @@ class MemoryDeleteResult(Result, frozen=True):
 class MemoryListParams(Params, frozen=True):
     scope: Scope | None = None
     limit: Annotated[int, Meta(ge=1, le=1000)] = 50
-    cursor: Annotated[str, Meta(pattern=r"^[0-9]{1,18}$")] | None = None
+    cursor: Annotated[str, Meta(pattern=r"^[0-9]{1,18}\Z")] | None = None
 
 
 class MemoryListResult(Result, frozen=True):

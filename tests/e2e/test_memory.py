@@ -289,3 +289,34 @@ def test_an_approximate_index_handles_deletes(daemon_root: Path) -> None:
             assert [r["id"] for r in found["results"]] == [8]
     finally:
         process.stop()
+
+
+def test_a_trailing_newline_is_not_part_of_a_valid_id(shared_daemon: DaemonProcess) -> None:
+    with shared_daemon.client() as client:
+        for method, params, path in (
+                ("memory.record", {"title": "t", "content": "c", "scope": "global\n"},
+                 "$.scope"),
+                ("session.open", {"session_id": "abc\n"}, "$.session_id"),
+                ("branch.status", {"branch_id": "br_000000000000\n"}, "$.branch_id")):
+            error = rpc_error(client, method, params)
+            assert (error.code, error.data["path"]) == (-32602, path), method
+
+
+def test_an_extracted_memory_keeps_its_project_scope(shared_daemon: DaemonProcess) -> None:
+    with shared_daemon.client() as client:
+        client.call("session.open", {"session_id": "extract2", "project": "my  app"})
+        branch_id = client.call("branch.create", {"session_id": "extract2",
+                                                  "description": "find the slow query",
+                                                  "prompt": "find it"})["branch_id"]
+        client.call("branch.return", {"branch_id": branch_id, "extract_memory": True,
+                                      "message": "the orders query lacks an index"})
+        client.call("session.delete", {"session_id": "extract2"})
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            found = search(client, "orders query index", scope="project:my-app",
+                           mode="lexical")
+            if found["results"]:
+                break
+            time.sleep(0.05)
+        assert [(r["scope"], r["title"]) for r in found["results"]] == [
+            ("project:my-app", "find the slow query")]

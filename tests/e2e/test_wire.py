@@ -465,7 +465,7 @@ def test_unknown_method_lists_the_available_ones(wire: Wire, method: str, reques
 
 # ---- -32602 invalid params ----------------------------------------------------------
 
-SESSION_ID_REASON = "Expected `str` matching regex '^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$'"
+SESSION_ID_REASON = "Expected `str` matching regex '^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\\\\Z'"
 
 
 @pytest.mark.parametrize(("method", "params", "request_id", "path", "reason"), [

@@ -1,4 +1,5 @@
-"""Version 3: memory — ReasoningBank items, their FTS5 index and their signals."""
+"""Version 3: memory — ReasoningBank items, their FTS5 index and their signals; the scope a
+memory candidate is promoted into."""
 
 SQL = """
 CREATE TABLE memories (
@@ -54,4 +55,6 @@ CREATE TABLE memory_index_state (
     generation  INTEGER NOT NULL
 ) STRICT;
 INSERT INTO memory_index_state (singleton, generation) VALUES (1, 0);
+
+ALTER TABLE memory_candidates ADD COLUMN scope TEXT;
 """
