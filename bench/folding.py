@@ -57,9 +57,7 @@ import platform
 import random
 import select
 import shutil
-import signal
 import socket
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -81,6 +79,7 @@ from rpc import (
     print_table,
     process_cpu_seconds,
     request_line,
+    run_and_report,
     start_ctxd,
     verdict,
 )
@@ -736,22 +735,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _exit_on_signal(signum: int, frame: object) -> None:
-    sys.exit(128 + signum)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(argv)
-    # SIGTERM unwinds like Ctrl-C, so the daemons are stopped and the temp dir removed.
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    report = Report(args)
-    try:
-        run_benchmark(report)
-    except (BenchError, OSError) as exc:
-        report.print()
-        print(f"benchmark could not finish: {exc}", file=sys.stderr)
-        sys.exit(1)
-    report.print()
+    run_and_report(Report(parse_args(argv)), run_benchmark)
 
 
 if __name__ == "__main__":

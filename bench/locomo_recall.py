@@ -47,7 +47,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -61,7 +60,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from folding import Caller
-from rpc import BenchError, RawClient, ServerProcess, print_table
+from rpc import BenchError, RawClient, ServerProcess, print_table, run_and_report
 
 from ctxd.memory import HashingEmbedder
 
@@ -673,22 +672,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _exit_on_signal(signum: int, frame: object) -> None:
-    sys.exit(128 + signum)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(argv)
-    # SIGTERM unwinds like Ctrl-C, so the daemons are stopped and the temp dir removed.
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    report = Report(args)
-    try:
-        run_benchmark(report)
-    except (BenchError, OSError) as exc:
-        report.print()
-        print(f"benchmark could not finish: {exc}", file=sys.stderr)
-        sys.exit(1)
-    report.print()
+    run_and_report(Report(parse_args(argv)), run_benchmark)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,6 @@ import platform
 import random
 import re
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -76,7 +75,16 @@ import faiss
 import trio
 from folding import Caller, vm_bytes
 from locomo_recall import running, wait_dense
-from rpc import BenchError, RawClient, ServerProcess, ms, percentile, print_table, verdict
+from rpc import (
+    BenchError,
+    RawClient,
+    ServerProcess,
+    ms,
+    percentile,
+    print_table,
+    run_and_report,
+    verdict,
+)
 
 from ctxd.memory import HashingEmbedder
 from ctxd.memory import _queries as queries
@@ -604,22 +612,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return cli.parse_args(argv)
 
 
-def _exit_on_signal(signum: int, frame: object) -> None:
-    sys.exit(128 + signum)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(argv)
-    # SIGTERM unwinds like Ctrl-C, so the daemon is stopped and the temp dir removed.
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    report = Report(args)
-    try:
-        run_benchmark(report)
-    except (BenchError, OSError) as exc:
-        report.print()
-        print(f"benchmark could not finish: {exc}", file=sys.stderr)
-        sys.exit(1)
-    report.print()
+    run_and_report(Report(parse_args(argv)), run_benchmark)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 import trio
@@ -758,23 +758,36 @@ def _exit_on_signal(signum: int, frame: object) -> None:
     sys.exit(128 + signum)
 
 
+class Printable(Protocol):
+    def print(self) -> None: ...
+
+
+ReportT = TypeVar("ReportT", bound=Printable)
+
+
+def run_and_report(report: ReportT, benchmark: Callable[[ReportT], None]) -> None:
+    """Run a benchmark and print its report (also what was measured before a failure).
+
+    SIGTERM unwinds like Ctrl-C, so daemons are stopped and temp dirs removed. Exits 1
+    when the figures could not be measured at all; a missed target exits 0.
+    """
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    try:
+        benchmark(report)
+    except (BenchError, OSError) as exc:
+        report.print()
+        print(f"benchmark could not finish: {exc}", file=sys.stderr)
+        sys.exit(1)
+    report.print()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.echo_server:
         with contextlib.suppress(KeyboardInterrupt):
             trio.run(serve_echo, args.echo_server)
         return
-    # SIGTERM unwinds like Ctrl-C, so the servers are stopped and the temp dir removed.
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    report = Report(args)
-    try:
-        run_benchmark(report)
-    except (BenchError, OSError) as exc:
-        # Not a missed target (those exit 0): the figures could not be measured at all.
-        report.print()
-        print(f"benchmark could not finish: {exc}", file=sys.stderr)
-        sys.exit(1)
-    report.print()
+    run_and_report(Report(args), run_benchmark)
 
 
 if __name__ == "__main__":

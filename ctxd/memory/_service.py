@@ -36,6 +36,9 @@ from ctxd.wire.types import (
 log = logging.getLogger("ctxd.memory")
 CANDIDATE_POLL_S = 1.0
 RETRY_S = 30.0
+FIT_ON_LOOP_CHARS = 16_384
+"""Below this much memory text, injection counts its tokens on the loop (a thread hop
+would cost more)."""
 
 
 def _unknown(memory_id: int) -> CtxdError:
@@ -132,6 +135,8 @@ class Memory:
         """The memories to inject into a new branch (DESIGN §7): retrieved with the
         branch's description and prompt, confidence ≥ 0.7, at most 10, fitted into
         ``cap`` tokens. A failure never fails the branch: it comes back as the reason."""
+        if self.count == 0:
+            return fit([], counter, cap)
         try:
             found = await self.retrieve(query, scope=scope, k=INJECT_MAX_ITEMS,
                                         min_confidence=INJECT_MIN_CONFIDENCE)
@@ -143,6 +148,8 @@ class Memory:
         candidates: list[tuple[int, str, str, float, str]] = [
             (r.item.id, r.item.title, r.item.content, r.item.confidence, r.item.outcome)
             for r in found.ranked]
+        if sum(len(c[2]) for c in candidates) < FIT_ON_LOOP_CHARS:
+            return fit(candidates, counter, cap)
         # Counting tokens of long memories takes milliseconds: off the event loop.
         return await trio.to_thread.run_sync(fit, candidates, counter, cap)
 
