@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from folding import Caller
-from rpc import BenchError, RawClient, ServerProcess, print_table, run_and_report
+from rpc import BenchError, RawClient, ServerProcess, copy_logs, print_table, run_and_report
 
 from ctxd.memory import HashingEmbedder
 
@@ -642,10 +642,7 @@ def run_benchmark(report: Report) -> None:
             techniques_pass(report, root)
     finally:
         if args.keep_logs:
-            destination = Path(args.keep_logs)
-            destination.mkdir(parents=True, exist_ok=True)
-            for log in root.glob("*.log"):
-                shutil.copy(log, destination / log.name)
+            copy_logs(root, Path(args.keep_logs))
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -79,6 +79,7 @@ from rpc import (
     BenchError,
     RawClient,
     ServerProcess,
+    copy_logs,
     ms,
     percentile,
     print_table,
@@ -424,8 +425,9 @@ def breakdown(report: Report, data_dir: Path, flat: Path, ivf: Path | None,
     indexes = [faiss.read_index(str(flat))]
     if ivf is not None:
         index = faiss.read_index(str(ivf))
-        faiss.extract_index_ivf(index).nprobe = args.nprobe
-        indexes.append(index)
+        if isinstance(index, faiss.IndexIVF):  # below ann_threshold the "IVF" copy is flat
+            index.nprobe = args.nprobe
+            indexes.append(index)
     rows: list[tuple[str, str, str]] = []
 
     def row(label: str, flat_s: float, ivf_s: float | None = None) -> None:
@@ -582,10 +584,7 @@ def run_benchmark(report: Report) -> None:
                       writer, contents)
     finally:
         if args.keep_logs:
-            destination = Path(args.keep_logs)
-            destination.mkdir(parents=True, exist_ok=True)
-            for log in root.glob("*.log"):
-                shutil.copy(log, destination / log.name)
+            copy_logs(root, Path(args.keep_logs))
         shutil.rmtree(root, ignore_errors=True)
 
 

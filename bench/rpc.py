@@ -683,7 +683,7 @@ def run_benchmark(report: Report) -> None:
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, root, ignore_errors=True)
         if args.keep_logs:
-            stack.callback(_copy_logs, root, Path(args.keep_logs))
+            stack.callback(copy_logs, root, Path(args.keep_logs))
         print(f"starting the echo baseline and ctxd in {root} ...", flush=True)
         echo = start_echo(stack, root) if passes & {"ping", "latency"} else None
         ctxd = start_ctxd(stack, root, Path(args.profile_ctxd) if args.profile_ctxd else None)
@@ -719,7 +719,8 @@ def run_benchmark(report: Report) -> None:
             print(f"note: ctxd exited with {ctxd.proc.returncode}:\n{ctxd.log()}")
 
 
-def _copy_logs(root: Path, destination: Path) -> None:
+def copy_logs(root: Path, destination: Path) -> None:
+    """Keep the daemons' logs (``*.log`` in ``root``) in ``destination``."""
     destination.mkdir(parents=True, exist_ok=True)
     for log in root.glob("*.log"):
         shutil.copy(log, destination / log.name)
