@@ -217,7 +217,7 @@ def test_injection_fits_twenty_percent_of_the_budget_exactly(
         items = created["injected_context"]
         assert 1 <= len(items) <= 10
         header = COUNTER.message_tokens(
-            "user", "Memories from earlier work that may help with this sub-task:")
+            "user", "Memories from earlier work that may help with this sub-task:\n")
         assert header + sum(item["tokens"] for item in items) == tokens
         assert low not in [item["memory_id"] for item in items]
         # One more item would not have fitted: each costs about the same.
