@@ -332,8 +332,8 @@ class MemoryIndex:
         self.generation = max(self.generation, generation)
         self._dirty = True
 
-    async def search(self, query: str, k: int) -> list[tuple[int, float]]:
-        """The ``k`` nearest memories as (id, cosine).
+    async def embed_query(self, query: str) -> Vectors:
+        """The query's vector, for `search`.
 
         Raises:
             DenseUnavailable: the dense leg cannot answer now (and why).
@@ -341,9 +341,18 @@ class MemoryIndex:
         if self.state != "ready":
             raise DenseUnavailable(self.reason or self.state)
         try:
-            [vector] = await self.embedder.embed([query])
+            vectors = await self.embedder.embed([query])
         except EmbedderError as exc:
             raise DenseUnavailable(f"the query could not be embedded: {exc}") from exc
+        vector: Vectors = vectors[0]
+        return vector
+
+    async def search(self, vector: Vectors, k: int) -> list[tuple[int, float]]:
+        """The ``k`` nearest memories to a query vector as (id, cosine).
+
+        Raises:
+            DenseUnavailable: the dense leg cannot answer now (and why).
+        """
 
         async def job() -> list[tuple[int, float]]:
             if self.state != "ready":

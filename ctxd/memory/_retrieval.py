@@ -52,8 +52,9 @@ async def _dense(store: Store, index: MemoryIndex, query: str, scope: str | None
     """The dense leg's ids that pass the filters (and ``min_score``), asking FAISS for more
     while the filters remove too many."""
     asked = wanted
+    vector = await index.embed_query(query)
     while True:
-        found = await index.search(query, asked)
+        found = await index.search(vector, asked)
         ids = [memory_id for memory_id, score in found if score >= min_score]
         kept = await store.read(q.allowed, ids, scope, min_confidence)
         ranked = [memory_id for memory_id in ids if memory_id in kept]
