@@ -53,7 +53,6 @@ import argparse
 import contextlib
 import itertools
 import os
-import platform
 import random
 import select
 import shutil
@@ -72,6 +71,7 @@ from rpc import (
     MessageSource,
     RawClient,
     ServerProcess,
+    machine_line,
     message_bodies,
     ms,
     percentile,
@@ -531,10 +531,7 @@ class Report:
     def print(self) -> None:
         args = self.args
         print()
-        print(f"ctxd folding benchmark: {platform.python_implementation()} "
-              f"{platform.python_version()}, {os.cpu_count()} CPUs, load average "
-              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
-              + (", ctxd under cProfile (figures not comparable)" if args.profile_ctxd else ""))
+        print(machine_line("ctxd folding benchmark", bool(args.profile_ctxd)))
         print("load generator: blocking Unix-socket clients in this process (sharing the "
               "CPUs with the daemon); a fresh daemon per phase")
         print()

@@ -56,7 +56,6 @@ import contextlib
 import itertools
 import math
 import os
-import platform
 import random
 import re
 import shutil
@@ -80,6 +79,7 @@ from rpc import (
     RawClient,
     ServerProcess,
     copy_logs,
+    machine_line,
     ms,
     percentile,
     print_table,
@@ -225,9 +225,7 @@ class Report:
     def print(self) -> None:
         args = self.args
         print()
-        print(f"ctxd memory benchmark: {platform.python_implementation()} "
-              f"{platform.python_version()}, {os.cpu_count()} CPUs, load average "
-              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print(machine_line("ctxd memory benchmark"))
         print("a daemon restarted on one data directory, default [memory] settings (hashing "
               "embedder, 1,024 dimensions) but ann_threshold in the flat phase; load "
               "generator in this process; latencies one request at a time")

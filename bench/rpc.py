@@ -617,10 +617,7 @@ class Report:
     def print(self) -> None:
         args = self.args
         print()
-        print(f"ctxd RPC benchmark: {platform.python_implementation()} "
-              f"{platform.python_version()}, {os.cpu_count()} CPUs, load average "
-              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
-              + (", ctxd under cProfile (figures not comparable)" if args.profile_ctxd else ""))
+        print(machine_line("ctxd RPC benchmark", bool(args.profile_ctxd)))
         print("load generator: one blocking Unix-socket connection in this process, "
               "requests pre-encoded; servers in their own processes")
         print(f"figures: best of {args.rounds} interleaved rounds (range of all rounds)")
@@ -717,6 +714,14 @@ def run_benchmark(report: Report) -> None:
         ctxd.stop()
         if ctxd.proc.returncode not in (0, None):
             print(f"note: ctxd exited with {ctxd.proc.returncode}:\n{ctxd.log()}")
+
+
+def machine_line(title: str, profiled: bool = False) -> str:
+    """The first line of a benchmark's report: what it ran on, and how loaded that was."""
+    return (f"{title}: {platform.python_implementation()} {platform.python_version()}, "
+            f"{os.cpu_count()} CPUs, load average "
+            f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+            + (", ctxd under cProfile (figures not comparable)" if profiled else ""))
 
 
 def copy_logs(root: Path, destination: Path) -> None:
