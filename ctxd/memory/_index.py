@@ -227,11 +227,15 @@ class MemoryIndex:
             return
         self.generation = generation
         self._dirty = True
+        # Memories recorded while it was being built go in before it is called ready.
+        while self._pending and self.state == "rebuilding":
+            await self._apply_pending()
+        if self.state != "rebuilding":
+            return  # the pending ones could not be embedded: unavailable, retried later
         self.state, self.reason = "ready", None
         await self._save_if_dirty()
         log.info("memory index rebuilt: %d vectors (%d memories when it started)",
                  len(ids), count)
-        await self._apply_pending()
 
     def _build(self, ids: Sequence[int], vectors: Vectors) -> Any:
         dim = self.embedder.dim
@@ -291,7 +295,7 @@ class MemoryIndex:
             await self._submit(self._apply_pending)
 
     async def _apply_pending(self) -> None:
-        if self.state != "ready" or not self._pending:
+        if self.state not in ("ready", "rebuilding") or self._index is None or not self._pending:
             return
         pending, self._pending = self._pending, {}
         ids = list(pending)
