@@ -10,6 +10,7 @@ from typing import Any
 
 import apsw
 
+from ctxd.memory._lexical import LexicalHits, LexicalIndex
 from ctxd.store import scalar_int
 from ctxd.wire.types import MemoryItem
 
@@ -75,7 +76,8 @@ class NewMemory:
     created_at: float
 
 
-def insert(conn: apsw.Connection, memory: NewMemory) -> tuple[MemoryItem, int]:
+def insert(conn: apsw.Connection, mirror: LexicalIndex, memory: NewMemory
+           ) -> tuple[MemoryItem, int]:
     """A new memory; returns it and the new index generation."""
     conn.execute(
         "INSERT INTO memories (scope, title, description, content, outcome, tags, alpha, beta, "
@@ -84,6 +86,7 @@ def insert(conn: apsw.Connection, memory: NewMemory) -> tuple[MemoryItem, int]:
          memory.tags, *memory.prior, memory.source, memory.created_at, memory.created_at))
     item = get(conn, conn.last_insert_rowid())
     assert item is not None
+    mirror.added(conn, item.id)
     return item, _bump_generation(conn)
 
 
@@ -103,23 +106,24 @@ def by_ids(conn: apsw.Connection, memory_ids: Sequence[int]) -> dict[int, Memory
     return found
 
 
-def delete(conn: apsw.Connection, memory_id: int) -> int | None:
+def delete(conn: apsw.Connection, mirror: LexicalIndex, memory_id: int) -> int | None:
     """Delete a memory (its signals cascade); the new generation, or None if unknown."""
+    mirror.removing(conn, memory_id)
     conn.execute("DELETE FROM memories WHERE id = ?", (memory_id,))
     if conn.changes() == 0:
         return None
     return _bump_generation(conn)
 
 
-def record_use(conn: apsw.Connection, memory_ids: Sequence[int], source: str,
-               now: float) -> None:
+def record_use(conn: apsw.Connection, mirror: LexicalIndex, memory_ids: Sequence[int],
+               source: str, now: float) -> None:
     """A use signal for each memory injected into a branch; the caller's transaction."""
     for memory_id in memory_ids:
-        signal(conn, memory_id, "use", True, source, now)
+        signal(conn, mirror, memory_id, "use", True, source, now)
 
 
-def signal(conn: apsw.Connection, memory_id: int, kind: str, positive: bool,
-           source: str | None, now: float) -> MemoryItem | None:
+def signal(conn: apsw.Connection, mirror: LexicalIndex, memory_id: int, kind: str,
+           positive: bool, source: str | None, now: float) -> MemoryItem | None:
     """Record a signal and move the memory's Beta(alpha, beta); None if the memory is unknown."""
     weight = SIGNAL_WEIGHTS[kind]
     conn.execute(
@@ -132,6 +136,7 @@ def signal(conn: apsw.Connection, memory_id: int, kind: str, positive: bool,
     conn.execute("INSERT INTO memory_signals (memory_id, kind, positive, weight, source, "
                  "created_at) VALUES (?,?,?,?,?,?)",
                  (memory_id, kind, int(positive), weight, source, now))
+    mirror.rated(conn, [memory_id])
     return get(conn, memory_id)
 
 
@@ -173,28 +178,33 @@ what when where which while who whom why will with would you your yours yourself
 """Words too common to say which memory is meant (they only add noise to an OR query)."""
 
 
-def fts_query(text: str) -> str | None:
-    """The words of free text as an FTS5 OR query (quoted: no operator can slip in), without
-    stop words unless the text has nothing else."""
+def query_words(text: str) -> list[str]:
+    """The words of free text a lexical query ORs (at most 64), without stop words unless
+    the text has nothing else."""
     words = list(dict.fromkeys(word.lower() for word in _FTS_WORD.findall(text)))
-    words = [word for word in words if word not in STOPWORDS] or words
+    return ([word for word in words if word not in STOPWORDS] or words)[:64]
+
+
+def fts_query(words: Sequence[str]) -> str:
+    """Words as an FTS5 OR query (each quoted: no operator can slip in)."""
+    return " OR ".join(f'"{word}"' for word in words)
+
+
+def lexical(conn: apsw.Connection, mirror: LexicalIndex, query: str, scope: str | None,
+            min_confidence: float, limit: int) -> LexicalHits:
+    """The best lexical matches by BM25, filtered: from the in-memory mirror of the FTS5
+    index once it is loaded, else from FTS5 (the same scores)."""
+    words = query_words(query)
     if not words:
-        return None
-    return " OR ".join(f'"{word}"' for word in words[:64])
-
-
-def lexical(conn: apsw.Connection, query: str, scope: str | None, min_confidence: float,
-            limit: int) -> list[tuple[int, float]]:
-    """(id, BM25 score, higher is better) of the best lexical matches, filtered."""
-    match = fts_query(query)
-    if match is None:
-        return []
+        return LexicalHits([], 0)
+    if mirror.ready and (terms := mirror.terms(conn, words)) is not None:
+        return mirror.search(terms, scope, min_confidence, limit)
     clause, bindings = _scope_clause(scope)
-    return [(row[0], -row[1]) for row in conn.execute(
+    return LexicalHits([(row[0], -row[1]) for row in conn.execute(
         "SELECT m.id, bm25(memories_fts) AS rank FROM memories_fts "
         "JOIN memories m ON m.id = memories_fts.rowid "
         f"WHERE memories_fts MATCH ?{clause} AND m.alpha / (m.alpha + m.beta) >= ? - 1e-9 "
-        "ORDER BY rank LIMIT ?", (match, *bindings, min_confidence, limit))]
+        "ORDER BY rank LIMIT ?", (fts_query(words), *bindings, min_confidence, limit))], 0)
 
 
 def allowed(conn: apsw.Connection, memory_ids: Sequence[int], scope: str | None,
@@ -211,7 +221,7 @@ def allowed(conn: apsw.Connection, memory_ids: Sequence[int], scope: str | None,
     return kept
 
 
-def promote_candidates(conn: apsw.Connection, limit: int = 100
+def promote_candidates(conn: apsw.Connection, mirror: LexicalIndex, limit: int = 100
                        ) -> list[tuple[MemoryItem, int]]:
     """Turn memory candidates queued by folding into memories (confidence 0.6), in the
     scope their session's project had when the branch returned (else global); returns
@@ -223,7 +233,7 @@ def promote_candidates(conn: apsw.Connection, limit: int = 100
         "ORDER BY c.id LIMIT ?", (limit,)).fetchall()
     for (candidate_id, title, content, outcome, created_at, branch_id, candidate_scope,
          project) in rows:
-        made.append(insert(conn, NewMemory(
+        made.append(insert(conn, mirror, NewMemory(
             scope=candidate_scope or project_scope(project), title=title,
             description="", content=content, outcome=outcome, tags="",
             prior=PRIOR_DISTILLED, source=branch_id, created_at=created_at)))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ctxd.config import MemoryConfig
 from ctxd.memory import _queries as q
 from ctxd.memory._index import DenseUnavailable, MemoryIndex
+from ctxd.memory._lexical import LexicalIndex
 from ctxd.store import Store
 from ctxd.wire.types import Leg, MemoryItem, SearchMode
 
@@ -64,24 +65,28 @@ async def _dense(store: Store, index: MemoryIndex, query: str, scope: str | None
         asked *= 4
 
 
-async def retrieve(store: Store, index: MemoryIndex, config: MemoryConfig, query: str, *,
-                   scope: str | None, k: int, min_confidence: float, mode: SearchMode
-                   ) -> Retrieved:
+async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
+                   config: MemoryConfig, query: str, *, scope: str | None, k: int,
+                   min_confidence: float, mode: SearchMode) -> Retrieved:
     """The best ``k`` memories for ``query`` by the mode's legs, filtered by scope and
     confidence. When the dense leg is not available, the lexical leg answers alone and the
     note says why."""
     wanted = max(MIN_CANDIDATES, 4 * k)
     legs: dict[Leg, Sequence[int]] = {}
-    note = None
+    notes = []
     if mode in ("hybrid", "dense"):
         try:
             legs["dense"] = await _dense(store, index, query, scope, min_confidence, wanted,
                                          config.dense_min_score)
         except DenseUnavailable as exc:
-            note = f"dense leg unavailable ({exc}); lexical results only"
+            notes.append(f"dense leg unavailable ({exc}); lexical results only")
     if mode in ("hybrid", "lexical") or "dense" not in legs:
-        lexical = await store.read(q.lexical, query, scope, min_confidence, wanted)
-        legs["lexical"] = [memory_id for memory_id, _ in lexical]
+        lexical = await store.read(q.lexical, mirror, query, scope, min_confidence, wanted)
+        legs["lexical"] = [memory_id for memory_id, _ in lexical.hits]
+        if lexical.words_left_out:
+            notes.append(f"the lexical ranking left out the query's {lexical.words_left_out} "
+                         "commonest words (a long query: their postings are too many)")
+    note = "; ".join(notes) or None
     weights: dict[Leg, float] = {"lexical": config.lexical_weight,
                                  "dense": config.dense_weight}
     if len(legs) == 1:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import trio
 
@@ -16,6 +18,7 @@ from ctxd.memory import _queries as q
 from ctxd.memory._embedders import Embedder
 from ctxd.memory._index import MemoryIndex
 from ctxd.memory._injection import INJECT_MAX_ITEMS, INJECT_MIN_CONFIDENCE, Injected, fit
+from ctxd.memory._lexical import LexicalIndex
 from ctxd.memory._retrieval import Retrieved, retrieve
 from ctxd.scrub import ScrubError, scrub
 from ctxd.store import Store
@@ -34,6 +37,7 @@ from ctxd.wire.types import (
 )
 
 log = logging.getLogger("ctxd.memory")
+T = TypeVar("T")
 CANDIDATE_POLL_S = 1.0
 RETRY_S = 30.0
 FIT_ON_LOOP_CHARS = 16_384
@@ -65,6 +69,8 @@ class Memory:
         self.bus = bus
         self.index = MemoryIndex(index_path, embedder, store, config.ann_threshold,
                                  config.nprobe)
+        self.lexical = LexicalIndex()
+        self._lexical_reset = trio.Event()
         self.count = 0
 
     async def run(self, *, task_status: trio.TaskStatus[Memory] = trio.TASK_STATUS_IGNORED
@@ -73,6 +79,7 @@ class Memory:
         _, self.count = await self.store.read(q.index_generation)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.index.run)
+            nursery.start_soon(self._load_lexical)
             task_status.started(self)
             while True:
                 try:
@@ -83,9 +90,29 @@ class Memory:
                     await trio.sleep(RETRY_S)
                 await trio.sleep(CANDIDATE_POLL_S)
 
+    async def _load_lexical(self) -> None:
+        """Load the lexical mirror, a chunk per store job (other jobs run in between);
+        again whenever a failed write has reset it."""
+        while True:
+            loaded = False
+            while not loaded:
+                loaded = await self.store.read(self.lexical.load_more)
+            await self._lexical_reset.wait()
+            self._lexical_reset = trio.Event()
+
+    async def _write(self, fn: Callable[..., T], *args: Any) -> T:
+        """A write that keeps the lexical mirror in step: if its transaction fails the
+        mirror may not match SQLite any more, and is loaded again."""
+        try:
+            return await self.store.write(fn, self.lexical, *args)
+        except Exception:
+            await self.store.read(lambda _: self.lexical.reset())
+            self._lexical_reset.set()
+            raise
+
     async def promote_candidates(self) -> int:
         """Turn queued memory candidates into memories (confidence 0.6)."""
-        made = await self.store.write(q.promote_candidates)
+        made = await self._write(q.promote_candidates)
         for item, generation in made:
             self.count += 1
             await self.index.add(item.id, _text(item), generation)
@@ -106,7 +133,7 @@ class Memory:
         memory = q.NewMemory(scope=p.scope, title=title, description=description,
                              content=content, outcome=p.outcome, tags=tags,
                              prior=q.PRIOR_RECORDED, source=None, created_at=time.time())
-        item, generation = await self.store.write(q.insert, memory)
+        item, generation = await self._write(q.insert, memory)
         self.count += 1
         await self.index.add(item.id, _text(item), generation)
         self.bus.publish(None, "memory.recorded", {"id": item.id, "scope": item.scope,
@@ -126,7 +153,8 @@ class Memory:
 
     async def retrieve(self, query: str, *, scope: str | None, k: int, min_confidence: float,
                        mode: str = "hybrid") -> Retrieved:
-        return await retrieve(self.store, self.index, self.config, query, scope=scope, k=k,
+        return await retrieve(self.store, self.lexical, self.index, self.config, query,
+                              scope=scope, k=k,
                               min_confidence=min_confidence,
                               mode="hybrid" if mode not in ("lexical", "dense") else
                               ("lexical" if mode == "lexical" else "dense"))
@@ -157,7 +185,7 @@ class Memory:
         """The memories were injected into a branch: a weak positive signal each (in one
         transaction). A failure is logged: the branch exists either way."""
         try:
-            await self.store.write(q.record_use, memory_ids, source, time.time())
+            await self._write(q.record_use, memory_ids, source, time.time())
         except CtxdError as error:
             log.warning("use of memories %s not recorded: %s", memory_ids, error.message)
 
@@ -170,13 +198,13 @@ class Memory:
     async def signal(self, memory_id: int, kind: str, positive: bool,
                      source: str | None = None) -> MemoryItem:
         """Feedback, outcome or use: moves the memory's confidence."""
-        item = await self.store.write(q.signal, memory_id, kind, positive, source, time.time())
+        item = await self._write(q.signal, memory_id, kind, positive, source, time.time())
         if item is None:
             raise _unknown(memory_id)
         return item
 
     async def delete(self, memory_id: int) -> None:
-        generation = await self.store.write(q.delete, memory_id)
+        generation = await self._write(q.delete, memory_id)
         if generation is None:
             raise _unknown(memory_id)
         self.count -= 1

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from conftest import DaemonProcess
-from tests_support import COUNTER, LESSONS, rpc_error, search
+from tests_support import COUNTER, LESSONS, hello_text, rpc_error, search
 
-from ctxclient import Client
+from ctxclient import Client, RpcError
 
 
 def record(client: Client, title: str, content: str, **extra: Any) -> dict[str, Any]:
@@ -320,3 +320,40 @@ def test_an_extracted_memory_keeps_its_project_scope(shared_daemon: DaemonProces
             time.sleep(0.05)
         assert [(r["scope"], r["title"]) for r in found["results"]] == [
             ("project:my-app", "find the slow query")]
+
+
+def test_a_record_that_fails_to_commit_leaves_no_trace_in_search(daemon_root: Path) -> None:
+    """A full store fails a record with -32008; the lexical ranking then still matches
+    what SQLite holds (the failed memory is nowhere), before and after a restart."""
+    process = DaemonProcess(daemon_root, extra_args=["--max-db-bytes", str(256 * 1024)])
+    process.start()
+    failure = None
+    try:
+        with process.client() as client:
+            recorded = 0
+            while failure is None and recorded < 2000:
+                try:
+                    record(client, f"lesson marker{recorded}",
+                           hello_text(150) + f" unique{recorded}")
+                    recorded += 1
+                except RpcError as error:
+                    failure = error
+            assert failure is not None
+            assert failure.code == -32008
+            assert recorded > 10
+            assert search(client, f"unique{recorded}", mode="lexical")["results"] == []
+            assert [r["id"] for r in search(client, f"unique{recorded - 1}",
+                                            mode="lexical")["results"]] == [recorded]
+            found = search(client, "marker0 unique1 marker2 unique3", mode="lexical", k=10)
+            assert sorted(r["id"] for r in found["results"]) == [1, 2, 3, 4]
+            assert client.call("daemon.status")["memory_index"]["memories"] == recorded
+    finally:
+        process.stop()
+    process.start()
+    try:
+        with process.client() as client:
+            assert search(client, "marker0 unique1 marker2 unique3", mode="lexical",
+                          k=10) == found
+            assert search(client, f"unique{recorded}", mode="lexical")["results"] == []
+    finally:
+        process.stop()

@@ -1,0 +1,185 @@
+"""The lexical mirror against FTS5 itself: the same BM25 scores and ranking, on a real
+SQLite file, through the memory write functions (inserts, deletes, a reused rowid,
+signals), in every scope and confidence filter; its cut of a long query; and its reload
+after a write that failed."""
+
+import random
+from pathlib import Path
+
+import apsw
+import pytest
+import trio
+
+from ctxd.config import MemoryConfig
+from ctxd.errors import CtxdError, ErrorCode
+from ctxd.hub import EventBus
+from ctxd.memory import HashingEmbedder, Memory, _lexical
+from ctxd.memory import _queries as q
+from ctxd.memory._lexical import LexicalIndex
+from ctxd.store import Store, migrate
+from ctxd.wire.types import MemoryRecordParams
+
+SCOPES = ["global", "project:a", "project:b"]
+
+
+def _words(rng: random.Random, count: int) -> str:
+    # Zipf-like: a few words in most memories, most words in a few.
+    return " ".join(f"w{int(rng.paretovariate(0.8)) % 400}" for _ in range(count))
+
+
+def _memory(rng: random.Random) -> q.NewMemory:
+    return q.NewMemory(
+        scope=rng.choice(SCOPES), title=_words(rng, rng.randint(2, 6)),
+        description=_words(rng, rng.randint(0, 8)),
+        content=_words(rng, rng.randint(5, 40)) + " running runs ran tests tested",
+        outcome="success", tags=_words(rng, rng.randint(0, 2)), prior=q.PRIOR_RECORDED,
+        source=None, created_at=0.0)
+
+
+def _open(tmp_path: Path) -> apsw.Connection:
+    conn = apsw.Connection(str(tmp_path / "ctxd.db"))
+    migrate(conn)
+    return conn
+
+
+def _loaded(conn: apsw.Connection) -> LexicalIndex:
+    mirror = LexicalIndex()
+    while not mirror.load_more(conn, 64):
+        pass
+    return mirror
+
+
+def _check_same_as_fts5(conn: apsw.Connection, mirror: LexicalIndex, query: str,
+                        scope: str | None, min_confidence: float) -> int:
+    """The mirror's hits are FTS5's: the same scores (to rounding) and the same ranking
+    (ties in any order); returns how many hits there were."""
+    limit = 20
+    fts5 = q.lexical(conn, LexicalIndex(), query, scope, min_confidence, 1000)
+    ours = q.lexical(conn, mirror, query, scope, min_confidence, limit)
+    assert ours.words_left_out == 0
+    expected = dict(fts5.hits)
+    assert len(ours.hits) == min(limit, len(fts5.hits))
+    for memory_id, score in ours.hits:
+        assert score == pytest.approx(expected[memory_id], rel=1e-12)
+    if len(fts5.hits) > limit:  # nothing left out scores better than the last kept
+        assert sorted(expected.values(), reverse=True)[limit] <= ours.hits[-1][1] + 1e-9
+    scores = [score for _, score in ours.hits]
+    assert scores == sorted(scores, reverse=True)
+    return len(ours.hits)
+
+
+def test_scores_and_ranks_as_fts5_through_inserts_deletes_and_signals(tmp_path: Path) -> None:
+    rng = random.Random(5)
+    conn = _open(tmp_path)
+    mirror = LexicalIndex()
+    with conn:  # half recorded before the mirror is loaded, half while it is loading
+        for _ in range(150):
+            q.insert(conn, mirror, _memory(rng))
+    mirror.load_more(conn, 100)
+    assert not mirror.ready
+    with conn:
+        for _ in range(150):
+            q.insert(conn, mirror, _memory(rng))
+    while not mirror.load_more(conn, 64):
+        pass
+    with conn:
+        for memory_id in rng.sample(range(1, 301), 60):
+            assert q.delete(conn, mirror, memory_id) is not None
+        for memory_id in rng.sample(sorted(r[0] for r in conn.execute(
+                "SELECT id FROM memories")), 40):
+            q.signal(conn, mirror, memory_id, "feedback", False, None, 0.0)
+        # The highest id deleted and inserted again: SQLite reuses the rowid.
+        top = conn.execute("SELECT max(id) FROM memories").fetchall()[0][0]
+        q.delete(conn, mirror, top)
+        reused, _ = q.insert(conn, mirror, _memory(rng))
+        assert reused.id == top
+    queries = [_words(rng, rng.randint(1, 12)) for _ in range(60)]
+    queries += ["tests", "running w1", "the of and"]  # stems; stop words alone
+    hits = 0
+    for query in queries:
+        for scope in (None, "global", "project:a"):
+            for min_confidence in (0.0, 0.7):
+                hits += _check_same_as_fts5(conn, mirror, query, scope, min_confidence)
+    assert hits > 1000  # the queries do find memories
+    fresh = _loaded(conn)  # and a mirror loaded from scratch agrees with the one kept in step
+    for query in queries[:20]:
+        assert (q.lexical(conn, fresh, query, None, 0.0, 50)
+                == q.lexical(conn, mirror, query, None, 0.0, 50))
+
+
+def test_a_signal_moves_a_memory_across_the_confidence_filter(tmp_path: Path) -> None:
+    conn = _open(tmp_path)
+    mirror = _loaded(conn)
+    with conn:
+        item, _ = q.insert(conn, mirror, q.NewMemory(
+            scope="global", title="flaky sleep", description="", content="avoid sleeps",
+            outcome="success", tags="", prior=q.PRIOR_RECORDED, source=None, created_at=0.0))
+    assert [i for i, _ in q.lexical(conn, mirror, "sleep", None, 0.75, 5).hits] == [item.id]
+    with conn:  # Beta(4, 2): 0.667
+        q.signal(conn, mirror, item.id, "outcome", False, None, 0.0)
+    assert q.lexical(conn, mirror, "sleep", None, 0.75, 5).hits == []
+    assert [i for i, _ in q.lexical(conn, mirror, "sleep", None, 0.6, 5).hits] == [item.id]
+
+
+def test_a_long_query_keeps_its_rarest_words_within_the_postings_budget(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    conn = _open(tmp_path)
+    mirror = _loaded(conn)
+    with conn:  # "common" in all 30 memories, "middling" in 10, "rare" in 1
+        for n in range(30):
+            words = ["common"] + (["middling"] if n % 3 == 0 else []) + (
+                ["rare"] if n == 7 else [])
+            q.insert(conn, mirror, q.NewMemory(
+                scope="global", title=f"memory {n}", description="",
+                content=" ".join(words), outcome="success", tags="", prior=q.PRIOR_RECORDED,
+                source=None, created_at=0.0))
+    monkeypatch.setattr(_lexical, "MAX_POSTINGS", 12)
+    cut = q.lexical(conn, mirror, "common middling rare", None, 0.0, 50)
+    # rare (1 posting) and middling (10) fit in 12; common (30 more) is left out.
+    assert cut.words_left_out == 1
+    expected = q.lexical(conn, LexicalIndex(), "middling rare", None, 0.0, 50)
+    assert [i for i, _ in cut.hits] == [i for i, _ in expected.hits]
+    assert (cut.hits[0][0], len(cut.hits)) == (8, 11)
+    # The rarest word is always scored, even when it alone is over the budget.
+    monkeypatch.setattr(_lexical, "MAX_POSTINGS", 0)
+    only = q.lexical(conn, mirror, "common middling", None, 0.0, 50)
+    assert (only.words_left_out, len(only.hits)) == (1, 10)
+    monkeypatch.setattr(_lexical, "MAX_POSTINGS", 41)
+    whole = q.lexical(conn, mirror, "common middling rare", None, 0.0, 50)
+    fts5 = q.lexical(conn, LexicalIndex(), "common middling rare", None, 0.0, 50)
+    assert (whole.words_left_out, len(whole.hits)) == (0, 30)
+    assert [i for i, _ in whole.hits] == [i for i, _ in fts5.hits]
+
+
+async def test_a_write_that_fails_after_touching_the_mirror_reloads_it(tmp_path: Path) -> None:
+    store = Store(tmp_path / "ctxd.db")
+    store.open()
+    memory = Memory(store, HashingEmbedder(64), tmp_path / "memory.faiss", MemoryConfig(),
+                    EventBus())
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(memory.run)
+            for n in range(3):
+                await memory.record(MemoryRecordParams(title=f"kept {n}", content="kept"))
+
+            def insert_then_fail(conn: apsw.Connection, mirror: LexicalIndex) -> None:
+                q.insert(conn, mirror, q.NewMemory(
+                    scope="global", title="phantom", description="", content="phantom",
+                    outcome="success", tags="", prior=q.PRIOR_RECORDED, source=None,
+                    created_at=0.0))
+                raise apsw.FullError("database or disk is full")
+
+            with pytest.raises(CtxdError) as failed:
+                await memory._write(insert_then_fail)
+            assert failed.value.code == ErrorCode.STORAGE_ERROR
+            with trio.fail_after(5):
+                while not memory.lexical.ready:  # noqa: ASYNC110 (it sets no event)
+                    await trio.sleep(0.01)
+            assert memory.lexical._rows == 3
+            assert (await store.read(q.lexical, memory.lexical, "phantom", None, 0.0, 5)
+                    ).hits == []
+            kept = await store.read(q.lexical, memory.lexical, "kept", None, 0.0, 5)
+            assert sorted(i for i, _ in kept.hits) == [1, 2, 3]
+            nursery.cancel_scope.cancel()
+    finally:
+        store.close()
