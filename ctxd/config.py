@@ -62,8 +62,8 @@ class MemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     lexical_weight: Annotated[float, Meta(ge=0.0, le=10.0)] = 1.0
     dense_weight: Annotated[float, Meta(ge=0.0, le=10.0)] = 0.25
     dense_min_score: Annotated[float, Meta(ge=-1.0, le=1.0)] = 0.2
-    ann_threshold: Positive = 50_000
-    nprobe: Annotated[int, Meta(ge=1, le=4_096)] = 16
+    ann_threshold: Positive = 10_000
+    nprobe: Annotated[int, Meta(ge=1, le=4_096)] = 128
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -26,6 +26,7 @@ import trio
 from ctxd.errors import CtxdError, ErrorCode
 from ctxd.memory import _queries as q
 from ctxd.memory._embedders import Embedder, EmbedderError, Vectors
+from ctxd.memory._lexical import Selection
 from ctxd.store import Store
 
 log = logging.getLogger("ctxd.memory")
@@ -351,20 +352,36 @@ class MemoryIndex:
         vector: Vectors = vectors[0]
         return vector
 
-    async def search(self, vector: Vectors, k: int) -> list[tuple[int, float]]:
-        """The ``k`` nearest memories to a query vector as (id, cosine).
+    async def search(self, vector: Vectors, k: int, selection: Selection | None = None
+                     ) -> list[tuple[int, float]]:
+        """The ``k`` nearest memories to a query vector as (id, cosine); with a selection,
+        the ``k`` nearest among the ids it holds (FAISS skips the others).
 
         Raises:
             DenseUnavailable: the dense leg cannot answer now (and why).
         """
+
+        def run(index: Any) -> tuple[Any, Any]:
+            parameters: Any = None
+            if selection is not None:
+                if isinstance(index, faiss.IndexIVF):
+                    parameters = faiss.SearchParametersIVF()
+                    parameters.nprobe = self._nprobe
+                else:
+                    parameters = faiss.SearchParameters()
+                # The bitmap's length is in bytes; it outlives the search (a closure cell).
+                parameters.sel = faiss.IDSelectorBitmap(len(selection),
+                                                        faiss.swig_ptr(selection))
+            found: tuple[Any, Any] = index.search(vector[None, :], min(k, int(index.ntotal)),
+                                                  params=parameters)
+            return found
 
         async def job() -> list[tuple[int, float]]:
             if self.state != "ready":
                 raise DenseUnavailable(self.reason or self.state)
             if self._index.ntotal == 0:
                 return []
-            scores, ids = await trio.to_thread.run_sync(
-                self._index.search, vector[None, :], min(k, int(self._index.ntotal)))
+            scores, ids = await trio.to_thread.run_sync(run, self._index)
             return [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True)
                     if i >= 0]
 

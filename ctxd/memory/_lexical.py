@@ -30,6 +30,7 @@ from typing import Any
 
 import apsw
 import numpy as np
+import numpy.typing as npt
 
 K1 = 1.2
 B = 0.75
@@ -41,6 +42,7 @@ development machine); see the module's note."""
 LOAD_CHUNK = 500
 """Memories loaded per store job (about 20 ms of tokenizing)."""
 MAX_TF = 65_535
+Selection = npt.NDArray[np.uint8]
 
 
 @dataclass(frozen=True)
@@ -233,3 +235,20 @@ class LexicalIndex:
         order = np.lexsort((candidates, -scores[candidates]))
         return LexicalHits([(int(i), float(scores[i])) for i in candidates[order]],
                            left_out)
+
+    def selection(self, scope: str | None, min_confidence: float) -> Selection | None:
+        """A bitmap of the memory ids in ``scope`` with at least ``min_confidence`` (bit
+        ``id`` of the little-endian bit string), for the dense leg to search within; None
+        while the mirror is loading."""
+        if not self.ready:
+            return None
+        if scope is None:
+            wanted = self._scope > 0
+        else:
+            wanted = np.zeros(len(self._scope), np.bool_)
+            for name in {scope, "global"}:
+                if name in self._scope_codes:
+                    wanted |= self._scope == self._scope_codes[name]
+        if min_confidence > 0:
+            wanted &= self._confidence >= min_confidence - 1e-9
+        return np.packbits(wanted, bitorder="little")

@@ -48,12 +48,19 @@ def fuse(legs: dict[Leg, Sequence[int]], weights: dict[Leg, float], rrf_k: int
     return sorted(((i, s, found[i]) for i, s in scores.items()), key=lambda t: (-t[1], t[0]))
 
 
-async def _dense(store: Store, index: MemoryIndex, query: str, scope: str | None,
-                 min_confidence: float, wanted: int, min_score: float) -> list[int]:
-    """The dense leg's ids that pass the filters (and ``min_score``), asking FAISS for more
-    while the filters remove too many."""
-    asked = wanted
+async def _dense(store: Store, mirror: LexicalIndex, index: MemoryIndex, query: str,
+                 scope: str | None, min_confidence: float, wanted: int, min_score: float
+                 ) -> list[int]:
+    """The dense leg's ids that pass the filters (and ``min_score``).
+
+    FAISS searches within the mirror's selection of the memories that pass; while the
+    mirror is loading, it is asked for more until SQLite's filter keeps enough."""
     vector = await index.embed_query(query)
+    selection = await store.read(lambda _: mirror.selection(scope, min_confidence))
+    if selection is not None:
+        found = await index.search(vector, wanted, selection)
+        return [memory_id for memory_id, score in found if score >= min_score]
+    asked = wanted
     while True:
         found = await index.search(vector, asked)
         ids = [memory_id for memory_id, score in found if score >= min_score]
@@ -76,8 +83,8 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
     notes = []
     if mode in ("hybrid", "dense"):
         try:
-            legs["dense"] = await _dense(store, index, query, scope, min_confidence, wanted,
-                                         config.dense_min_score)
+            legs["dense"] = await _dense(store, mirror, index, query, scope, min_confidence,
+                                         wanted, config.dense_min_score)
         except DenseUnavailable as exc:
             notes.append(f"dense leg unavailable ({exc}); lexical results only")
     if mode in ("hybrid", "lexical") or "dense" not in legs:

@@ -357,3 +357,22 @@ def test_a_record_that_fails_to_commit_leaves_no_trace_in_search(daemon_root: Pa
             assert search(client, f"unique{recorded}", mode="lexical")["results"] == []
     finally:
         process.stop()
+
+
+def test_the_dense_leg_finds_a_scope_s_memory_behind_many_closer_ones(
+        daemon: DaemonProcess) -> None:
+    """FAISS searches within the scope: a project's one memory is found although 900
+    memories of another project are nearer to the query."""
+    with daemon.client() as client:
+        mine = record(client, "migration lock", "migration lock", scope="project:mine")
+        for n in range(900):
+            record(client, f"database migration lock timeout {n}",
+                   "database migration lock timeout", scope="project:other")
+        wait_index_ready(client)
+        query = "database migration lock timeout"
+        nearest = search(client, query, mode="dense", k=5)["results"]
+        assert len(nearest) == 5
+        assert all(r["scope"] == "project:other" for r in nearest)
+        found = search(client, query, mode="dense", scope="project:mine", k=5)
+        assert [r["id"] for r in found["results"]] == [mine["memory"]["id"]]
+        assert found["note"] is None

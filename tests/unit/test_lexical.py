@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import apsw
+import numpy as np
 import pytest
 import trio
 
@@ -183,3 +184,24 @@ async def test_a_write_that_fails_after_touching_the_mirror_reloads_it(tmp_path:
             nursery.cancel_scope.cancel()
     finally:
         store.close()
+
+
+def test_the_selection_holds_the_ids_in_scope_with_the_confidence(tmp_path: Path) -> None:
+    rng = random.Random(9)
+    conn = _open(tmp_path)
+    mirror = LexicalIndex()
+    assert mirror.selection(None, 0.0) is None  # loading: the dense leg filters with SQLite
+    mirror = _loaded(conn)
+    with conn:
+        for _ in range(40):
+            q.insert(conn, mirror, _memory(rng))
+        for memory_id in (3, 5, 8):
+            q.signal(conn, mirror, memory_id, "feedback", False, None, 0.0)  # 4/6: 0.667
+        q.delete(conn, mirror, 10)
+    for scope in (None, "global", "project:a", "project:unknown"):
+        for min_confidence in (0.0, 0.7):
+            selection = mirror.selection(scope, min_confidence)
+            assert selection is not None
+            bits = np.unpackbits(selection, bitorder="little")
+            assert set(np.flatnonzero(bits)) == q.allowed(
+                conn, list(range(1, 41)), scope, min_confidence)
