@@ -63,7 +63,7 @@ class MemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     dense_weight: Annotated[float, Meta(ge=0.0, le=10.0)] = 0.25
     dense_min_score: Annotated[float, Meta(ge=-1.0, le=1.0)] = 0.2
     ann_threshold: Positive = 10_000
-    nprobe: Annotated[int, Meta(ge=1, le=4_096)] = 128
+    nprobe: Annotated[int, Meta(ge=1, le=4_096)] = 64
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

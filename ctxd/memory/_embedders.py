@@ -11,10 +11,12 @@ Embedding never runs on the event loop: every embedder does its work in a worker
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import http.client
 import itertools
 import json
+import math
 import os
 import re
 import urllib.error
@@ -75,6 +77,7 @@ _SUFFIXES = ("ational", "ization", "fulness", "iveness", "ations", "nesses", "me
              "ing", "ies", "ied", "ity", "ers", "est", "ed", "es", "er", "ly", "s")
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def stem(word: str) -> str:
     """A light suffix stripper: enough for feature hashing to match inflections."""
     for suffix in _SUFFIXES:
@@ -83,6 +86,7 @@ def stem(word: str) -> str:
     return word
 
 
+@functools.lru_cache(maxsize=1 << 18)
 def _bucket(feature: str, dim: int) -> tuple[int, float]:
     digest = int.from_bytes(hashlib.blake2b(feature.encode(), digest_size=8).digest(), "little")
     return digest % dim, (1.0 if digest >> 63 else -1.0)
@@ -117,7 +121,7 @@ class HashingEmbedder:
             features.update(f"{a} {b}" for a, b in itertools.pairwise(words))
             for feature, count in features.items():
                 index, sign = _bucket(feature, self._dim)
-                vectors[row, index] += sign * (1.0 + np.log(count))
+                vectors[row, index] += sign * (1.0 + math.log(count))
         return normalise(vectors)
 
     async def embed(self, texts: Sequence[str]) -> Vectors:

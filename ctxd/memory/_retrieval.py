@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import trio
+
 from ctxd.config import MemoryConfig
 from ctxd.memory import _queries as q
+from ctxd.memory._embedders import Vectors
 from ctxd.memory._index import DenseUnavailable, MemoryIndex
-from ctxd.memory._lexical import LexicalIndex
+from ctxd.memory._lexical import LexicalIndex, Selection
 from ctxd.store import Store
 from ctxd.wire.types import Leg, MemoryItem, SearchMode
 
@@ -48,15 +51,13 @@ def fuse(legs: dict[Leg, Sequence[int]], weights: dict[Leg, float], rrf_k: int
     return sorted(((i, s, found[i]) for i, s in scores.items()), key=lambda t: (-t[1], t[0]))
 
 
-async def _dense(store: Store, mirror: LexicalIndex, index: MemoryIndex, query: str,
-                 scope: str | None, min_confidence: float, wanted: int, min_score: float
-                 ) -> list[int]:
+async def _dense(store: Store, index: MemoryIndex, vector: Vectors,
+                 selection: Selection | None, scope: str | None, min_confidence: float,
+                 wanted: int, min_score: float) -> list[int]:
     """The dense leg's ids that pass the filters (and ``min_score``).
 
-    FAISS searches within the mirror's selection of the memories that pass; while the
-    mirror is loading, it is asked for more until SQLite's filter keeps enough."""
-    vector = await index.embed_query(query)
-    selection = await store.read(lambda _: mirror.selection(scope, min_confidence))
+    FAISS searches within the selection of the memories that pass; without one (the
+    lexical mirror is loading), it is asked for more until SQLite's filter keeps enough."""
     if selection is not None:
         found = await index.search(vector, wanted, selection)
         return [memory_id for memory_id, score in found if score >= min_score]
@@ -79,21 +80,52 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
     confidence. When the dense leg is not available, the lexical leg answers alone and the
     note says why."""
     wanted = max(MIN_CANDIDATES, 4 * k)
-    legs: dict[Leg, Sequence[int]] = {}
-    notes = []
-    if mode in ("hybrid", "dense"):
+    found: dict[Leg, Sequence[int]] = {}
+    notes: dict[Leg, str] = {}
+    selection: Selection | None = None
+    vector: Vectors | None = None
+
+    async def select() -> None:
+        nonlocal selection
+        selection = await store.read(lambda _: mirror.selection(scope, min_confidence))
+
+    async def embed() -> None:
+        nonlocal vector
         try:
-            legs["dense"] = await _dense(store, mirror, index, query, scope, min_confidence,
-                                         wanted, config.dense_min_score)
+            vector = await index.embed_query(query)
         except DenseUnavailable as exc:
-            notes.append(f"dense leg unavailable ({exc}); lexical results only")
-    if mode in ("hybrid", "lexical") or "dense" not in legs:
+            notes["dense"] = f"dense leg unavailable ({exc}); lexical results only"
+
+    async def dense_leg(query_vector: Vectors) -> None:
+        try:
+            found["dense"] = await _dense(store, index, query_vector, selection, scope,
+                                          min_confidence, wanted, config.dense_min_score)
+        except DenseUnavailable as exc:
+            notes["dense"] = f"dense leg unavailable ({exc}); lexical results only"
+
+    async def lexical_leg() -> None:
         lexical = await store.read(q.lexical, mirror, query, scope, min_confidence, wanted)
-        legs["lexical"] = [memory_id for memory_id, _ in lexical.hits]
+        found["lexical"] = [memory_id for memory_id, _ in lexical.hits]
         if lexical.words_left_out:
-            notes.append(f"the lexical ranking left out the query's {lexical.words_left_out} "
-                         "commonest words (a long query: their postings are too many)")
-    note = "; ".join(notes) or None
+            notes["lexical"] = (f"the lexical ranking left out the query's "
+                                f"{lexical.words_left_out} commonest words (a long query: "
+                                "their postings are too many)")
+
+    # Embedding (Python, holding the GIL) and the selection first; then FAISS (which lets
+    # the GIL go) and the lexical ranking at once, in their own threads.
+    if mode != "lexical":
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(select)
+            nursery.start_soon(embed)
+    if vector is not None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(dense_leg, vector)
+            if mode == "hybrid":
+                nursery.start_soon(lexical_leg)
+    if (mode != "dense" and "lexical" not in found) or not found:
+        await lexical_leg()
+    legs = {leg: found[leg] for leg in ("dense", "lexical") if leg in found}
+    note = "; ".join(notes[leg] for leg in ("dense", "lexical") if leg in notes) or None
     weights: dict[Leg, float] = {"lexical": config.lexical_weight,
                                  "dense": config.dense_weight}
     if len(legs) == 1:
