@@ -27,19 +27,21 @@ Phases, in order, on one data directory:
 3. ``inject`` at the largest size: ``branch.create`` with a 1 KB prompt, with memory
    injection (the default) and, interleaved as the baseline, with ``inject_memories``
    false, in a session of one of the projects; every tenth create the session's ten
-   branches are returned (untimed).
-4. ``reindex``: the daemon restarted with ``--ann-threshold`` (default 50,000, the
-   daemon's) and ``memory.reindex`` timed: above the threshold the rebuilt index is IVF.
-   Should the daemon not answer it (see docs/performance.md), it is stopped, its index
-   file removed and it is started again: its start-up rebuild makes the same index. Then
-   ``search`` and ``inject`` again (the same queries), and the share of the flat index's
-   dense results that the approximate index finds again.
+   branches are returned (untimed). Every pass creates with the same prompts.
+4. ``reindex``: the daemon restarted with ``--ann-threshold`` (default 10,000, the
+   daemon's) and ``--nprobe`` (default 64, the daemon's) and ``memory.reindex`` timed:
+   above the threshold the rebuilt index is IVF. Should the daemon not answer it (see
+   docs/performance.md), it is stopped, its index file removed and it is started again:
+   its start-up rebuild makes the same index. Then ``search`` and ``inject`` again (the
+   same queries and prompts), and the share of the approximate index's dense and hybrid
+   results and injected memories that the flat index returned too.
 5. ``breakdown``: where a search's time goes, measured in this process on copies of the
    daemon's index files and on its database (read-only): the query's embedding, a worker
-   thread hop, FAISS searches of the sizes the dense leg asks for (and how many rounds it
-   needs in a project's scope), the FTS5 query (short, and a branch's description and
-   prompt) by FTS5's bm25() and by the in-memory mirror that the daemon ranks with, the
-   SQLite reads of the filters and the results.
+   thread hop, the bitmap of a project's scope that the dense leg searches within, the
+   one FAISS search of k 50 within it (flat and IVF, and without a selection for
+   reference), the FTS5 query (short, and a branch's description and prompt) by FTS5's
+   bm25() and by the in-memory mirror that the daemon ranks with, the SQLite read of the
+   results.
 
 Targets: search p99 <= 5 ms at 100k memories; branch.create with injection p99 <= 10 ms.
 The script reports and exits 0 once the daemon has started; it exits 1 only when a figure
@@ -51,11 +53,17 @@ Run: ``python bench/memory.py`` (about 25 minutes), ``python bench/memory.py --s
 
 from __future__ import annotations
 
+import os
+
+# As the daemon does (ctxd/memory/_index.py): FAISS's OpenMP threads wait passively, so
+# that the breakdown's FAISS searches in this process cost what the daemon's do. Read
+# once, when libgomp loads with faiss.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import contextlib
 import itertools
 import math
-import os
 import random
 import re
 import shutil
@@ -198,6 +206,7 @@ class SearchRun:
     modes: dict[str, Latencies] = field(default_factory=lambda: {
         mode: Latencies() for mode in ("hybrid", "lexical", "dense")})
     dense_ids: list[list[int]] = field(default_factory=list)
+    hybrid_ids: list[list[int]] = field(default_factory=list)
     rss: int | None = None
 
 
@@ -209,6 +218,7 @@ class InjectRun:
     items: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     statuses: dict[str, int] = field(default_factory=dict)
+    injected_ids: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -220,6 +230,8 @@ class Report:
     injects: list[InjectRun] = field(default_factory=list)
     reindex: str = ""
     ivf_overlap: float | None = None
+    ivf_hybrid_overlap: float | None = None
+    ivf_inject_overlap: float | None = None
     breakdown: list[tuple[str, str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -286,7 +298,14 @@ class Report:
         if self.ivf_overlap is not None:
             print(f"approximate index: {self.ivf_overlap:.1%} of the flat index's dense "
                   "results (k 5, same queries) found again")
-        if self.reindex or self.ivf_overlap is not None:
+        if self.ivf_hybrid_overlap is not None:
+            print(f"approximate index: {self.ivf_hybrid_overlap:.1%} of its hybrid results "
+                  "(k 5, same queries) returned by the flat index too")
+        if self.ivf_inject_overlap is not None:
+            print(f"approximate index: {self.ivf_inject_overlap:.1%} of the memories it "
+                  "injected (same prompts) injected with the flat index too")
+        overlaps = (self.ivf_overlap, self.ivf_hybrid_overlap, self.ivf_inject_overlap)
+        if self.reindex or any(o is not None for o in overlaps):
             print()
         if self.breakdown:
             print("where a search's time goes (this process, on the daemon's files)")
@@ -339,6 +358,8 @@ def search(caller: Caller, writer: Writer, run: SearchRun, contents: list[str],
             latencies.samples.append(seconds)
             if mode == "dense":
                 run.dense_ids.append([hit["id"] for hit in result["results"]])
+            elif mode == "hybrid":
+                run.hybrid_ids.append([hit["id"] for hit in result["results"]])
     run.rss = vm_bytes(pid, "VmRSS")
 
 
@@ -364,6 +385,8 @@ def inject(caller: Caller, writer: Writer, run: InjectRun, count: int, tag: str)
                 status = created["injection"]["status"]
                 run.statuses[status] = run.statuses.get(status, 0) + 1
                 run.items.append(len(created["injected_context"]))
+                run.injected_ids.append([item["memory_id"]
+                                         for item in created["injected_context"]])
                 run.tokens.append(created["injection"]["tokens"])
             else:
                 run.plain.samples.append(seconds)
@@ -401,6 +424,18 @@ def _us(seconds: float) -> str:
     return f"{seconds * 1e6:,.0f} us" if seconds < 0.01 else f"{seconds * 1e3:,.1f} ms"
 
 
+def _faiss_params(index: Any, nprobe: int, selection: Any | None) -> Any:
+    """Search parameters as ``MemoryIndex.search`` builds them (ctxd/memory/_index.py)."""
+    if isinstance(index, faiss.IndexIVF):
+        params = faiss.SearchParametersIVF()
+        params.nprobe = nprobe
+    else:
+        params = faiss.SearchParameters()
+    if selection is not None:
+        params.sel = faiss.IDSelectorBitmap(len(selection), faiss.swig_ptr(selection))
+    return params
+
+
 def breakdown(report: Report, data_dir: Path, flat: Path, ivf: Path | None,
               writer: Writer, contents: list[str]) -> None:
     """Median cost of each step of a search, on the daemon's database and index files."""
@@ -434,11 +469,6 @@ def breakdown(report: Report, data_dir: Path, flat: Path, ivf: Path | None,
         return statistics.median(samples)
 
     row("one trio.to_thread hop (the embedding, each FAISS call)", trio.run(hops))
-    vector_iter = itertools.cycle(range(len(vectors)))
-    for asked in (50, 200, 800):
-        times = [_best_of(lambda i=i, a=asked: i.search(vectors[next(vector_iter)][None, :],
-                                                        a), 50) for i in indexes]
-        row(f"FAISS search, k {asked}", times[0], times[1] if len(times) > 1 else None)
     conn = apsw.Connection(str(data_dir / "ctxd.db"), flags=apsw.SQLITE_OPEN_READONLY)
     fts5 = LexicalIndex()  # never loaded: the lexical leg asks FTS5 itself
     mirror = LexicalIndex()
@@ -447,11 +477,35 @@ def breakdown(report: Report, data_dir: Path, flat: Path, ivf: Path | None,
         pass
     rows.append(("load the lexical mirror from SQLite (start-up, in 500-memory store jobs)",
                  f"{time.perf_counter() - started:.1f} s", ""))
+    # The dense leg: the mirror's bitmap of the memories in the query's scope (and of the
+    # confidence asked), then one FAISS search of k 50 within it (ctxd/memory/_retrieval.py).
+    scope_iter = itertools.cycle(scopes)
+    row("dense leg: selection bitmap of a project's scope (mirror.selection)",
+        _best_of(lambda: mirror.selection(next(scope_iter), 0.0), 200))
+    selections = {scope: mirror.selection(scope, 0.0) for scope in set(scopes)}
+    pairs = list(zip(vectors, scopes, strict=True))
+
+    def searcher(index: Any, selected: bool) -> Callable[[], object]:
+        pair_iter = itertools.cycle(pairs)
+
+        def search_once() -> object:
+            vector, scope = next(pair_iter)
+            selection = selections[scope] if selected else None
+            params = _faiss_params(index, args.nprobe, selection)
+            return index.search(vector[None, :], LEG_CANDIDATES, params=params)
+
+        return search_once
+
+    for selected, label in ((True, "within the selection (the dense leg's one search)"),
+                            (False, "without a selection (reference)")):
+        times = [_best_of(searcher(i, selected), 50) for i in indexes]
+        row(f"FAISS search, k {LEG_CANDIDATES}, {label}", times[0],
+            times[1] if len(times) > 1 else None)
     for label, leg in (("FTS5 bm25()", fts5), ("in-memory mirror", mirror)):
-        pairs = itertools.cycle(zip(sample, scopes, strict=True))
+        lexical_pairs = itertools.cycle(zip(sample, scopes, strict=True))
         row(f"lexical leg, {label}: 50 best of a 4-10-word query, project scope",
-            _best_of(lambda p=pairs, m=leg: queries.lexical(conn, m, *next(p), 0.0,
-                                                            LEG_CANDIDATES), 200))
+            _best_of(lambda p=lexical_pairs, m=leg: queries.lexical(
+                conn, m, *next(p), 0.0, LEG_CANDIDATES), 200))
         long_iter = itertools.cycle(long_queries)
         row(f"lexical leg, {label}: 50 best of a description + 1 KB prompt",
             _best_of(lambda i=long_iter, m=leg: queries.lexical(conn, m, next(i), scopes[0],
@@ -462,38 +516,28 @@ def breakdown(report: Report, data_dir: Path, flat: Path, ivf: Path | None,
         for text in long_queries[:20])
     rows.append(("  the mirror's 10 best of a long query among FTS5's 10 best "
                  "(it may leave common words out)", f"{overlap:.0%}", ""))
-    # The dense leg's rounds: FAISS is asked for 50, then 200, then 800 while the scope
-    # filter keeps fewer than 50 (ctxd/memory/_retrieval.py).
-    rounds: list[int] = []
-    for vector, scope in zip(vectors, scopes, strict=True):
-        asked = LEG_CANDIDATES
-        for round_number in itertools.count(1):
-            scores, ids = indexes[0].search(vector[None, :], asked)
-            found = [int(i) for i, s in zip(ids[0], scores[0], strict=True)
-                     if i >= 0 and s >= 0.1]
-            kept = queries.allowed(conn, found, scope, 0.0)
-            if (len(kept) >= LEG_CANDIDATES or len(found) < asked
-                    or asked >= 16 * LEG_CANDIDATES):
-                rounds.append(round_number)
-                break
-            asked *= 4
-    rows.append(("dense leg: FAISS rounds per search (mean, project scope)",
-                 f"{statistics.mean(rounds):.2f}", ""))
-    id_lists = [[int(i) for i in indexes[0].search(v[None, :], 800)[1][0] if i >= 0]
-                for v in vectors[:50]]
-    for size in (50, 200, 800):
-        lists = itertools.cycle(id_lists)
-        row(f"SQLite scope/confidence filter of {size} ids",
-            _best_of(lambda s=size, c=lists: queries.allowed(conn, next(c)[:s], scopes[0], 0.0),
-                     50))
+    id_lists = []
+    for vector, scope in pairs[:50]:
+        params = _faiss_params(indexes[0], args.nprobe, selections[scope])
+        found = indexes[0].search(vector[None, :], 5, params=params)[1][0]
+        id_lists.append([int(i) for i in found if i >= 0])
     lists = itertools.cycle(id_lists)
     row("SQLite read of the 5 results", _best_of(
-        lambda: queries.by_ids(conn, next(lists)[:5]), 200))
+        lambda: queries.by_ids(conn, next(lists)), 200))
     conn.close()
     report.breakdown = rows
 
 
 # ---- the run ----------------------------------------------------------------------------
+
+def _share_found(lists: Sequence[list[int]], others: Sequence[list[int]]) -> float | None:
+    """Of all the ids in ``lists``, the share that the same position of ``others`` holds
+    too (None when ``lists`` holds none)."""
+    total = sum(len(ids) for ids in lists)
+    if not total:
+        return None
+    return sum(len(set(a) & set(b)) for a, b in zip(lists, others, strict=True)) / total
+
 
 def run_benchmark(report: Report) -> None:
     args = report.args
@@ -526,12 +570,13 @@ def run_benchmark(report: Report) -> None:
                 report.searches.append(flat_run)
             print("branch.create with and without injection ...", flush=True)
             run = InjectRun("flat as grown")
+            writer.rng.seed(2)  # every pass creates with the same prompts
             inject(caller, writer, run, args.creates, "flat")
             report.injects.append(run)
         # The daemon saved its index when it stopped: keep the flat one for the breakdown.
         if (data_dir / "memory.faiss").exists():
             shutil.copy(data_dir / "memory.faiss", flat_copy)
-        settings = {"ann-threshold": str(args.ann_threshold)}
+        settings = {"ann-threshold": str(args.ann_threshold), "nprobe": str(args.nprobe)}
         label = "IVF" if sizes[-1] > args.ann_threshold else "flat, rebuilt"
         print(f"memory.reindex (ann_threshold {args.ann_threshold:,}) ...", flush=True)
         with running(root, data_dir, "ctxd-reindex", sys.executable, settings) as (
@@ -562,6 +607,7 @@ def run_benchmark(report: Report) -> None:
             report.searches.append(rebuilt)
             print("branch.create with and without injection ...", flush=True)
             run = InjectRun(label)
+            writer.rng.seed(2)
             inject(caller, writer, run, args.creates, "rebuilt")
             report.injects.append(run)
         if (data_dir / "memory.faiss").exists():
@@ -570,6 +616,11 @@ def run_benchmark(report: Report) -> None:
             report.ivf_overlap = statistics.mean(
                 len(set(a) & set(b)) / len(a)
                 for a, b in zip(flat_run.dense_ids, rebuilt.dense_ids, strict=True) if a)
+        if flat_run is not None and flat_run.hybrid_ids and rebuilt.hybrid_ids:
+            report.ivf_hybrid_overlap = _share_found(rebuilt.hybrid_ids, flat_run.hybrid_ids)
+        if len(report.injects) == 2 and all(r.injected_ids for r in report.injects):
+            report.ivf_inject_overlap = _share_found(report.injects[1].injected_ids,
+                                                     report.injects[0].injected_ids)
         if flat_copy.exists():
             print("where the time goes ...", flush=True)
             breakdown(report, data_dir, flat_copy, ivf_copy if ivf_copy.exists() else None,
@@ -594,11 +645,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                      help="memories recorded one at a time first (default 1000)")
     cli.add_argument("--window", type=int, default=32,
                      help="pipelined records in flight (default 32)")
-    cli.add_argument("--ann-threshold", type=int, default=50_000,
+    cli.add_argument("--ann-threshold", type=int, default=10_000,
                      help="the daemon's [memory] ann_threshold, passed as a flag "
-                          "(default 50000, the daemon's default)")
-    cli.add_argument("--nprobe", type=int, default=16,
-                     help="the daemon's [memory] nprobe, for the breakdown (default 16)")
+                          "(default 10000, the daemon's default)")
+    cli.add_argument("--nprobe", type=int, default=64,
+                     help="the daemon's [memory] nprobe, passed as a flag to the rebuilt "
+                          "daemon and used in the breakdown (default 64, the daemon's "
+                          "default)")
     cli.add_argument("--keep-logs", metavar="DIR", help="copy the daemon's logs to DIR")
     return cli.parse_args(argv)
 
