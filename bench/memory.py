@@ -47,7 +47,7 @@ Targets: search p99 <= 5 ms at 100k memories; branch.create with injection p99 <
 The script reports and exits 0 once the daemon has started; it exits 1 only when a figure
 could not be measured.
 
-Run: ``python bench/memory.py`` (about 25 minutes), ``python bench/memory.py --sizes
+Run: ``python bench/memory.py`` (about 5 minutes), ``python bench/memory.py --sizes
 2000,20000 --queries 300`` (about a minute).
 """
 
