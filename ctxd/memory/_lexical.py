@@ -17,6 +17,9 @@ store job, while FTS5 answers lexical queries itself.
 Long queries (a branch's description and prompt) can hold dozens of common words: past
 `MAX_POSTINGS` postings the commonest words are left out, rarest first kept (their IDF is
 the lowest, so they move a score least), and the result says it is approximate.
+
+Knowing every memory's scope and confidence, the mirror also gives the dense leg its
+`selection`: the ids FAISS may return for a query.
 """
 
 from __future__ import annotations
@@ -37,11 +40,14 @@ B = 0.75
 TOKENIZER = ("porter", ["unicode61"])
 """memories_fts's ``tokenize = 'porter unicode61'`` (migration v0003)."""
 MAX_POSTINGS = 200_000
-"""A query scores at most this many postings of the scopes it sees (about 3 ms on the
+"""A query scores at most this many postings of the scopes it sees (about 4 ms on the
 development machine); see the module's note."""
-LOAD_CHUNK = 500
-"""Memories loaded per store job (about 20 ms of tokenizing)."""
+LOAD_CHUNK = 100
+"""Memories loaded per store job (about 8 ms of tokenizing: other requests wait no longer
+than that behind one)."""
 MAX_TF = 65_535
+"""Term frequencies are stored in 16 bits: a memory's texts (at most about 70,000
+characters) cannot hold a word more often."""
 Selection = npt.NDArray[np.uint8]
 
 

@@ -226,7 +226,8 @@ class Memory:
         stats = self.index.statistics()
         return MemoryIndexStatus(state=stats["state"], reason=stats["reason"],
                                  vectors=stats["vectors"], memories=self.count,
-                                 embedder=stats["signature"])
+                                 embedder=stats["signature"],
+                                 lexical="ready" if self.lexical.ready else "loading")
 
 
 def _text(item: MemoryItem) -> str:

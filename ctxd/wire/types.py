@@ -548,6 +548,7 @@ class MemoryIndexStatus(Result, frozen=True):
     vectors: int
     memories: int
     embedder: str
+    lexical: Literal["loading", "ready"]
 
 
 # ---- events.* -----------------------------------------------------------------------

@@ -23,7 +23,8 @@ def wait_index_ready(client: Client, timeout: float = 20) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
         index = client.call("daemon.status")["memory_index"]
-        if index["state"] == "ready" or time.monotonic() > deadline:
+        ready = index["state"] == "ready" and index["lexical"] == "ready"
+        if ready or time.monotonic() > deadline:
             return index  # type: ignore[no-any-return]
         time.sleep(0.02)
 
@@ -136,7 +137,8 @@ def test_index_survives_restarts_and_deletes(daemon: DaemonProcess) -> None:
     daemon.start()
     with daemon.client() as client:
         index = wait_index_ready(client)
-        assert (index["state"], index["vectors"], index["memories"]) == ("ready", 3, 3)
+        assert (index["state"], index["vectors"], index["memories"], index["lexical"]) == (
+            "ready", 3, 3, "ready")
         assert search(client, "tests migration coffee rebase", mode="lexical",
                       k=10) == lexical
         assert sorted(r["id"] for r in lexical["results"]) == [1, 2, 4]
