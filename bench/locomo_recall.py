@@ -213,23 +213,23 @@ def record_all(caller: Caller, conversations: Sequence[Conversation], window: in
     return len(pairs) / elapsed
 
 
-def wait_dense(caller: Caller, memories: int, timeout_s: float) -> str | None:
-    """Wait until the dense leg answers (the index loaded or rebuilt, the memories recorded
-    meanwhile added); the reason when it does not within ``timeout_s``.
+def wait_memory_ready(caller: Caller, memories: int, timeout_s: float) -> str | None:
+    """Wait until both legs are ready: the dense leg answers (the index loaded or rebuilt,
+    the memories recorded meanwhile added) and the lexical ranking is loaded; the reason
+    when they are not within ``timeout_s``.
 
     A search is a job of the index's owner task, served in order after its start-up
     rebuild, so the first dense search that answers comes after everything queued before.
-    (Not ``memory.reindex``: a rebuild run as a job is cancelled after 5 s, see the report.)
     """
     give_up = time.monotonic() + timeout_s
     while True:
         found = caller.call("memory.search", {"query": "ready", "k": 1, "mode": "dense"})
-        if "dense" in found["legs_used"] and not found.get("note"):
-            index = caller.call("daemon.status").get("memory_index")
+        index = caller.call("daemon.status").get("memory_index")
+        if "dense" in found["legs_used"] and not found.get("note") and (
+                index is None or index.get("lexical", "ready") == "ready"):
             if index is not None and index["vectors"] != memories:
                 return f"the dense index holds {index['vectors']} of {memories} memories"
             return None
-        index = caller.call("daemon.status").get("memory_index")
         if index is not None and index["state"] == "unavailable":
             return f"the dense index is unavailable: {index['reason']}"
         if time.monotonic() > give_up:
@@ -398,7 +398,7 @@ def recall_pass(report: Report, root: Path) -> None:
         print(f"{label}: recording {total:,} turns ...", flush=True)
         with running(root, data_dir, label, python, settings) as (_, caller):
             report.record_rates[label] = record_all(caller, conversations, args.window)
-            problem = wait_dense(caller, total, args.index_timeout)
+            problem = wait_memory_ready(caller, total, args.index_timeout)
             modes = ("lexical",) if problem else ("lexical", "dense", "hybrid")
             for mode in modes:
                 ranking = search_all(caller, conversations, mode, max(K_VALUES), args.window)
@@ -429,7 +429,7 @@ def tune_pass(report: Report, root: Path) -> None:
         print(f"tuning {number + 1}/{len(TUNING)}: {label}", flush=True)
         with running(root, root / "data-hashing", f"tune-{number}", sys.executable,
                      settings) as (_, caller):
-            problem = wait_dense(caller, total, args.index_timeout)
+            problem = wait_memory_ready(caller, total, args.index_timeout)
             if problem:
                 report.tuning.append((label, None, problem))
                 continue

@@ -43,7 +43,10 @@ Phases, in order, on one data directory:
    bm25() and by the in-memory mirror that the daemon ranks with, the SQLite read of the
    results.
 
-Targets: search p99 <= 5 ms at 100k memories; branch.create with injection p99 <= 10 ms.
+Targets: search p99 <= 5 ms at 100k memories; branch.create with injection p99 <= 10 ms;
+judged on the daemon's own settings (phase 4), not on phase 1's exact index kept past
+``ann_threshold``. Every phase waits until both legs are ready (the dense index built and
+the lexical ranking loaded) before it measures.
 The script reports and exits 0 once the daemon has started; it exits 1 only when a figure
 could not be measured.
 
@@ -81,7 +84,7 @@ import apsw
 import faiss
 import trio
 from folding import Caller, vm_bytes
-from locomo_recall import running, wait_dense
+from locomo_recall import running, wait_memory_ready
 from rpc import (
     BenchError,
     RawClient,
@@ -102,6 +105,8 @@ from ctxd.memory._lexical import LexicalIndex
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SEARCH_P99_TARGET_S = 0.005
 INJECT_P99_TARGET_S = 0.010
+FLAT_AS_GROWN = "flat as grown"
+"""The label of phase 1's runs: an exact index kept past ann_threshold (not a default)."""
 PROJECTS = 20
 GLOBAL_SHARE = 0.2
 BLOCK = 10_000
@@ -264,7 +269,10 @@ class Report:
                     if not latencies.samples:
                         continue
                     p99 = latencies.p(0.99)
-                    target = mode == "hybrid" and run.memories >= 100_000
+                    # The targets hold for the daemon's own settings: not for the exact
+                    # index kept past ann_threshold of the first phase.
+                    target = (mode == "hybrid" and run.memories >= 100_000
+                              and run.label != FLAT_AS_GROWN)
                     rows.append((f"  {mode}", f"{run.memories:,}", run.label,
                                  latencies.cell(), f"{p99 / ping99:.1f}x",
                                  "<= 5 ms" if target else "-",
@@ -283,9 +291,11 @@ class Report:
                 if run.injected.samples and run.plain.samples:
                     ratio = (f"{run.injected.p(0.5) / run.plain.p(0.5):.1f}x / "
                              f"{run.injected.p(0.99) / run.plain.p(0.99):.1f}x")
+                    target = run.label != FLAT_AS_GROWN
                     rows.append(("with injection", run.label, run.injected.cell(), ratio,
-                                 "<= 10 ms",
-                                 verdict(run.injected.p(0.99) <= INJECT_P99_TARGET_S)))
+                                 "<= 10 ms" if target else "-",
+                                 verdict(run.injected.p(0.99) <= INJECT_P99_TARGET_S)
+                                 if target else "info"))
                 if run.items:
                     rows.append(("  memories injected per branch (mean), tokens (mean)",
                                  run.label, f"{statistics.mean(run.items):.1f}, "
@@ -560,16 +570,16 @@ def run_benchmark(report: Report) -> None:
                 print(f"recording up to {size:,} memories ...", flush=True)
                 record(caller, writer, report, recorded, size, contents)
                 recorded = size
-                problem = wait_dense(caller, size, 600)
+                problem = wait_memory_ready(caller, size, 600)
                 if problem:
                     report.notes.append(f"at {size:,}: {problem}")
                 print(f"searching at {size:,} ...", flush=True)
-                flat_run = SearchRun("flat as grown", size)
+                flat_run = SearchRun(FLAT_AS_GROWN, size)
                 writer.rng.seed(1)  # every pass searches the same queries
                 search(caller, writer, flat_run, contents, args.queries, server.proc.pid)
                 report.searches.append(flat_run)
             print("branch.create with and without injection ...", flush=True)
-            run = InjectRun("flat as grown")
+            run = InjectRun(FLAT_AS_GROWN)
             writer.rng.seed(2)  # every pass creates with the same prompts
             inject(caller, writer, run, args.creates, "flat")
             report.injects.append(run)
@@ -594,7 +604,7 @@ def run_benchmark(report: Report) -> None:
         print(f"restarting ctxd ({label}) ...", flush=True)
         with running(root, data_dir, "ctxd-2", sys.executable, settings) as (server, caller):
             started = time.perf_counter()
-            problem = wait_dense(caller, sizes[-1], 1800)
+            problem = wait_memory_ready(caller, sizes[-1], 1800)
             if elapsed is None:
                 report.reindex += (f"; restarted without its index file, the daemon rebuilt "
                                    f"it at start in {time.perf_counter() - started:.1f} s"
