@@ -245,16 +245,27 @@ class LexicalIndex:
     def selection(self, scope: str | None, min_confidence: float) -> Selection | None:
         """A bitmap of the memory ids in ``scope`` with at least ``min_confidence`` (bit
         ``id`` of the little-endian bit string), for the dense leg to search within; None
-        while the mirror is loading."""
+        while the mirror is loading.
+
+        The one method that may run outside the store's thread (the dense leg calls it on
+        the event loop while the lexical leg ranks in the store's thread): it only reads
+        two arrays, which the store's thread may replace meanwhile (hence the common
+        length), and a selection a moment stale is harmless: results are read back from
+        SQLite.
+        """
         if not self.ready:
             return None
+        codes, confidence = self._scope, self._confidence
+        size = min(len(codes), len(confidence))
+        codes, confidence = codes[:size], confidence[:size]
         if scope is None:
-            wanted = self._scope > 0
+            wanted = codes > 0
         else:
-            wanted = np.zeros(len(self._scope), np.bool_)
+            wanted = np.zeros(size, np.bool_)
             for name in {scope, "global"}:
-                if name in self._scope_codes:
-                    wanted |= self._scope == self._scope_codes[name]
+                code = self._scope_codes.get(name)
+                if code is not None:
+                    wanted |= codes == code
         if min_confidence > 0:
-            wanted &= self._confidence >= min_confidence - 1e-9
+            wanted &= confidence >= min_confidence - 1e-9
         return np.packbits(wanted, bitorder="little")

@@ -85,10 +85,6 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
     selection: Selection | None = None
     vector: Vectors | None = None
 
-    async def select() -> None:
-        nonlocal selection
-        selection = await store.read(lambda _: mirror.selection(scope, min_confidence))
-
     async def embed() -> None:
         nonlocal vector
         try:
@@ -111,12 +107,13 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
                                 f"{lexical.words_left_out} commonest words (a long query: "
                                 "their postings are too many)")
 
-    # Embedding (Python, holding the GIL) and the selection first; then FAISS (which lets
-    # the GIL go) and the lexical ranking at once, in their own threads.
+    # Embedding and the selection first (Python and numpy: they hold the GIL, and would
+    # slow the lexical ranking down as much as they gain); then FAISS, which lets the GIL
+    # go, while the lexical leg ranks in the store's thread.
     if mode != "lexical":
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(select)
-            nursery.start_soon(embed)
+        await embed()
+        # On the loop: the store's thread is about to be busy with the lexical leg.
+        selection = mirror.selection(scope, min_confidence)
     if vector is not None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(dense_leg, vector)
