@@ -25,7 +25,6 @@ Knowing every memory's scope and confidence, the mirror also gives the dense leg
 from __future__ import annotations
 
 import math
-from array import array
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +45,8 @@ LOAD_CHUNK = 100
 """Memories loaded per store job (about 8 ms of tokenizing: other requests wait no longer
 than that behind one)."""
 MAX_TF = 65_535
+Ids = npt.NDArray[np.int32]
+Frequencies = npt.NDArray[np.uint16]
 """Term frequencies are stored in 16 bits: a memory's texts (at most about 70,000
 characters) cannot hold a word more often."""
 Selection = npt.NDArray[np.uint8]
@@ -68,9 +69,14 @@ class LexicalIndex:
 
     def reset(self) -> None:
         """Forget everything; `load_more` loads it again (FTS5 answers meanwhile)."""
-        self._postings: dict[str, dict[int, tuple[array[int], array[int]]]] = {}
-        """term → scope code → (memory ids, term frequencies): a query reads only the
-        postings of the scopes it sees."""
+        self._postings: dict[tuple[int, str], tuple[Ids, Frequencies]] = {}
+        """(scope code, term) → (memory ids, term frequencies), numpy arrays with room to
+        grow (`_sizes` says how much is used): a query reads only the postings of the
+        scopes it sees. Numpy arrays, unlike ``array.array``, are not tracked by the
+        garbage collector: a dict per term of ``array.array`` pairs made 470,000 tracked
+        objects at 100,000 memories, and every full collection took 115 ms with the GIL
+        held."""
+        self._sizes: dict[tuple[int, str], int] = {}
         self._df: dict[str, int] = {}
         self._length = np.zeros(1024, np.float64)
         self._scope = np.zeros(1024, np.int32)  # 0: no such memory
@@ -109,10 +115,18 @@ class LexicalIndex:
         self._grow(memory_id)
         code = self._scope_codes.setdefault(scope, len(self._scope_codes) + 1)
         for term, count in Counter(tokens).items():
-            docs, frequencies = self._postings.setdefault(term, {}).setdefault(
-                code, (array("i"), array("H")))
-            docs.append(memory_id)
-            frequencies.append(min(count, MAX_TF))
+            key = (code, term)
+            size = self._sizes.get(key, 0)
+            arrays = self._postings.get(key)
+            if arrays is None or size == len(arrays[0]):
+                grown = (np.zeros(max(4, 2 * size), np.int32),
+                         np.zeros(max(4, 2 * size), np.uint16))
+                if arrays is not None:
+                    grown[0][:size], grown[1][:size] = arrays
+                arrays = self._postings[key] = grown
+            arrays[0][size] = memory_id
+            arrays[1][size] = min(count, MAX_TF)
+            self._sizes[key] = size + 1
             self._df[term] = self._df.get(term, 0) + 1
         self._length[memory_id] = len(tokens)
         self._scope[memory_id] = code
@@ -141,16 +155,19 @@ class LexicalIndex:
         tokens = self._document(conn, rows[0])
         code = int(self._scope[memory_id])
         for term in set(tokens):
-            by_scope = self._postings[term]
-            docs, frequencies = by_scope[code]
-            at = docs.index(memory_id)
-            del docs[at]
-            del frequencies[at]
-            if not docs:
-                del by_scope[code]
+            key = (code, term)
+            docs, frequencies = self._postings[key]
+            size = self._sizes[key]
+            at = int(np.flatnonzero(docs[:size] == memory_id)[0])
+            docs[at:size - 1] = docs[at + 1:size]
+            frequencies[at:size - 1] = frequencies[at + 1:size]
+            if size == 1:
+                del self._postings[key], self._sizes[key]
+            else:
+                self._sizes[key] = size - 1
             self._df[term] -= 1
             if not self._df[term]:
-                del self._df[term], self._postings[term]
+                del self._df[term]
         self._scope[memory_id] = 0
         self._rows -= 1
         self._tokens -= len(tokens)
@@ -211,24 +228,26 @@ class LexicalIndex:
         scored = 0
         used = 0
         for df, term in ranked:
-            postings = [self._postings[term][code] for code in codes
-                        if code in self._postings[term]]
+            postings = []
+            for code in codes:
+                if (code, term) in self._postings:
+                    docs, frequencies = self._postings[code, term]
+                    used_size = self._sizes[code, term]
+                    postings.append((docs[:used_size], frequencies[:used_size]))
             size = sum(len(docs) for docs, _ in postings)
             if used and scored + size > MAX_POSTINGS:
                 break
             idf = math.log((self._rows - df + 0.5) / (df + 0.5))
             if idf <= 0.0:
                 idf = 1e-6
-            for docs_buffer, frequencies_buffer in postings:
-                docs = np.frombuffer(docs_buffer, np.int32)
-                frequency = np.frombuffer(frequencies_buffer, np.uint16).astype(np.float64)
+            for docs, frequencies in postings:
+                frequency = frequencies.astype(np.float64)
                 # idf · f · (k1 + 1) / (f + k1 · (1 - b + b · length / average length))
                 part = np.take(norms, docs)
                 part += frequency
                 np.divide(frequency, part, out=part)
                 part *= idf * (K1 + 1.0)
                 np.add.at(scores, docs, part)  # twice as fast as scores[docs] += part
-                del docs  # release the buffer: the array may grow again
             scored += size
             used += 1
         left_out = len(ranked) - used
