@@ -11,7 +11,6 @@ Embedding never runs on the event loop: every embedder does its work in a worker
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import http.client
 import itertools
@@ -77,7 +76,6 @@ _SUFFIXES = ("ational", "ization", "fulness", "iveness", "ations", "nesses", "me
              "ing", "ies", "ied", "ity", "ers", "est", "ed", "es", "er", "ly", "s")
 
 
-@functools.lru_cache(maxsize=1 << 16)
 def stem(word: str) -> str:
     """A light suffix stripper: enough for feature hashing to match inflections."""
     for suffix in _SUFFIXES:
@@ -86,10 +84,15 @@ def stem(word: str) -> str:
     return word
 
 
-@functools.lru_cache(maxsize=1 << 18)
 def _bucket(feature: str, dim: int) -> tuple[int, float]:
     digest = int.from_bytes(hashlib.blake2b(feature.encode(), digest_size=8).digest(), "little")
     return digest % dim, (1.0 if digest >> 63 else -1.0)
+
+
+CACHE_ENTRIES = 1 << 18
+"""Stems and buckets a HashingEmbedder remembers (emptied when full). Plain dicts of
+strings and tuples, which the garbage collector does not track, unlike an
+``lru_cache``'s entries (262,144 more objects for every full collection to walk)."""
 
 
 class HashingEmbedder:
@@ -101,6 +104,8 @@ class HashingEmbedder:
 
     def __init__(self, dim: int = 1024):
         self._dim = dim
+        self._stems: dict[str, str] = {}
+        self._buckets: dict[str, tuple[int, float]] = {}
 
     @property
     def signature(self) -> str:
@@ -115,13 +120,20 @@ class HashingEmbedder:
 
     def embed_sync(self, texts: Sequence[str]) -> Vectors:
         vectors = np.zeros((len(texts), self._dim), dtype=np.float32)
+        stems, buckets = self._stems, self._buckets
+        if len(buckets) > CACHE_ENTRIES:
+            stems.clear()
+            buckets.clear()
         for row, text in enumerate(texts):
-            words = [stem(w) for w in _WORD.findall(text.lower())]
+            words = [stems.get(w) or stems.setdefault(w, stem(w))
+                     for w in _WORD.findall(text.lower())]
             features = Counter(words)
             features.update(f"{a} {b}" for a, b in itertools.pairwise(words))
             for feature, count in features.items():
-                index, sign = _bucket(feature, self._dim)
-                vectors[row, index] += sign * (1.0 + math.log(count))
+                bucket = buckets.get(feature)
+                if bucket is None:
+                    bucket = buckets[feature] = _bucket(feature, self._dim)
+                vectors[row, bucket[0]] += bucket[1] * (1.0 + math.log(count))
         return normalise(vectors)
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
