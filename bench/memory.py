@@ -100,7 +100,7 @@ from rpc import (
 
 from ctxd.memory import HashingEmbedder
 from ctxd.memory import _queries as queries
-from ctxd.memory._lexical import LexicalIndex
+from ctxd.memory._lexical import LOAD_CHUNK, LexicalIndex
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SEARCH_P99_TARGET_S = 0.005
@@ -485,7 +485,7 @@ def breakdown(report: Report, data_dir: Path, flat: Path, ivf: Path | None,
     started = time.perf_counter()
     while not mirror.load_more(conn):
         pass
-    rows.append(("load the lexical mirror from SQLite (start-up, in 500-memory store jobs)",
+    rows.append((f"load the lexical mirror from SQLite (start-up: {LOAD_CHUNK}-memory store jobs)",
                  f"{time.perf_counter() - started:.1f} s", ""))
     # The dense leg: the mirror's bitmap of the memories in the query's scope (and of the
     # confidence asked), then one FAISS search of k 50 within it (ctxd/memory/_retrieval.py).
