@@ -466,7 +466,12 @@ async def create(actor: SessionActor, p: BranchCreateParams) -> BranchCreateResu
              "conversation", meta, tokens, now, branch.branch_id)
             for i, (m, tokens) in enumerate(zip(opening, counts, strict=True))]
     with sup.branch_slot():
-        await sup.store.write(q.insert_branch, branch, p.prompt, updated, rows)
+        if injected.items and sup.memory is not None:  # their use in the same commit
+            await sup.memory.write_with_use(
+                q.insert_branch, [item.memory_id for item in injected.items],
+                branch.branch_id, branch, p.prompt, updated, rows)
+        else:
+            await sup.store.write(q.insert_branch, branch, p.prompt, updated, rows)
     updated.live[branch.branch_id] = branch
     actor.record = updated
     arm(actor, branch)
@@ -476,9 +481,6 @@ async def create(actor: SessionActor, p: BranchCreateParams) -> BranchCreateResu
         "timeout_seconds": timeout_s, "deadline": branch.deadline_at})
     if branch.warned:
         publish_budget_warning(actor, branch)
-    if injected.items and sup.memory is not None:
-        await sup.memory.record_use([item.memory_id for item in injected.items],
-                                    branch.branch_id)
     parent_remaining = (parent.budget - parent.tokens_used if parent
                         else window - record.main_thread_tokens)
     return BranchCreateResult(

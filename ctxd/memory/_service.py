@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import apsw
 import trio
 
 from ctxd.config import MemoryConfig
@@ -181,13 +182,18 @@ class Memory:
         # Counting tokens of long memories takes milliseconds: off the event loop.
         return await trio.to_thread.run_sync(fit, candidates, counter, cap)
 
-    async def record_use(self, memory_ids: list[int], source: str) -> None:
-        """The memories were injected into a branch: a weak positive signal each (in one
-        transaction). A failure is logged: the branch exists either way."""
-        try:
-            await self._write(q.record_use, memory_ids, source, time.time())
-        except CtxdError as error:
-            log.warning("use of memories %s not recorded: %s", memory_ids, error.message)
+    async def write_with_use(self, fn: Callable[..., T], memory_ids: list[int], source: str,
+                             *args: Any) -> T:
+        """Run ``fn(conn, *args)`` (a write of the branch that memories were injected into)
+        and, in the same transaction, a weak positive signal for each of those memories:
+        one commit for both."""
+
+        def write(conn: apsw.Connection, mirror: LexicalIndex) -> T:
+            result = fn(conn, *args)
+            q.record_use(conn, mirror, memory_ids, source, time.time())
+            return result
+
+        return await self._write(write)
 
     async def get(self, memory_id: int) -> MemoryItem:
         item = await self.store.read(q.get, memory_id)
