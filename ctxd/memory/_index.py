@@ -368,17 +368,20 @@ class MemoryIndex:
 
         def run(index: Any) -> tuple[Any, Any]:
             parameters: Any = None
+            selector: Any = None
             if selection is not None:
                 if isinstance(index, faiss.IndexIVF):
                     parameters = faiss.SearchParametersIVF()
                     parameters.nprobe = self._nprobe
                 else:
                     parameters = faiss.SearchParameters()
-                # The bitmap's length is in bytes; it outlives the search (a closure cell).
-                parameters.sel = faiss.IDSelectorBitmap(len(selection),
-                                                        faiss.swig_ptr(selection))
+                # Its length is in bytes. The bitmap (a closure cell) and the selector (a
+                # local) stay referenced until the search is over.
+                selector = faiss.IDSelectorBitmap(len(selection), faiss.swig_ptr(selection))
+                parameters.sel = selector
             found: tuple[Any, Any] = index.search(vector[None, :], min(k, int(index.ntotal)),
                                                   params=parameters)
+            del selector
             return found
 
         async def job() -> list[tuple[int, float]]:

@@ -11,8 +11,9 @@ phrase) with numpy, so its scores are FTS5's and the ranking is FTS5's, in about
 It lives in the store's thread: every method takes the store's connection and runs in its
 thread, between the store's other jobs, so it needs no lock and sees exactly the committed
 memories. The write functions of ``_queries`` keep it in step inside their transactions;
-a write that fails calls `reset`, and the mirror is loaded again from SQLite, a chunk per
-store job, while FTS5 answers lexical queries itself.
+when one that changed it rolls back, the store calls `rolled_back` in the same job, the
+mirror forgets everything and is loaded again from SQLite, a chunk per store job, while
+FTS5 answers lexical queries itself.
 
 Long queries (a branch's description and prompt) can hold dozens of common words: past
 `MAX_POSTINGS` postings the commonest words are left out, rarest first kept (their IDF is
@@ -69,6 +70,9 @@ class LexicalIndex:
 
     def reset(self) -> None:
         """Forget everything; `load_more` loads it again (FTS5 answers meanwhile)."""
+        self.ready = False  # first: `selection` may run on another thread meanwhile
+        self.touched = False
+        """Whether the current transaction changed the mirror (see `rolled_back`)."""
         self._postings: dict[tuple[int, str], tuple[Ids, Frequencies]] = {}
         """(scope code, term) → (memory ids, term frequencies), numpy arrays with room to
         grow (`_sizes` says how much is used): a query reads only the postings of the
@@ -130,11 +134,17 @@ class LexicalIndex:
             self._df[term] = self._df.get(term, 0) + 1
         self._length[memory_id] = len(tokens)
         self._scope[memory_id] = code
+        self.touched = True
         self._confidence[memory_id] = alpha / (alpha + beta)
         self._rows += 1
         self._tokens += len(tokens)
 
     _ROW = "SELECT id, scope, title, description, content, tags, alpha, beta FROM memories"
+
+    def rolled_back(self) -> None:
+        """The store's transaction rolled back: forget everything if it changed us."""
+        if self.touched:
+            self.reset()
 
     def added(self, conn: apsw.Connection, memory_id: int) -> None:
         """A memory was inserted (in the current transaction)."""
@@ -154,6 +164,7 @@ class LexicalIndex:
             return
         tokens = self._document(conn, rows[0])
         code = int(self._scope[memory_id])
+        self.touched = True
         for term in set(tokens):
             key = (code, term)
             docs, frequencies = self._postings[key]
@@ -180,6 +191,7 @@ class LexicalIndex:
             for alpha, beta in conn.execute("SELECT alpha, beta FROM memories WHERE id = ?",
                                             (memory_id,)):
                 self._confidence[memory_id] = alpha / (alpha + beta)
+                self.touched = True
 
     def load_more(self, conn: apsw.Connection, limit: int = LOAD_CHUNK) -> bool:
         """Load the next ``limit`` memories; True once every memory is in the mirror."""
@@ -222,6 +234,8 @@ class LexicalIndex:
                      if name in self._scope_codes]
         # Rarest first: a duplicate term is scored twice, as FTS5 scores each phrase.
         ranked = sorted((self._df[term], term) for term in terms if term in self._df)
+        if not ranked:
+            return LexicalHits([], 0)
         # The length part of BM25's denominator, per memory.
         norms = K1 * (1.0 - B + B * self._length * (self._rows / self._tokens))
         scores = np.zeros(len(self._scope), np.float64)
@@ -268,9 +282,10 @@ class LexicalIndex:
 
         The one method that may run outside the store's thread (the dense leg calls it on
         the event loop while the lexical leg ranks in the store's thread): it only reads
-        two arrays, which the store's thread may replace meanwhile (hence the common
-        length), and a selection a moment stale is harmless: results are read back from
-        SQLite.
+        `ready`, the scope codes and two arrays, which the store's thread may replace
+        meanwhile (hence the common length), and a selection a moment stale, or showing
+        a transaction that is then rolled back, is harmless: results are read back from
+        SQLite with the scope and confidence filters.
         """
         if not self.ready:
             return None

@@ -96,12 +96,19 @@ def get(conn: apsw.Connection, memory_id: int) -> MemoryItem | None:
     return _item(rows[0]) if rows else None
 
 
-def by_ids(conn: apsw.Connection, memory_ids: Sequence[int]) -> dict[int, MemoryItem]:
+def by_ids(conn: apsw.Connection, memory_ids: Sequence[int], scope: str | None = None,
+           min_confidence: float = 0.0) -> dict[int, MemoryItem]:
+    """The memories among ``memory_ids`` that pass the scope and confidence filters: what
+    SQLite says, whatever the lexical mirror or a selection said."""
+    clause, bindings = _scope_clause(scope)
     found: dict[int, MemoryItem] = {}
     for start in range(0, len(memory_ids), 500):
-        chunk = memory_ids[start:start + 500]
-        for row in conn.execute(f"SELECT {_COLUMNS} FROM memories WHERE id IN "
-                                f"({','.join('?' * len(chunk))})", tuple(chunk)):
+        chunk = tuple(memory_ids[start:start + 500])
+        for row in conn.execute(
+                f"SELECT {_COLUMNS} FROM memories m WHERE m.id IN "
+                f"({','.join('?' * len(chunk))}){clause} "
+                "AND m.alpha / (m.alpha + m.beta) >= ? - 1e-9",
+                (*chunk, *bindings, min_confidence)):
             found[row[0]] = _item(row)
     return found
 

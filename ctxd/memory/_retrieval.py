@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
@@ -115,10 +116,20 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
         # On the loop: the store's thread is about to be busy with the lexical leg.
         selection = mirror.selection(scope, min_confidence)
     if vector is not None:
+        failures: list[Exception] = []
+
+        async def catching(leg: Callable[..., Awaitable[None]], *args: Any) -> None:
+            try:
+                await leg(*args)
+            except Exception as exc:  # raised below as itself, not in an ExceptionGroup
+                failures.append(exc)
+
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(dense_leg, vector)
+            nursery.start_soon(catching, dense_leg, vector)
             if mode == "hybrid":
-                nursery.start_soon(lexical_leg)
+                nursery.start_soon(catching, lexical_leg)
+        if failures:
+            raise failures[0]
     if (mode != "dense" and "lexical" not in found) or not found:
         await lexical_leg()
     legs = {leg: found[leg] for leg in ("dense", "lexical") if leg in found}
@@ -128,7 +139,8 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
     if len(legs) == 1:
         weights = {leg: 1.0 for leg in legs}
     fused = fuse(legs, weights, config.rrf_k)[:k]
-    items = await store.read(q.by_ids, [memory_id for memory_id, _, _ in fused])
+    items = await store.read(q.by_ids, [memory_id for memory_id, _, _ in fused], scope,
+                             min_confidence)
     return Retrieved(
         ranked=[Ranked(items[memory_id], round(score, 8), found)
                 for memory_id, score, found in fused if memory_id in items],

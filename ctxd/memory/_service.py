@@ -72,6 +72,7 @@ class Memory:
                                  config.nprobe)
         self.lexical = LexicalIndex()
         self._lexical_reset = trio.Event()
+        self._lexical_loaded = trio.Event()
         self.count = 0
 
     async def run(self, *, task_status: trio.TaskStatus[Memory] = trio.TASK_STATUS_IGNORED
@@ -93,23 +94,44 @@ class Memory:
 
     async def _load_lexical(self) -> None:
         """Load the lexical mirror, a chunk per store job (other jobs run in between);
-        again whenever a failed write has reset it."""
+        again whenever a failed write has reset it. A failure to load is logged and tried
+        again later: FTS5 ranks meanwhile."""
         while True:
-            loaded = False
-            while not loaded:
-                loaded = await self.store.read(self.lexical.load_more)
+            try:
+                loaded = False
+                while not loaded:
+                    loaded = await self.store.read(self.lexical.load_more)
+            except Exception:
+                # Service boundary: the mirror is a cache of SQLite.
+                log.exception("loading the lexical ranking failed; FTS5 ranks meanwhile "
+                              "(retrying in %g s)", RETRY_S)
+                await self.store.read(lambda _: self.lexical.reset())
+                await trio.sleep(RETRY_S)
+                continue
+            self._lexical_loaded.set()
             await self._lexical_reset.wait()
             self._lexical_reset = trio.Event()
 
+    async def wait_lexical_loaded(self) -> None:
+        """Return once the lexical mirror is loaded (again)."""
+        await self._lexical_loaded.wait()
+
     async def _write(self, fn: Callable[..., T], *args: Any) -> T:
-        """A write that keeps the lexical mirror in step: if its transaction fails the
-        mirror may not match SQLite any more, and is loaded again."""
+        """A write that keeps the lexical mirror in step. Should its transaction roll back
+        after the mirror was changed, the mirror is reset in the same store job (nothing
+        runs in between) and loaded again."""
+
+        def write(conn: apsw.Connection, mirror: LexicalIndex) -> T:
+            mirror.touched = False
+            return fn(conn, mirror, *args)
+
         try:
-            return await self.store.write(fn, self.lexical, *args)
-        except Exception:
-            await self.store.read(lambda _: self.lexical.reset())
-            self._lexical_reset.set()
-            raise
+            return await self.store.write(write, self.lexical,
+                                          on_rollback=self.lexical.rolled_back)
+        finally:
+            if not self.lexical.ready and self._lexical_loaded.is_set():
+                self._lexical_loaded = trio.Event()
+                self._lexical_reset.set()
 
     async def promote_candidates(self) -> int:
         """Turn queued memory candidates into memories (confidence 0.6)."""

@@ -177,20 +177,24 @@ class Store:
         """
         return await self._submit(fn, args, False)
 
-    async def write(self, fn: Callable[..., T], *args: Any) -> T:
+    async def write(self, fn: Callable[..., T], *args: Any,
+                    on_rollback: Callable[[], None] | None = None) -> T:
         """Run ``fn(conn, *args)`` in one transaction in the store's thread.
 
         The transaction has committed when this returns, so the caller may acknowledge.
+        Should it roll back instead, ``on_rollback()`` runs right after, in the same
+        thread, before any other job (to undo what ``fn`` did outside SQLite).
 
         Raises:
             CtxdError: -32008 when SQLite could not commit; the transaction rolled back.
         """
-        return await self._submit(fn, args, True)
+        return await self._submit(fn, args, True, on_rollback)
 
-    async def _submit(self, fn: Callable[..., T], args: tuple[Any, ...], transaction: bool) -> T:
+    async def _submit(self, fn: Callable[..., T], args: tuple[Any, ...], transaction: bool,
+                      on_rollback: Callable[[], None] | None = None) -> T:
         if self._worker is None:
             raise RuntimeError("store is not open")
-        return await self._worker.run(lambda: self._run(fn, args, transaction))
+        return await self._worker.run(lambda: self._run(fn, args, transaction, on_rollback))
 
     def _on_commit(self, conn: apsw.Connection, database: str, wal_pages: int) -> int:
         self._wal_pages = wal_pages
@@ -220,7 +224,8 @@ class Store:
         finally:
             checkpointer.close()
 
-    def _run(self, fn: Callable[..., T], args: tuple[Any, ...], transaction: bool) -> T:
+    def _run(self, fn: Callable[..., T], args: tuple[Any, ...], transaction: bool,
+             on_rollback: Callable[[], None] | None = None) -> T:
         conn = self.connection
         try:
             if not transaction:
@@ -233,6 +238,8 @@ class Store:
                 # SQLite may already have rolled back by itself (SQLITE_FULL, for one).
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
+                if on_rollback is not None:
+                    on_rollback()
                 raise
             return result
         except _STORAGE_FAILURES as exc:

@@ -354,6 +354,7 @@ def test_a_record_that_fails_to_commit_leaves_no_trace_in_search(daemon_root: Pa
     process.start()
     try:
         with process.client() as client:
+            assert wait_index_ready(client)["lexical"] == "ready"
             assert search(client, "marker0 unique1 marker2 unique3", mode="lexical",
                           k=10) == found
             assert search(client, f"unique{recorded}", mode="lexical")["results"] == []

@@ -163,6 +163,15 @@ async def test_a_write_that_fails_after_touching_the_mirror_reloads_it(tmp_path:
             for n in range(3):
                 await memory.record(MemoryRecordParams(title=f"kept {n}", content="kept"))
 
+            await memory.wait_lexical_loaded()
+
+            def fail(conn: apsw.Connection, mirror: LexicalIndex) -> None:
+                raise apsw.FullError("database or disk is full")
+
+            with pytest.raises(CtxdError):
+                await memory._write(fail)
+            assert memory.lexical.ready  # it changed nothing: nothing to load again
+
             def insert_then_fail(conn: apsw.Connection, mirror: LexicalIndex) -> None:
                 q.insert(conn, mirror, q.NewMemory(
                     scope="global", title="phantom", description="", content="phantom",
@@ -173,9 +182,8 @@ async def test_a_write_that_fails_after_touching_the_mirror_reloads_it(tmp_path:
             with pytest.raises(CtxdError) as failed:
                 await memory._write(insert_then_fail)
             assert failed.value.code == ErrorCode.STORAGE_ERROR
-            with trio.fail_after(5):
-                while not memory.lexical.ready:  # noqa: ASYNC110 (it sets no event)
-                    await trio.sleep(0.01)
+            assert not memory.lexical.ready  # reset in the failed write's own store job
+            await memory.wait_lexical_loaded()
             assert memory.lexical._rows == 3
             assert (await store.read(q.lexical, memory.lexical, "phantom", None, 0.0, 5)
                     ).hits == []
