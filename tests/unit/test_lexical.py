@@ -120,6 +120,9 @@ def test_a_signal_moves_a_memory_across_the_confidence_filter(tmp_path: Path) ->
         q.signal(conn, mirror, item.id, "outcome", False, None, 0.0)
     assert q.lexical(conn, mirror, "sleep", None, 0.75, 5).hits == []
     assert [i for i, _ in q.lexical(conn, mirror, "sleep", None, 0.6, 5).hits] == [item.id]
+    # What SQLite says decides, whatever a leg proposed: results are read back filtered.
+    assert q.by_ids(conn, [item.id], None, 0.75) == {}
+    assert list(q.by_ids(conn, [item.id], "project:other", 0.6)) == [item.id]
 
 
 def test_a_long_query_keeps_its_rarest_words_within_the_postings_budget(
