@@ -86,13 +86,6 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
     selection: Selection | None = None
     vector: Vectors | None = None
 
-    async def embed() -> None:
-        nonlocal vector
-        try:
-            vector = await index.embed_query(query)
-        except DenseUnavailable as exc:
-            notes["dense"] = f"dense leg unavailable ({exc}); lexical results only"
-
     async def dense_leg(query_vector: Vectors) -> None:
         try:
             found["dense"] = await _dense(store, index, query_vector, selection, scope,
@@ -112,7 +105,10 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
     # slow the lexical ranking down as much as they gain); then FAISS, which lets the GIL
     # go, while the lexical leg ranks in the store's thread.
     if mode != "lexical":
-        await embed()
+        try:
+            vector = await index.embed_query(query)
+        except DenseUnavailable as exc:
+            notes["dense"] = f"dense leg unavailable ({exc}); lexical results only"
         # On the loop: the store's thread is about to be busy with the lexical leg.
         selection = mirror.selection(scope, min_confidence)
     if vector is not None:
