@@ -19,6 +19,19 @@ def record(client: Client, title: str, content: str, **extra: Any) -> dict[str, 
 
 
 
+def found_soon(client: Client, query: str, scope: str, timeout: float = 10
+               ) -> list[dict[str, Any]]:
+    """The lexical results of a search that finds something within ``timeout`` (an
+    extracted memory is promoted in the background), else the last, empty, ones."""
+    deadline = time.monotonic() + timeout
+    while True:
+        results: list[dict[str, Any]] = search(client, query, scope=scope,
+                                               mode="lexical")["results"]
+        if results or time.monotonic() > deadline:
+            return results
+        time.sleep(0.05)
+
+
 def wait_index_ready(client: Client, timeout: float = 20) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
@@ -245,13 +258,7 @@ def test_extracted_memories_become_memories(shared_daemon: DaemonProcess) -> Non
                                                   "prompt": "find it"})["branch_id"]
         client.call("branch.return", {"branch_id": branch_id, "extract_memory": True,
                                       "message": "test_io is flaky because of a 1 s sleep"})
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            found = search(client, "flaky sleep", scope="project:lessons", mode="lexical")
-            if found["results"]:
-                break
-            time.sleep(0.05)
-        [hit] = found["results"]
+        [hit] = found_soon(client, "flaky sleep", "project:lessons")
         memory = client.call("memory.get", {"id": hit["id"]})["memory"]
         assert {k: memory[k] for k in ("scope", "title", "content", "outcome", "confidence",
                                        "source")} == {
@@ -313,14 +320,8 @@ def test_an_extracted_memory_keeps_its_project_scope(shared_daemon: DaemonProces
         client.call("branch.return", {"branch_id": branch_id, "extract_memory": True,
                                       "message": "the orders query lacks an index"})
         client.call("session.delete", {"session_id": "extract2"})
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            found = search(client, "orders query index", scope="project:my-app",
-                           mode="lexical")
-            if found["results"]:
-                break
-            time.sleep(0.05)
-        assert [(r["scope"], r["title"]) for r in found["results"]] == [
+        found = found_soon(client, "orders query index", "project:my-app")
+        assert [(r["scope"], r["title"]) for r in found] == [
             ("project:my-app", "find the slow query")]
 
 
