@@ -32,6 +32,18 @@ def found_soon(client: Client, query: str, scope: str, timeout: float = 10
         time.sleep(0.05)
 
 
+def return_with_lesson(client: Client, session_id: str, project: str, description: str,
+                       message: str) -> str:
+    """A branch in a new session of ``project`` returned with ``extract_memory``; its id."""
+    client.call("session.open", {"session_id": session_id, "project": project})
+    branch_id: str = client.call("branch.create", {"session_id": session_id,
+                                                   "description": description,
+                                                   "prompt": "find it"})["branch_id"]
+    client.call("branch.return", {"branch_id": branch_id, "extract_memory": True,
+                                  "message": message})
+    return branch_id
+
+
 def wait_index_ready(client: Client, timeout: float = 20) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
@@ -252,12 +264,8 @@ def test_injection_fits_twenty_percent_of_the_budget_exactly(
 
 def test_extracted_memories_become_memories(shared_daemon: DaemonProcess) -> None:
     with shared_daemon.client() as client:
-        client.call("session.open", {"session_id": "extract1", "project": "lessons"})
-        branch_id = client.call("branch.create", {"session_id": "extract1",
-                                                  "description": "find the flaky test",
-                                                  "prompt": "find it"})["branch_id"]
-        client.call("branch.return", {"branch_id": branch_id, "extract_memory": True,
-                                      "message": "test_io is flaky because of a 1 s sleep"})
+        branch_id = return_with_lesson(client, "extract1", "lessons", "find the flaky test",
+                                       "test_io is flaky because of a 1 s sleep")
         [hit] = found_soon(client, "flaky sleep", "project:lessons")
         memory = client.call("memory.get", {"id": hit["id"]})["memory"]
         assert {k: memory[k] for k in ("scope", "title", "content", "outcome", "confidence",
@@ -313,12 +321,8 @@ def test_a_trailing_newline_is_not_part_of_a_valid_id(shared_daemon: DaemonProce
 
 def test_an_extracted_memory_keeps_its_project_scope(shared_daemon: DaemonProcess) -> None:
     with shared_daemon.client() as client:
-        client.call("session.open", {"session_id": "extract2", "project": "my  app"})
-        branch_id = client.call("branch.create", {"session_id": "extract2",
-                                                  "description": "find the slow query",
-                                                  "prompt": "find it"})["branch_id"]
-        client.call("branch.return", {"branch_id": branch_id, "extract_memory": True,
-                                      "message": "the orders query lacks an index"})
+        return_with_lesson(client, "extract2", "my  app", "find the slow query",
+                           "the orders query lacks an index")
         client.call("session.delete", {"session_id": "extract2"})
         found = found_soon(client, "orders query index", "project:my-app")
         assert [(r["scope"], r["title"]) for r in found] == [
