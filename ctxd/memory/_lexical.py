@@ -45,7 +45,7 @@ TOKENIZER = ("porter", ["unicode61"])
 """memories_fts's ``tokenize = 'porter unicode61'`` (migration v0003)."""
 MAX_POSTINGS = 200_000
 """A query scores at most this many postings of the scopes it sees (about 2 ms on the
-development machine); see the module's note."""
+development machine), and its rarest word whatever its count; see the module's note."""
 LOAD_CHUNK = 100
 """Memories loaded per store job (about 8 ms of tokenizing: other requests wait no longer
 than that behind one)."""
@@ -303,16 +303,21 @@ class LexicalIndex:
             matched_slots = np.flatnonzero(matched)
             found_ids.append(shard.ids[matched_slots])
             found_scores.append(shard_scores[matched_slots])
+        # Left out: the words past the cut that the query's scopes hold.
+        left_out = sum(1 for _, term in ranked[used:]
+                       if any(term in shard.sizes for shard in shards))
         if not found_ids:
-            return LexicalHits([], len(ranked) - used)
+            return LexicalHits([], left_out)
         candidates, found = np.concatenate(found_ids), np.concatenate(found_scores)
         if len(candidates) > limit:
-            best = np.argpartition(-found, limit - 1)[:limit]
-            candidates, found = candidates[best], found[best]
-        order = np.lexsort((candidates, -found))
+            # The best `limit` and every memory tied with the last of them: ties go by id.
+            last = np.partition(found, len(found) - limit)[len(found) - limit]
+            kept = found >= last
+            candidates, found = candidates[kept], found[kept]
+        order = np.lexsort((candidates, -found))[:limit]
         return LexicalHits([(int(i), float(score)) for i, score
                             in zip(candidates[order], found[order], strict=True)],
-                           len(ranked) - used)
+                           left_out)
 
     def _scores(self, shard: _Shard, postings: list[tuple[Slots, Frequencies, float]]
                 ) -> npt.NDArray[np.float64]:
@@ -342,11 +347,13 @@ class LexicalIndex:
         return np.bincount(slots, part, minlength=shard.count).astype(np.float64, copy=False)
 
     def _shards_of(self, scope: str | None) -> list[_Shard]:
-        """The shards a query in ``scope`` sees (a project's: its own and the global one)."""
+        """The shards a query in ``scope`` sees (a project's: its own and the global one),
+        read from the shards' dict once (see `selection`)."""
+        shards = self._shards
         if scope is None:
-            return list(self._shards.values())
-        return [self._shards[name] for name in sorted({scope, "global"})
-                if name in self._shards]
+            return list(shards.values())
+        return [shard for name in sorted({scope, "global"})
+                if (shard := shards.get(name)) is not None]
 
     def selection(self, scope: str | None, min_confidence: float) -> Selection | None:
         """A bitmap of the memory ids in ``scope`` with at least ``min_confidence`` (bit
@@ -355,10 +362,12 @@ class LexicalIndex:
 
         The one method that may run outside the store's thread (the dense leg calls it on
         the event loop while the lexical leg ranks in the store's thread): it only reads
-        `ready`, the shards (listed in one step) and their arrays, which the store's thread
-        may replace meanwhile (hence the common length), and a selection a moment stale,
-        or showing a transaction that is then rolled back, is harmless: results are read
-        back from SQLite with the scope and confidence filters.
+        `ready`, the shards (from one read of their dict: a reset may replace it) and
+        their arrays, which the store's thread may replace meanwhile (hence the common
+        length) or change (hence the copy of the ids, tested as they are used), and a
+        selection a moment stale, or showing a transaction that is then rolled back, is
+        harmless: results are read back from SQLite with the scope and confidence
+        filters.
         """
         if not self.ready:
             return None
@@ -366,7 +375,7 @@ class LexicalIndex:
         for shard in self._shards_of(scope):
             ids, confidence = shard.ids, shard.confidence
             size = min(shard.count, len(ids), len(confidence))
-            ids, confidence = ids[:size], confidence[:size]
+            ids, confidence = ids[:size].copy(), confidence[:size]
             kept = (ids >= 0) & (ids < len(wanted))
             if min_confidence > 0:
                 kept &= confidence >= min_confidence - 1e-9

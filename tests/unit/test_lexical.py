@@ -155,6 +155,44 @@ def test_a_long_query_keeps_its_rarest_words_within_the_postings_budget(
     assert [i for i, _ in whole.hits] == [i for i, _ in fts5.hits]
 
 
+def test_memories_tied_at_the_limit_are_kept_by_id(tmp_path: Path) -> None:
+    conn = _open(tmp_path)
+    mirror = _loaded(conn)
+    with conn:  # 40 memories alike, every other one global: all tie for "alpha"
+        for n in range(40):
+            q.insert(conn, mirror, q.NewMemory(
+                scope=["global", "project:a"][n % 2], title="alpha", description="",
+                content="beta gamma", outcome="success", tags="", prior=q.PRIOR_RECORDED,
+                source=None, created_at=0.0))
+    ours = q.lexical(conn, mirror, "alpha", "project:a", 0.0, 3)
+    assert [i for i, _ in ours.hits] == [1, 2, 3]
+    assert ours.hits == q.lexical(conn, LexicalIndex(), "alpha", "project:a", 0.0, 3).hits
+
+
+def test_words_left_out_are_only_those_the_scopes_hold(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    conn = _open(tmp_path)
+    mirror = _loaded(conn)
+    with conn:  # "middling" in 10 global memories, "common" in 30; "elsewhere" in 40 of b
+        for n in range(30):
+            words = "common middling" if n < 10 else "common"
+            for scope, content in (("global", words), ("project:b", "elsewhere")):
+                q.insert(conn, mirror, q.NewMemory(
+                    scope=scope, title=f"memory {n}", description="", content=content,
+                    outcome="success", tags="", prior=q.PRIOR_RECORDED, source=None,
+                    created_at=0.0))
+        for _ in range(10):
+            q.insert(conn, mirror, q.NewMemory(
+                scope="project:b", title="more", description="", content="elsewhere",
+                outcome="success", tags="", prior=q.PRIOR_RECORDED, source=None,
+                created_at=0.0))
+    monkeypatch.setattr(_lexical, "MAX_POSTINGS", 12)
+    cut = q.lexical(conn, mirror, "common middling elsewhere", "project:a", 0.0, 50)
+    # middling is scored, common is past the budget; elsewhere is past it too, but no
+    # memory project:a sees holds it: only common is a word left out.
+    assert (cut.words_left_out, len(cut.hits)) == (1, 10)
+
+
 async def test_a_write_that_fails_after_touching_the_mirror_reloads_it(tmp_path: Path) -> None:
     store = Store(tmp_path / "ctxd.db")
     store.open()
