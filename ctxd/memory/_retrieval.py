@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import trio
 
 from ctxd.config import MemoryConfig
 from ctxd.memory import _queries as q
-from ctxd.memory._embedders import Vectors
 from ctxd.memory._index import DenseUnavailable, MemoryIndex
 from ctxd.memory._lexical import LexicalIndex, Selection
 from ctxd.store import Store
@@ -52,26 +50,21 @@ def fuse(legs: dict[Leg, Sequence[int]], weights: dict[Leg, float], rrf_k: int
     return sorted(((i, s, found[i]) for i, s in scores.items()), key=lambda t: (-t[1], t[0]))
 
 
-async def _dense(store: Store, index: MemoryIndex, vector: Vectors,
-                 selection: Selection | None, scope: str | None, min_confidence: float,
-                 wanted: int, min_score: float) -> list[int]:
+async def _dense(store: Store, index: MemoryIndex, query: str, selection: Selection | None,
+                 scope: str | None, min_confidence: float, wanted: int, min_score: float
+                 ) -> list[int]:
     """The dense leg's ids that pass the filters (and ``min_score``).
 
     FAISS searches within the selection of the memories that pass; without one (the
-    lexical mirror is loading), it is asked for more until SQLite's filter keeps enough."""
+    lexical mirror is loading), it is asked for 16 times as many and SQLite's filter keeps
+    those that pass."""
     if selection is not None:
-        found = await index.search(vector, wanted, selection)
+        found = await index.search(query, wanted, selection)
         return [memory_id for memory_id, score in found if score >= min_score]
-    asked = wanted
-    while True:
-        found = await index.search(vector, asked)
-        ids = [memory_id for memory_id, score in found if score >= min_score]
-        kept = await store.read(q.allowed, ids, scope, min_confidence)
-        ranked = [memory_id for memory_id in ids if memory_id in kept]
-        if (len(ranked) >= wanted or len(found) < asked or len(ids) < len(found)
-                or asked >= 16 * wanted):
-            return ranked[:wanted]
-        asked *= 4
+    found = await index.search(query, 16 * wanted)
+    ids = [memory_id for memory_id, score in found if score >= min_score]
+    kept = await store.read(q.allowed, ids, scope, min_confidence)
+    return [memory_id for memory_id in ids if memory_id in kept][:wanted]
 
 
 async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
@@ -84,11 +77,10 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
     found: dict[Leg, Sequence[int]] = {}
     notes: dict[Leg, str] = {}
     selection: Selection | None = None
-    vector: Vectors | None = None
 
-    async def dense_leg(query_vector: Vectors) -> None:
+    async def dense_leg() -> None:
         try:
-            found["dense"] = await _dense(store, index, query_vector, selection, scope,
+            found["dense"] = await _dense(store, index, query, selection, scope,
                                           min_confidence, wanted, config.dense_min_score)
         except DenseUnavailable as exc:
             notes["dense"] = f"dense leg unavailable ({exc}); lexical results only"
@@ -101,27 +93,21 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
                                 f"{lexical.words_left_out} commonest words (a long query: "
                                 "their postings are too many)")
 
-    # Embedding and the selection first (Python and numpy: they hold the GIL, and would
-    # slow the lexical ranking down as much as they gain); then FAISS, which lets the GIL
-    # go, while the lexical leg ranks in the store's thread.
     if mode != "lexical":
-        try:
-            vector = await index.embed_query(query)
-        except DenseUnavailable as exc:
-            notes["dense"] = f"dense leg unavailable ({exc}); lexical results only"
-        # On the loop: the store's thread is about to be busy with the lexical leg.
+        # The selection first, on the loop: the store's thread is about to be busy with
+        # the lexical leg. Then the dense leg (the query's embedding and FAISS, in one
+        # worker thread) beside the lexical leg (in the store's thread).
         selection = mirror.selection(scope, min_confidence)
-    if vector is not None:
         failures: list[Exception] = []
 
-        async def catching(leg: Callable[..., Awaitable[None]], *args: Any) -> None:
+        async def catching(leg: Callable[[], Awaitable[None]]) -> None:
             try:
-                await leg(*args)
+                await leg()
             except Exception as exc:  # raised below as itself, not in an ExceptionGroup
                 failures.append(exc)
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(catching, dense_leg, vector)
+            nursery.start_soon(catching, dense_leg)
             if mode == "hybrid":
                 nursery.start_soon(catching, lexical_leg)
         if failures:

@@ -17,22 +17,29 @@ from typing import Any
 
 import numpy as np
 import pytest
+import trio
 
 from ctxd.config import MemoryConfig
 from ctxd.memory import (
+    Embedder,
     EmbedderError,
     HashingEmbedder,
     HttpEmbedder,
     SentenceTransformerEmbedder,
     make_embedder,
 )
-from ctxd.memory._embedders import PACKAGED_MODEL, packaged_model_path, stem
+from ctxd.memory._embedders import PACKAGED_MODEL, Vectors, packaged_model_path, stem
 
 SERVER_DIM = 48
 """Dimensions of the vectors the test server answers."""
 
 
 # ---- a real OpenAI-compatible embeddings server ------------------------------------------
+
+
+async def embedded(embedder: Embedder, texts: list[str]) -> Vectors:
+    """``embed_sync`` in a worker thread, as the memory index calls it."""
+    return await trio.to_thread.run_sync(embedder.embed_sync, texts)
 
 
 @dataclass(frozen=True)
@@ -160,7 +167,7 @@ async def test_hashing_is_deterministic_across_instances_and_calls() -> None:
     texts = ["Migrations must bump user_version", "Rebase before pushing"]
     first = HashingEmbedder().embed_sync(texts)
     np.testing.assert_array_equal(first, HashingEmbedder().embed_sync(texts))
-    np.testing.assert_array_equal(first, await HashingEmbedder().embed(texts))
+    np.testing.assert_array_equal(first, await embedded(HashingEmbedder(), texts))
     # Case and punctuation do not matter.
     np.testing.assert_array_equal(
         first[1], HashingEmbedder().embed_sync(["REBASE, before... pushing!"])[0])
@@ -196,7 +203,7 @@ async def test_http_vectors_are_normalised_in_input_order(server: EmbeddingServe
     embedder = HttpEmbedder(server.url, "test-model")
     await embedder.load()
     texts = ["the migrations failed", "coffee machine upstairs", "migration fails"]
-    vectors = await embedder.embed(texts)
+    vectors = await embedded(embedder, texts)
     assert (vectors.shape, vectors.dtype) == ((3, SERVER_DIM), np.float32)
     np.testing.assert_allclose(vectors, server.expected(texts), rtol=1e-6, atol=1e-7)
     # No key, no Authorization header.
@@ -207,7 +214,7 @@ async def test_http_batches_requests(server: EmbeddingServer) -> None:
     embedder = HttpEmbedder(server.url, "test-model", batch=2)
     await embedder.load()
     texts = [f"memory number {i}" for i in range(5)]
-    vectors = await embedder.embed(texts)
+    vectors = await embedded(embedder, texts)
     assert [r.body["input"] for r in server.requests[1:]] == [texts[0:2], texts[2:4],
                                                               texts[4:5]]
     np.testing.assert_allclose(vectors, server.expected(texts), rtol=1e-6, atol=1e-7)
@@ -216,7 +223,7 @@ async def test_http_batches_requests(server: EmbeddingServer) -> None:
 async def test_http_no_texts_makes_no_request(server: EmbeddingServer) -> None:
     embedder = HttpEmbedder(server.url, "test-model")
     await embedder.load()
-    vectors = await embedder.embed([])
+    vectors = await embedded(embedder, [])
     assert vectors.shape == (0, SERVER_DIM)
     assert len(server.requests) == 1
 
@@ -231,7 +238,7 @@ async def test_http_bad_answers_are_embedder_errors(server: EmbeddingServer, fai
     await embedder.load()
     server.failure = failure
     with pytest.raises(EmbedderError) as caught:
-        await embedder.embed(["one", "two"])
+        await embedded(embedder, ["one", "two"])
     assert str(caught.value) == f"embedding endpoint {server.url}/embeddings: {reason}"
     with pytest.raises(EmbedderError) as caught:
         await HttpEmbedder(server.url, "test-model").load()
@@ -247,7 +254,7 @@ async def test_http_wrong_vector_count_is_an_embedder_error(server: EmbeddingSer
     await embedder.load()
     server.failure = "wrong-count"
     with pytest.raises(EmbedderError) as caught:
-        await embedder.embed(["one", "two", "three"])
+        await embedded(embedder, ["one", "two", "three"])
     assert str(caught.value) == (f"embedding endpoint {server.url}/embeddings answered 2 "
                                  "vectors for 3 texts")
     # The probe gets no vector at all.
@@ -262,7 +269,7 @@ async def test_http_changed_dimensions_are_an_embedder_error(server: EmbeddingSe
     await embedder.load()
     server.dim = 32
     with pytest.raises(EmbedderError) as caught:
-        await embedder.embed(["one"])
+        await embedded(embedder, ["one"])
     assert str(caught.value) == (f"embedding endpoint {server.url}/embeddings changed "
                                  f"dimensions from {SERVER_DIM} to 32")
 
@@ -344,7 +351,7 @@ async def test_sentence_transformers_packaged_minilm() -> None:
     query = "How do I apply the database schema migrations?"
     paraphrase = "Steps to run the migrations that change the database schema"
     unrelated = "The coffee machine is on the third floor, next to the stairs."
-    vectors = await embedder.embed([query, paraphrase, unrelated])
+    vectors = await embedded(embedder, [query, paraphrase, unrelated])
     print(f"all-MiniLM-L6-v2: loaded in {loaded - started:.2f}s, "
           f"3 texts embedded in {time.monotonic() - loaded:.2f}s")
     assert (embedder.dim, embedder.signature) == (384, "sentence-transformers:all-MiniLM-L6-v2")
@@ -356,7 +363,7 @@ async def test_sentence_transformers_packaged_minilm() -> None:
     # No word in common beyond "the": the hashing embedder cannot see the paraphrase.
     hashing = HashingEmbedder().embed_sync(["How do I apply database schema changes?",
                                             "Steps to run migrations that alter tables"])
-    meaning = await embedder.embed(["How do I apply database schema changes?",
+    meaning = await embedded(embedder, ["How do I apply database schema changes?",
                                     "Steps to run migrations that alter tables"])
     assert float(hashing[0] @ hashing[1]) == pytest.approx(0.0, abs=1e-6)
     assert float(meaning[0] @ meaning[1]) > 0.4

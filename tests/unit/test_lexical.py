@@ -235,6 +235,39 @@ async def test_a_write_that_fails_after_touching_the_mirror_reloads_it(tmp_path:
         store.close()
 
 
+async def test_while_the_mirror_loads_the_dense_leg_filters_with_sqlite(
+        tmp_path: Path) -> None:
+    store = Store(tmp_path / "ctxd.db")
+    store.open()
+    memory = Memory(store, HashingEmbedder(64), tmp_path / "memory.faiss", MemoryConfig(),
+                    EventBus())
+    query = "deploy the staging cluster with helm"
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(memory.run)
+            for _ in range(1000):  # the empty index is made at start
+                if memory.index.state == "ready":
+                    break
+                await trio.sleep(0.01)
+            for n in range(30):  # nearer, but in another project
+                await memory.record(MemoryRecordParams(title=f"b {n}", content=query,
+                                                       scope="project:b"))
+            ours = [(await memory.record(MemoryRecordParams(
+                title=title, content=content, scope="project:a"))).memory.id
+                for title, content in (("helm", "deploy staging with helm charts"),
+                                       ("staging", "helm deploy to staging"))]
+            await memory.wait_lexical_loaded()
+            await store.read(lambda _: memory.lexical.reset())  # as after a rollback
+            assert memory.lexical.selection("project:a", 0.0) is None
+            found = await memory.retrieve(query, scope="project:a", k=5, min_confidence=0.0,
+                                          mode="dense")
+            assert (sorted(r.item.id for r in found.ranked), found.legs_used) == (
+                sorted(ours), ["dense"])
+            nursery.cancel_scope.cancel()
+    finally:
+        store.close()
+
+
 def test_the_selection_holds_the_ids_in_scope_with_the_confidence(tmp_path: Path) -> None:
     rng = random.Random(9)
     conn = _open(tmp_path)
