@@ -387,6 +387,8 @@ class MemoryIndex:
             return [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True)
                     if i >= 0]
 
+        if self.state != "ready":  # now: a rebuild would hold the owner's queue for long
+            raise DenseUnavailable(self.reason or self.state)
         return await self._submit(job)
 
     async def rebuild(self) -> None:

@@ -3,6 +3,7 @@ at start), and sentence-transformers with and without the ``semantic`` extra."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,32 @@ def test_http_embedder_records_and_searches(daemon_root: Path) -> None:
         assert inputs == ["dimension probe",
                           *(f"{title}\n{content}" for title, content in LESSONS[:3]),
                           "which migration bumps user_version", "coffee machine floor"]
+
+
+def test_a_search_during_a_rebuild_answers_lexically_without_waiting_for_it(
+        daemon_root: Path) -> None:
+    with EmbeddingServer() as server:
+        daemon = http_daemon(daemon_root, server.url).start()
+        try:
+            with daemon.client() as client, daemon.client() as other:
+                wait_index(client, "ready")
+                record_lessons(client)
+                server.delay_s = 5.0  # the rebuild's embedding request waits
+                rebuild = threading.Thread(target=other.call, args=("memory.reindex", {}))
+                rebuild.start()
+                wait_index(client, "rebuilding")
+                found = search(client, "coffee machine")
+                # Answered while the rebuild still waits for the endpoint.
+                assert client.call("daemon.status")["memory_index"]["state"] == "rebuilding"
+                assert ([r["id"] for r in found["results"]], found["legs_used"],
+                        found["note"]) == ([3], ["lexical"], (
+                            "dense leg unavailable (the dense index is being rebuilt); "
+                            "lexical results only"))
+                server.delay_s = 0.0
+                rebuild.join()
+                assert wait_index(client, "ready")["vectors"] == 3
+        finally:
+            assert daemon.stop() == 0
 
 
 def test_http_endpoint_down_at_start_leaves_search_lexical(daemon_root: Path) -> None:
