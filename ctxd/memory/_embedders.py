@@ -57,8 +57,8 @@ class Embedder(Protocol):
         """
 
     def embed_sync(self, texts: Sequence[str]) -> Vectors:
-        """One normalised row per text. Blocking: the memory index calls it in a worker
-        thread, one call at a time.
+        """One normalised row per text. Blocking: the memory index calls it in worker
+        threads, several at once (a search's query beside the owner's batch).
 
         Raises:
             EmbedderError: embedding failed.

@@ -1,5 +1,10 @@
 """MemoryIndex: the FAISS index of memory vectors, owned by one task (DESIGN §2, §9).
 
+The owner task loads, rebuilds, changes and saves the index, one job at a time, its
+blocking work in worker threads. Searches do not queue behind those jobs: each embeds its
+query and searches FAISS in a worker thread of its own, under a lock that the owner's
+changes (adds, removals) take too.
+
 SQLite is the truth; this index is a cache of it. Ids are the memories' rowids, vectors are
 normalised, so inner product is cosine similarity. The index is saved atomically (temp
 file + rename) with the store's memory *generation* (bumped by every write that changes
@@ -15,6 +20,7 @@ import json
 import logging
 import math
 import os
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -72,6 +78,9 @@ class MemoryIndex:
         self._ann_threshold = ann_threshold
         self._nprobe = nprobe
         self._index: Any = None
+        self._lock = threading.Lock()
+        """Held by a search's FAISS call and by a change to the index (FAISS may not
+        search an index while it changes)."""
         self.state: IndexState = "loading"
         self.reason: str | None = "the index is loading"
         self.generation = -1
@@ -315,11 +324,16 @@ class MemoryIndex:
         self._advance(max(generation for _, generation in pending.values()))
 
     def _replace(self, ids: Any, vectors: Vectors) -> None:
-        # Removing costs a scan of the index; only ids it may hold already need it.
-        if int(ids.min()) <= self._max_id:
-            self._index.remove_ids(ids)
-        self._index.add_with_ids(vectors, ids)
+        with self._lock:
+            # Removing costs a scan of the index; only ids it may hold already need it.
+            if int(ids.min()) <= self._max_id:
+                self._index.remove_ids(ids)
+            self._index.add_with_ids(vectors, ids)
         self._max_id = max(self._max_id, int(ids.max()))
+
+    def _remove(self, ids: Any) -> None:
+        with self._lock:
+            self._index.remove_ids(ids)
 
     async def remove(self, memory_ids: Sequence[int], generation: int) -> None:
         """Drop deleted memories from the index (one deleted during a rebuild may stay in
@@ -333,7 +347,7 @@ class MemoryIndex:
             if self.state != "ready":
                 return
             ids = np.asarray(memory_ids, dtype=np.int64)
-            await trio.to_thread.run_sync(self._index.remove_ids, ids)
+            await trio.to_thread.run_sync(self._remove, ids)
             self._advance(generation)
 
         await self._submit(job)
@@ -349,14 +363,20 @@ class MemoryIndex:
                      ) -> list[tuple[int, float]]:
         """The ``k`` nearest memories to a query text as (id, cosine); with a selection,
         the ``k`` nearest among the ids it holds (FAISS skips the others). The query is
-        embedded in the search's own worker thread: one hop, not two (0.4 ms less for a
-        branch's injection at 100k memories).
+        embedded in the search's own worker thread, outside the lock: one hop, not two
+        (0.4 ms less for a branch's injection at 100k memories), and a slow embedder
+        does not hold up other searches.
 
         Raises:
             DenseUnavailable: the dense leg cannot answer now (and why).
         """
+        if self.state != "ready":
+            raise DenseUnavailable(self.reason or self.state)
+        index = self._index  # a rebuild may replace it meanwhile: this one stays whole
+        if index.ntotal == 0:
+            return []
 
-        def run(index: Any) -> tuple[Any, Any]:
+        def run() -> tuple[Any, Any]:
             vector = self.embedder.embed_sync([query])[0]
             parameters: Any = None
             selector: Any = None
@@ -370,26 +390,17 @@ class MemoryIndex:
                 # local) stay referenced until the search is over.
                 selector = faiss.IDSelectorBitmap(len(selection), faiss.swig_ptr(selection))
                 parameters.sel = selector
-            found: tuple[Any, Any] = index.search(vector[None, :], min(k, int(index.ntotal)),
-                                                  params=parameters)
+            with self._lock:
+                found: tuple[Any, Any] = index.search(
+                    vector[None, :], min(k, int(index.ntotal)), params=parameters)
             del selector
             return found
 
-        async def job() -> list[tuple[int, float]]:
-            if self.state != "ready":
-                raise DenseUnavailable(self.reason or self.state)
-            if self._index.ntotal == 0:
-                return []
-            try:
-                scores, ids = await trio.to_thread.run_sync(run, self._index)
-            except EmbedderError as exc:
-                raise DenseUnavailable(f"the query could not be embedded: {exc}") from exc
-            return [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True)
-                    if i >= 0]
-
-        if self.state != "ready":  # now: a rebuild would hold the owner's queue for long
-            raise DenseUnavailable(self.reason or self.state)
-        return await self._submit(job)
+        try:
+            scores, ids = await trio.to_thread.run_sync(run)
+        except EmbedderError as exc:
+            raise DenseUnavailable(f"the query could not be embedded: {exc}") from exc
+        return [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0]
 
     async def rebuild(self) -> None:
         """Rebuild from SQLite now (memory.reindex, or after a failed add)."""

@@ -100,6 +100,30 @@ def test_a_search_during_a_rebuild_answers_lexically_without_waiting_for_it(
             assert daemon.stop() == 0
 
 
+def test_a_search_does_not_wait_for_the_index_to_add_a_memory(daemon_root: Path) -> None:
+    with EmbeddingServer() as server:
+        daemon = http_daemon(daemon_root, server.url).start()
+        try:
+            with daemon.client() as client, daemon.client() as other:
+                wait_index(client, "ready")
+                record_lessons(client)
+                server.delay_s, server.delay_when = 5.0, "slow"
+                recording = threading.Thread(target=other.call, args=(
+                    "memory.record", {"title": "slow", "content": "a lesson"}))
+                recording.start()
+                while not any("slow" in text for r in server.requests[4:]
+                              for text in r.body["input"]):
+                    time.sleep(0.01)  # the index is adding it: its embedding waits
+                found = search(client, "coffee machine floor", mode="dense", k=1)
+                # Answered from the index while the memory is still being added.
+                assert recording.is_alive()
+                assert ([r["id"] for r in found["results"]], found["legs_used"]) == (
+                    [3], ["dense"])
+                recording.join()
+        finally:
+            assert daemon.stop() == 0
+
+
 def test_http_endpoint_down_at_start_leaves_search_lexical(daemon_root: Path) -> None:
     with EmbeddingServer() as stopped:
         url = stopped.url

@@ -57,22 +57,25 @@ class EmbeddingServer:
     must normalise it; rows are answered in reverse order, so a client must sort them by
     ``index``. ``failure`` makes every answer fail: ``"status"`` (HTTP 500),
     ``"bad-json"`` or ``"wrong-count"`` (one vector too few); ``delay_s`` delays every
-    answer.
+    answer, or only those to a request with a text holding ``delay_when``.
     """
 
     def __init__(self, dim: int = SERVER_DIM):
         self.dim = dim
         self.failure: str | None = None
         self.delay_s = 0.0
+        self.delay_when: str | None = None
         self.requests: list[SeenRequest] = []
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                time.sleep(server.delay_s)
                 server.requests.append(SeenRequest(self.path, self.headers["Authorization"],
                                                    self.headers["Content-Type"], body))
+                if server.delay_when is None or any(
+                        server.delay_when in text for text in body.get("input", [])):
+                    time.sleep(server.delay_s)
                 if self.path != "/v1/embeddings":
                     self.answer(404, b'{"error": "not found"}')
                 elif server.failure == "status":
