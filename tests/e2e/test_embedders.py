@@ -3,8 +3,10 @@ at start), and sentence-transformers with and without the ``semantic`` extra."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,54 +76,52 @@ def test_http_embedder_records_and_searches(daemon_root: Path) -> None:
                           "which migration bumps user_version", "coffee machine floor"]
 
 
-def test_a_search_during_a_rebuild_answers_lexically_without_waiting_for_it(
-        daemon_root: Path) -> None:
+@contextlib.contextmanager
+def indexed_lessons(daemon_root: Path) -> Iterator[tuple[EmbeddingServer, Client, Client]]:
+    """The test server, and two connections to a daemon that embeds with it and has
+    indexed three lessons."""
     with EmbeddingServer() as server:
         daemon = http_daemon(daemon_root, server.url).start()
         try:
             with daemon.client() as client, daemon.client() as other:
                 wait_index(client, "ready")
                 record_lessons(client)
-                server.delay_s = 5.0  # the rebuild's embedding request waits
-                rebuild = threading.Thread(target=other.call, args=("memory.reindex", {}))
-                rebuild.start()
-                wait_index(client, "rebuilding")
-                found = search(client, "coffee machine")
-                # Answered while the rebuild still waits for the endpoint.
-                assert client.call("daemon.status")["memory_index"]["state"] == "rebuilding"
-                assert ([r["id"] for r in found["results"]], found["legs_used"],
-                        found["note"]) == ([3], ["lexical"], (
-                            "dense leg unavailable (the dense index is being rebuilt); "
-                            "lexical results only"))
-                server.delay_s = 0.0
-                rebuild.join()
-                assert wait_index(client, "ready")["vectors"] == 3
+                yield server, client, other
         finally:
             assert daemon.stop() == 0
+
+
+def test_a_search_during_a_rebuild_answers_lexically_without_waiting_for_it(
+        daemon_root: Path) -> None:
+    with indexed_lessons(daemon_root) as (server, client, other):
+        server.delay_s = 5.0  # the rebuild's embedding request waits
+        rebuild = threading.Thread(target=other.call, args=("memory.reindex", {}))
+        rebuild.start()
+        wait_index(client, "rebuilding")
+        found = search(client, "coffee machine")
+        # Answered while the rebuild still waits for the endpoint.
+        assert client.call("daemon.status")["memory_index"]["state"] == "rebuilding"
+        assert ([r["id"] for r in found["results"]], found["legs_used"], found["note"]) == (
+            [3], ["lexical"],
+            "dense leg unavailable (the dense index is being rebuilt); lexical results only")
+        server.delay_s = 0.0
+        rebuild.join()
+        assert wait_index(client, "ready")["vectors"] == 3
 
 
 def test_a_search_does_not_wait_for_the_index_to_add_a_memory(daemon_root: Path) -> None:
-    with EmbeddingServer() as server:
-        daemon = http_daemon(daemon_root, server.url).start()
-        try:
-            with daemon.client() as client, daemon.client() as other:
-                wait_index(client, "ready")
-                record_lessons(client)
-                server.delay_s, server.delay_when = 5.0, "slow"
-                recording = threading.Thread(target=other.call, args=(
-                    "memory.record", {"title": "slow", "content": "a lesson"}))
-                recording.start()
-                while not any("slow" in text for r in server.requests[4:]
-                              for text in r.body["input"]):
-                    time.sleep(0.01)  # the index is adding it: its embedding waits
-                found = search(client, "coffee machine floor", mode="dense", k=1)
-                # Answered from the index while the memory is still being added.
-                assert recording.is_alive()
-                assert ([r["id"] for r in found["results"]], found["legs_used"]) == (
-                    [3], ["dense"])
-                recording.join()
-        finally:
-            assert daemon.stop() == 0
+    with indexed_lessons(daemon_root) as (server, client, other):
+        server.delay_s, server.delay_when = 5.0, "slow"
+        recording = threading.Thread(target=other.call, args=(
+            "memory.record", {"title": "slow", "content": "a lesson"}))
+        recording.start()
+        while not any("slow" in text for r in server.requests[4:] for text in r.body["input"]):
+            time.sleep(0.01)  # the index is adding it: its embedding waits
+        found = search(client, "coffee machine floor", mode="dense", k=1)
+        # Answered from the index while the memory is still being added.
+        assert recording.is_alive()
+        assert ([r["id"] for r in found["results"]], found["legs_used"]) == ([3], ["dense"])
+        recording.join()
 
 
 def test_http_endpoint_down_at_start_leaves_search_lexical(daemon_root: Path) -> None:
