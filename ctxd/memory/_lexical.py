@@ -19,17 +19,26 @@ when one that changed it rolls back, the store calls `rolled_back` in the same j
 mirror forgets everything and is loaded again from SQLite, a chunk per store job, while
 FTS5 answers lexical queries itself.
 
+A term's postings' BM25 parts (everything but the sum) depend on the memories' lengths,
+the average length and the term's IDF, which change only when a memory is added or
+removed: the first query that scores a term in a shard keeps its parts, and later queries
+only add them up (twice as fast), until the next memory is added or removed
+(`CACHED_POSTINGS` bounds them).
+
 Long queries (a branch's description and prompt) can hold dozens of common words: past
 `MAX_POSTINGS` postings the commonest words are left out, rarest first kept (their IDF is
 the lowest, so they move a score least), and the result says it is approximate.
 
 Knowing every memory's scope and confidence, the mirror also gives the dense leg its
-`selection`: the ids FAISS may return for a query.
+`selection`: the ids FAISS may return for a query. It keeps the selections it made until
+a memory is added or removed, and sets or clears a memory's bit in them when its
+confidence moves (every injection moves its memories').
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +55,10 @@ TOKENIZER = ("porter", ["unicode61"])
 MAX_POSTINGS = 200_000
 """A query scores at most this many postings of the scopes it sees (about 2 ms on the
 development machine), and its rarest word whatever its count; see the module's note."""
+CACHED_POSTINGS = 4_000_000
+"""At most this many postings' BM25 parts are kept between queries (32 MB)."""
+KEPT_SELECTIONS = 64
+"""Selections (by scope and minimum confidence) kept between queries."""
 LOAD_CHUNK = 100
 """Memories loaded per store job (about 8 ms of tokenizing: other requests wait no longer
 than that behind one)."""
@@ -78,7 +91,7 @@ class _Shard:
     sees a quarter of them; a long query ranks 30% faster, a short one 2.5 times). A
     deleted memory's slot stays empty until the mirror is next loaded."""
 
-    __slots__ = ("confidence", "count", "ids", "length", "postings", "sizes")
+    __slots__ = ("confidence", "count", "ids", "length", "parts", "postings", "sizes")
 
     def __init__(self) -> None:
         self.ids = np.zeros(64, np.int32)
@@ -93,6 +106,9 @@ class _Shard:
         objects at 100,000 memories, and every full collection took 115 ms with the GIL
         held."""
         self.sizes: dict[str, int] = {}
+        self.parts: dict[str, npt.NDArray[np.float64]] = {}
+        """Term → its postings' BM25 parts, as the mirror's `LexicalIndex.version` was
+        when a query computed them (see `LexicalIndex._parts_of`)."""
 
     def add(self, memory_id: int, tokens: list[str], confidence: float) -> int:
         """A memory's slot and postings; returns the slot."""
@@ -139,8 +155,14 @@ class LexicalIndex:
     def __init__(self) -> None:
         self._tokenizer: apsw.FTS5Tokenizer | None = None
         self._scratch_slots: npt.NDArray[np.intp] = np.empty(0, np.intp)
-        self._scratch_values: npt.NDArray[np.float64] = np.empty((3, 0), np.float64)
-        """A query's postings' slots, and their frequencies, weights and parts (`_scores`)."""
+        self._scratch_parts: npt.NDArray[np.float64] = np.empty(0, np.float64)
+        """A query's postings' slots and BM25 parts, one after another (`_scores`)."""
+        self._selections_lock = threading.Lock()
+        """Taken by `selection` (on the event loop) and `rated` (in the store's thread)
+        around the kept selections, so that none misses a change of confidence."""
+        self.version = 0
+        """Goes up with every memory added or removed and every reset: the shards' BM25
+        parts and the kept selections are valid for one version."""
         self.reset()
 
     def reset(self) -> None:
@@ -158,6 +180,12 @@ class LexicalIndex:
         self._tokens = 0
         self._loaded_to = 0
         """Every memory up to this id is in the mirror; the loader reads those above it."""
+        self.version += 1
+        self._parts_version = 0
+        self._parts_size = 0
+        """Postings whose BM25 parts the shards keep."""
+        self._selections: dict[tuple[str | None, float], tuple[int, Selection]] = {}
+        """(scope, minimum confidence) → (version, selection): see `selection`."""
         self.ready = False
 
     # ---- keeping in step (the store's thread, inside the writing transaction) ----------
@@ -188,6 +216,7 @@ class LexicalIndex:
             self._df[term] = self._df.get(term, 0) + 1
         self._rows += 1
         self._tokens += len(tokens)
+        self.version += 1
 
     _ROW = "SELECT id, scope, title, description, content, tags, alpha, beta FROM memories"
 
@@ -223,6 +252,7 @@ class LexicalIndex:
                 del self._df[term]
         self._rows -= 1
         self._tokens -= len(tokens)
+        self.version += 1
 
     def rated(self, conn: apsw.Connection, memory_ids: Sequence[int]) -> None:
         """These memories' confidence changed (in the current transaction)."""
@@ -232,8 +262,27 @@ class LexicalIndex:
                 continue
             for alpha, beta in conn.execute("SELECT alpha, beta FROM memories WHERE id = ?",
                                             (memory_id,)):
-                self._shards[scope].confidence[self._slot[memory_id]] = alpha / (alpha + beta)
+                confidence = alpha / (alpha + beta)
+                self._shards[scope].confidence[self._slot[memory_id]] = confidence
                 self.touched = True
+                self._reselect(memory_id, scope, confidence)
+
+    def _reselect(self, memory_id: int, scope: str, confidence: float) -> None:
+        """Set or clear a memory's bit in the kept selections that see its scope, as its
+        new confidence says. A selection handed out is never changed: FAISS may be reading
+        it in another thread; its copy replaces it."""
+        byte, bit = divmod(memory_id, 8)
+        with self._selections_lock:
+            for key, (version, kept) in list(self._selections.items()):
+                seen_from, min_confidence = key
+                if (version != self.version or byte >= len(kept)
+                        or seen_from not in (None, scope) and scope != "global"):
+                    continue
+                wanted = confidence >= min_confidence - 1e-9
+                if bool(kept[byte] >> bit & 1) != wanted:
+                    changed = kept.copy()
+                    changed[byte] ^= 1 << bit
+                    self._selections[key] = (version, changed)
 
     def load_more(self, conn: apsw.Connection, limit: int = LOAD_CHUNK) -> bool:
         """Load the next ``limit`` memories; True once every memory is in the mirror."""
@@ -274,7 +323,11 @@ class LexicalIndex:
         ranked = sorted((self._df[term], term) for term in terms if term in self._df)
         if not shards or not ranked:
             return LexicalHits([], 0)
-        taken: list[list[tuple[Slots, Frequencies, float]]] = [[] for _ in shards]
+        if self._parts_version != self.version or self._parts_size > CACHED_POSTINGS:
+            for shard in self._shards.values():
+                shard.parts.clear()
+            self._parts_version, self._parts_size = self.version, 0
+        taken: list[list[tuple[str, float]]] = [[] for _ in shards]
         scored = 0
         used = 0
         for df, term in ranked:
@@ -286,9 +339,8 @@ class LexicalIndex:
             idf = math.log((self._rows - df + 0.5) / (df + 0.5))
             if idf <= 0.0:
                 idf = 1e-6
-            for at, n in sizes:
-                slots, frequencies = shards[at].postings[term]
-                taken[at].append((slots[:n], frequencies[:n], idf * (K1 + 1.0)))
+            for at, _ in sizes:
+                taken[at].append((term, idf * (K1 + 1.0)))
             scored += size
             used += 1
         found_ids = []
@@ -319,32 +371,47 @@ class LexicalIndex:
                             in zip(candidates[order], found[order], strict=True)],
                            left_out)
 
-    def _scores(self, shard: _Shard, postings: list[tuple[Slots, Frequencies, float]]
+    def _scores(self, shard: _Shard, terms: list[tuple[str, float]]
                 ) -> npt.NDArray[np.float64]:
-        """Each slot's BM25 for these (slots, term frequencies, IDF · (k1 + 1)) postings,
-        added up in their order: for a slot, the same additions as one term after another
-        (one pass over all the postings is twice as fast)."""
-        size = sum(len(p[0]) for p in postings)
+        """Each slot's BM25 for these (term, IDF · (k1 + 1)), added up in their order: for
+        a slot, the same additions as one term after another (one pass over all the
+        postings is twice as fast)."""
+        parts = self._parts_of(shard, terms)
+        size = sum(len(p) for p in parts)
         if size > len(self._scratch_slots):
             # Kept between queries: megabytes allocated afresh would be fresh pages from
             # the kernel, and their page faults cost more than the arithmetic.
             self._scratch_slots = np.empty(2 * size, np.intp)
-            self._scratch_values = np.empty((3, 2 * size), np.float64)
-        slots = self._scratch_slots[:size]
-        frequency, weight, part = self._scratch_values[:, :size]
-        np.concatenate([p[0] for p in postings], out=slots, casting="same_kind")
-        np.concatenate([p[1] for p in postings], out=frequency, casting="same_kind")
-        start = 0
-        for term_slots, _, term_weight in postings:
-            weight[start:start + len(term_slots)] = term_weight
-            start += len(term_slots)
-        # idf · f · (k1 + 1) / (f + k1 · (1 - b + b · length / average length))
-        norms = K1 * (1.0 - B + B * shard.length[:shard.count] * (self._rows / self._tokens))
-        np.take(norms, slots, out=part)
-        part += frequency
-        np.divide(frequency, part, out=part)
-        part *= weight
-        return np.bincount(slots, part, minlength=shard.count).astype(np.float64, copy=False)
+            self._scratch_parts = np.empty(2 * size, np.float64)
+        slots, summed = self._scratch_slots[:size], self._scratch_parts[:size]
+        np.concatenate([shard.postings[term][0][:len(p)] for (term, _), p
+                        in zip(terms, parts, strict=True)], out=slots, casting="same_kind")
+        np.concatenate(parts, out=summed)
+        return np.bincount(slots, summed, minlength=shard.count).astype(np.float64, copy=False)
+
+    def _parts_of(self, shard: _Shard, terms: list[tuple[str, float]]
+                  ) -> list[npt.NDArray[np.float64]]:
+        """Each term's postings' BM25 parts in this shard, kept for the next queries:
+        idf · (k1 + 1) · f / (f + k1 · (1 - b + b · length / average length))."""
+        parts = []
+        norms = None
+        for term, weight in terms:
+            part = shard.parts.get(term)
+            if part is None:
+                if norms is None:
+                    norms = K1 * (1.0 - B + B * shard.length[:shard.count]
+                                  * (self._rows / self._tokens))
+                slots, frequencies = shard.postings[term]
+                size = shard.sizes[term]
+                frequency = frequencies[:size].astype(np.float64)
+                part = np.take(norms, slots[:size])
+                part += frequency
+                np.divide(frequency, part, out=part)
+                part *= weight
+                shard.parts[term] = part
+                self._parts_size += size
+            parts.append(part)
+        return parts
 
     def _shards_of(self, scope: str | None) -> list[_Shard]:
         """The shards a query in ``scope`` sees (a project's: its own and the global one),
@@ -367,10 +434,23 @@ class LexicalIndex:
         length) or change (hence the copy of the ids, tested as they are used), and a
         selection a moment stale, or showing a transaction that is then rolled back, is
         harmless: results are read back from SQLite with the scope and confidence
-        filters.
+        filters. The selections it keeps are shared with `rated` under a lock.
         """
         if not self.ready:
             return None
+        key = (scope, min_confidence)
+        with self._selections_lock:
+            version = self.version  # before: a memory added meanwhile makes it stale
+            kept = self._selections.get(key)
+            if kept is not None and kept[0] == version:
+                return kept[1]
+            selection = self._select(scope, min_confidence)
+            if len(self._selections) >= KEPT_SELECTIONS:
+                self._selections.clear()
+            self._selections[key] = (version, selection)
+            return selection
+
+    def _select(self, scope: str | None, min_confidence: float) -> Selection:
         wanted = np.zeros(len(self._slot), np.bool_)
         for shard in self._shards_of(scope):
             ids, confidence = shard.ids, shard.confidence

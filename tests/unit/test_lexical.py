@@ -108,6 +108,81 @@ def test_scores_and_ranks_as_fts5_through_inserts_deletes_and_signals(tmp_path: 
                 == q.lexical(conn, mirror, query, None, 0.0, 50))
 
 
+def test_scores_stay_fts5s_when_memories_change_between_queries(tmp_path: Path) -> None:
+    # Queries keep their terms' BM25 parts; every added or removed memory must drop them,
+    # even one that leaves the count of memories and of tokens as they were.
+    rng = random.Random(11)
+    conn = _open(tmp_path)
+    mirror = _loaded(conn)
+    with conn:
+        for _ in range(60):
+            q.insert(conn, mirror, _memory(rng))
+        swapped, _ = q.insert(conn, mirror, q.NewMemory(
+            scope="global", title="swap", description="", content="w1 w2 w3",
+            outcome="success", tags="", prior=q.PRIOR_RECORDED, source=None, created_at=0.0))
+    queries = [_words(rng, rng.randint(1, 8)) for _ in range(10)] + ["w1 w2 w3 w4 w5"]
+    changes = [
+        lambda: [q.insert(conn, mirror, _memory(rng)) for _ in range(5)],
+        lambda: [q.delete(conn, mirror, memory_id) for memory_id in (4, 9, 30)],
+        lambda: (q.delete(conn, mirror, swapped.id), q.insert(conn, mirror, q.NewMemory(
+            scope="global", title="swap", description="", content="w4 w5 w6",
+            outcome="success", tags="", prior=q.PRIOR_RECORDED, source=None,
+            created_at=0.0))),
+        lambda: [q.signal(conn, mirror, memory_id, "feedback", False, None, 0.0)
+                 for memory_id in (5, 6)],
+    ]
+    for change in [None, *changes]:
+        if change is not None:
+            rows_and_tokens = (mirror._rows, mirror._tokens)
+            with conn:
+                change()
+        for query in queries:
+            for scope in (None, "project:a"):
+                for min_confidence in (0.0, 0.7):
+                    _check_same_as_fts5(conn, mirror, query, scope, min_confidence)
+    assert (mirror._rows, mirror._tokens) == rows_and_tokens  # the swap left them as they were
+
+
+def test_kept_selections_follow_confidence_adds_and_deletes(tmp_path: Path) -> None:
+    rng = random.Random(10)
+    conn = _open(tmp_path)
+    mirror = _loaded(conn)
+    with conn:
+        for _ in range(40):
+            q.insert(conn, mirror, _memory(rng))
+    keys = [(scope, min_confidence) for scope in (None, "global", "project:a")
+            for min_confidence in (0.0, 0.7)]
+
+    def check() -> None:
+        for scope, min_confidence in keys:
+            selection = mirror.selection(scope, min_confidence)
+            assert selection is not None
+            bits = np.unpackbits(selection, bitorder="little")
+            assert set(np.flatnonzero(bits)) == q.allowed(
+                conn, list(range(1, 50)), scope, min_confidence)
+
+    check()
+    handed_out = {key: mirror.selection(*key) for key in keys}
+    as_handed_out = {key: selection.copy() for key, selection in handed_out.items()
+                     if selection is not None}
+    with conn:  # Beta(4, 2): 0.667, below 0.7
+        for memory_id in (3, 5, 8, 21):
+            q.signal(conn, mirror, memory_id, "feedback", False, None, 0.0)
+    check()
+    with conn:  # Beta(5, 2): 0.714, back above
+        q.signal(conn, mirror, 5, "feedback", True, None, 0.0)
+        q.signal(conn, mirror, 21, "outcome", True, None, 0.0)
+    check()
+    for key, selection in handed_out.items():  # FAISS may still be reading those
+        assert selection is not None
+        assert np.array_equal(selection, as_handed_out[key])
+    with conn:
+        q.delete(conn, mirror, 10)
+        q.insert(conn, mirror, _memory(rng))
+        q.signal(conn, mirror, 41, "feedback", False, None, 0.0)
+    check()
+
+
 def test_a_signal_moves_a_memory_across_the_confidence_filter(tmp_path: Path) -> None:
     conn = _open(tmp_path)
     mirror = _loaded(conn)
