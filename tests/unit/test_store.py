@@ -121,16 +121,58 @@ async def test_wal_is_checkpointed_off_the_writer(tmp_path: Path) -> None:
     for batch in range(4):
         await store.write(write_rows, batch * 50 + 1)
     assert store._wal_pages > 20  # the WAL hook saw the commits; nothing checkpointed them
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(store.keep_wal_small, 20, 0.01)
+    assert store._pages_written == store._wal_pages
+    async with trio.open_nursery() as nursery:  # the store is quiet: a checkpoint soon
+        nursery.start_soon(store.keep_wal_small, 20, 0.01, 0.05)
         for _ in range(1000):  # up to ~10 s of real time: the checkpoint runs in a thread
-            if not store._wal_pages:
+            if store._pages_checkpointed:
                 break
             await trio.sleep(0.01)
+        await trio.sleep(0.2)  # and its thread is done
         nursery.cancel_scope.cancel()
-    assert store._wal_pages == 0
+    assert store._pages_checkpointed == store._pages_written
     # Everything was copied back, so the next commit starts the WAL from its beginning.
     await store.write(lambda conn: conn.execute("UPDATE sessions SET title = 't'"))
     assert 0 < store._wal_pages <= 3
     assert await store.read(scalar_int, "SELECT count(*) FROM messages") == 200
+    store.close()
+
+
+async def test_a_busy_store_checkpoints_only_once_the_wal_grows_long(tmp_path: Path) -> None:
+    store = Store(tmp_path / "ctxd.db")
+    store.open()
+    await store.write(lambda conn: conn.execute(
+        "INSERT INTO sessions (id, state, context_window, max_output_tokens, "
+        "compact_trigger, hard_block, warn, caution, created_at, updated_at) "
+        "VALUES ('s', 'open', 1000, 10, .95, .98, .7, .8, 0, 0)"))
+
+    async def busy(until: float) -> None:  # a small write every 10 ms
+        while trio.current_time() < until:
+            await store.write(lambda conn: conn.execute("UPDATE sessions SET updated_at = "
+                                                        "updated_at + 1"))
+            await trio.sleep(0.01)
+
+    def write_rows(conn: apsw.Connection, start: int) -> None:
+        for seq in range(start, start + 50):
+            conn.execute("INSERT INTO messages (session_id, seq, role, content, component, "
+                         "tokens, created_at) VALUES ('s', ?, 'user', ?, 'conversation', 1, 0)",
+                         (seq, b"x" * 4000))
+
+    async with trio.open_nursery() as nursery:
+        # Past 20 pages it waits for 2 s without a store job; past 400 it waits for nothing.
+        nursery.start_soon(store.keep_wal_small, 20, 0.01, 2.0, 400)
+        await busy(trio.current_time() + 1.0)
+        assert 20 < store._pages_written < 400
+        assert store._pages_checkpointed == 0  # busy all along: no quiet moment came
+        seq = 1
+        while store._pages_written <= 400:
+            await store.write(write_rows, seq)
+            seq += 50
+        nursery.start_soon(busy, trio.current_time() + 10.0)
+        for _ in range(500):  # busy, but the WAL is long: a checkpoint all the same
+            if store._pages_checkpointed:
+                break
+            await trio.sleep(0.01)
+        assert store._pages_checkpointed > 400
+        nursery.cancel_scope.cancel()
     store.close()
