@@ -37,11 +37,12 @@ Phases, in order, on one data directory:
    results and injected memories that the flat index returned too.
 5. ``breakdown``: where a search's time goes, measured in this process on copies of the
    daemon's index files and on its database (read-only): the query's embedding, a worker
-   thread hop, the bitmap of a project's scope that the dense leg searches within, the
-   one FAISS search of k 50 within it (flat and IVF, and without a selection for
-   reference), the FTS5 query (short, and a branch's description and prompt) by FTS5's
-   bm25() and by the in-memory mirror that the daemon ranks with, the SQLite read of the
-   results.
+   thread hop, the bitmap of a project's scope that the dense leg searches within
+   (computed, and kept as the mirror keeps it), the one FAISS search of k 50 within it
+   (flat and IVF, and without a selection for reference), the FTS5 query (short, and a
+   branch's description and prompt) by FTS5's bm25() and by the in-memory mirror that
+   the daemon ranks with (with its words' BM25 parts kept, and computed afresh as after
+   a memory is added), the SQLite read of the results.
 
 Targets: search p99 <= 5 ms at 100k memories; branch.create with injection p99 <= 10 ms;
 judged on the daemon's own settings (phase 4), not on phase 1's exact index kept past
@@ -490,7 +491,9 @@ def breakdown(report: Report, data_dir: Path, flat: Path, ivf: Path | None,
     # The dense leg: the mirror's bitmap of the memories in the query's scope (and of the
     # confidence asked), then one FAISS search of k 50 within it (ctxd/memory/_retrieval.py).
     scope_iter = itertools.cycle(scopes)
-    row("dense leg: selection bitmap of a project's scope (mirror.selection)",
+    row("dense leg: selection bitmap of a project's scope, computed (after a memory was "
+        "added or removed)", _best_of(lambda: mirror._select(next(scope_iter), 0.0), 200))
+    row("  the same, kept (every later query of that scope and confidence)",
         _best_of(lambda: mirror.selection(next(scope_iter), 0.0), 200))
     selections = {scope: mirror.selection(scope, 0.0) for scope in set(scopes)}
     pairs = list(zip(vectors, scopes, strict=True))
@@ -520,6 +523,16 @@ def breakdown(report: Report, data_dir: Path, flat: Path, ivf: Path | None,
         row(f"lexical leg, {label}: 50 best of a description + 1 KB prompt",
             _best_of(lambda i=long_iter, m=leg: queries.lexical(conn, m, next(i), scopes[0],
                                                                 0.0, LEG_CANDIDATES), 30))
+    # The mirror keeps its terms' BM25 parts until a memory is added or removed (which
+    # moves its version on): the first queries after that compute them again.
+    long_iter = itertools.cycle(long_queries)
+
+    def after_a_change() -> object:
+        mirror.version += 1
+        return queries.lexical(conn, mirror, next(long_iter), scopes[0], 0.0, LEG_CANDIDATES)
+
+    row("  the same, its words' BM25 parts computed afresh (after a memory was added or "
+        "removed)", _best_of(after_a_change, 30))
     overlap = statistics.mean(
         len({i for i, _ in queries.lexical(conn, mirror, text, scopes[0], 0.0, 10).hits}
             & {i for i, _ in queries.lexical(conn, fts5, text, scopes[0], 0.0, 10).hits}) / 10
