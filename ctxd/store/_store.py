@@ -72,8 +72,10 @@ def migrate(conn: apsw.Connection) -> int:
     return schema_version(conn)
 
 
-def _checkpoint(conn: apsw.Connection) -> None:
-    conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
+def _checkpoint(conn: apsw.Connection, mode: int) -> int:
+    """A checkpoint in this mode; returns how far it copied the WAL back, in pages."""
+    _, copied = conn.wal_checkpoint(mode=mode)
+    return int(copied)
 
 
 class _WorkerThread:
@@ -228,7 +230,11 @@ class Store:
         beside the writer still slows the commits that run while it copies and syncs
         (they wait for the file system's journal: 5–20 ms on the development machine,
         once every 80 branch creations at 2,000 pages), hence a quiet moment when there is
-        one; under sustained load one checkpoint per ``most_wal_pages`` (64 MB).
+        one; under sustained load one checkpoint per ``most_wal_pages`` (64 MB). Such a
+        checkpoint is overtaken by the commits that come while it runs, and until one
+        copies the whole WAL back the WAL cannot start again from its beginning: it would
+        only grow. So the next tick copies what is left in RESTART mode, which holds the
+        next commit back while it does (only what came meanwhile: milliseconds).
 
         Cancellation: a checkpoint in progress finishes first (it is not abandoned).
         """
@@ -239,15 +245,25 @@ class Store:
         # A connection learns that the database is in WAL mode when it first reads it;
         # until then its checkpoints do nothing (and say so with (-1, -1)).
         checkpointer.execute("PRAGMA journal_mode").fetchall()
+        overtaken = False
         try:
             while True:
                 await trio.sleep(every_s)
                 quiet = (not self._jobs_running
                          and trio.current_time() - self._last_job_at >= quiet_s)
                 pending = self._pages_written - self._pages_checkpointed
-                if pending > max_wal_pages and quiet or pending > most_wal_pages:
-                    self._pages_checkpointed = self._pages_written
-                    await trio.to_thread.run_sync(_checkpoint, checkpointer)
+                if overtaken:
+                    mode = apsw.SQLITE_CHECKPOINT_RESTART
+                elif pending > max_wal_pages and quiet or pending > most_wal_pages:
+                    mode = apsw.SQLITE_CHECKPOINT_PASSIVE
+                else:
+                    continue
+                self._pages_checkpointed = self._pages_written
+                try:
+                    copied = await trio.to_thread.run_sync(_checkpoint, checkpointer, mode)
+                except apsw.BusyError:
+                    continue  # the writer kept the lock past the busy timeout: next tick
+                overtaken = not quiet and copied < self._wal_pages
         finally:
             checkpointer.close()
 

@@ -128,7 +128,6 @@ async def test_wal_is_checkpointed_off_the_writer(tmp_path: Path) -> None:
             if store._pages_checkpointed:
                 break
             await trio.sleep(0.01)
-        await trio.sleep(0.2)  # and its thread is done
         nursery.cancel_scope.cancel()
     assert store._pages_checkpointed == store._pages_written
     # Everything was copied back, so the next commit starts the WAL from its beginning.
@@ -138,41 +137,57 @@ async def test_wal_is_checkpointed_off_the_writer(tmp_path: Path) -> None:
     store.close()
 
 
-async def test_a_busy_store_checkpoints_only_once_the_wal_grows_long(tmp_path: Path) -> None:
+async def test_a_busy_store_checkpoints_at_a_quiet_moment_or_once_the_wal_grows_long(
+        tmp_path: Path) -> None:
     store = Store(tmp_path / "ctxd.db")
     store.open()
     await store.write(lambda conn: conn.execute(
         "INSERT INTO sessions (id, state, context_window, max_output_tokens, "
         "compact_trigger, hard_block, warn, caution, created_at, updated_at) "
         "VALUES ('s', 'open', 1000, 10, .95, .98, .7, .8, 0, 0)"))
+    seq = 0
 
-    async def busy(until: float) -> None:  # a small write every 10 ms
-        while trio.current_time() < until:
-            await store.write(lambda conn: conn.execute("UPDATE sessions SET updated_at = "
-                                                        "updated_at + 1"))
-            await trio.sleep(0.01)
-
-    def write_rows(conn: apsw.Connection, start: int) -> None:
-        for seq in range(start, start + 50):
+    def write_rows(conn: apsw.Connection, rows: int) -> None:
+        nonlocal seq
+        for _ in range(rows):
+            seq += 1
             conn.execute("INSERT INTO messages (session_id, seq, role, content, component, "
                          "tokens, created_at) VALUES ('s', ?, 'user', ?, 'conversation', 1, 0)",
                          (seq, b"x" * 4000))
 
+    # Past 20 pages a checkpoint waits for 0.5 s without a store job: a write every 10 ms
+    # for 2 s never gives it one; once they stop, it comes.
     async with trio.open_nursery() as nursery:
-        # Past 20 pages it waits for 2 s without a store job; past 400 it waits for nothing.
-        nursery.start_soon(store.keep_wal_small, 20, 0.01, 2.0, 400)
-        await busy(trio.current_time() + 1.0)
-        assert 20 < store._pages_written < 400
-        assert store._pages_checkpointed == 0  # busy all along: no quiet moment came
-        seq = 1
-        while store._pages_written <= 400:
-            await store.write(write_rows, seq)
-            seq += 50
-        nursery.start_soon(busy, trio.current_time() + 10.0)
-        for _ in range(500):  # busy, but the WAL is long: a checkpoint all the same
+        nursery.start_soon(store.keep_wal_small, 20, 0.01, 0.5, 1_000_000)
+        busy_until = trio.current_time() + 2.0
+        while trio.current_time() < busy_until:
+            await store.write(write_rows, 1)
+            await trio.sleep(0.01)
+        assert store._pages_written > 100
+        assert store._pages_checkpointed == 0
+        for _ in range(1000):
             if store._pages_checkpointed:
                 break
             await trio.sleep(0.01)
-        assert store._pages_checkpointed > 400
         nursery.cancel_scope.cancel()
+    assert store._pages_checkpointed == store._pages_written
+    await store.write(write_rows, 1)
+    assert store._wal_pages < 10  # copied back whole: the WAL started again (was > 100)
+
+    # Under sustained load (a commit every 2 ms) a checkpoint comes every 200 pages, and
+    # the WAL starts again from its beginning instead of growing for as long as it lasts.
+    restarts, longest = 0, 0
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.keep_wal_small, 20, 0.01, 0.5, 200)
+        busy_until = trio.current_time() + 2.0
+        while trio.current_time() < busy_until:
+            before = store._wal_pages
+            await store.write(write_rows, 3)
+            restarts += store._wal_pages < before
+            longest = max(longest, store._wal_pages)
+            await trio.sleep(0.002)
+        nursery.cancel_scope.cancel()
+    assert store._pages_written > 1000
+    assert restarts >= 2
+    assert longest < 800
     store.close()
