@@ -56,7 +56,8 @@ MAX_POSTINGS = 200_000
 """A query scores at most this many postings of the scopes it sees (about 2 ms on the
 development machine), and its rarest word whatever its count; see the module's note."""
 CACHED_POSTINGS = 4_000_000
-"""At most this many postings' BM25 parts are kept between queries (32 MB)."""
+"""Postings whose BM25 parts are kept between queries (32 MB): the first query past it
+drops them all first (one query adds at most its own, about `MAX_POSTINGS`)."""
 KEPT_SELECTIONS = 64
 """Selections (by scope and minimum confidence) kept between queries."""
 LOAD_CHUNK = 100

@@ -109,38 +109,48 @@ def test_scores_and_ranks_as_fts5_through_inserts_deletes_and_signals(tmp_path: 
 
 
 def test_scores_stay_fts5s_when_memories_change_between_queries(tmp_path: Path) -> None:
-    # Queries keep their terms' BM25 parts; every added or removed memory must drop them,
-    # even one that leaves the count of memories and of tokens as they were.
+    # Queries keep their words' BM25 parts; every added or removed memory must drop them,
+    # even one that leaves the count of memories, of tokens and of a word's postings as
+    # they were (a swap).
     rng = random.Random(11)
     conn = _open(tmp_path)
     mirror = _loaded(conn)
+
+    def record(title: str, content: str) -> int:
+        item, _ = q.insert(conn, mirror, q.NewMemory(
+            scope="global", title=title, description="", content=content,
+            outcome="success", tags="", prior=q.PRIOR_RECORDED, source=None, created_at=0.0))
+        return item.id
+
     with conn:
         for _ in range(60):
             q.insert(conn, mirror, _memory(rng))
-        swapped, _ = q.insert(conn, mirror, q.NewMemory(
-            scope="global", title="swap", description="", content="w1 w2 w3",
-            outcome="success", tags="", prior=q.PRIOR_RECORDED, source=None, created_at=0.0))
-    queries = [_words(rng, rng.randint(1, 8)) for _ in range(10)] + ["w1 w2 w3 w4 w5"]
-    changes = [
-        lambda: [q.insert(conn, mirror, _memory(rng)) for _ in range(5)],
-        lambda: [q.delete(conn, mirror, memory_id) for memory_id in (4, 9, 30)],
-        lambda: (q.delete(conn, mirror, swapped.id), q.insert(conn, mirror, q.NewMemory(
-            scope="global", title="swap", description="", content="w4 w5 w6",
-            outcome="success", tags="", prior=q.PRIOR_RECORDED, source=None,
-            created_at=0.0))),
-        lambda: [q.signal(conn, mirror, memory_id, "feedback", False, None, 0.0)
-                 for memory_id in (5, 6)],
-    ]
-    for change in [None, *changes]:
-        if change is not None:
-            rows_and_tokens = (mirror._rows, mirror._tokens)
-            with conn:
-                change()
+        record("first", "zqt")  # zqt's postings: this one, the swapped one, the last one
+        swapped = record("swap", "zqt zqt zqa")
+        record("last", "zqt zqo zqo zqo zqo")
+    queries = [_words(rng, rng.randint(1, 8)) for _ in range(10)] + ["zqt", "zqt zqa zqb"]
+
+    def check_all() -> None:
         for query in queries:
             for scope in (None, "project:a"):
                 for min_confidence in (0.0, 0.7):
                     _check_same_as_fts5(conn, mirror, query, scope, min_confidence)
-    assert (mirror._rows, mirror._tokens) == rows_and_tokens  # the swap left them as they were
+
+    check_all()
+    counts = (mirror._rows, mirror._tokens, mirror._df["zqt"])
+    with conn:  # as many memories, tokens and postings of zqt; its parts all move
+        q.delete(conn, mirror, swapped)
+        record("swap", "zqt zqb zqb")
+    assert (mirror._rows, mirror._tokens, mirror._df["zqt"]) == counts
+    check_all()
+    for change in (
+            lambda: [q.insert(conn, mirror, _memory(rng)) for _ in range(5)],
+            lambda: [q.delete(conn, mirror, memory_id) for memory_id in (4, 9, 30)],
+            lambda: [q.signal(conn, mirror, memory_id, "feedback", False, None, 0.0)
+                     for memory_id in (5, 6)]):
+        with conn:
+            change()
+        check_all()
 
 
 def test_kept_selections_follow_confidence_adds_and_deletes(tmp_path: Path) -> None:
