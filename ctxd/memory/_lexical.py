@@ -109,7 +109,7 @@ class _Shard:
         self.sizes: dict[str, int] = {}
         self.parts: dict[str, npt.NDArray[np.float64]] = {}
         """Term → its postings' BM25 parts, as the mirror's `LexicalIndex.version` was
-        when a query computed them (see `LexicalIndex._parts_of`)."""
+        when a query computed them (see `LexicalIndex._keep_parts`)."""
 
     def add(self, memory_id: int, tokens: list[str], confidence: float) -> int:
         """A memory's slot and postings; returns the slot."""
@@ -157,7 +157,9 @@ class LexicalIndex:
         self._tokenizer: apsw.FTS5Tokenizer | None = None
         self._scratch_slots: npt.NDArray[np.intp] = np.empty(0, np.intp)
         self._scratch_parts: npt.NDArray[np.float64] = np.empty(0, np.float64)
-        """A query's postings' slots and BM25 parts, one after another (`_scores`)."""
+        self._scratch_values: npt.NDArray[np.float64] = np.empty((2, 0), np.float64)
+        """A query's postings' slots and BM25 parts, one after another (`_scores`), and
+        the frequencies and weights of those whose parts it computes (`_keep_parts`)."""
         self._selections_lock = threading.Lock()
         """Taken by `selection` (on the event loop) and `rated` (in the store's thread)
         around the kept selections, so that none misses a change of confidence."""
@@ -377,42 +379,54 @@ class LexicalIndex:
         """Each slot's BM25 for these (term, IDF · (k1 + 1)), added up in their order: for
         a slot, the same additions as one term after another (one pass over all the
         postings is twice as fast)."""
-        parts = self._parts_of(shard, terms)
+        missing = {term: weight for term, weight in terms if term not in shard.parts}
+        if missing:
+            self._keep_parts(shard, missing)
+        parts = [shard.parts[term] for term, _ in terms]
         size = sum(len(p) for p in parts)
-        if size > len(self._scratch_slots):
-            # Kept between queries: megabytes allocated afresh would be fresh pages from
-            # the kernel, and their page faults cost more than the arithmetic.
-            self._scratch_slots = np.empty(2 * size, np.intp)
-            self._scratch_parts = np.empty(2 * size, np.float64)
+        self._reserve(size)
         slots, summed = self._scratch_slots[:size], self._scratch_parts[:size]
         np.concatenate([shard.postings[term][0][:len(p)] for (term, _), p
                         in zip(terms, parts, strict=True)], out=slots, casting="same_kind")
         np.concatenate(parts, out=summed)
         return np.bincount(slots, summed, minlength=shard.count).astype(np.float64, copy=False)
 
-    def _parts_of(self, shard: _Shard, terms: list[tuple[str, float]]
-                  ) -> list[npt.NDArray[np.float64]]:
-        """Each term's postings' BM25 parts in this shard, kept for the next queries:
-        idf · (k1 + 1) · f / (f + k1 · (1 - b + b · length / average length))."""
-        parts = []
-        norms = None
-        for term, weight in terms:
-            part = shard.parts.get(term)
-            if part is None:
-                if norms is None:
-                    norms = K1 * (1.0 - B + B * shard.length[:shard.count]
-                                  * (self._rows / self._tokens))
-                slots, frequencies = shard.postings[term]
-                size = shard.sizes[term]
-                frequency = frequencies[:size].astype(np.float64)
-                part = np.take(norms, slots[:size])
-                part += frequency
-                np.divide(frequency, part, out=part)
-                part *= weight
-                shard.parts[term] = part
-                self._parts_size += size
-            parts.append(part)
-        return parts
+    def _keep_parts(self, shard: _Shard, weights: dict[str, float]) -> None:
+        """Compute and keep these terms' postings' BM25 parts in this shard, all in one
+        pass: idf · (k1 + 1) · f / (f + k1 · (1 - b + b · length / average length)).
+        Each term keeps a view of the one new array."""
+        sizes = [shard.sizes[term] for term in weights]
+        size = sum(sizes)
+        self._reserve(size)
+        slots = self._scratch_slots[:size]
+        frequency, weight = self._scratch_values[:, :size]
+        np.concatenate([shard.postings[term][0][:n] for term, n in zip(weights, sizes)],
+                       out=slots, casting="same_kind")
+        np.concatenate([shard.postings[term][1][:n] for term, n in zip(weights, sizes)],
+                       out=frequency, casting="same_kind")
+        start = 0
+        for term_weight, n in zip(weights.values(), sizes):
+            weight[start:start + n] = term_weight
+            start += n
+        norms = K1 * (1.0 - B + B * shard.length[:shard.count] * (self._rows / self._tokens))
+        parts = np.take(norms, slots)
+        parts += frequency
+        np.divide(frequency, parts, out=parts)
+        parts *= weight
+        start = 0
+        for term, n in zip(weights, sizes):
+            shard.parts[term] = parts[start:start + n]
+            start += n
+        self._parts_size += size
+
+    def _reserve(self, size: int) -> None:
+        """Scratch buffers for ``size`` postings, kept between queries: megabytes allocated
+        afresh would be fresh pages from the kernel, and their page faults cost more than
+        the arithmetic."""
+        if size > len(self._scratch_slots):
+            self._scratch_slots = np.empty(2 * size, np.intp)
+            self._scratch_parts = np.empty(2 * size, np.float64)
+            self._scratch_values = np.empty((2, 2 * size), np.float64)
 
     def _shards_of(self, scope: str | None) -> list[_Shard]:
         """The shards a query in ``scope`` sees (a project's: its own and the global one),
