@@ -54,7 +54,7 @@ B = 0.75
 TOKENIZER = ("porter", ["unicode61"])
 """memories_fts's ``tokenize = 'porter unicode61'`` (migration v0003)."""
 MAX_POSTINGS = 200_000
-"""A query scores at most this many postings of the scopes it sees (1–2 ms on the
+"""A query scores at most this many postings of the scopes it sees (1 to 2 ms on the
 development machine), and its rarest word whatever its count; see the module's note."""
 CACHED_POSTINGS = 4_000_000
 """Postings whose BM25 parts are kept between queries (32 MB): the first query past it
@@ -280,7 +280,7 @@ class LexicalIndex:
             for key, (version, kept) in list(self._selections.items()):
                 seen_from, min_confidence = key
                 if (version != self.version or byte >= len(kept)
-                        or seen_from not in (None, scope) and scope != "global"):
+                        or (seen_from not in (None, scope) and scope != "global")):
                     continue
                 wanted = confidence >= min_confidence - 1e-9
                 if bool(kept[byte] >> bit & 1) != wanted:
@@ -401,12 +401,13 @@ class LexicalIndex:
         self._reserve(size)
         slots = self._scratch_slots[:size]
         frequency, weight = self._scratch_values[:, :size]
-        np.concatenate([shard.postings[term][0][:n] for term, n in zip(weights, sizes)],
-                       out=slots, casting="same_kind")
-        np.concatenate([shard.postings[term][1][:n] for term, n in zip(weights, sizes)],
-                       out=frequency, casting="same_kind")
+        taken = list(zip(weights, sizes, strict=True))
+        np.concatenate([shard.postings[term][0][:n] for term, n in taken], out=slots,
+                       casting="same_kind")
+        np.concatenate([shard.postings[term][1][:n] for term, n in taken], out=frequency,
+                       casting="same_kind")
         start = 0
-        for term_weight, n in zip(weights.values(), sizes):
+        for term_weight, n in zip(weights.values(), sizes, strict=True):
             weight[start:start + n] = term_weight
             start += n
         norms = K1 * (1.0 - B + B * shard.length[:shard.count] * (self._rows / self._tokens))
@@ -415,7 +416,7 @@ class LexicalIndex:
         np.divide(frequency, parts, out=parts)
         parts *= weight
         start = 0
-        for term, n in zip(weights, sizes):
+        for term, n in taken:
             shard.parts[term] = parts[start:start + n]
             start += n
         self._parts_size += size

@@ -228,7 +228,7 @@ class Store:
         Runs for the daemon's lifetime. SQLite's own auto-checkpoint would run inside some
         request's commit and put its milliseconds on that request's latency. A checkpoint
         beside the writer still slows the commits that run while it copies and syncs
-        (they wait for the file system's journal: 5–20 ms on the development machine,
+        (they wait for the file system's journal: 5 to 20 ms on the development machine,
         once every 80 branch creations at 2,000 pages), hence a quiet moment when there is
         one; under sustained load one checkpoint per ``most_wal_pages`` (64 MB). Such a
         checkpoint is overtaken by the commits that come while it runs, and until one
@@ -254,7 +254,7 @@ class Store:
                 pending = self._pages_written - self._pages_checkpointed
                 if overtaken:
                     mode = apsw.SQLITE_CHECKPOINT_RESTART
-                elif pending > max_wal_pages and quiet or pending > most_wal_pages:
+                elif (pending > max_wal_pages and quiet) or pending > most_wal_pages:
                     mode = apsw.SQLITE_CHECKPOINT_PASSIVE
                 else:
                     continue
