@@ -157,10 +157,10 @@ class LexicalIndex:
     def __init__(self) -> None:
         self._tokenizer: apsw.FTS5Tokenizer | None = None
         self._scratch_slots: npt.NDArray[np.intp] = np.empty(0, np.intp)
-        self._scratch_parts: npt.NDArray[np.float64] = np.empty(0, np.float64)
-        self._scratch_values: npt.NDArray[np.float64] = np.empty((2, 0), np.float64)
-        """A query's postings' slots and BM25 parts, one after another (`_scores`), and
-        the frequencies and weights of those whose parts it computes (`_keep_parts`)."""
+        self._scratch_values: npt.NDArray[np.float64] = np.empty((3, 0), np.float64)
+        """A query's postings' slots and BM25 parts, one after another (`_scores`: row 0),
+        and the frequencies and weights of those whose parts it computes (`_keep_parts`:
+        rows 1 and 2)."""
         self._selections_lock = threading.Lock()
         """Taken by `selection` (on the event loop) and `rated` (in the store's thread)
         around the kept selections, so that none misses a change of confidence."""
@@ -386,7 +386,7 @@ class LexicalIndex:
         parts = [shard.parts[term] for term, _ in terms]
         size = sum(len(p) for p in parts)
         self._reserve(size)
-        slots, summed = self._scratch_slots[:size], self._scratch_parts[:size]
+        slots, summed = self._scratch_slots[:size], self._scratch_values[0, :size]
         np.concatenate([shard.postings[term][0][:len(p)] for (term, _), p
                         in zip(terms, parts, strict=True)], out=slots, casting="same_kind")
         np.concatenate(parts, out=summed)
@@ -400,15 +400,15 @@ class LexicalIndex:
         size = sum(sizes)
         self._reserve(size)
         slots = self._scratch_slots[:size]
-        frequency, weight = self._scratch_values[:, :size]
+        frequency, weight = self._scratch_values[1:, :size]
         taken = list(zip(weights, sizes, strict=True))
         np.concatenate([shard.postings[term][0][:n] for term, n in taken], out=slots,
                        casting="same_kind")
         np.concatenate([shard.postings[term][1][:n] for term, n in taken], out=frequency,
                        casting="same_kind")
         start = 0
-        for term_weight, n in zip(weights.values(), sizes, strict=True):
-            weight[start:start + n] = term_weight
+        for term, n in taken:
+            weight[start:start + n] = weights[term]
             start += n
         norms = K1 * (1.0 - B + B * shard.length[:shard.count] * (self._rows / self._tokens))
         parts = np.take(norms, slots)
@@ -427,8 +427,7 @@ class LexicalIndex:
         the arithmetic."""
         if size > len(self._scratch_slots):
             self._scratch_slots = np.empty(2 * size, np.intp)
-            self._scratch_parts = np.empty(2 * size, np.float64)
-            self._scratch_values = np.empty((2, 2 * size), np.float64)
+            self._scratch_values = np.empty((3, 2 * size), np.float64)
 
     def _shards_of(self, scope: str | None) -> list[_Shard]:
         """The shards a query in ``scope`` sees (a project's: its own and the global one),
