@@ -258,18 +258,14 @@ class LexicalIndex:
         self._tokens -= len(tokens)
         self.version += 1
 
-    def rated(self, conn: apsw.Connection, memory_ids: Sequence[int]) -> None:
-        """These memories' confidence changed (in the current transaction)."""
-        for memory_id in memory_ids:
-            scope = self._scope.get(memory_id)
-            if scope is None:
-                continue
-            for alpha, beta in conn.execute("SELECT alpha, beta FROM memories WHERE id = ?",
-                                            (memory_id,)):
-                confidence = alpha / (alpha + beta)
-                self._shards[scope].confidence[self._slot[memory_id]] = confidence
-                self.touched = True
-                self._reselect(memory_id, scope, confidence)
+    def rated(self, memory_id: int, confidence: float) -> None:
+        """This memory's confidence changed (in the current transaction) to ``confidence``."""
+        scope = self._scope.get(memory_id)
+        if scope is None:
+            return
+        self._shards[scope].confidence[self._slot[memory_id]] = confidence
+        self.touched = True
+        self._reselect(memory_id, scope, confidence)
 
     def _reselect(self, memory_id: int, scope: str, confidence: float) -> None:
         """Set or clear a memory's bit in the kept selections that see its scope, as its

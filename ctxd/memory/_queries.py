@@ -126,25 +126,35 @@ def record_use(conn: apsw.Connection, mirror: LexicalIndex, memory_ids: Sequence
                source: str, now: float) -> None:
     """A use signal for each memory injected into a branch; the caller's transaction."""
     for memory_id in memory_ids:
-        signal(conn, mirror, memory_id, "use", True, source, now)
+        _move(conn, mirror, memory_id, "use", True, source, now)
 
 
 def signal(conn: apsw.Connection, mirror: LexicalIndex, memory_id: int, kind: str,
            positive: bool, source: str | None, now: float) -> MemoryItem | None:
-    """Record a signal and move the memory's Beta(alpha, beta); None if the memory is unknown."""
-    weight = SIGNAL_WEIGHTS[kind]
-    conn.execute(
-        "UPDATE memories SET alpha = alpha + ?, beta = beta + ?, "
-        "usage_count = usage_count + ?, updated_at = ? WHERE id = ?",
-        (weight if positive else 0.0, 0.0 if positive else weight, int(kind == "use"), now,
-         memory_id))
-    if conn.changes() == 0:
+    """Record a signal and move the memory's Beta(alpha, beta); the memory after it, or
+    None if the memory is unknown."""
+    if not _move(conn, mirror, memory_id, kind, positive, source, now):
         return None
+    return get(conn, memory_id)
+
+
+def _move(conn: apsw.Connection, mirror: LexicalIndex, memory_id: int, kind: str,
+          positive: bool, source: str | None, now: float) -> bool:
+    """Record a signal and move the memory's Beta(alpha, beta), in SQLite and in the
+    mirror; False if the memory is unknown."""
+    weight = SIGNAL_WEIGHTS[kind]
+    moved: list[Any] = conn.execute(
+        "UPDATE memories SET alpha = alpha + ?, beta = beta + ?, "
+        "usage_count = usage_count + ?, updated_at = ? WHERE id = ? RETURNING alpha, beta",
+        (weight if positive else 0.0, 0.0 if positive else weight, int(kind == "use"), now,
+         memory_id)).fetchall()
+    if not moved:
+        return False
     conn.execute("INSERT INTO memory_signals (memory_id, kind, positive, weight, source, "
                  "created_at) VALUES (?,?,?,?,?,?)",
                  (memory_id, kind, int(positive), weight, source, now))
-    mirror.rated(conn, [memory_id])
-    return get(conn, memory_id)
+    mirror.rated(memory_id, confidence(*moved[0]))
+    return True
 
 
 def project_scope(project: str | None) -> str:
