@@ -91,7 +91,7 @@ class Daemon:
         dispatcher = Dispatcher()
         self.memory = memory.Memory(self.store, memory.make_embedder(self.config.memory),
                                     Path(self.config.data_dir) / "memory.faiss",
-                                    self.config.memory, self.bus)
+                                    self.config.memory, self.bus, counter)
         self.supervisor = Supervisor(self.store, counter, self.bus, self.config, self.memory)
         self.server = Server(dispatcher, self.bus, self.config)
         _methods.register(dispatcher, self, self.request_stop)

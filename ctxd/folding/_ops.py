@@ -467,9 +467,8 @@ async def create(actor: SessionActor, p: BranchCreateParams) -> BranchCreateResu
             for i, (m, tokens) in enumerate(zip(opening, counts, strict=True))]
     with sup.branch_slot():
         if injected.items and sup.memory is not None:  # their use in the same commit
-            await sup.memory.write_with_use(
-                q.insert_branch, [item.memory_id for item in injected.items],
-                branch.branch_id, branch, p.prompt, updated, rows)
+            await sup.memory.write_with_use(q.insert_branch, injected, branch.branch_id,
+                                            branch, p.prompt, updated, rows)
         else:
             await sup.store.write(q.insert_branch, branch, p.prompt, updated, rows)
     updated.live[branch.branch_id] = branch
@@ -504,8 +503,7 @@ async def _inject(actor: SessionActor, p: BranchCreateParams, description: str,
         return Injected(None, 0, [], Injection(status="disabled", reason=reason, tokens=0,
                                                budget=cap))
     return await memory.inject(f"{description}\n{p.prompt}",
-                               project_scope(actor.require().project), cap,
-                               actor.supervisor.counter)
+                               project_scope(actor.require().project), cap)
 
 
 # ---- status, list ----------------------------------------------------------------------

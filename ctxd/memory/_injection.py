@@ -4,7 +4,7 @@ by exact token counts (DESIGN §7, §9)."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ctxd.tokens import TokenCounter
 from ctxd.wire.types import InjectedItem, Injection
@@ -21,6 +21,19 @@ HEADER = "Memories from earlier work that may help with this sub-task:\n"
 
 
 @dataclass(frozen=True)
+class Candidate:
+    """A retrieved memory that injection may show."""
+
+    memory_id: int
+    title: str
+    content: str
+    confidence: float
+    outcome: str
+    content_tokens: int | None
+    """`tail_tokens` of its content as SQLite keeps them (None: not counted yet)."""
+
+
+@dataclass(frozen=True)
 class Injected:
     """The message to put in the branch's opening (None: nothing injected)."""
 
@@ -28,41 +41,78 @@ class Injected:
     tokens: int
     items: list[InjectedItem]
     injection: Injection
+    counted: dict[int, tuple[int, str]] = field(default_factory=dict)
+    """Memory id: (`tail_tokens`, content) of the injected memories whose count SQLite
+    lacked, for the branch's write to keep."""
+
+
+def head(title: str, confidence: float, outcome: str) -> str:
+    """A memory's block up to its content (a lesson from a failure says so)."""
+    lesson = ", learned from a failure" if outcome == "failure" else ""
+    return f"- {title} (confidence {confidence:.2f}{lesson}):"
+
+
+def tail(content: str) -> str | None:
+    """A memory's block from its head on: None when the content is blank (the block is
+    then its head and a newline)."""
+    content = content.rstrip()
+    return f" {content}\n" if content else None
+
+
+def tail_tokens(counter: TokenCounter, content: str) -> int | None:
+    """The tokens of a memory's `tail`, which depend on its content alone, so are counted
+    once and kept with it (None: a blank content, whose block is counted whole)."""
+    text = tail(content)
+    return None if text is None else counter.count(text)
 
 
 def block(title: str, content: str, confidence: float, outcome: str) -> str:
-    """How one memory reads in the injected message (a lesson from a failure says so).
+    """How one memory reads in the injected message: its `head`, then its `tail`.
 
-    A block starts with ``-`` and ends with one newline, and so does the header end: the
-    tokenizer's pre-splitting always cuts between a newline and a following ``-``, so the
-    tokens of the whole message are exactly the header's plus each block's.
+    The tokenizer's pre-splitting always cuts between the head's closing ``):`` and the
+    tail's opening space, and between a block's final newline and the next block's ``-``
+    (or the header's newline and the first ``-``): so the tokens of a block are exactly
+    its head's plus its tail's, and those of the whole message the header's plus each
+    block's. BPE never merges across those cuts.
     """
-    lesson = ", learned from a failure" if outcome == "failure" else ""
-    return f"- {title} (confidence {confidence:.2f}{lesson}): {content}".rstrip() + "\n"
+    text = tail(content)
+    return head(title, confidence, outcome) + ("\n" if text is None else text)
 
 
-def fit(candidates: list[tuple[int, str, str, float, str]], counter: TokenCounter,
-        cap: int) -> Injected:
-    """Greedily add (id, title, content, confidence, outcome) candidates, best first, while
-    the whole message (as a user message) stays within ``cap`` tokens. Each item's
-    ``tokens`` is its block's, and the header's and the items' add up to the message's
-    exactly (see `block`); each block is counted once."""
+def fit(candidates: list[Candidate], counter: TokenCounter, cap: int) -> Injected:
+    """Greedily add candidates, best first, while the whole message (as a user message)
+    stays within ``cap`` tokens. Each item's ``tokens`` is its block's, and the header's
+    and the items' add up to the message's exactly (see `block`); a content's tokens are
+    counted only when SQLite does not keep them yet."""
     used = counter.message_tokens("user", HEADER)
     blocks: list[str] = []
     items: list[InjectedItem] = []
-    for memory_id, title, content, confidence, outcome in candidates[:INJECT_MAX_ITEMS]:
-        text = block(title, content, confidence, outcome)
+    counted: dict[int, tuple[int, str]] = {}
+    for memory in candidates[:INJECT_MAX_ITEMS]:
+        first = head(memory.title, memory.confidence, memory.outcome)
+        rest = tail(memory.content)
+        text = first + ("\n" if rest is None else rest)
         if used + len(text) // MAX_TOKEN_BYTES > cap:
             continue  # cannot fit, whatever its exact count: spare counting a long text
-        tokens = counter.count(text)
+        rest_tokens = memory.content_tokens
+        if rest is None:
+            tokens = counter.count(text)
+        else:
+            if rest_tokens is None:
+                rest_tokens = counter.count(rest)
+            tokens = counter.count(first) + rest_tokens
         if used + tokens > cap:
             continue
+        if rest_tokens is not None and memory.content_tokens is None:
+            counted[memory.memory_id] = (rest_tokens, memory.content)
         blocks.append(text)
-        items.append(InjectedItem(memory_id=memory_id, title=title, tokens=tokens))
+        items.append(InjectedItem(memory_id=memory.memory_id, title=memory.title,
+                                  tokens=tokens))
         used += tokens
     if not items:
         return Injected(None, 0, [], Injection(
             status="none_found", reason="no memory with confidence ≥ 0.7 fits the budget"
             if candidates else "no memory matched", tokens=0, budget=cap))
     return Injected(HEADER + "".join(blocks), used, items,
-                    Injection(status="injected", reason=None, tokens=used, budget=cap))
+                    Injection(status="injected", reason=None, tokens=used, budget=cap),
+                    counted)

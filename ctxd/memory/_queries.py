@@ -74,6 +74,8 @@ class NewMemory:
     prior: tuple[float, float]
     source: str | None
     created_at: float
+    content_tokens: int | None = None
+    """The content's tokens as injection shows them (None: counted when first injected)."""
 
 
 def insert(conn: apsw.Connection, mirror: LexicalIndex, memory: NewMemory
@@ -81,9 +83,10 @@ def insert(conn: apsw.Connection, mirror: LexicalIndex, memory: NewMemory
     """A new memory; returns it and the new index generation."""
     conn.execute(
         "INSERT INTO memories (scope, title, description, content, outcome, tags, alpha, beta, "
-        "source, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        "source, created_at, updated_at, content_tokens) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
         (memory.scope, memory.title, memory.description, memory.content, memory.outcome,
-         memory.tags, *memory.prior, memory.source, memory.created_at, memory.created_at))
+         memory.tags, *memory.prior, memory.source, memory.created_at, memory.created_at,
+         memory.content_tokens))
     item = get(conn, conn.last_insert_rowid())
     assert item is not None
     mirror.added(conn, item.id)
@@ -97,20 +100,39 @@ def get(conn: apsw.Connection, memory_id: int) -> MemoryItem | None:
 
 
 def by_ids(conn: apsw.Connection, memory_ids: Sequence[int], scope: str | None = None,
-           min_confidence: float = 0.0) -> dict[int, MemoryItem]:
+           min_confidence: float = 0.0) -> dict[int, tuple[MemoryItem, int | None]]:
     """The memories among ``memory_ids`` that pass the scope and confidence filters: what
-    SQLite says, whatever the lexical mirror or a selection said."""
+    SQLite says, whatever the lexical mirror or a selection said; each with its content's
+    tokens as injection shows them (None: not counted yet)."""
     clause, bindings = _scope_clause(scope)
-    found: dict[int, MemoryItem] = {}
+    found: dict[int, tuple[MemoryItem, int | None]] = {}
     for start in range(0, len(memory_ids), 500):
         chunk = tuple(memory_ids[start:start + 500])
         for row in conn.execute(
-                f"SELECT {_COLUMNS} FROM memories m WHERE m.id IN "
+                f"SELECT {_COLUMNS}, content_tokens FROM memories m WHERE m.id IN "
                 f"({','.join('?' * len(chunk))}){clause} "
                 "AND m.alpha / (m.alpha + m.beta) >= ? - 1e-9",
                 (*chunk, *bindings, min_confidence)):
-            found[row[0]] = _item(row)
+            found[row[0]] = (_item(row[:-1]), row[-1])
     return found
+
+
+def keep_content_tokens(conn: apsw.Connection, counted: dict[int, tuple[int, str]]) -> None:
+    """Keep the content tokens that injection counted (memory id: (tokens, the content
+    they are of)), where SQLite has none: for the same content, as a reused id may not."""
+    for memory_id, (tokens, content) in counted.items():
+        conn.execute("UPDATE memories SET content_tokens = ? WHERE id = ? AND content = ? "
+                     "AND content_tokens IS NULL", (tokens, memory_id, content))
+
+
+def count_tokens_with(conn: apsw.Connection, encoding: str) -> None:
+    """Make the kept content tokens those of ``encoding``: when they were counted with
+    another, forget them (injection counts them again, once each)."""
+    kept = conn.execute("SELECT tokens_encoding FROM memory_index_state").fetchall()
+    if kept and kept[0][0] == encoding:
+        return
+    conn.execute("UPDATE memories SET content_tokens = NULL WHERE content_tokens IS NOT NULL")
+    conn.execute("UPDATE memory_index_state SET tokens_encoding = ?", (encoding,))
 
 
 def delete(conn: apsw.Connection, mirror: LexicalIndex, memory_id: int) -> int | None:

@@ -25,6 +25,8 @@ class Ranked:
     item: MemoryItem
     score: float
     legs: list[Leg]
+    content_tokens: int | None
+    """The content's tokens as injection shows them (None: not counted yet)."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,6 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
     items = await store.read(q.by_ids, [memory_id for memory_id, _, _ in fused], scope,
                              min_confidence)
     return Retrieved(
-        ranked=[Ranked(items[memory_id], round(score, 8), found)
+        ranked=[Ranked(items[memory_id][0], round(score, 8), found, items[memory_id][1])
                 for memory_id, score, found in fused if memory_id in items],
         legs_used=list(legs), note=note)

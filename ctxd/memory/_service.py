@@ -18,7 +18,14 @@ from ctxd.hub import EventBus
 from ctxd.memory import _queries as q
 from ctxd.memory._embedders import Embedder
 from ctxd.memory._index import MemoryIndex
-from ctxd.memory._injection import INJECT_MAX_ITEMS, INJECT_MIN_CONFIDENCE, Injected, fit
+from ctxd.memory._injection import (
+    INJECT_MAX_ITEMS,
+    INJECT_MIN_CONFIDENCE,
+    Candidate,
+    Injected,
+    fit,
+    tail_tokens,
+)
 from ctxd.memory._lexical import LexicalIndex
 from ctxd.memory._retrieval import Retrieved, retrieve
 from ctxd.scrub import ScrubError, scrub
@@ -61,11 +68,13 @@ class Memory:
         index_path: where the FAISS index is saved.
         config: the ``[memory]`` configuration.
         bus: where memory events are published.
+        counter: the daemon's token counter (injection's exact counts).
     """
 
     def __init__(self, store: Store, embedder: Embedder, index_path: Path,
-                 config: MemoryConfig, bus: EventBus):
+                 config: MemoryConfig, bus: EventBus, counter: TokenCounter):
         self.store = store
+        self.counter = counter
         self.config = config
         self.bus = bus
         self.index = MemoryIndex(index_path, embedder, store, config.ann_threshold,
@@ -79,6 +88,7 @@ class Memory:
                   ) -> None:
         """Run the index's owner task and promote folding's memory candidates."""
         _, self.count = await self.store.read(q.index_generation)
+        await self.store.write(q.count_tokens_with, self.counter.name)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.index.run)
             nursery.start_soon(self._load_lexical)
@@ -153,9 +163,12 @@ class Memory:
                             "was stored", {"fix": "retry; report the error if it persists"}
                             ) from exc
         title, description, content, tags = (part.text for part in parts)
+        tokens = (await trio.to_thread.run_sync(tail_tokens, self.counter, content)
+                  if len(content) > FIT_ON_LOOP_CHARS else tail_tokens(self.counter, content))
         memory = q.NewMemory(scope=p.scope, title=title, description=description,
                              content=content, outcome=p.outcome, tags=tags,
-                             prior=q.PRIOR_RECORDED, source=None, created_at=time.time())
+                             prior=q.PRIOR_RECORDED, source=None, created_at=time.time(),
+                             content_tokens=tokens)
         item, generation = await self._write(q.insert, memory)
         self.count += 1
         await self.index.add(item.id, _text(item), generation)
@@ -182,12 +195,12 @@ class Memory:
                               mode="hybrid" if mode not in ("lexical", "dense") else
                               ("lexical" if mode == "lexical" else "dense"))
 
-    async def inject(self, query: str, scope: str, cap: int, counter: TokenCounter) -> Injected:
+    async def inject(self, query: str, scope: str, cap: int) -> Injected:
         """The memories to inject into a new branch (DESIGN §7): retrieved with the
         branch's description and prompt, confidence ≥ 0.7, at most 10, fitted into
         ``cap`` tokens. A failure never fails the branch: it comes back as the reason."""
         if self.count == 0:
-            return fit([], counter, cap)
+            return fit([], self.counter, cap)
         try:
             found = await self.retrieve(query, scope=scope, k=INJECT_MAX_ITEMS,
                                         min_confidence=INJECT_MIN_CONFIDENCE)
@@ -196,23 +209,25 @@ class Memory:
             log.warning("memory injection failed: %s", exc)
             return Injected(None, 0, [], Injection(
                 status="failed", reason=f"retrieval failed: {exc}", tokens=0, budget=cap))
-        candidates: list[tuple[int, str, str, float, str]] = [
-            (r.item.id, r.item.title, r.item.content, r.item.confidence, r.item.outcome)
-            for r in found.ranked]
-        if sum(len(c[2]) for c in candidates) < FIT_ON_LOOP_CHARS:
-            return fit(candidates, counter, cap)
+        candidates = [Candidate(r.item.id, r.item.title, r.item.content, r.item.confidence,
+                                r.item.outcome, r.content_tokens) for r in found.ranked]
+        uncounted = sum(len(c.content) for c in candidates if c.content_tokens is None)
+        if uncounted < FIT_ON_LOOP_CHARS:
+            return fit(candidates, self.counter, cap)
         # Counting tokens of long memories takes milliseconds: off the event loop.
-        return await trio.to_thread.run_sync(fit, candidates, counter, cap)
+        return await trio.to_thread.run_sync(fit, candidates, self.counter, cap)
 
-    async def write_with_use(self, fn: Callable[..., T], memory_ids: list[int], source: str,
+    async def write_with_use(self, fn: Callable[..., T], injected: Injected, source: str,
                              *args: Any) -> T:
         """Run ``fn(conn, *args)`` (a write of the branch that memories were injected into)
-        and, in the same transaction, a weak positive signal for each of those memories:
-        one commit for both."""
+        and, in the same transaction, a weak positive signal for each of those memories and
+        the content tokens injection counted for them: one commit for all."""
+        memory_ids = [item.memory_id for item in injected.items]
 
         def write(conn: apsw.Connection, mirror: LexicalIndex) -> T:
             result = fn(conn, *args)
             q.record_use(conn, mirror, memory_ids, source, time.time())
+            q.keep_content_tokens(conn, injected.counted)
             return result
 
         return await self._write(write)

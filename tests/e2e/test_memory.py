@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import apsw
 from conftest import DaemonProcess
 from tests_support import COUNTER, LESSONS, hello_text, rpc_error, search
 
@@ -260,6 +261,59 @@ def test_injection_fits_twenty_percent_of_the_budget_exactly(
             "parent_branch_id": None})
         assert (without["injected_context"], without["injection"]["status"]) == (
             [], "disabled")
+
+
+def content_tokens(daemon: DaemonProcess) -> dict[int, int | None]:
+    """Each memory's content tokens as SQLite keeps them."""
+    database = apsw.Connection(str(daemon.data_dir / "ctxd.db"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        return dict(database.execute("SELECT id, content_tokens FROM memories").fetchall())
+    finally:
+        database.close()
+
+
+def test_a_memory_s_content_tokens_are_counted_once_and_kept(daemon: DaemonProcess) -> None:
+    # Recorded: counted then. Extracted from a branch: counted when first injected, in the
+    # injecting branch's own commit. Either way the injected blocks' counts stay exact.
+    recorded = "Run the migration tests with the project's venv, not the system Python."
+    extracted = "Migrations must bump user_version, or the migration test fails."
+    with daemon.client() as client:
+        recorded_id = record(client, "migration tests need the venv", recorded,
+                             scope="project:counted")["memory"]["id"]
+        return_with_lesson(client, "counted1", "counted", "why the migration test fails",
+                           extracted)
+        [hit] = found_soon(client, "user_version bump", "project:counted")
+        extracted_id = hit["id"]
+        for _ in range(2):  # 0.6 to 5/7: past injection's 0.7
+            client.call("memory.feedback", {"id": extracted_id, "helpful": True})
+        assert content_tokens(daemon) == {recorded_id: COUNTER.count(f" {recorded}\n"),
+                                          extracted_id: None}
+        created = client.call("branch.create", {
+            "session_id": "counted1", "description": "fix the failing migration test",
+            "prompt": "The migration test fails: user_version, venv?"})
+        items = {item["memory_id"]: item["tokens"] for item in created["injected_context"]}
+        assert sorted(items) == sorted([recorded_id, extracted_id])
+        message = injected_message(client, "counted1", created["branch_id"])
+        assert created["injection"]["tokens"] == COUNTER.message_tokens(
+            "user", message["content"])
+        assert items[extracted_id] == COUNTER.count(
+            f"- why the migration test fails (confidence 0.71): {extracted}\n")
+    kept = {recorded_id: COUNTER.count(f" {recorded}\n"),
+            extracted_id: COUNTER.count(f" {extracted}\n")}
+    assert content_tokens(daemon) == kept
+    daemon.stop()
+    daemon.start()
+    with daemon.client() as client:
+        wait_index_ready(client)
+        again = client.call("branch.create", {
+            "session_id": "counted1", "description": "fix the failing migration test",
+            "prompt": "The migration test fails: user_version, venv?",
+            "parent_branch_id": None})
+        assert {i["memory_id"] for i in again["injected_context"]} == set(kept)
+        message = injected_message(client, "counted1", again["branch_id"])
+        assert again["injection"]["tokens"] == COUNTER.message_tokens(
+            "user", message["content"])
+    assert content_tokens(daemon) == kept
 
 
 def test_extracted_memories_become_memories(shared_daemon: DaemonProcess) -> None:

@@ -2,34 +2,56 @@
 
 import random
 import string
+from pathlib import Path
 
+import apsw
 from tests_support import COUNTER
 
-from ctxd.memory._injection import HEADER, fit
+from ctxd.memory import _queries as q
+from ctxd.memory._injection import HEADER, Candidate, block, fit, tail_tokens
+from ctxd.memory._lexical import LexicalIndex
+from ctxd.store import migrate
 
 AWKWARD = string.ascii_letters + string.digits + " .,;:!?-\n\t()[]{}'\"`~/\\|@#$%^&*_+=<>é中😀"
 
 
+def _text(rng: random.Random, shortest: int, longest: int) -> str:
+    if rng.random() < 0.1:  # blank: its block is its head and a newline
+        return "".join(rng.choice(" \n\t") for _ in range(max(1, shortest)))
+    return "".join(rng.choice(AWKWARD) for _ in range(rng.randint(shortest, longest)))
+
+
 def test_the_items_and_the_header_add_up_to_the_message_exactly() -> None:
     # Texts that end in punctuation, spaces or newlines would merge with a following
-    # separator in a naive concatenation; the blocks are built so that they never do.
+    # separator in a naive concatenation; the blocks are built so that they never do. A
+    # content's tokens kept from before give the same counts as counting it now.
     rng = random.Random(7)
     for _ in range(500):
-        candidates = [(i, "".join(rng.choice(AWKWARD) for _ in range(rng.randint(0, 20))),
-                       "".join(rng.choice(AWKWARD) for _ in range(rng.randint(1, 120))),
-                       0.8, rng.choice(["success", "failure"]))
-                      for i in range(1, rng.randint(2, 11))]
+        contents = [_text(rng, 1, 120) for _ in range(rng.randint(1, 10))]
+        kept = [rng.random() < 0.5 for _ in contents]
+        candidates = [
+            Candidate(i, _text(rng, 0, 20), content, rng.choice([0.7, 0.8, 0.91, 1.0]),
+                      rng.choice(["success", "failure"]),
+                      tail_tokens(COUNTER, content) if keep else None)
+            for i, (content, keep) in enumerate(zip(contents, kept, strict=True), start=1)]
         injected = fit(candidates, COUNTER, 100_000)
         assert injected.text is not None
         assert injected.tokens == COUNTER.message_tokens("user", injected.text)
         assert injected.tokens == COUNTER.message_tokens("user", HEADER) + sum(
             item.tokens for item in injected.items)
+        for candidate, item in zip(candidates, injected.items, strict=True):
+            block_text = block(candidate.title, candidate.content, candidate.confidence,
+                               candidate.outcome)
+            assert item.tokens == COUNTER.count(block_text)
+        assert injected.counted == {
+            c.memory_id: (COUNTER.count(f" {c.content.rstrip()}\n"), c.content)
+            for c in candidates if c.content_tokens is None and c.content.strip()}
 
 
 def test_items_that_do_not_fit_are_skipped_and_later_ones_still_tried() -> None:
-    candidates = [(1, "long", "word " * 400, 0.9, "success"),
-                  (2, "short", "run the tests with the venv", 0.8, "failure"),
-                  (3, "also short", "bump user_version", 0.75, "success")]
+    candidates = [Candidate(1, "long", "word " * 400, 0.9, "success", None),
+                  Candidate(2, "short", "run the tests with the venv", 0.8, "failure", None),
+                  Candidate(3, "also short", "bump user_version", 0.75, "success", 4)]
     injected = fit(candidates, COUNTER, 60)
     assert [item.memory_id for item in injected.items] == [2, 3]
     assert injected.text == (HEADER + "- short (confidence 0.80, learned from a failure): "
@@ -38,3 +60,34 @@ def test_items_that_do_not_fit_are_skipped_and_later_ones_still_tried() -> None:
     assert injected.tokens == COUNTER.message_tokens("user", injected.text) <= 60
     nothing = fit(candidates[:1], COUNTER, 60)
     assert (nothing.text, nothing.injection.status) == (None, "none_found")
+    assert injected.counted == {2: (8, "run the tests with the venv")}
+
+
+def test_kept_content_tokens_are_forgotten_when_the_encoding_changes(tmp_path: Path) -> None:
+    conn = apsw.Connection(str(tmp_path / "ctxd.db"))
+    migrate(conn)
+    mirror = LexicalIndex()
+    contents = ["bump user_version", "run the tests with the venv", "a reused id's new text"]
+    with conn:
+        q.count_tokens_with(conn, "cl100k_base")
+        for content in contents[:2]:
+            q.insert(conn, mirror, q.NewMemory(
+                scope="global", title="lesson", description="", content=content,
+                outcome="success", tags="", prior=q.PRIOR_RECORDED, source=None,
+                created_at=0.0, content_tokens=None))
+        # Kept only for the content they were counted for, and only where none is kept.
+        q.keep_content_tokens(conn, {1: (4, contents[0]), 2: (99, contents[2])})
+        q.keep_content_tokens(conn, {1: (98, contents[0])})
+
+    def kept() -> list[tuple[int, int | None]]:
+        return conn.execute("SELECT id, content_tokens FROM memories ORDER BY id").fetchall()
+
+    assert kept() == [(1, 4), (2, None)]
+    with conn:
+        q.count_tokens_with(conn, "cl100k_base")  # the same encoding: kept
+    assert kept() == [(1, 4), (2, None)]
+    with conn:
+        q.count_tokens_with(conn, "o200k_base")
+    assert kept() == [(1, None), (2, None)]
+    assert conn.execute("SELECT tokens_encoding FROM memory_index_state").fetchall() == [
+        ("o200k_base",)]

@@ -18,6 +18,7 @@ from ctxd.memory import HashingEmbedder, Memory, _lexical
 from ctxd.memory import _queries as q
 from ctxd.memory._lexical import LexicalIndex
 from ctxd.store import Store, migrate
+from ctxd.tokens import TokenCounter
 from ctxd.wire.types import MemoryRecordParams
 
 SCOPES = ["global", "project:a", "project:b"]
@@ -282,7 +283,7 @@ async def test_a_write_that_fails_after_touching_the_mirror_reloads_it(tmp_path:
     store = Store(tmp_path / "ctxd.db")
     store.open()
     memory = Memory(store, HashingEmbedder(64), tmp_path / "memory.faiss", MemoryConfig(),
-                    EventBus())
+                    EventBus(), TokenCounter())
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(memory.run)
@@ -325,7 +326,7 @@ async def test_while_the_mirror_loads_the_dense_leg_filters_with_sqlite(
     store = Store(tmp_path / "ctxd.db")
     store.open()
     memory = Memory(store, HashingEmbedder(64), tmp_path / "memory.faiss", MemoryConfig(),
-                    EventBus())
+                    EventBus(), TokenCounter())
     query = "deploy the staging cluster with helm"
     try:
         async with trio.open_nursery() as nursery:
