@@ -38,6 +38,7 @@ confidence moves (every injection moves its memories').
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections import Counter
@@ -61,6 +62,9 @@ CACHED_POSTINGS = 4_000_000
 drops them all first (one query adds at most its own, about `MAX_POSTINGS`)."""
 KEPT_SELECTIONS = 64
 """Selections (by scope and minimum confidence) kept between queries."""
+KEPT_QUERY_WORDS = 65_536
+"""Query words whose tokens are kept (emptied when full): a branch's prompt is about 60
+words, and tokenizing each through SQLite took a tenth of its ranking."""
 LOAD_CHUNK = 100
 """Memories loaded per store job (about 8 ms of tokenizing: other requests wait no longer
 than that behind one)."""
@@ -161,6 +165,8 @@ class LexicalIndex:
         """A query's postings' slots and BM25 parts, one after another (`_scores`: row 0),
         and the frequencies and weights of those whose parts it computes (`_keep_parts`:
         rows 1 and 2)."""
+        self._query_words: dict[str, list[str]] = {}
+        """Query word → its tokens (the tokenizer's answer never changes)."""
         self._selections_lock = threading.Lock()
         """Taken by `selection` (on the event loop) and `rated` (in the store's thread)
         around the kept selections, so that none misses a change of confidence."""
@@ -304,8 +310,13 @@ class LexicalIndex:
         """The term of each query word (a word is one FTS5 phrase), or None when a word is
         more than one token (a phrase query: FTS5 answers it)."""
         terms = []
+        known = self._query_words
         for word in words:
-            tokens = self._tokens_of(conn, word, apsw.FTS5_TOKENIZE_QUERY)
+            tokens = known.get(word)
+            if tokens is None:
+                if len(known) >= KEPT_QUERY_WORDS:
+                    known.clear()
+                tokens = known[word] = self._tokens_of(conn, word, apsw.FTS5_TOKENIZE_QUERY)
             if len(tokens) > 1:
                 return None
             terms.extend(tokens)
@@ -320,29 +331,29 @@ class LexicalIndex:
             return LexicalHits([], 0)
         shards = self._shards_of(scope)
         # Rarest first: a duplicate term is scored twice, as FTS5 scores each phrase.
-        ranked = sorted((self._df[term], term) for term in terms if term in self._df)
+        df = self._df
+        ranked = sorted((df[term], term) for term in terms if term in df)
         if not shards or not ranked:
             return LexicalHits([], 0)
         if self._parts_version != self.version or self._parts_size > CACHED_POSTINGS:
             for shard in self._shards.values():
                 shard.parts.clear()
             self._parts_version, self._parts_size = self.version, 0
-        taken: list[list[tuple[str, float]]] = [[] for _ in shards]
-        scored = 0
-        used = 0
-        for df, term in ranked:
-            sizes = [(at, shard.sizes[term]) for at, shard in enumerate(shards)
-                     if term in shard.sizes]
-            size = sum(n for _, n in sizes)
-            if used and scored + size > MAX_POSTINGS:
+        sizes = [[shard.sizes.get(term, 0) for _, term in ranked] for shard in shards]
+        totals = [sum(column) for column in zip(*sizes, strict=True)]
+        used = len(ranked)  # the terms scored: the rarest, while within MAX_POSTINGS
+        for at, scored in enumerate(itertools.accumulate(totals)):
+            if scored > MAX_POSTINGS:
+                used = max(at, 1)
                 break
-            idf = math.log((self._rows - df + 0.5) / (df + 0.5))
-            if idf <= 0.0:
-                idf = 1e-6
-            for at, _ in sizes:
-                taken[at].append((term, idf * (K1 + 1.0)))
-            scored += size
-            used += 1
+        rows = self._rows
+        weights = []
+        for n, _ in ranked[:used]:
+            idf = math.log((rows - n + 0.5) / (n + 0.5))
+            weights.append((idf if idf > 0.0 else 1e-6) * (K1 + 1.0))
+        taken = [[(term, weight) for (_, term), weight, size
+                  in zip(ranked[:used], weights, shard_sizes[:used], strict=True) if size]
+                 for shard_sizes in sizes]
         found_ids = []
         found_scores = []
         for shard, postings in zip(shards, taken, strict=True):
@@ -356,8 +367,7 @@ class LexicalIndex:
             found_ids.append(shard.ids[matched_slots])
             found_scores.append(shard_scores[matched_slots])
         # Left out: the words past the cut that the query's scopes hold.
-        left_out = sum(1 for _, term in ranked[used:]
-                       if any(term in shard.sizes for shard in shards))
+        left_out = sum(1 for total in totals[used:] if total)
         if not found_ids:
             return LexicalHits([], left_out)
         candidates, found = np.concatenate(found_ids), np.concatenate(found_scores)
