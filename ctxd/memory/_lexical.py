@@ -194,8 +194,8 @@ class LexicalIndex:
         self._parts_version = 0
         self._parts_size = 0
         """Postings whose BM25 parts the shards keep."""
-        self._selections: dict[tuple[str | None, float], tuple[int, Selection]] = {}
-        """(scope, minimum confidence) → (version, selection): see `selection`."""
+        self._selections: dict[str | None, dict[float, tuple[int, Selection]]] = {}
+        """Scope → minimum confidence → (version, selection): see `selection`."""
         self.ready = False
 
     # ---- keeping in step (the store's thread, inside the writing transaction) ----------
@@ -269,26 +269,36 @@ class LexicalIndex:
         scope = self._scope.get(memory_id)
         if scope is None:
             return
-        self._shards[scope].confidence[self._slot[memory_id]] = confidence
+        shard, slot = self._shards[scope], self._slot[memory_id]
+        was = float(shard.confidence[slot])
+        shard.confidence[slot] = confidence
         self.touched = True
-        self._reselect(memory_id, scope, confidence)
+        self._reselect(memory_id, scope, was, confidence)
 
-    def _reselect(self, memory_id: int, scope: str, confidence: float) -> None:
+    def _reselect(self, memory_id: int, scope: str, was: float, confidence: float) -> None:
         """Set or clear a memory's bit in the kept selections that see its scope, as its
-        new confidence says. A selection handed out is never changed: FAISS may be reading
-        it in another thread; its copy replaces it."""
+        new confidence says (only those whose minimum lies between ``was`` and it: a
+        selection's bit agrees with whichever of the two it was made from, as a change
+        sets the confidence before it takes the lock). A selection handed out is never
+        changed: FAISS may be reading it in another thread; its copy replaces it."""
+        low, high = min(was, confidence), max(was, confidence)
         byte, bit = divmod(memory_id, 8)
         with self._selections_lock:
-            for key, (version, kept) in list(self._selections.items()):
-                seen_from, min_confidence = key
-                if (version != self.version or byte >= len(kept)
-                        or (seen_from not in (None, scope) and scope != "global")):
-                    continue
-                wanted = confidence >= min_confidence - 1e-9
-                if bool(kept[byte] >> bit & 1) != wanted:
-                    changed = kept.copy()
-                    changed[byte] ^= 1 << bit
-                    self._selections[key] = (version, changed)
+            # A project's memory is seen from its project and from every scope; a global
+            # memory from all of them.
+            seeing = (list(self._selections.values()) if scope == "global" else
+                      [seen for seen_from in (scope, None)
+                       if (seen := self._selections.get(seen_from)) is not None])
+            for by_confidence in seeing:
+                for min_confidence, (version, kept) in by_confidence.items():
+                    if (not low < min_confidence - 1e-9 <= high or version != self.version
+                            or byte >= len(kept)):
+                        continue
+                    wanted = confidence >= min_confidence - 1e-9
+                    if bool(kept[byte] >> bit & 1) != wanted:
+                        changed = kept.copy()
+                        changed[byte] ^= 1 << bit
+                        by_confidence[min_confidence] = (version, changed)
 
     def load_more(self, conn: apsw.Connection, limit: int = LOAD_CHUNK) -> bool:
         """Load the next ``limit`` memories; True once every memory is in the mirror."""
@@ -460,16 +470,16 @@ class LexicalIndex:
         """
         if not self.ready:
             return None
-        key = (scope, min_confidence)
         with self._selections_lock:
             version = self.version  # before: a memory added meanwhile makes it stale
-            kept = self._selections.get(key)
+            by_confidence = self._selections.get(scope)
+            kept = by_confidence.get(min_confidence) if by_confidence is not None else None
             if kept is not None and kept[0] == version:
                 return kept[1]
             selection = self._select(scope, min_confidence)
-            if len(self._selections) >= KEPT_SELECTIONS:
+            if sum(len(d) for d in self._selections.values()) >= KEPT_SELECTIONS:
                 self._selections.clear()
-            self._selections[key] = (version, selection)
+            self._selections.setdefault(scope, {})[min_confidence] = (version, selection)
             return selection
 
     def _select(self, scope: str | None, min_confidence: float) -> Selection:

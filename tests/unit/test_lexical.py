@@ -161,7 +161,7 @@ def test_kept_selections_follow_confidence_adds_and_deletes(tmp_path: Path) -> N
     with conn:
         for _ in range(40):
             q.insert(conn, mirror, _memory(rng))
-    keys = [(scope, min_confidence) for scope in (None, "global", "project:a")
+    keys = [(scope, min_confidence) for scope in (None, "global", "project:a", "project:b")
             for min_confidence in (0.0, 0.7)]
 
     def check() -> None:
