@@ -466,7 +466,8 @@ async def create(actor: SessionActor, p: BranchCreateParams) -> BranchCreateResu
              "conversation", meta, tokens, now, branch.branch_id)
             for i, (m, tokens) in enumerate(zip(opening, counts, strict=True))]
     with sup.branch_slot():
-        if injected.items and sup.memory is not None:  # their use in the same commit
+        if (injected.items or injected.counted) and sup.memory is not None:
+            # Their use, and the content tokens fitting counted, in the same commit.
             await sup.memory.write_with_use(q.insert_branch, injected, branch.branch_id,
                                             branch, p.prompt, updated, rows)
         else:

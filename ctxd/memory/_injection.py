@@ -42,8 +42,8 @@ class Injected:
     items: list[InjectedItem]
     injection: Injection
     counted: dict[int, tuple[int, str]] = field(default_factory=dict)
-    """Memory id: (`tail_tokens`, content) of the injected memories whose count SQLite
-    lacked, for the branch's write to keep."""
+    """Memory id: (`tail_tokens`, content) of the candidates whose count SQLite lacked and
+    fitting counted (injected or not), for the branch's write to keep."""
 
 
 def head(title: str, confidence: float, outcome: str) -> str:
@@ -101,10 +101,10 @@ def fit(candidates: list[Candidate], counter: TokenCounter, cap: int) -> Injecte
             if rest_tokens is None:
                 rest_tokens = counter.count(rest)
             tokens = counter.count(first) + rest_tokens
-        if used + tokens > cap:
-            continue
         if rest_tokens is not None and memory.content_tokens is None:
             counted[memory.memory_id] = (rest_tokens, memory.content)
+        if used + tokens > cap:
+            continue
         blocks.append(text)
         items.append(InjectedItem(memory_id=memory.memory_id, title=memory.title,
                                   tokens=tokens))
@@ -112,7 +112,7 @@ def fit(candidates: list[Candidate], counter: TokenCounter, cap: int) -> Injecte
     if not items:
         return Injected(None, 0, [], Injection(
             status="none_found", reason="no memory with confidence ≥ 0.7 fits the budget"
-            if candidates else "no memory matched", tokens=0, budget=cap))
+            if candidates else "no memory matched", tokens=0, budget=cap), counted)
     return Injected(HEADER + "".join(blocks), used, items,
                     Injection(status="injected", reason=None, tokens=used, budget=cap),
                     counted)

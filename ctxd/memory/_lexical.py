@@ -65,6 +65,9 @@ KEPT_SELECTIONS = 64
 KEPT_QUERY_WORDS = 65_536
 """Query words whose tokens are kept (emptied when full): a branch's prompt is about 60
 words, and tokenizing each through SQLite took a tenth of its ranking."""
+KEPT_WORD_CHARS = 64
+"""Longer query words (an identifier, a hash, a blob) are tokenized every time: they rarely
+come again, and kept they could make the kept words large."""
 LOAD_CHUNK = 100
 """Memories loaded per store job (about 8 ms of tokenizing: other requests wait no longer
 than that behind one)."""
@@ -324,9 +327,11 @@ class LexicalIndex:
         for word in words:
             tokens = known.get(word)
             if tokens is None:
-                if len(known) >= KEPT_QUERY_WORDS:
-                    known.clear()
-                tokens = known[word] = self._tokens_of(conn, word, apsw.FTS5_TOKENIZE_QUERY)
+                tokens = self._tokens_of(conn, word, apsw.FTS5_TOKENIZE_QUERY)
+                if len(word) <= KEPT_WORD_CHARS:
+                    if len(known) >= KEPT_QUERY_WORDS:
+                        known.clear()
+                    known[word] = tokens
             if len(tokens) > 1:
                 return None
             terms.extend(tokens)

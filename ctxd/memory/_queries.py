@@ -125,11 +125,16 @@ def keep_content_tokens(conn: apsw.Connection, counted: dict[int, tuple[int, str
                      "AND content_tokens IS NULL", (tokens, memory_id, content))
 
 
+def tokens_encoding(conn: apsw.Connection) -> str | None:
+    """The encoding the kept content tokens were counted with (None: none yet)."""
+    kept: list[Any] = conn.execute("SELECT tokens_encoding FROM memory_index_state").fetchall()
+    return kept[0][0] if kept else None
+
+
 def count_tokens_with(conn: apsw.Connection, encoding: str) -> None:
     """Make the kept content tokens those of ``encoding``: when they were counted with
     another, forget them (injection counts them again, once each)."""
-    kept = conn.execute("SELECT tokens_encoding FROM memory_index_state").fetchall()
-    if kept and kept[0][0] == encoding:
+    if tokens_encoding(conn) == encoding:
         return
     conn.execute("UPDATE memories SET content_tokens = NULL WHERE content_tokens IS NOT NULL")
     conn.execute("UPDATE memory_index_state SET tokens_encoding = ?", (encoding,))

@@ -88,7 +88,8 @@ class Memory:
                   ) -> None:
         """Run the index's owner task and promote folding's memory candidates."""
         _, self.count = await self.store.read(q.index_generation)
-        await self.store.write(q.count_tokens_with, self.counter.name)
+        if await self.store.read(q.tokens_encoding) != self.counter.name:
+            await self.store.write(q.count_tokens_with, self.counter.name)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.index.run)
             nursery.start_soon(self._load_lexical)

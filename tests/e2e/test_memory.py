@@ -313,7 +313,20 @@ def test_a_memory_s_content_tokens_are_counted_once_and_kept(daemon: DaemonProce
         message = injected_message(client, "counted1", again["branch_id"])
         assert again["injection"]["tokens"] == COUNTER.message_tokens(
             "user", message["content"])
-    assert content_tokens(daemon) == kept
+        # Counted for a branch that nothing fitted: kept all the same.
+        too_long = "Zebrafish migrations must bump user_version; " * 20
+        return_with_lesson(client, "counted2", "counted", "the long migration lesson",
+                           too_long)
+        [long_hit] = found_soon(client, "zebrafish", "project:counted")
+        for _ in range(2):
+            client.call("memory.feedback", {"id": long_hit["id"], "helpful": True})
+        small = client.call("branch.create", {
+            "session_id": "counted1", "description": "fix the failing migration test",
+            "prompt": "The zebrafish migration lesson: user_version?", "budget": 160,
+            "parent_branch_id": None})
+        assert (small["injection"]["status"], small["injected_context"]) == ("none_found", [])
+    assert content_tokens(daemon) == {**kept,
+                                      long_hit["id"]: COUNTER.count(f" {too_long.rstrip()}\n")}
 
 
 def test_extracted_memories_become_memories(shared_daemon: DaemonProcess) -> None:

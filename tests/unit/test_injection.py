@@ -60,7 +60,9 @@ def test_items_that_do_not_fit_are_skipped_and_later_ones_still_tried() -> None:
     assert injected.tokens == COUNTER.message_tokens("user", injected.text) <= 60
     nothing = fit(candidates[:1], COUNTER, 60)
     assert (nothing.text, nothing.injection.status) == (None, "none_found")
-    assert injected.counted == {2: (8, "run the tests with the venv")}
+    assert nothing.counted == {1: (401, "word " * 400)}
+    # Counted, so kept, whether it fitted or not; a kept count is not counted again.
+    assert injected.counted == {1: (401, "word " * 400), 2: (8, "run the tests with the venv")}
 
 
 def test_kept_content_tokens_are_forgotten_when_the_encoding_changes(tmp_path: Path) -> None:

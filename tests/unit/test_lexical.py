@@ -241,6 +241,16 @@ def test_a_long_query_keeps_its_rarest_words_within_the_postings_budget(
     assert [i for i, _ in whole.hits] == [i for i, _ in fts5.hits]
 
 
+def test_query_words_keep_their_tokens_unless_long(tmp_path: Path) -> None:
+    conn = _open(tmp_path)
+    mirror = _loaded(conn)
+    blob = "a1" * 40  # an identifier or a hash: rarely asked again
+    assert mirror.terms(conn, ["running", blob, "tests"]) == ["run", blob, "test"]
+    assert mirror.terms(conn, ["tests", "running"]) == ["test", "run"]
+    assert sorted(mirror._query_words) == ["running", "tests"]
+    assert mirror.terms(conn, ["run-away"]) is None  # two tokens: FTS5 answers the phrase
+
+
 def test_memories_tied_at_the_limit_are_kept_by_id(tmp_path: Path) -> None:
     conn = _open(tmp_path)
     mirror = _loaded(conn)
