@@ -41,6 +41,9 @@ class Injected:
     tokens: int
     items: list[InjectedItem]
     injection: Injection
+    shown: dict[int, str] = field(default_factory=dict)
+    """Memory id: content of the injected memories (their use is recorded only where a
+    memory still holds it)."""
     counted: dict[int, tuple[int, str]] = field(default_factory=dict)
     """Memory id: (`tail_tokens`, content) of the candidates whose count SQLite lacked and
     fitting counted (injected or not), for the branch's write to keep."""
@@ -87,6 +90,7 @@ def fit(candidates: list[Candidate], counter: TokenCounter, cap: int) -> Injecte
     used = counter.message_tokens("user", HEADER)
     blocks: list[str] = []
     items: list[InjectedItem] = []
+    shown: dict[int, str] = {}
     counted: dict[int, tuple[int, str]] = {}
     for memory in candidates[:INJECT_MAX_ITEMS]:
         first = head(memory.title, memory.confidence, memory.outcome)
@@ -108,11 +112,12 @@ def fit(candidates: list[Candidate], counter: TokenCounter, cap: int) -> Injecte
         blocks.append(text)
         items.append(InjectedItem(memory_id=memory.memory_id, title=memory.title,
                                   tokens=tokens))
+        shown[memory.memory_id] = memory.content
         used += tokens
     if not items:
         return Injected(None, 0, [], Injection(
             status="none_found", reason="no memory with confidence ≥ 0.7 fits the budget"
-            if candidates else "no memory matched", tokens=0, budget=cap), counted)
+            if candidates else "no memory matched", tokens=0, budget=cap), counted=counted)
     return Injected(HEADER + "".join(blocks), used, items,
                     Injection(status="injected", reason=None, tokens=used, budget=cap),
-                    counted)
+                    shown, counted)

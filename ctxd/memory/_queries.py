@@ -149,11 +149,13 @@ def delete(conn: apsw.Connection, mirror: LexicalIndex, memory_id: int) -> int |
     return _bump_generation(conn)
 
 
-def record_use(conn: apsw.Connection, mirror: LexicalIndex, memory_ids: Sequence[int],
+def record_use(conn: apsw.Connection, mirror: LexicalIndex, used: dict[int, str],
                source: str, now: float) -> None:
-    """A use signal for each memory injected into a branch; the caller's transaction."""
-    for memory_id in memory_ids:
-        _move(conn, mirror, memory_id, "use", True, source, now)
+    """A use signal for each memory injected into a branch (memory id: the content it
+    showed), in the caller's transaction; only where the memory still holds that content,
+    as a memory deleted since may have left its id to a new one."""
+    for memory_id, content in used.items():
+        _move(conn, mirror, memory_id, "use", True, source, now, content)
 
 
 def signal(conn: apsw.Connection, mirror: LexicalIndex, memory_id: int, kind: str,
@@ -166,15 +168,18 @@ def signal(conn: apsw.Connection, mirror: LexicalIndex, memory_id: int, kind: st
 
 
 def _move(conn: apsw.Connection, mirror: LexicalIndex, memory_id: int, kind: str,
-          positive: bool, source: str | None, now: float) -> bool:
+          positive: bool, source: str | None, now: float, content: str | None = None
+          ) -> bool:
     """Record a signal and move the memory's Beta(alpha, beta), in SQLite and in the
-    mirror; False if the memory is unknown."""
+    mirror; False if the memory is unknown (or, given ``content``, holds another)."""
     weight = SIGNAL_WEIGHTS[kind]
+    same, bindings = ("", ()) if content is None else (" AND content = ?", (content,))
     moved: list[Any] = conn.execute(
         "UPDATE memories SET alpha = alpha + ?, beta = beta + ?, "
-        "usage_count = usage_count + ?, updated_at = ? WHERE id = ? RETURNING alpha, beta",
+        f"usage_count = usage_count + ?, updated_at = ? WHERE id = ?{same} "
+        "RETURNING alpha, beta",
         (weight if positive else 0.0, 0.0 if positive else weight, int(kind == "use"), now,
-         memory_id)).fetchall()
+         memory_id, *bindings)).fetchall()
     if not moved:
         return False
     conn.execute("INSERT INTO memory_signals (memory_id, kind, positive, weight, source, "

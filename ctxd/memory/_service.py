@@ -223,11 +223,10 @@ class Memory:
         """Run ``fn(conn, *args)`` (a write of the branch that memories were injected into)
         and, in the same transaction, a weak positive signal for each of those memories and
         the content tokens injection counted for them: one commit for all."""
-        memory_ids = [item.memory_id for item in injected.items]
 
         def write(conn: apsw.Connection, mirror: LexicalIndex) -> T:
             result = fn(conn, *args)
-            q.record_use(conn, mirror, memory_ids, source, time.time())
+            q.record_use(conn, mirror, injected.shown, source, time.time())
             q.keep_content_tokens(conn, injected.counted)
             return result
 

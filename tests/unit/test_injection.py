@@ -46,6 +46,7 @@ def test_the_items_and_the_header_add_up_to_the_message_exactly() -> None:
         assert injected.counted == {
             c.memory_id: (COUNTER.count(f" {c.content.rstrip()}\n"), c.content)
             for c in candidates if c.content_tokens is None and c.content.strip()}
+        assert injected.shown == {c.memory_id: c.content for c in candidates}
 
 
 def test_items_that_do_not_fit_are_skipped_and_later_ones_still_tried() -> None:
@@ -93,3 +94,30 @@ def test_kept_content_tokens_are_forgotten_when_the_encoding_changes(tmp_path: P
     assert kept() == [(1, None), (2, None)]
     assert conn.execute("SELECT tokens_encoding FROM memory_index_state").fetchall() == [
         ("o200k_base",)]
+
+
+def test_a_use_is_recorded_only_for_the_memory_that_was_shown(tmp_path: Path) -> None:
+    # A memory injected, then deleted before the branch's write, may leave its id to a
+    # new memory: the use is not the new memory's.
+    conn = apsw.Connection(str(tmp_path / "ctxd.db"))
+    migrate(conn)
+    mirror = LexicalIndex()
+
+    def new(content: str) -> int:
+        item, _ = q.insert(conn, mirror, q.NewMemory(
+            scope="global", title="lesson", description="", content=content,
+            outcome="success", tags="", prior=q.PRIOR_RECORDED, source=None, created_at=0.0))
+        return item.id
+
+    with conn:
+        kept, shown = new("bump user_version"), new("run the tests with the venv")
+        q.delete(conn, mirror, shown)
+        reused = new("an unrelated lesson")
+    assert reused == shown
+    with conn:
+        q.record_use(conn, mirror, {kept: "bump user_version",
+                                    shown: "run the tests with the venv"}, "branch-1", 1.0)
+    assert conn.execute("SELECT id, alpha, usage_count FROM memories ORDER BY id").fetchall(
+        ) == [(kept, 4.1, 1), (reused, 4.0, 0)]
+    assert conn.execute("SELECT memory_id, kind, source FROM memory_signals").fetchall() == [
+        (kept, "use", "branch-1")]
