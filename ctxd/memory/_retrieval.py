@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+import apsw
 import trio
 
 from ctxd.config import MemoryConfig
 from ctxd.memory import _queries as q
 from ctxd.memory._index import DenseUnavailable, MemoryIndex
-from ctxd.memory._lexical import LexicalIndex, Selection
+from ctxd.memory._lexical import LexicalHits, LexicalIndex, Selection
 from ctxd.store import Store
 from ctxd.wire.types import Leg, MemoryItem, SearchMode
 
@@ -69,6 +70,20 @@ async def _dense(store: Store, index: MemoryIndex, query: str, selection: Select
     return [memory_id for memory_id in ids if memory_id in kept][:wanted]
 
 
+def reachable(k: int, weights: dict[Leg, float], rrf_k: int, ranked: int) -> int:
+    """How many of the lexical leg's ``ranked`` best memories can be among the ``k`` best
+    fused: one at lexical rank r scores at most w_l / (rrf_k + r) + w_d / (rrf_k + 1), and
+    each of the lexical leg's k best at least w_l / (rrf_k + k)."""
+    lexical, dense = weights["lexical"], weights["dense"]
+    if lexical <= 0.0:
+        return 0
+    short = lexical / (rrf_k + k) - dense / (rrf_k + 1)
+    if short <= 0.0:
+        return ranked  # the dense leg alone can lift any of them
+    # w_l / (rrf_k + r) >= short  <=>  r <= w_l / short - rrf_k
+    return min(ranked, max(k, int(lexical / short - rrf_k + 1e-9)))
+
+
 async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
                    config: MemoryConfig, query: str, *, scope: str | None, k: int,
                    min_confidence: float, mode: SearchMode) -> Retrieved:
@@ -79,6 +94,21 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
     found: dict[Leg, Sequence[int]] = {}
     notes: dict[Leg, str] = {}
     selection: Selection | None = None
+    weights: dict[Leg, float] = {"lexical": config.lexical_weight,
+                                 "dense": config.dense_weight}
+    # The memories the lexical leg's store job reads back at once: those its ranking can
+    # bring into the k best, so that reading the results seldom takes a store job of its
+    # own. Each is read with the scope and confidence filters, as any result is.
+    prefetch = reachable(k, weights, config.rrf_k, wanted)
+    read: dict[int, tuple[MemoryItem, int | None]] = {}
+    tried: set[int] = set()
+
+    def lexical_and_items(conn: apsw.Connection) -> LexicalHits:
+        hits = q.lexical(conn, mirror, query, scope, min_confidence, wanted)
+        ids = [memory_id for memory_id, _ in hits.hits[:prefetch]]
+        read.update(q.by_ids(conn, ids, scope, min_confidence))
+        tried.update(ids)
+        return hits
 
     async def dense_leg() -> None:
         try:
@@ -88,7 +118,7 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
             notes["dense"] = f"dense leg unavailable ({exc}); lexical results only"
 
     async def lexical_leg() -> None:
-        lexical = await store.read(q.lexical, mirror, query, scope, min_confidence, wanted)
+        lexical = await store.read(lexical_and_items)
         found["lexical"] = [memory_id for memory_id, _ in lexical.hits]
         if lexical.words_left_out:
             notes["lexical"] = (f"the lexical ranking left out the query's "
@@ -118,13 +148,12 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
         await lexical_leg()
     legs = {leg: found[leg] for leg in ("dense", "lexical") if leg in found}
     note = "; ".join(notes[leg] for leg in ("dense", "lexical") if leg in notes) or None
-    weights: dict[Leg, float] = {"lexical": config.lexical_weight,
-                                 "dense": config.dense_weight}
     if len(legs) == 1:
         weights = {leg: 1.0 for leg in legs}
     fused = fuse(legs, weights, config.rrf_k)[:k]
-    items = await store.read(q.by_ids, [memory_id for memory_id, _, _ in fused], scope,
-                             min_confidence)
+    items = {memory_id: read[memory_id] for memory_id, _, _ in fused if memory_id in read}
+    if missing := [memory_id for memory_id, _, _ in fused if memory_id not in tried]:
+        items.update(await store.read(q.by_ids, missing, scope, min_confidence))
     return Retrieved(
         ranked=[Ranked(items[memory_id][0], round(score, 8), found, items[memory_id][1])
                 for memory_id, score, found in fused if memory_id in items],
