@@ -271,20 +271,22 @@ def allowed(conn: apsw.Connection, memory_ids: Sequence[int], scope: str | None,
 
 
 def promote_candidates(conn: apsw.Connection, mirror: LexicalIndex, limit: int = 100
-                       ) -> list[tuple[MemoryItem, int]]:
+                       ) -> list[tuple[MemoryItem, int, str]]:
     """Turn memory candidates queued by folding into memories (confidence 0.6), in the
     scope their session's project had when the branch returned (else global); returns
-    each with the generation after it."""
+    each with the generation after it and the session its branch was in."""
     made = []
     rows: list[Any] = conn.execute(
         "SELECT c.id, c.title, c.content, c.outcome, c.created_at, c.branch_id, c.scope, "
-        "s.project FROM memory_candidates c LEFT JOIN sessions s ON s.id = c.session_id "
-        "ORDER BY c.id LIMIT ?", (limit,)).fetchall()
+        "s.project, c.session_id FROM memory_candidates c "
+        "LEFT JOIN sessions s ON s.id = c.session_id ORDER BY c.id LIMIT ?",
+        (limit,)).fetchall()
     for (candidate_id, title, content, outcome, created_at, branch_id, candidate_scope,
-         project) in rows:
-        made.append(insert(conn, mirror, NewMemory(
+         project, session_id) in rows:
+        item, generation = insert(conn, mirror, NewMemory(
             scope=candidate_scope or project_scope(project), title=title,
             description="", content=content, outcome=outcome, tags="",
-            prior=PRIOR_DISTILLED, source=branch_id, created_at=created_at)))
+            prior=PRIOR_DISTILLED, source=branch_id, created_at=created_at))
+        made.append((item, generation, session_id))
         conn.execute("DELETE FROM memory_candidates WHERE id = ?", (candidate_id,))
     return made

@@ -147,11 +147,12 @@ class Memory:
     async def promote_candidates(self) -> int:
         """Turn queued memory candidates into memories (confidence 0.6)."""
         made = await self._write(q.promote_candidates)
-        for item, generation in made:
+        for item, generation, session_id in made:
             self.count += 1
             await self.index.add(item.id, _text(item), generation)
-            self.bus.publish(None, "memory.recorded", {"id": item.id, "scope": item.scope,
-                                                       "source": item.source})
+            # The session whose branch it came from: its subscribers learn of their lesson.
+            self.bus.publish(session_id, "memory.recorded", {
+                "id": item.id, "scope": item.scope, "source": item.source})
         return len(made)
 
     async def record(self, p: MemoryRecordParams) -> MemoryRecordResult:

@@ -9,7 +9,7 @@ from typing import Any
 
 import apsw
 from conftest import DaemonProcess
-from tests_support import COUNTER, LESSONS, hello_text, rpc_error, search
+from tests_support import COUNTER, LESSONS, hello_text, next_event, rpc_error, search
 
 from ctxclient import Client, RpcError
 
@@ -327,6 +327,28 @@ def test_a_memory_s_content_tokens_are_counted_once_and_kept(daemon: DaemonProce
         assert (small["injection"]["status"], small["injected_context"]) == ("none_found", [])
     assert content_tokens(daemon) == {**kept,
                                       long_hit["id"]: COUNTER.count(f" {too_long.rstrip()}\n")}
+
+
+def test_a_lesson_s_memory_recorded_event_goes_to_its_session(
+        shared_daemon: DaemonProcess) -> None:
+    with shared_daemon.client() as session_watcher, shared_daemon.client() as watcher, \
+            shared_daemon.client() as client:
+        session_watcher.call("events.subscribe", {"session_id": "lesson-events",
+                                                  "types": ["memory.recorded"]})
+        watcher.call("events.subscribe", {"types": ["memory.recorded"]})
+        recorded = record(client, "a recorded lesson", "recorded by hand",
+                          scope="project:elsewhere")["memory"]["id"]
+        branch_id = return_with_lesson(client, "lesson-events", "events", "find the lesson",
+                                       "the kestrel logs hold the answer")
+        [hit] = found_soon(client, "kestrel", "project:events")
+        extracted = next_event(session_watcher)
+        assert (extracted["session_id"], extracted["data"]) == ("lesson-events", {
+            "id": hit["id"], "scope": "project:events", "source": branch_id})
+        seen = [next_event(watcher) for _ in range(2)]
+        assert [(e["session_id"], e["data"]["id"]) for e in seen] == [
+            (None, recorded), ("lesson-events", hit["id"])]
+        session_watcher.call("daemon.ping")  # another event would have arrived before this
+        assert session_watcher.notifications.empty()
 
 
 def test_extracted_memories_become_memories(shared_daemon: DaemonProcess) -> None:
