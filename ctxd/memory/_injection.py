@@ -30,7 +30,8 @@ class Candidate:
     confidence: float
     outcome: str
     content_tokens: int | None
-    """`tail_tokens` of its content as SQLite keeps them (None: not counted yet)."""
+    """The tokens of its `tail` as SQLite keeps them (None: not counted yet, or a blank
+    content)."""
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,8 @@ class Injected:
     """Memory id: content of the injected memories (their use is recorded only where a
     memory still holds it)."""
     counted: dict[int, tuple[int, str]] = field(default_factory=dict)
-    """Memory id: (`tail_tokens`, content) of the candidates whose count SQLite lacked and
-    fitting counted (injected or not), for the branch's write to keep."""
+    """Memory id: (tokens of its `tail`, content) of the candidates whose count SQLite
+    lacked and fitting counted (injected or not), for the branch's write to keep."""
 
 
 def head(title: str, confidence: float, outcome: str) -> str:
@@ -56,17 +57,11 @@ def head(title: str, confidence: float, outcome: str) -> str:
 
 
 def tail(content: str) -> str | None:
-    """A memory's block from its head on: None when the content is blank (the block is
-    then its head and a newline)."""
+    """A memory's block from its head on, which depends on its content alone, so its
+    tokens are counted once and kept with it: None when the content is blank (the block
+    is then its head and a newline, counted whole)."""
     content = content.rstrip()
     return f" {content}\n" if content else None
-
-
-def tail_tokens(counter: TokenCounter, content: str) -> int | None:
-    """The tokens of a memory's `tail`, which depend on its content alone, so are counted
-    once and kept with it (None: a blank content, whose block is counted whole)."""
-    text = tail(content)
-    return None if text is None else counter.count(text)
 
 
 def block(title: str, content: str, confidence: float, outcome: str) -> str:

@@ -24,7 +24,7 @@ from ctxd.memory._injection import (
     Candidate,
     Injected,
     fit,
-    tail_tokens,
+    tail,
 )
 from ctxd.memory._lexical import LexicalIndex
 from ctxd.memory._retrieval import Retrieved, retrieve
@@ -165,8 +165,8 @@ class Memory:
                             "was stored", {"fix": "retry; report the error if it persists"}
                             ) from exc
         title, description, content, tags = (part.text for part in parts)
-        tokens = (await trio.to_thread.run_sync(tail_tokens, self.counter, content)
-                  if len(content) > FIT_ON_LOOP_CHARS else tail_tokens(self.counter, content))
+        shown = tail(content)  # counted once, here: see `fit`
+        tokens = None if shown is None else await self.counter.count_async(shown)
         memory = q.NewMemory(scope=p.scope, title=title, description=description,
                              content=content, outcome=p.outcome, tags=tags,
                              prior=q.PRIOR_RECORDED, source=None, created_at=time.time(),

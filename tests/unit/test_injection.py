@@ -8,7 +8,7 @@ import apsw
 from tests_support import COUNTER
 
 from ctxd.memory import _queries as q
-from ctxd.memory._injection import HEADER, Candidate, block, fit, tail_tokens
+from ctxd.memory._injection import HEADER, Candidate, block, fit, tail
 from ctxd.memory._lexical import LexicalIndex
 from ctxd.store import migrate
 
@@ -32,7 +32,7 @@ def test_the_items_and_the_header_add_up_to_the_message_exactly() -> None:
         candidates = [
             Candidate(i, _text(rng, 0, 20), content, rng.choice([0.7, 0.8, 0.91, 1.0]),
                       rng.choice(["success", "failure"]),
-                      tail_tokens(COUNTER, content) if keep else None)
+                      COUNTER.count(shown) if keep and (shown := tail(content)) else None)
             for i, (content, keep) in enumerate(zip(contents, kept, strict=True), start=1)]
         injected = fit(candidates, COUNTER, 100_000)
         assert injected.text is not None
