@@ -104,7 +104,7 @@ def by_ids(conn: apsw.Connection, memory_ids: Sequence[int], scope: str | None =
     """The memories among ``memory_ids`` that pass the scope and confidence filters: what
     SQLite says, whatever the lexical mirror or a selection said; each with its content's
     tokens as injection shows them (None: not counted yet)."""
-    clause, bindings = _scope_clause(scope)
+    clause, bindings = _scope_clause(scope, by_id=True)
     found: dict[int, tuple[MemoryItem, int | None]] = {}
     for start in range(0, len(memory_ids), 500):
         chunk = tuple(memory_ids[start:start + 500])
@@ -197,13 +197,17 @@ def project_scope(project: str | None) -> str:
 
 
 # Confidence filters allow for rounding: sums of 0.1 (use signals) are not exact.
-def _scope_clause(scope: str | None) -> tuple[str, tuple[Any, ...]]:
-    """A project scope sees its own memories and the global ones."""
+def _scope_clause(scope: str | None, by_id: bool = False) -> tuple[str, tuple[Any, ...]]:
+    """A project scope sees its own memories and the global ones. ``by_id``: the query
+    reads listed ids, so the scope is tested on each row found by its rowid (``+``: not
+    through ``memories_by_scope``, which SQLite would otherwise probe once per id and scope,
+    25% slower for an injection's 26 ids)."""
+    column = "+m.scope" if by_id else "m.scope"
     if scope is None:
         return "", ()
     if scope == "global":
-        return " AND m.scope = 'global'", ()
-    return " AND m.scope IN (?, 'global')", (scope,)
+        return f" AND {column} = 'global'", ()
+    return f" AND {column} IN (?, 'global')", (scope,)
 
 
 def list_memories(conn: apsw.Connection, scope: str | None, after_id: int,
@@ -259,7 +263,7 @@ def lexical(conn: apsw.Connection, mirror: LexicalIndex, query: str, scope: str 
 def allowed(conn: apsw.Connection, memory_ids: Sequence[int], scope: str | None,
             min_confidence: float) -> set[int]:
     """The ids among ``memory_ids`` that pass the scope and confidence filters."""
-    clause, bindings = _scope_clause(scope)
+    clause, bindings = _scope_clause(scope, by_id=True)
     kept: set[int] = set()
     for start in range(0, len(memory_ids), 500):
         chunk = tuple(memory_ids[start:start + 500])

@@ -20,6 +20,11 @@ from ctxd.store import migrations
 log = logging.getLogger("ctxd.store")
 T = TypeVar("T")
 
+CACHE_KIB = 65_536
+"""SQLite's page cache (``PRAGMA cache_size``), filled only as pages are read. At the
+default 2 MB, reading an injection's memories back from a 94 MB database of 100,000
+memories took 0.33 ms at p50, mostly re-reading pages from the OS; at 64 MB, 0.18 ms."""
+
 _STORAGE_FAILURES = (apsw.FullError, apsw.ReadOnlyError, apsw.IOError, apsw.CantOpenError,
                      apsw.CorruptError, apsw.NotADBError, apsw.BusyError)
 
@@ -150,6 +155,7 @@ class Store:
         conn.set_busy_timeout(5000)
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute(f"PRAGMA cache_size = -{CACHE_KIB:d}")
         conn.execute("PRAGMA synchronous = " + ("FULL" if self._durability == "full" else "NORMAL"))
         if self._max_db_bytes:
             page_size = scalar_int(conn, "PRAGMA page_size")

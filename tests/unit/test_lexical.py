@@ -211,6 +211,32 @@ def test_a_signal_moves_a_memory_across_the_confidence_filter(tmp_path: Path) ->
     assert list(q.by_ids(conn, [item.id], "project:other", 0.6)) == [item.id]
 
 
+def test_reads_by_id_look_each_row_up_by_rowid_in_every_scope(tmp_path: Path) -> None:
+    conn = _open(tmp_path)
+    mirror = _loaded(conn)
+    with conn:
+        for _ in range(40):
+            q.insert(conn, mirror, _memory(random.Random(3)))
+    executed: list[tuple[str, tuple[object, ...]]] = []
+
+    def trace(cursor: apsw.Cursor, sql: str, bindings: tuple[object, ...] | None) -> bool:
+        executed.append((sql, bindings or ()))
+        return True
+
+    ids = list(range(1, 27))
+    for scope in (None, "global", "project:a"):
+        conn.exec_trace = trace
+        found = q.by_ids(conn, ids, scope, 0.5)
+        kept = q.allowed(conn, ids, scope, 0.5)
+        conn.exec_trace = None
+        assert set(found) == kept
+        assert kept
+        for sql, bindings in executed:
+            plan = " ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", bindings))
+            assert plan == "SEARCH m USING INTEGER PRIMARY KEY (rowid=?)", (scope, plan)
+        executed.clear()
+
+
 def test_a_long_query_keeps_its_rarest_words_within_the_postings_budget(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     conn = _open(tmp_path)
