@@ -11,7 +11,8 @@ file + rename) with the store's memory *generation* (bumped by every write that 
 what is indexed) and the embedder's signature; at start a file whose generation, signature
 or size does not match the store is rebuilt from SQLite while the daemon keeps serving
 (searches are lexical-only meanwhile, and say so). Past ``ann_threshold`` vectors the index
-is rebuilt approximate (IVF, ``nprobe`` lists searched, ids kept in its inverted lists).
+is rebuilt approximate (IVF, ``nprobe`` lists searched, ids kept in its inverted lists,
+vectors in 8 bits a dimension).
 """
 
 from __future__ import annotations
@@ -48,6 +49,17 @@ TICK_S = 5.0
 """How often the owner saves a changed index when idle."""
 RETRY_S = 30.0
 """How soon an unavailable index (embedder or rebuild failed) is rebuilt again."""
+
+
+CODES = faiss.ScalarQuantizer.QT_8bit
+"""How the approximate index keeps its vectors: 8 bits a dimension, each dimension's range
+learnt when it is built."""
+
+
+def _current_kind(index: Any) -> bool:
+    """Whether an approximate index keeps its vectors as `_build` makes it now."""
+    return (isinstance(index, faiss.IndexIVFScalarQuantizer)
+            and index.sq.qtype == CODES)
 
 
 def _stopping() -> CtxdError:
@@ -190,6 +202,9 @@ class MemoryIndex:
         except (OSError, ValueError, RuntimeError) as exc:
             log.warning("memory index file unreadable (%s); rebuilding", exc)
             return False
+        if isinstance(index, faiss.IndexIVF) and not _current_kind(index):
+            log.info("memory index file is an IVF of an older kind; rebuilding")
+            return False
         if index.ntotal != count or index.d != self.embedder.dim:
             log.warning("memory index file holds %d vectors for %d memories; rebuilding",
                         index.ntotal, count)
@@ -260,8 +275,11 @@ class MemoryIndex:
             # wrong: the map compacts its positions, the inverted lists do not.
             # About 4·√n lists, each trained with at least 39 points (what faiss asks).
             lists = max(1, min(int(4 * math.sqrt(len(ids))), len(ids) // 39))
+            # Each vector kept in 8 bits a dimension (a quarter of the memory of 32-bit
+            # floats; see docs/decisions.md).
             quantizer = faiss.IndexFlatIP(dim)
-            index = faiss.IndexIVFFlat(quantizer, dim, lists, faiss.METRIC_INNER_PRODUCT)
+            index = faiss.IndexIVFScalarQuantizer(quantizer, dim, lists, CODES,
+                                                  faiss.METRIC_INNER_PRODUCT)
             index.train(vectors)
             index.nprobe = self._nprobe
             quantizer.this.disown()  # type: ignore[attr-defined]

@@ -8,10 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import apsw
+import faiss
+import numpy as np
 from conftest import DaemonProcess
 from tests_support import COUNTER, LESSONS, hello_text, next_event, rpc_error, search
 
 from ctxclient import Client, RpcError
+from ctxd.memory import HashingEmbedder
+from ctxd.memory._queries import embedding_text
 
 
 def record(client: Client, title: str, content: str, **extra: Any) -> dict[str, Any]:
@@ -393,6 +397,55 @@ def test_an_approximate_index_handles_deletes(daemon_root: Path) -> None:
             assert (index["state"], index["vectors"], index["memories"]) == ("ready", 29, 29)
             found = search(client, "topic8 subject8", mode="dense", k=1)
             assert [r["id"] for r in found["results"]] == [8]
+    finally:
+        process.stop()
+
+
+def _approximate_index_of_30(process: DaemonProcess) -> None:
+    with process.client() as client:
+        for i in range(1, 31):
+            record(client, f"lesson {i}", f"topic{i} notes about subject{i}")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            index = client.call("daemon.status")["memory_index"]
+            if index["state"] == "ready" and index["vectors"] == 30:
+                break
+            time.sleep(0.05)
+        assert (index["state"], index["vectors"]) == ("ready", 30)
+
+
+def test_an_approximate_index_keeps_8_bit_codes_and_replaces_an_older_kind(
+        daemon_root: Path) -> None:
+    process = DaemonProcess(daemon_root, ["--memory-ann-threshold", "20"]).start()
+    try:
+        _approximate_index_of_30(process)
+        process.stop()
+        index_file = process.data_dir / "memory.faiss"
+        saved = faiss.read_index(str(index_file))
+        assert isinstance(saved, faiss.IndexIVFScalarQuantizer)
+        assert (saved.sq.qtype, saved.ntotal, saved.code_size) == (
+            faiss.ScalarQuantizer.QT_8bit, 30, 1024)
+        # The same memories as an IVF of 32-bit floats, as an earlier version saved them.
+        conn = apsw.Connection(str(process.data_dir / "ctxd.db"))
+        rows = conn.execute("SELECT id, title, description, content, tags FROM memories "
+                            "ORDER BY id").fetchall()
+        conn.close()
+        vectors = HashingEmbedder(1024).embed_sync(
+            [embedding_text(*row[1:]) for row in rows])
+        older = faiss.IndexIVFFlat(faiss.IndexFlatIP(1024), 1024, 1,
+                                   faiss.METRIC_INNER_PRODUCT)
+        older.train(vectors)
+        older.add_with_ids(vectors, np.asarray([row[0] for row in rows], dtype=np.int64))
+        faiss.write_index(older, str(index_file))
+        process.start()
+        with process.client() as client:
+            index = wait_index_ready(client)
+            assert (index["state"], index["vectors"]) == ("ready", 30)
+            found = search(client, "topic8 subject8", mode="dense", k=1)
+            assert [r["id"] for r in found["results"]] == [8]
+        process.stop()
+        assert "memory index file is an IVF of an older kind; rebuilding" in process.log()
+        assert isinstance(faiss.read_index(str(index_file)), faiss.IndexIVFScalarQuantizer)
     finally:
         process.stop()
 
