@@ -12,7 +12,7 @@ what is indexed) and the embedder's signature; at start a file whose generation,
 or size does not match the store is rebuilt from SQLite while the daemon keeps serving
 (searches are lexical-only meanwhile, and say so). Past ``ann_threshold`` vectors the index
 is rebuilt approximate (IVF, ``nprobe`` lists searched, ids kept in its inverted lists,
-vectors in 8 bits a dimension).
+vectors as 16-bit floats).
 """
 
 from __future__ import annotations
@@ -51,9 +51,24 @@ RETRY_S = 30.0
 """How soon an unavailable index (embedder or rebuild failed) is rebuilt again."""
 
 
-CODES = faiss.ScalarQuantizer.QT_8bit
-"""How the approximate index keeps its vectors: 8 bits a dimension, each dimension's range
-learnt when it is built."""
+REGROW = 1.5
+"""An approximate index is rebuilt, while it keeps answering, once its memories call for
+this many times the lists it was built with (`lists_for`): when they have grown 2.25
+times. Its lists were learnt from the memories it was built with; grown tenfold past
+them, its lists held ten times the memories and a search took five times as long."""
+CODES = faiss.ScalarQuantizer.QT_fp16
+"""How the approximate index keeps its vectors: 16-bit floats (half the memory of 32-bit
+ones; see docs/decisions.md)."""
+
+
+def lists_for(count: int) -> int:
+    """The inverted lists of an approximate index of ``count`` memories: about 4·√n, each
+    trained with at least 39 points (what faiss asks), at least one."""
+    return max(1, min(int(4 * math.sqrt(count)), count // 39))
+
+
+def _lists(index: Any) -> str:
+    return f"{index.nlist} lists" if isinstance(index, faiss.IndexIVF) else "exact"
 
 
 def _current_kind(index: Any) -> bool:
@@ -102,6 +117,11 @@ class MemoryIndex:
         self._retry_at = 0.0
         self._max_id = 0
         """The highest id ever put in the index (an id above it is not there)."""
+        self._regrowing = False
+        """A rebuild is making the next index while this one answers (see `_regrow`)."""
+        self._removed_meanwhile: dict[int, int] = {}
+        """Memory id → generation of those deleted while the next index is being made."""
+        self._regrow_after = 0.0
         self._jobs_send, self._jobs = trio.open_memory_channel[
             tuple[Callable[[], Awaitable[Any]], trio.Event, list[Any]]](64)
 
@@ -123,6 +143,8 @@ class MemoryIndex:
                     await self._save_if_dirty()
                     if self.state == "unavailable" and trio.current_time() >= self._retry_at:
                         await self._rebuild()
+                    elif self._outgrown():  # loaded so, or a build that failed is due
+                        await self._regrow()
                     continue
                 job, done, box = received
                 try:
@@ -134,7 +156,7 @@ class MemoryIndex:
                         box.append(_stopping())
                     done.set()
                 if self._outgrown():
-                    await self._rebuild()
+                    await self._regrow()
         finally:
             self._jobs.close()
             with trio.move_on_after(10, shield=True):
@@ -215,11 +237,15 @@ class MemoryIndex:
         return True
 
     def _outgrown(self) -> bool:
-        """An exact index that has grown past ``ann_threshold``: rebuild it approximate."""
-        if self.state != "ready" or self._index is None:
+        """An exact index that has grown past ``ann_threshold``, or an approximate one past
+        `REGROW` times its lists: rebuild it (approximate)."""
+        if (self.state != "ready" or self._index is None
+                or trio.current_time() < self._regrow_after):
             return False
-        return (self._index.ntotal > self._ann_threshold
-                and not isinstance(self._index, faiss.IndexIVF))
+        count = int(self._index.ntotal)
+        if isinstance(self._index, faiss.IndexIVF):
+            return lists_for(count) >= REGROW * self._index.nlist
+        return count > self._ann_threshold
 
     def _set_nprobe(self, index: Any) -> None:
         if isinstance(index, faiss.IndexIVF):
@@ -236,25 +262,13 @@ class MemoryIndex:
             return
         self.state, self.reason = "rebuilding", "the dense index is being rebuilt"
         try:
-            generation, count = await self._store.read(q.index_generation)
-            ids: list[int] = []
-            parts: list[Vectors] = []
-            after = 0
-            while True:
-                rows = await self._store.read(q.texts_after, after, REBUILD_BATCH)
-                if not rows:
-                    break
-                ids.extend(row_id for row_id, _ in rows)
-                parts.append(await self._embed([text for _, text in rows]))
-                after = rows[-1][0]
-            vectors = (np.concatenate(parts) if parts
-                       else np.zeros((0, self.embedder.dim), np.float32))
-            self._index = await trio.to_thread.run_sync(self._build, ids, vectors)
-            self._max_id = max(ids, default=0)
+            generation, count, ids, index = await self._build_from_store()
         except (EmbedderError, CtxdError, RuntimeError, ValueError) as exc:
             # RuntimeError is how faiss reports its failures.
             self._unavailable(f"rebuilding the dense index failed: {exc}")
             return
+        self._index = index
+        self._max_id = max(ids, default=0)
         self.generation = generation
         self._dirty = True
         # Memories recorded while it was being built go in before it is called ready.
@@ -267,16 +281,75 @@ class MemoryIndex:
         log.info("memory index rebuilt: %d vectors (%d memories when it started)",
                  len(ids), count)
 
+    async def _regrow(self) -> None:
+        """Build the next index from SQLite while this one keeps answering, then put it in
+        its place: the index has outgrown its kind or its lists (`_outgrown`).
+
+        Meanwhile the owner is busy here, so `add` and `remove` change the index that
+        answers themselves, and remember the change for the next one: a memory recorded
+        is searchable at once, a memory deleted is gone at once. Should the build fail,
+        this index goes on answering and the build is tried again in `RETRY_S`.
+        """
+        before = _lists(self._index)
+        self._regrowing = True
+        try:
+            generation, count, ids, index = await self._build_from_store()
+        except (EmbedderError, CtxdError, RuntimeError, ValueError) as exc:
+            self._regrowing = False
+            self._removed_meanwhile.clear()
+            self._regrow_after = trio.current_time() + RETRY_S
+            log.warning("rebuilding the grown memory index failed (%s); the current one "
+                        "answers, retrying in %g s", exc, RETRY_S)
+            return
+        with self._lock:
+            self._index = index
+            self._max_id = max(ids, default=0)
+        self.generation = generation
+        self._dirty = True
+        await self._remove_meanwhile_removed()
+        while self._pending and self.state == "ready":
+            await self._apply_pending()
+        self._regrowing = False
+        await self._remove_meanwhile_removed()  # those deleted while the pending went in
+        if self.state != "ready":
+            return  # the pending ones could not be embedded: unavailable, retried later
+        await self._save_if_dirty()
+        log.info("memory index rebuilt as it grew: %d vectors, %s (was %s; %d memories "
+                 "when it started)", len(ids), _lists(index), before, count)
+
+    async def _remove_meanwhile_removed(self) -> None:
+        """Remove from the index the memories deleted while the next one was being made."""
+        removed, self._removed_meanwhile = self._removed_meanwhile, {}
+        if removed:
+            await trio.to_thread.run_sync(self._remove, np.asarray(list(removed), np.int64))
+            self._advance(max(removed.values()))
+
+    async def _build_from_store(self) -> tuple[int, int, list[int], Any]:
+        """(generation, memories, ids, index): a new index of every memory in SQLite, read
+        and embedded in batches, built in a worker thread."""
+        generation, count = await self._store.read(q.index_generation)
+        ids: list[int] = []
+        parts: list[Vectors] = []
+        after = 0
+        while True:
+            rows = await self._store.read(q.texts_after, after, REBUILD_BATCH)
+            if not rows:
+                break
+            ids.extend(row_id for row_id, _ in rows)
+            parts.append(await self._embed([text for _, text in rows]))
+            after = rows[-1][0]
+        vectors = (np.concatenate(parts) if parts
+                   else np.zeros((0, self.embedder.dim), np.float32))
+        index = await trio.to_thread.run_sync(self._build, ids, vectors)
+        return generation, count, ids, index
+
     def _build(self, ids: Sequence[int], vectors: Vectors) -> Any:
         dim = self.embedder.dim
         index: Any
         if len(ids) > self._ann_threshold:
             # IVF keeps the ids itself. Wrapped in an IndexIDMap2 its deletes would go
             # wrong: the map compacts its positions, the inverted lists do not.
-            # About 4·√n lists, each trained with at least 39 points (what faiss asks).
-            lists = max(1, min(int(4 * math.sqrt(len(ids))), len(ids) // 39))
-            # Each vector kept in 8 bits a dimension (a quarter of the memory of 32-bit
-            # floats; see docs/decisions.md).
+            lists = lists_for(len(ids))
             quantizer = faiss.IndexFlatIP(dim)
             index = faiss.IndexIVFScalarQuantizer(quantizer, dim, lists, CODES,
                                                   faiss.METRIC_INNER_PRODUCT)
@@ -324,8 +397,17 @@ class MemoryIndex:
         if self.state == "unavailable":
             return  # the next rebuild reads it from SQLite
         self._pending[memory_id] = (text, generation)
-        if self.state == "ready":
-            await self._submit(self._apply_pending)
+        if self.state != "ready":
+            return
+        if self._regrowing:  # the owner is busy making the next index: see `_regrow`
+            try:
+                vectors = await self._embed([text])
+            except EmbedderError:
+                return  # still pending: the next index takes it, or says why not
+            await trio.to_thread.run_sync(self._replace, np.asarray([memory_id], np.int64),
+                                          vectors)
+            return
+        await self._submit(self._apply_pending)
 
     async def _apply_pending(self) -> None:
         if self.state not in ("ready", "rebuilding") or self._index is None or not self._pending:
@@ -347,7 +429,7 @@ class MemoryIndex:
             if int(ids.min()) <= self._max_id:
                 self._index.remove_ids(ids)
             self._index.add_with_ids(vectors, ids)
-        self._max_id = max(self._max_id, int(ids.max()))
+            self._max_id = max(self._max_id, int(ids.max()))
 
     def _remove(self, ids: Any) -> None:
         with self._lock:
@@ -359,6 +441,14 @@ class MemoryIndex:
         for memory_id in memory_ids:
             self._pending.pop(memory_id, None)
         if self.state != "ready":
+            return
+        if self._regrowing:  # the owner is busy making the next index: see `_regrow`
+            self._removed_meanwhile.update(dict.fromkeys(memory_ids, generation))
+            await trio.to_thread.run_sync(self._remove, np.asarray(memory_ids, np.int64))
+            if not self._regrowing:  # the next index came meanwhile, maybe without it
+                await trio.to_thread.run_sync(self._remove,
+                                              np.asarray(memory_ids, np.int64))
+                self._advance(generation)
             return
 
         async def job() -> None:

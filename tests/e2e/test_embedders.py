@@ -6,10 +6,11 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import faiss
 import pytest
 from conftest import DaemonProcess
 from tests_support import LESSONS, search
@@ -35,6 +36,13 @@ def record_lessons(client: Client) -> list[dict[str, Any]]:
     return [client.call("memory.record", {"title": title, "content": content})
             for title, content in LESSONS[:3]]
 
+
+
+def until(condition: Callable[[], bool], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
 
 
 def http_daemon(root: Path, url: str) -> DaemonProcess:
@@ -248,3 +256,56 @@ def test_a_rebuild_may_take_longer_than_the_index_owners_tick(daemon_root: Path)
                 assert (status["state"], status["vectors"]) == ("ready", 3)
         finally:
             assert daemon.stop() == 0
+
+
+def test_a_grown_index_is_rebuilt_while_it_answers(daemon_root: Path) -> None:
+    with EmbeddingServer(dim=256) as server:
+        daemon = DaemonProcess(daemon_root, [
+            "--memory-embedder", "http", "--memory-embedding-url", server.url,
+            "--memory-embedding-model", "test-model", "--memory-ann-threshold", "20"]).start()
+        try:
+            with daemon.client(timeout=30) as client:
+                wait_index(client, "ready")
+
+                def add(i: int) -> dict[str, Any]:
+                    return client.call("memory.record", {  # type: ignore[no-any-return]
+                        "title": f"lesson {i}", "content": f"topic{i} notes about subject{i}"})
+
+                def dense_ids(i: int) -> list[int]:  # with the memory's own text
+                    found = search(client, f"lesson {i} topic{i} notes about subject{i}",
+                                   mode="dense", k=3)
+                    assert (found["legs_used"], found["note"]) == (["dense"], None)
+                    return [r["id"] for r in found["results"]]
+
+                def rebuilt() -> int:
+                    return daemon.log().count("memory index rebuilt as it grew")
+
+                for i in range(1, 31):  # past ann_threshold: rebuilt approximate (1 list)
+                    add(i)
+                until(lambda: rebuilt() == 1 and wait_index(client, "ready")["vectors"] == 30)
+                # 78 memories call for 2 lists: the next rebuild's reading waits 5 s.
+                server.delay_s, server.delay_when = 5.0, "topic1 notes"
+                for i in range(31, 79):
+                    add(i)
+                until(lambda: any(len(r.body["input"]) > 1 and "topic1 notes" in r.body["input"][0]
+                                  for r in server.requests))
+                # Meanwhile the index answers, takes a new memory and loses a deleted one.
+                assert dense_ids(8)[:1] == [8]
+                assert add(79)["indexed"] is True
+                assert dense_ids(79)[:1] == [79]
+                client.call("memory.delete", {"id": 9})
+                assert 9 not in dense_ids(9)
+                assert (rebuilt(), client.call("daemon.status")["memory_index"]["state"]) == (
+                    1, "ready")
+                until(lambda: rebuilt() == 2)
+                index = wait_index(client, "ready")
+                assert (index["vectors"], index["memories"]) == (78, 78)
+                assert (dense_ids(8)[:1], dense_ids(79)[:1]) == ([8], [79])
+                assert 9 not in dense_ids(9)
+        finally:
+            assert daemon.stop() == 0
+        # Built of 79 (the 79th recorded before its reading got there), then 9 went.
+        assert ("rebuilt as it grew: 79 vectors, 2 lists (was 1 lists; 78 memories"
+                in daemon.log())
+        saved = faiss.read_index(str(daemon.data_dir / "memory.faiss"))
+        assert (saved.nlist, saved.ntotal) == (2, 78)

@@ -414,7 +414,7 @@ def _approximate_index_of_30(process: DaemonProcess) -> None:
         assert (index["state"], index["vectors"]) == ("ready", 30)
 
 
-def test_an_approximate_index_keeps_8_bit_codes_and_replaces_an_older_kind(
+def test_an_approximate_index_keeps_16_bit_floats_and_replaces_an_older_kind(
         daemon_root: Path) -> None:
     process = DaemonProcess(daemon_root, ["--memory-ann-threshold", "20"]).start()
     try:
@@ -424,7 +424,7 @@ def test_an_approximate_index_keeps_8_bit_codes_and_replaces_an_older_kind(
         saved = faiss.read_index(str(index_file))
         assert isinstance(saved, faiss.IndexIVFScalarQuantizer)
         assert (saved.sq.qtype, saved.ntotal, saved.code_size) == (
-            faiss.ScalarQuantizer.QT_8bit, 30, 1024)
+            faiss.ScalarQuantizer.QT_fp16, 30, 2 * 1024)
         # The same memories as an IVF of 32-bit floats, as an earlier version saved them.
         conn = apsw.Connection(str(process.data_dir / "ctxd.db"))
         rows = conn.execute("SELECT id, title, description, content, tags FROM memories "
