@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import itertools
 import json
 import math
+import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,7 +31,14 @@ from ctxd.memory import (
     SentenceTransformerEmbedder,
     make_embedder,
 )
-from ctxd.memory._embedders import PACKAGED_MODEL, Vectors, packaged_model_path, stem
+from ctxd.memory._embedders import (
+    PACKAGED_MODEL,
+    Vectors,
+    _bucket,
+    normalise,
+    packaged_model_path,
+    stem,
+)
 
 SERVER_DIM = 48
 """Dimensions of the vectors the test server answers."""
@@ -175,6 +185,26 @@ async def test_hashing_is_deterministic_across_instances_and_calls() -> None:
     np.testing.assert_array_equal(
         first[1], HashingEmbedder().embed_sync(["REBASE, before... pushing!"])[0])
 
+
+
+def test_hashing_vectors_are_those_of_adding_each_feature_in_turn() -> None:
+    """The definition the saved indexes were built with (one feature after another, added
+    in 32 bits): the same signature must give the same vectors, to the bit."""
+    rng = random.Random(4)
+    words = ["test", "tests", "migration", "run", "venv", "sleep", "flaky", "é", "x"]
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(0, 300)))
+             for _ in range(200)]
+    for dim in (64, 1024):  # 64: many features share a bucket
+        expected = np.zeros((len(texts), dim), np.float32)
+        for row, text in enumerate(texts):
+            terms = [stem(w) for w in text.lower().split()]
+            features = Counter(terms)
+            features.update(f"{a} {b}" for a, b in itertools.pairwise(terms))
+            for feature, count in features.items():
+                place, sign = _bucket(feature, dim)
+                expected[row, place] += sign * (1.0 + math.log(count))
+        np.testing.assert_array_equal(HashingEmbedder(dim).embed_sync(texts),
+                                      normalise(expected))
 
 def test_hashing_inflections_share_features_and_unrelated_texts_do_not() -> None:
     embedder = HashingEmbedder()
