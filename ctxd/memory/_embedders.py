@@ -49,6 +49,12 @@ class Embedder(Protocol):
     def dim(self) -> int:
         """Dimensions of a vector (known once `load` has returned)."""
 
+    @property
+    def gil_bound(self) -> bool:
+        """Whether embedding a query is Python computing with the GIL held, in well under
+        a millisecond (hashing), rather than waiting on a model or a server: retrieval
+        then embeds it before the lexical ranking, not beside it (see _retrieval)."""
+
     async def load(self) -> None:
         """Make the embedder ready (load a model, probe an endpoint); may take long.
 
@@ -117,6 +123,10 @@ class HashingEmbedder:
     def dim(self) -> int:
         return self._dim
 
+    @property
+    def gil_bound(self) -> bool:
+        return True
+
     async def load(self) -> None:
         return None
 
@@ -180,6 +190,10 @@ class SentenceTransformerEmbedder:
     @property
     def dim(self) -> int:
         return self._dim
+
+    @property
+    def gil_bound(self) -> bool:
+        return False
 
     def _load_sync(self) -> None:
         try:
@@ -262,6 +276,10 @@ class HttpEmbedder:
     @property
     def dim(self) -> int:
         return self._dim
+
+    @property
+    def gil_bound(self) -> bool:
+        return False
 
     def _post(self, texts: Sequence[str]) -> Vectors:
         body = json.dumps({"model": self._model, "input": list(texts)}).encode()

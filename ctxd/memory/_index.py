@@ -23,6 +23,7 @@ import math
 import os
 import threading
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -39,7 +40,7 @@ from ctxd.errors import CtxdError, ErrorCode
 from ctxd.memory import _queries as q
 from ctxd.memory._embedders import Embedder, EmbedderError, Vectors
 from ctxd.memory._lexical import Selection
-from ctxd.store import Store
+from ctxd.store import Store, WorkerThread
 
 log = logging.getLogger("ctxd.memory")
 T = TypeVar("T")
@@ -86,6 +87,40 @@ class DenseUnavailable(Exception):
     """The dense leg cannot answer; the message says why."""
 
 
+@dataclass
+class BesideSearch:
+    """A FAISS search started from another thread with `MemoryIndex.search_beside`, its
+    answer awaited on the event loop (made there, with `new`)."""
+
+    token: trio.lowlevel.TrioToken
+    done: trio.Event = field(default_factory=trio.Event)
+    found: list[tuple[int, float]] = field(default_factory=list)
+    error: Exception | None = None
+    started: bool = False
+
+    @classmethod
+    def new(cls) -> BesideSearch:
+        return cls(trio.lowlevel.current_trio_token())
+
+    def finish(self) -> None:
+        """From any thread: the answer (or the error) is in."""
+        try:
+            self.token.run_sync_soon(self.done.set)
+        except trio.RunFinishedError:
+            pass  # the daemon is stopping: nobody waits
+
+    async def result(self) -> list[tuple[int, float]]:
+        """(id, cosine), nearest first.
+
+        Raises:
+            DenseUnavailable: the dense leg could not answer (and why).
+        """
+        await self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.found
+
+
 class MemoryIndex:
     """The dense leg of memory retrieval.
 
@@ -122,6 +157,8 @@ class MemoryIndex:
         self._removed_meanwhile: dict[int, int] = {}
         """Memory id → generation of those deleted while the next index is being made."""
         self._regrow_after = 0.0
+        self._searcher: WorkerThread | None = None
+        """The thread of `search_beside` (started with its first search)."""
         self._jobs_send, self._jobs = trio.open_memory_channel[
             tuple[Callable[[], Awaitable[Any]], trio.Event, list[Any]]](64)
 
@@ -484,30 +521,83 @@ class MemoryIndex:
         if index.ntotal == 0:
             return []
 
-        def run() -> tuple[Any, Any]:
+        def run() -> list[tuple[int, float]]:
             vector = self.embedder.embed_sync([query])[0]
-            parameters: Any = None
-            selector: Any = None
-            if selection is not None:
-                if isinstance(index, faiss.IndexIVF):
-                    parameters = faiss.SearchParametersIVF()
-                    parameters.nprobe = self._nprobe
-                else:
-                    parameters = faiss.SearchParameters()
-                # Its length is in bytes. The bitmap (a closure cell) and the selector (a
-                # local) stay referenced until the search is over.
-                selector = faiss.IDSelectorBitmap(len(selection), faiss.swig_ptr(selection))
-                parameters.sel = selector
-            with self._lock:
-                found: tuple[Any, Any] = index.search(
-                    vector[None, :], min(k, int(index.ntotal)), params=parameters)
-            del selector
-            return found
+            return self._search(index, vector, k, selection)
 
         try:
-            scores, ids = await trio.to_thread.run_sync(run)
+            return await trio.to_thread.run_sync(run)
         except EmbedderError as exc:
             raise DenseUnavailable(f"the query could not be embedded: {exc}") from exc
+
+    def search_beside(self, search: BesideSearch, query: str, k: int,
+                      selection: Selection) -> None:
+        """Embed the query here and start its search (as `search`) in the index's search
+        thread; return once FAISS is searching, which it does without the GIL, so that
+        the caller's work goes on beside it. Only for a `gil_bound` embedder, whose
+        embedding is quick: the caller is the store's thread (see _retrieval). The answer
+        comes to ``search``.
+        """
+        index = self._index
+        if self.state != "ready" or index is None:
+            search.error = DenseUnavailable(self.reason or self.state)
+            search.finish()
+            return
+        try:
+            vector = self.embedder.embed_sync([query])[0]
+        except EmbedderError as exc:
+            search.error = DenseUnavailable(f"the query could not be embedded: {exc}")
+            search.finish()
+            return
+        searching = threading.Event()
+
+        def run() -> None:
+            try:
+                search.found = self._search(index, vector, k, selection, searching)
+            except Exception as exc:  # handed to the task awaiting it
+                search.error = exc
+            finally:
+                searching.set()
+                search.finish()
+
+        if self._searcher is None:
+            self._searcher = WorkerThread("ctxd-faiss")
+        search.started = True
+        self._searcher.submit(run)
+        searching.wait()
+
+    def _search(self, index: Any, vector: Any, k: int, selection: Selection | None,
+                searching: threading.Event | None = None) -> list[tuple[int, float]]:
+        """One FAISS search, under the lock; ``searching`` is set once nothing but FAISS
+        (or the lock) is left to wait for."""
+        if index.ntotal == 0:
+            return []
+        parameters: Any = None
+        selector: Any = None
+        if selection is not None:
+            if isinstance(index, faiss.IndexIVF):
+                parameters = faiss.SearchParametersIVF()
+                parameters.nprobe = self._nprobe
+            else:
+                parameters = faiss.SearchParameters()
+            # Its length is in bytes. The bitmap (the caller's) and the selector (a local)
+            # stay referenced until the search is over.
+            selector = faiss.IDSelectorBitmap(len(selection), faiss.swig_ptr(selection))
+            parameters.sel = selector
+        query = vector[None, :]
+        wanted = min(k, int(index.ntotal))
+        if searching is None:
+            self._lock.acquire()
+        elif not self._lock.acquire(blocking=False):
+            searching.set()  # an add or a removal holds it: the caller goes on meanwhile
+            self._lock.acquire()
+        try:
+            if searching is not None:
+                searching.set()  # FAISS lets the GIL go as it starts
+            scores, ids = index.search(query, wanted, params=parameters)
+        finally:
+            self._lock.release()
+        del selector
         return [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0]
 
     async def rebuild(self) -> None:

@@ -10,7 +10,7 @@ import trio
 
 from ctxd.config import MemoryConfig
 from ctxd.memory import _queries as q
-from ctxd.memory._index import DenseUnavailable, MemoryIndex
+from ctxd.memory._index import BesideSearch, DenseUnavailable, MemoryIndex
 from ctxd.memory._lexical import LexicalHits, LexicalIndex, Selection
 from ctxd.store import Store
 from ctxd.wire.types import Leg, MemoryItem, SearchMode
@@ -102,8 +102,20 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
     prefetch = reachable(k, weights, config.rrf_k, wanted)
     read: dict[int, tuple[MemoryItem, int | None]] = {}
     tried: set[int] = set()
+    if mode != "lexical":
+        # On the loop: the store's thread is about to be busy with the lexical leg.
+        selection = mirror.selection(scope, min_confidence)
+    # A query embedded with the GIL held (hashing) is embedded in the lexical leg's store
+    # job, which starts FAISS in the index's thread and ranks while it searches. Embedded
+    # in a worker thread beside the ranking, the embedding and the ranking took turns
+    # with the GIL: at p50 the embedding did not start before the ranking was over, and
+    # FAISS then ran alone after both (see docs/performance.md).
+    beside = (BesideSearch.new() if mode == "hybrid" and selection is not None
+              and index.embedder.gil_bound and index.state == "ready" else None)
 
     def lexical_and_items(conn: apsw.Connection) -> LexicalHits:
+        if beside is not None:
+            index.search_beside(beside, query, wanted, selection)  # type: ignore[arg-type]
         hits = q.lexical(conn, mirror, query, scope, min_confidence, wanted)
         ids = [memory_id for memory_id, _ in hits.hits[:prefetch]]
         read.update(q.by_ids(conn, ids, scope, min_confidence))
@@ -125,11 +137,16 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
                                 f"{lexical.words_left_out} commonest words (a long query: "
                                 "their postings are too many)")
 
-    if mode != "lexical":
-        # The selection first, on the loop: the store's thread is about to be busy with
-        # the lexical leg. Then the dense leg (the query's embedding and FAISS, in one
-        # worker thread) beside the lexical leg (in the store's thread).
-        selection = mirror.selection(scope, min_confidence)
+    if beside is not None:
+        await lexical_leg()
+        try:
+            found["dense"] = [memory_id for memory_id, score in await beside.result()
+                              if score >= config.dense_min_score]
+        except DenseUnavailable as exc:
+            notes["dense"] = f"dense leg unavailable ({exc}); lexical results only"
+    elif mode != "lexical":
+        # The dense leg (the query's embedding and FAISS, in one worker thread) beside
+        # the lexical leg (in the store's thread).
         failures: list[Exception] = []
 
         async def catching(leg: Callable[[], Awaitable[None]]) -> None:

@@ -83,7 +83,7 @@ def _checkpoint(conn: apsw.Connection, mode: int) -> int:
     return int(copied)
 
 
-class _WorkerThread:
+class WorkerThread:
     """One long-lived thread that runs jobs in submission order.
 
     Cheaper per call than ``trio.to_thread.run_sync`` (no limiter, no thread-cache
@@ -112,10 +112,14 @@ class _WorkerThread:
             result = outcome.capture(fn)
             token.run_sync_soon(trio.lowlevel.reschedule, task, result)
 
-        self._jobs.put(job)
+        self.submit(job)
         value: T = await trio.lowlevel.wait_task_rescheduled(
             lambda _: trio.lowlevel.Abort.FAILED)
         return value
+
+    def submit(self, job: Callable[[], None]) -> None:
+        """Queue ``job`` and return at once (from any thread); it must not raise."""
+        self._jobs.put(job)
 
     def stop(self) -> None:
         self._jobs.put(None)
@@ -136,7 +140,7 @@ class Store:
         self._durability = durability
         self._max_db_bytes = max_db_bytes
         self._conn: apsw.Connection | None = None
-        self._worker: _WorkerThread | None = None
+        self._worker: WorkerThread | None = None
         self._wal_pages = 0
         """The WAL's length in pages after the last commit (it starts again from 0 once a
         checkpoint has copied it all back)."""
@@ -166,7 +170,7 @@ class Store:
         migrate(conn)
         os.chmod(self.path, 0o600)
         self._conn = conn
-        self._worker = _WorkerThread("ctxd-store")
+        self._worker = WorkerThread("ctxd-store")
 
     def close(self) -> None:
         """Checkpoint and close; blocking."""
