@@ -7,7 +7,8 @@
 - `HttpEmbedder`: an OpenAI-compatible ``/embeddings`` endpoint (Ollama, llama.cpp, OpenAI).
 
 Embedding never runs on the event loop: an embedder's `embed_sync` blocks, and the memory
-index calls it in a worker thread (a query's in the same thread job as its FAISS search).
+index calls it in a worker thread (a query's in the same thread job as its FAISS search;
+a `gil_bound` embedder's query in the store's thread, before the lexical ranking).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 The owner task loads, rebuilds, changes and saves the index, one job at a time, its
 blocking work in worker threads. Searches do not queue behind those jobs: each embeds its
-query and searches FAISS in a worker thread of its own, under a lock that the owner's
-changes (adds, removals) take too.
+query and searches FAISS in a worker thread of its own (or, for a `gil_bound` embedder,
+embeds it in the store's thread and searches in the index's search thread: see
+`search_beside`), under a lock that the owner's changes (adds, removals) take too.
 
 SQLite is the truth; this index is a cache of it. Ids are the memories' rowids, vectors are
 normalised, so inner product is cosine similarity. The index is saved atomically (temp
