@@ -39,7 +39,9 @@ Phases, in order, on one data directory:
    daemon's index files and on its database (read-only): the query's embedding, a worker
    thread hop, the bitmap of a project's scope that the dense leg searches within
    (computed, and kept as the mirror keeps it), the one FAISS search of k 50 within it
-   (flat and IVF, and without a selection for reference), the FTS5 query (short, and a
+   (flat and IVF, and without a selection for reference; and within it, an IVF as a
+   daemon that recorded the memories one by one holds it: built once past
+   ``ann_threshold`` and never again, and rebuilt as it grew), the FTS5 query (short, and a
    branch's description and prompt) by FTS5's bm25() and by the in-memory mirror that
    the daemon ranks with (with its words' BM25 parts kept, and computed afresh as after
    a memory is added), the SQLite read of the results.
@@ -101,6 +103,7 @@ from rpc import (
 
 from ctxd.memory import HashingEmbedder
 from ctxd.memory import _queries as queries
+from ctxd.memory._index import CODES, REGROW, lists_for
 from ctxd.memory._lexical import LOAD_CHUNK, LexicalIndex
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -447,6 +450,34 @@ def _faiss_params(index: Any, nprobe: int, selection: Any | None) -> Any:
     return params
 
 
+def grown_ivfs(flat: Any, ann_threshold: int, nprobe: int) -> list[tuple[str, Any]]:
+    """IVFs of the exact index's vectors as a daemon that recorded them one by one holds
+    them: built with the first ``ann_threshold`` + 1 and never rebuilt (before it was
+    rebuilt as it grew), and built at the last size `REGROW` asked for (as
+    ctxd/memory/_index.py does now): (label, index)."""
+    count = int(flat.ntotal)
+    first = ann_threshold + 1
+    if count <= first:
+        return []
+    vectors = faiss.downcast_index(flat.index).reconstruct_n(0, count)
+    ids = faiss.vector_to_array(flat.id_map)
+    last = first
+    for size in range(first, count + 1):
+        if lists_for(size) >= REGROW * lists_for(last):
+            last = size
+    grown = []
+    for size, label in ((first, "never rebuilt"), (last, "rebuilt as it grew")):
+        index = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(flat.d), flat.d,
+                                              lists_for(size), CODES,
+                                              faiss.METRIC_INNER_PRODUCT)
+        index.train(vectors[:size])
+        index.add_with_ids(vectors, ids)
+        index.nprobe = nprobe
+        grown.append((f"  IVF built at {size:,} memories ({lists_for(size):,} lists), grown "
+                      f"to {count:,}; {label}", index))
+    return grown
+
+
 def breakdown(report: Report, data_dir: Path, flat: Path, ivf: Path | None,
               writer: Writer, contents: list[str]) -> None:
     """Median cost of each step of a search, on the daemon's database and index files."""
@@ -514,6 +545,12 @@ def breakdown(report: Report, data_dir: Path, flat: Path, ivf: Path | None,
         times = [_best_of(searcher(i, selected), 50) for i in indexes]
         row(f"FAISS search, k {LEG_CANDIDATES}, {label}", times[0],
             times[1] if len(times) > 1 else None)
+        if selected and len(indexes) > 1:
+            # The IVF above was built with every memory there is; a daemon that grew to
+            # them built its lists with fewer.
+            for grown_label, grown in grown_ivfs(indexes[0], args.ann_threshold,
+                                                 args.nprobe):
+                rows.append((grown_label, "-", _us(_best_of(searcher(grown, True), 50))))
     for label, leg in (("FTS5 bm25()", fts5), ("in-memory mirror", mirror)):
         lexical_pairs = itertools.cycle(zip(sample, scopes, strict=True))
         row(f"lexical leg, {label}: 50 best of a 4-10-word query, project scope",
