@@ -56,8 +56,11 @@ RETRY_S = 30.0
 REGROW = 1.5
 """An approximate index is rebuilt, while it keeps answering, once its memories call for
 this many times the lists it was built with (`lists_for`): when they have grown 2.25
-times. Its lists were learnt from the memories it was built with; grown tenfold past
-them, its lists held ten times the memories and a search took five times as long."""
+times (1.5 times while the lists are bound by 39 memories each). Its lists were learnt
+from the memories it was built with; grown tenfold past them, its lists held ten times
+the memories and a search took five times as long."""
+BESIDE_START_S = 0.002
+"""How long `search_beside` waits for FAISS to start before its caller goes on anyway."""
 CODES = faiss.ScalarQuantizer.QT_fp16
 """How the approximate index keeps its vectors: 16-bit floats (half the memory of 32-bit
 ones; see docs/decisions.md)."""
@@ -97,7 +100,6 @@ class BesideSearch:
     done: trio.Event = field(default_factory=trio.Event)
     found: list[tuple[int, float]] = field(default_factory=list)
     error: Exception | None = None
-    started: bool = False
 
     @classmethod
     def new(cls) -> BesideSearch:
@@ -154,10 +156,14 @@ class MemoryIndex:
         self._max_id = 0
         """The highest id ever put in the index (an id above it is not there)."""
         self._regrowing = False
-        """A rebuild is making the next index while this one answers (see `_regrow`)."""
-        self._removed_meanwhile: dict[int, int] = {}
-        """Memory id → generation of those deleted while the next index is being made."""
+        """The next index is being made while this one answers (see `_regrow`)."""
+        self._added_meanwhile: dict[int, Vectors] = {}
+        """Memory id → vector of those the owner indexed meanwhile, for the next index."""
+        self._removed_meanwhile: set[int] = set()
+        """Those the owner removed meanwhile, for the next index."""
         self._regrow_after = 0.0
+        self._rebuilds = 0
+        """Rebuilds so far: a next index made before the last of them is not used."""
         self._searcher: WorkerThread | None = None
         """The thread of `search_beside` (started with its first search)."""
         self._jobs_send, self._jobs = trio.open_memory_channel[
@@ -171,30 +177,31 @@ class MemoryIndex:
         when it changed. Returns only when cancelled (after a last save)."""
         task_status.started(self)
         try:
-            await self._open()
-            while True:
-                received = None
-                # Only the wait is timed: a job (a rebuild) may take as long as it needs.
-                with trio.move_on_after(TICK_S):
-                    received = await self._jobs.receive()
-                if received is None:
-                    await self._save_if_dirty()
-                    if self.state == "unavailable" and trio.current_time() >= self._retry_at:
-                        await self._rebuild()
-                    elif self._outgrown():  # loaded so, or a build that failed is due
-                        await self._regrow()
-                    continue
-                job, done, box = received
-                try:
-                    box.append(await job())
-                except Exception as exc:  # the job's failure is its caller's to raise
-                    box.append(exc)
-                finally:
-                    if not box:  # cancelled: the daemon is stopping
-                        box.append(_stopping())
-                    done.set()
-                if self._outgrown():
-                    await self._regrow()
+            async with trio.open_nursery() as nursery:  # the next index's build (`_regrow`)
+                await self._open()
+                while True:
+                    received = None
+                    # Only the wait is timed: a job (a rebuild) may take as long as it needs.
+                    with trio.move_on_after(TICK_S):
+                        received = await self._jobs.receive()
+                    if received is None:
+                        await self._save_if_dirty()
+                        if (self.state == "unavailable"
+                                and trio.current_time() >= self._retry_at):
+                            await self._rebuild()
+                    else:
+                        job, done, box = received
+                        try:
+                            box.append(await job())
+                        except Exception as exc:  # the job's failure is its caller's to raise
+                            box.append(exc)
+                        finally:
+                            if not box:  # cancelled: the daemon is stopping
+                                box.append(_stopping())
+                            done.set()
+                    if self._outgrown():
+                        self._regrowing = True
+                        nursery.start_soon(self._regrow)
         finally:
             self._jobs.close()
             with trio.move_on_after(10, shield=True):
@@ -277,7 +284,7 @@ class MemoryIndex:
     def _outgrown(self) -> bool:
         """An exact index that has grown past ``ann_threshold``, or an approximate one past
         `REGROW` times its lists: rebuild it (approximate)."""
-        if (self.state != "ready" or self._index is None
+        if (self.state != "ready" or self._index is None or self._regrowing
                 or trio.current_time() < self._regrow_after):
             return False
         count = int(self._index.ntotal)
@@ -299,6 +306,7 @@ class MemoryIndex:
         if not await self._load_embedder():
             return
         self.state, self.reason = "rebuilding", "the dense index is being rebuilt"
+        self._rebuilds += 1
         try:
             generation, count, ids, index = await self._build_from_store()
         except (EmbedderError, CtxdError, RuntimeError, ValueError) as exc:
@@ -323,48 +331,64 @@ class MemoryIndex:
         """Build the next index from SQLite while this one keeps answering, then put it in
         its place: the index has outgrown its kind or its lists (`_outgrown`).
 
-        Meanwhile the owner is busy here, so `add` and `remove` change the index that
-        answers themselves, and remember the change for the next one: a memory recorded
-        is searchable at once, a memory deleted is gone at once. Should the build fail,
-        this index goes on answering and the build is tried again in `RETRY_S`.
+        A task of its own: the owner goes on serving jobs meanwhile, so a memory recorded
+        is indexed at once and a memory deleted removed at once, and it remembers them
+        for the next index (`_added_meanwhile`, `_removed_meanwhile`), which takes them
+        in the owner's job that puts it in place. Should the build fail, this index goes
+        on answering and the build is tried again in `RETRY_S`.
         """
-        before = _lists(self._index)
-        self._regrowing = True
+        rebuilds, before = self._rebuilds, _lists(self._index)
         try:
-            generation, count, ids, index = await self._build_from_store()
+            _, count, ids, index = await self._build_from_store(abandon_on_cancel=True)
         except (EmbedderError, CtxdError, RuntimeError, ValueError) as exc:
-            self._regrowing = False
-            self._removed_meanwhile.clear()
+            self._end_regrow()
             self._regrow_after = trio.current_time() + RETRY_S
             log.warning("rebuilding the grown memory index failed (%s); the current one "
                         "answers, retrying in %g s", exc, RETRY_S)
             return
+
+        async def put_in_place() -> None:
+            if self._rebuilds != rebuilds or self.state != "ready":
+                self._end_regrow()  # a rebuild has made an index of its own since
+                return
+            added, removed = self._added_meanwhile, self._removed_meanwhile
+            self._end_regrow()
+            await trio.to_thread.run_sync(self._take_over, index, max(ids, default=0),
+                                          added, removed)
+            self._dirty = True
+            log.info("memory index rebuilt as it grew: %d vectors, %s (was %s; %d memories "
+                     "when it started)", index.ntotal, _lists(index), before, count)
+
+        try:
+            await self._submit(put_in_place)
+        except CtxdError:
+            self._end_regrow()  # the daemon is stopping
+
+    def _take_over(self, index: Any, max_id: int, added: dict[int, Vectors],
+                   removed: set[int]) -> None:
+        """Bring the next index up to date with what changed while it was being made, and
+        put it in place of this one."""
+        if removed:
+            index.remove_ids(np.asarray(sorted(removed), np.int64))
+        if added:
+            ids = np.asarray(list(added), np.int64)
+            if int(ids.min()) <= max_id:  # read from SQLite too
+                index.remove_ids(ids)
+            index.add_with_ids(np.stack(list(added.values())), ids)
+            max_id = max(max_id, int(ids.max()))
         with self._lock:
             self._index = index
-            self._max_id = max(ids, default=0)
-        self.generation = generation
-        self._dirty = True
-        await self._remove_meanwhile_removed()
-        while self._pending and self.state == "ready":
-            await self._apply_pending()
+            self._max_id = max_id
+
+    def _end_regrow(self) -> None:
         self._regrowing = False
-        await self._remove_meanwhile_removed()  # those deleted while the pending went in
-        if self.state != "ready":
-            return  # the pending ones could not be embedded: unavailable, retried later
-        await self._save_if_dirty()
-        log.info("memory index rebuilt as it grew: %d vectors, %s (was %s; %d memories "
-                 "when it started)", len(ids), _lists(index), before, count)
+        self._added_meanwhile, self._removed_meanwhile = {}, set()
 
-    async def _remove_meanwhile_removed(self) -> None:
-        """Remove from the index the memories deleted while the next one was being made."""
-        removed, self._removed_meanwhile = self._removed_meanwhile, {}
-        if removed:
-            await trio.to_thread.run_sync(self._remove, np.asarray(list(removed), np.int64))
-            self._advance(max(removed.values()))
-
-    async def _build_from_store(self) -> tuple[int, int, list[int], Any]:
+    async def _build_from_store(self, abandon_on_cancel: bool = False
+                                ) -> tuple[int, int, list[int], Any]:
         """(generation, memories, ids, index): a new index of every memory in SQLite, read
-        and embedded in batches, built in a worker thread."""
+        and embedded in batches, built in a worker thread (left to finish alone when
+        cancelled, with ``abandon_on_cancel``: the daemon need not wait for it to stop)."""
         generation, count = await self._store.read(q.index_generation)
         ids: list[int] = []
         parts: list[Vectors] = []
@@ -378,7 +402,8 @@ class MemoryIndex:
             after = rows[-1][0]
         vectors = (np.concatenate(parts) if parts
                    else np.zeros((0, self.embedder.dim), np.float32))
-        index = await trio.to_thread.run_sync(self._build, ids, vectors)
+        index = await trio.to_thread.run_sync(self._build, ids, vectors,
+                                              abandon_on_cancel=abandon_on_cancel)
         return generation, count, ids, index
 
     def _build(self, ids: Sequence[int], vectors: Vectors) -> Any:
@@ -435,17 +460,8 @@ class MemoryIndex:
         if self.state == "unavailable":
             return  # the next rebuild reads it from SQLite
         self._pending[memory_id] = (text, generation)
-        if self.state != "ready":
-            return
-        if self._regrowing:  # the owner is busy making the next index: see `_regrow`
-            try:
-                vectors = await self._embed([text])
-            except EmbedderError:
-                return  # still pending: the next index takes it, or says why not
-            await trio.to_thread.run_sync(self._replace, np.asarray([memory_id], np.int64),
-                                          vectors)
-            return
-        await self._submit(self._apply_pending)
+        if self.state == "ready":
+            await self._submit(self._apply_pending)
 
     async def _apply_pending(self) -> None:
         if self.state not in ("ready", "rebuilding") or self._index is None or not self._pending:
@@ -459,6 +475,10 @@ class MemoryIndex:
             return
         await trio.to_thread.run_sync(self._replace, np.asarray(ids, dtype=np.int64),
                                       vectors)
+        if self._regrowing:  # for the next index too
+            for memory_id, vector in zip(ids, vectors, strict=True):
+                self._added_meanwhile[memory_id] = vector
+                self._removed_meanwhile.discard(memory_id)
         self._advance(max(generation for _, generation in pending.values()))
 
     def _replace(self, ids: Any, vectors: Vectors) -> None:
@@ -480,20 +500,16 @@ class MemoryIndex:
             self._pending.pop(memory_id, None)
         if self.state != "ready":
             return
-        if self._regrowing:  # the owner is busy making the next index: see `_regrow`
-            self._removed_meanwhile.update(dict.fromkeys(memory_ids, generation))
-            await trio.to_thread.run_sync(self._remove, np.asarray(memory_ids, np.int64))
-            if not self._regrowing:  # the next index came meanwhile, maybe without it
-                await trio.to_thread.run_sync(self._remove,
-                                              np.asarray(memory_ids, np.int64))
-                self._advance(generation)
-            return
 
         async def job() -> None:
             if self.state != "ready":
                 return
             ids = np.asarray(memory_ids, dtype=np.int64)
             await trio.to_thread.run_sync(self._remove, ids)
+            if self._regrowing:  # for the next index too
+                for memory_id in memory_ids:
+                    self._added_meanwhile.pop(memory_id, None)
+                    self._removed_meanwhile.add(memory_id)
             self._advance(generation)
 
         await self._submit(job)
@@ -563,9 +579,9 @@ class MemoryIndex:
 
         if self._searcher is None:
             self._searcher = WorkerThread("ctxd-faiss")
-        search.started = True
         self._searcher.submit(run)
-        searching.wait()
+        # Not for long: an earlier search may still hold the search thread.
+        searching.wait(BESIDE_START_S)
 
     def _search(self, index: Any, vector: Any, k: int, selection: Selection | None,
                 searching: threading.Event | None = None) -> list[tuple[int, float]]:

@@ -110,12 +110,14 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
     # in a worker thread beside the ranking, the embedding and the ranking took turns
     # with the GIL: at p50 the embedding did not start before the ranking was over, and
     # FAISS then ran alone after both (see docs/performance.md).
-    beside = (BesideSearch.new() if mode == "hybrid" and selection is not None
-              and index.embedder.gil_bound and index.state == "ready" else None)
+    beside: tuple[BesideSearch, Selection] | None = None
+    if (mode == "hybrid" and selection is not None and index.embedder.gil_bound
+            and index.state == "ready"):
+        beside = (BesideSearch.new(), selection)
 
     def lexical_and_items(conn: apsw.Connection) -> LexicalHits:
         if beside is not None:
-            index.search_beside(beside, query, wanted, selection)  # type: ignore[arg-type]
+            index.search_beside(beside[0], query, wanted, beside[1])
         hits = q.lexical(conn, mirror, query, scope, min_confidence, wanted)
         ids = [memory_id for memory_id, _ in hits.hits[:prefetch]]
         read.update(q.by_ids(conn, ids, scope, min_confidence))
@@ -140,7 +142,7 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
     if beside is not None:
         await lexical_leg()
         try:
-            found["dense"] = [memory_id for memory_id, score in await beside.result()
+            found["dense"] = [memory_id for memory_id, score in await beside[0].result()
                               if score >= config.dense_min_score]
         except DenseUnavailable as exc:
             notes["dense"] = f"dense leg unavailable ({exc}); lexical results only"
