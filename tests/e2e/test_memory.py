@@ -368,22 +368,28 @@ def test_extracted_memories_become_memories(shared_daemon: DaemonProcess) -> Non
             "confidence": 0.6, "source": branch_id}
 
 
+def _approximate_index_of_30(process: DaemonProcess, client: Client) -> None:
+    """30 memories recorded past ``--memory-ann-threshold 20``: once the approximate index
+    is in place with all of them."""
+    for i in range(1, 31):
+        record(client, f"lesson {i}", f"topic{i} notes about subject{i}")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        index = client.call("daemon.status")["memory_index"]
+        if (index["state"], index["vectors"]) == ("ready", 30) and (
+                "memory index rebuilt as it grew" in process.log()):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no approximate index of 30 memories: {index}")
+
+
 def test_an_approximate_index_handles_deletes(daemon_root: Path) -> None:
     # nprobe above the number of lists: the approximate index searches exhaustively here.
     process = DaemonProcess(daemon_root, ["--memory-ann-threshold", "20",
                                           "--memory-nprobe", "64"]).start()
     try:
         with process.client() as client:
-            for i in range(1, 31):
-                record(client, f"lesson {i}", f"topic{i} notes about subject{i}")
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                index = client.call("daemon.status")["memory_index"]
-                if index["state"] == "ready" and index["vectors"] == 30:
-                    break
-                time.sleep(0.05)
-            assert (index["state"], index["vectors"]) == ("ready", 30)
-            assert "memory index rebuilt" in process.log()
+            _approximate_index_of_30(process, client)
             client.call("memory.delete", {"id": 7})
             for wanted in (6, 8, 30):
                 found = search(client, f"topic{wanted} subject{wanted}", mode="dense", k=1)
@@ -401,24 +407,12 @@ def test_an_approximate_index_handles_deletes(daemon_root: Path) -> None:
         process.stop()
 
 
-def _approximate_index_of_30(process: DaemonProcess) -> None:
-    with process.client() as client:
-        for i in range(1, 31):
-            record(client, f"lesson {i}", f"topic{i} notes about subject{i}")
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            index = client.call("daemon.status")["memory_index"]
-            if index["state"] == "ready" and index["vectors"] == 30:
-                break
-            time.sleep(0.05)
-        assert (index["state"], index["vectors"]) == ("ready", 30)
-
-
 def test_an_approximate_index_keeps_16_bit_floats_and_replaces_an_older_kind(
         daemon_root: Path) -> None:
     process = DaemonProcess(daemon_root, ["--memory-ann-threshold", "20"]).start()
     try:
-        _approximate_index_of_30(process)
+        with process.client() as client:
+            _approximate_index_of_30(process, client)
         process.stop()
         index_file = process.data_dir / "memory.faiss"
         saved = faiss.read_index(str(index_file))
