@@ -532,20 +532,14 @@ class MemoryIndex:
         Raises:
             DenseUnavailable: the dense leg cannot answer now (and why).
         """
-        if self.state != "ready":
-            raise DenseUnavailable(self.reason or self.state)
-        index = self._index  # a rebuild may replace it meanwhile: this one stays whole
+        index = self._ready()
         if index.ntotal == 0:
             return []
 
         def run() -> list[tuple[int, float]]:
-            vector = self.embedder.embed_sync([query])[0]
-            return self._search(index, vector, k, selection)
+            return self._search(index, self._embed_query(query), k, selection)
 
-        try:
-            return await trio.to_thread.run_sync(run)
-        except EmbedderError as exc:
-            raise DenseUnavailable(f"the query could not be embedded: {exc}") from exc
+        return await trio.to_thread.run_sync(run)
 
     def search_beside(self, search: BesideSearch, query: str, k: int,
                       selection: Selection) -> None:
@@ -555,15 +549,11 @@ class MemoryIndex:
         embedding is quick: the caller is the store's thread (see _retrieval). The answer
         comes to ``search``.
         """
-        index = self._index
-        if self.state != "ready" or index is None:
-            search.error = DenseUnavailable(self.reason or self.state)
-            search.finish()
-            return
         try:
-            vector = self.embedder.embed_sync([query])[0]
-        except EmbedderError as exc:
-            search.error = DenseUnavailable(f"the query could not be embedded: {exc}")
+            index = self._ready()
+            vector = self._embed_query(query)
+        except DenseUnavailable as exc:
+            search.error = exc
             search.finish()
             return
         searching = threading.Event()
@@ -582,6 +572,27 @@ class MemoryIndex:
         self._searcher.submit(run)
         # Not for long: an earlier search may still hold the search thread.
         searching.wait(BESIDE_START_S)
+
+    def _ready(self) -> Any:
+        """The index to search (a rebuild may replace it meanwhile: this one stays whole).
+
+        Raises:
+            DenseUnavailable: it is not ready (and why).
+        """
+        if self.state != "ready" or self._index is None:
+            raise DenseUnavailable(self.reason or self.state)
+        return self._index
+
+    def _embed_query(self, query: str) -> Any:
+        """The query's vector (blocking).
+
+        Raises:
+            DenseUnavailable: the embedder failed.
+        """
+        try:
+            return self.embedder.embed_sync([query])[0]
+        except EmbedderError as exc:
+            raise DenseUnavailable(f"the query could not be embedded: {exc}") from exc
 
     def _search(self, index: Any, vector: Any, k: int, selection: Selection | None,
                 searching: threading.Event | None = None) -> list[tuple[int, float]]:

@@ -126,8 +126,12 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
 
     async def dense_leg() -> None:
         try:
-            found["dense"] = await _dense(store, index, query, selection, scope,
-                                          min_confidence, wanted, config.dense_min_score)
+            if beside is not None:  # started by the lexical leg's job
+                found["dense"] = [memory_id for memory_id, score in await beside[0].result()
+                                  if score >= config.dense_min_score]
+            else:
+                found["dense"] = await _dense(store, index, query, selection, scope,
+                                              min_confidence, wanted, config.dense_min_score)
         except DenseUnavailable as exc:
             notes["dense"] = f"dense leg unavailable ({exc}); lexical results only"
 
@@ -141,11 +145,7 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
 
     if beside is not None:
         await lexical_leg()
-        try:
-            found["dense"] = [memory_id for memory_id, score in await beside[0].result()
-                              if score >= config.dense_min_score]
-        except DenseUnavailable as exc:
-            notes["dense"] = f"dense leg unavailable ({exc}); lexical results only"
+        await dense_leg()
     elif mode != "lexical":
         # The dense leg (the query's embedding and FAISS, in one worker thread) beside
         # the lexical leg (in the store's thread).
