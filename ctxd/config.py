@@ -19,8 +19,8 @@ import tiktoken
 from msgspec import Meta
 
 from ctxd.errors import CtxdError, ErrorCode
+from ctxd.wire.types import BranchBudget, BranchTimeout, Budget
 
-Ratio = Annotated[float, Meta(gt=0.0, le=1.0)]
 Positive = Annotated[int, Meta(ge=1)]
 NonNegative = Annotated[int, Meta(ge=0)]
 THRESHOLD_ORDER = ("warn", "caution", "compact_trigger", "hard_block")
@@ -36,17 +36,6 @@ def threshold_order_error(budget: Any) -> str | None:
         return (f"max_output_tokens ({budget.max_output_tokens}) must be smaller than "
                 f"context_window ({budget.context_window})")
     return None
-
-
-class BudgetDefaults(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The budget a session gets when `session.open` does not pass one."""
-
-    context_window: Annotated[int, Meta(ge=1024)] = 200_000
-    max_output_tokens: NonNegative = 8_192
-    compact_trigger: Ratio = 0.95
-    hard_block: Ratio = 0.98
-    warn: Ratio = 0.70
-    caution: Ratio = 0.80
 
 
 class MemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -86,16 +75,17 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     max_subscriptions_per_connection: Positive = 16
     event_buffer: Positive = 1024
     event_history: Positive = 10_000
-    branch_budget: Annotated[int, Meta(ge=1, le=32_768)] = 8_192
-    branch_timeout_s: Annotated[float, Meta(gt=0, le=600)] = 300.0
+    branch_budget: BranchBudget = 8_192
+    branch_timeout_s: BranchTimeout = 300.0
     max_branch_depth: Annotated[int, Meta(ge=1, le=16)] = 3
     max_live_branches_per_session: Positive = 10
     max_live_branches: Positive = 10_000
-    budget: BudgetDefaults = BudgetDefaults()
+    max_fold_tokens: Annotated[int, Meta(ge=16, le=32_768)] = 1_000
+    budget: Budget = Budget()
     memory: MemoryConfig = MemoryConfig()
 
 
-TABLES: dict[str, type[msgspec.Struct]] = {"budget": BudgetDefaults, "memory": MemoryConfig}
+TABLES: dict[str, type[msgspec.Struct]] = {"budget": Budget, "memory": MemoryConfig}
 """The TOML tables of the configuration, by name."""
 
 _HELP = {
@@ -111,6 +101,9 @@ _HELP = {
     "max_branch_depth": "how deeply branches may nest",
     "max_live_branches_per_session": "active branches one session may hold at once",
     "max_live_branches": "active branches the whole daemon may hold at once",
+    "max_fold_tokens": "tokens a fold message may take in its parent (never more than a "
+                       "quarter of the branch's budget); a longer result is cut, head and "
+                       "tail kept",
     "embedder": "how memories are embedded: hashing (built in, no model), "
                 "sentence-transformers (model_path) or http (embedding_url)",
     "model_path": "folder of a local sentence-transformers model (empty: the all-MiniLM-L6-v2 "
@@ -275,5 +268,5 @@ def to_toml(config: Config) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["TABLES", "BudgetDefaults", "Config", "MemoryConfig", "add_flags",
+__all__ = ["TABLES", "Config", "MemoryConfig", "add_flags",
            "default_config_path", "default_data_dir", "default_socket_path", "load", "to_toml"]

@@ -1,4 +1,5 @@
-"""The JSON-RPC error codes of ctxd (DESIGN §4) and the exception that carries them."""
+"""The JSON-RPC error codes of ctxd (docs/protocol.md, Errors), the exception that carries
+them, and one constructor per kind of error."""
 
 from __future__ import annotations
 
@@ -42,10 +43,49 @@ class CtxdError(Exception):
 
 
 def not_found(kind: str, ident: str, hint: str) -> CtxdError:
-    """An unknown id of some kind (session, branch, …)."""
+    """-32004: an unknown id of some kind (session, branch, …)."""
     return CtxdError(
         ErrorCode.NOT_FOUND, f"unknown {kind} {ident!r}", {kind + "_id": ident, "fix": hint}
     )
 
 
-__all__ = ["CtxdError", "ErrorCode", "not_found"]
+def params_error(path: str, reason: str) -> CtxdError:
+    """-32602 for a bad field at ``path`` (``$.budget.warn``), with what is wrong."""
+    return CtxdError(ErrorCode.INVALID_PARAMS, f"invalid params: {reason} (at {path})",
+                     {"path": path, "reason": reason})
+
+
+def invalid_state(message: str, fix: str, **data: Any) -> CtxdError:
+    """-32003: the thing exists but is not in a state that allows this (a closed session, a
+    discarded branch); ``data`` names it and says what it is in."""
+    return CtxdError(ErrorCode.INVALID_STATE, message, data | {"fix": fix})
+
+
+def limit_reached(limit: str, maximum: int, message: str, fix: str) -> CtxdError:
+    """-32005: a configured limit (``limit``, at ``maximum``) would be passed."""
+    return CtxdError(ErrorCode.LIMIT_REACHED, message, {"limit": limit, "max": maximum,
+                                                        "fix": fix})
+
+
+def shutting_down(what: str = "ctxd") -> CtxdError:
+    """-32007: the daemon (or one of its parts) is stopping; the caller may retry."""
+    return CtxdError(ErrorCode.OVERLOADED, f"{what} is shutting down; retry",
+                     {"fix": "retry once the daemon is back"})
+
+
+def scrub_failed(what: str, exc: Exception, consequence: str,
+                 data: dict[str, Any] | None = None) -> CtxdError:
+    """-32603: a text could not be checked for secrets, so it was not stored or shown
+    (scrubbing fails closed: docs/security.md)."""
+    return CtxdError(ErrorCode.INTERNAL_ERROR,
+                     f"{what} could not be checked for secrets ({exc}); {consequence}",
+                     (data or {}) | {"fix": "retry; report the error if it persists"})
+
+
+def internal_error(message: str, data: dict[str, Any] | None = None) -> CtxdError:
+    """-32603: a bug, reported to the caller instead of taking the daemon down."""
+    return CtxdError(ErrorCode.INTERNAL_ERROR, message, data)
+
+
+__all__ = ["CtxdError", "ErrorCode", "internal_error", "invalid_state", "limit_reached",
+           "not_found", "params_error", "scrub_failed", "shutting_down"]

@@ -69,6 +69,14 @@ class TokenCounter:
                                                       disallowed_special=()))
         return len(self._encode(text)) if text else 0
 
+    def encode(self, text: str) -> list[int]:
+        """The tokens of a plain text (special tokens as ordinary text)."""
+        return self._encode(text)
+
+    def decode(self, tokens: list[int]) -> str:
+        """The text of a run of tokens; a character split at either end is dropped."""
+        return self._encoding.decode(tokens, errors="ignore")
+
     def content_tokens(self, content: str | Sequence[dict[str, Any]]) -> int:
         """Tokens of a message content: a string or a list of parts."""
         if isinstance(content, str):
@@ -98,6 +106,12 @@ class TokenCounter:
         if len(text) <= OFF_LOOP_BYTES:
             return self.count(text)
         return await trio.to_thread.run_sync(self.count, text, limiter=self._limiter)
+
+    async def encode_async(self, text: str) -> list[int]:
+        """`encode`, in a worker thread when the text is over `OFF_LOOP_BYTES`."""
+        if len(text) <= OFF_LOOP_BYTES:
+            return self.encode(text)
+        return await trio.to_thread.run_sync(self.encode, text, limiter=self._limiter)
 
     async def count_messages(self, messages: Sequence[Any]) -> list[int]:
         """Token counts of messages (objects with role/content/name/tool_call_id).

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import trio
 
-from ctxd import __version__, folding, hub, memory, sessions
+from ctxd import __version__, hub, memory, sessions
 from ctxd.config import Config
 from ctxd.daemon import _methods, _systemd
 from ctxd.daemon._server import Server
@@ -96,7 +96,6 @@ class Daemon:
         self.server = Server(dispatcher, self.bus, self.config)
         _methods.register(dispatcher, self, self.request_stop)
         sessions.register(dispatcher, self.supervisor)
-        folding.register(dispatcher, self.supervisor)
         memory.register(dispatcher, self.memory)
         hub.register(dispatcher, self.bus, self.config.max_subscriptions_per_connection)
         async with trio.open_nursery() as root:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ctxd import __version__
-from ctxd.errors import CtxdError, ErrorCode
+from ctxd.errors import invalid_state
 from ctxd.wire import Call, Dispatcher
 from ctxd.wire.types import (
     DaemonStatus,
@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 PROTOCOL_VERSION = 1
 FEATURES = ["folding", "memory", "events"]
-"""Protocol features this daemon implements (DESIGN §4); later capabilities add theirs."""
+"""Protocol features this daemon implements (docs/protocol.md, daemon.hello); later
+capabilities add theirs."""
 
 
 def rss_bytes() -> int:
@@ -52,22 +53,21 @@ def register(dispatcher: Dispatcher, daemon: Daemon, request_stop: Callable[[], 
             uptime_s=round(time.monotonic() - daemon.started, 3),
             socket=daemon.socket_path, data_dir=daemon.config.data_dir,
             sessions_open=supervisor.sessions_open, sessions_total=supervisor.sessions_total,
-            session_actors=supervisor.actor_count, live_branches=supervisor.live_branches,
+            session_actors=supervisor.actor_count, live_branches=supervisor.registry.count,
             memories=daemon.memory.count, memory_index=daemon.memory.status(),
-            connections=int(server["connections"]),
-            requests_inflight=int(server["requests_inflight"]),
-            subscribers=daemon.bus.statistics()["subscribers"],
+            connections=server.connections, requests_inflight=server.requests_inflight,
+            subscribers=daemon.bus.statistics().subscribers,
             db_size_bytes=daemon.store.size_bytes(), rss_bytes=rss_bytes(),
-            requests_total=int(server["requests_total"]),
-            requests_per_s=round(server["requests_per_s"], 2),
-            latency_p50_ms=round(server["latency_p50_ms"], 3),
-            latency_p99_ms=round(server["latency_p99_ms"], 3))
+            requests_total=server.requests_total,
+            requests_per_s=round(server.requests_per_s, 2),
+            latency_p50_ms=round(server.latency_p50_ms, 3),
+            latency_p99_ms=round(server.latency_p99_ms, 3))
 
     async def shutdown(call: Call, p: Empty) -> ShutdownResult:
-        if call.peer_uid != os.getuid():
-            raise CtxdError(ErrorCode.INVALID_STATE,
-                            "only the daemon's owner may shut it down",
-                            {"owner_uid": os.getuid(), "your_uid": call.peer_uid})
+        if call.peer.peer_uid != os.getuid():
+            raise invalid_state("only the daemon's owner may shut it down",
+                                "ask its owner, or stop it with systemctl",
+                                owner_uid=os.getuid(), your_uid=call.peer.peer_uid)
         request_stop()
         return ShutdownResult(stopping=True)
 

@@ -9,13 +9,22 @@ from collections import deque
 from time import perf_counter
 from typing import Any
 
+import msgspec
 import trio
 
 from ctxd.config import Config
 from ctxd.daemon._socket import peer_uid
 from ctxd.errors import CtxdError, ErrorCode
-from ctxd.hub import EventBus, Subscription
-from ctxd.wire import NOT_INLINE, Dispatcher, Envelope, error_response, notification, salvage_id
+from ctxd.hub import EventBus
+from ctxd.wire import (
+    NOT_INLINE,
+    Dispatcher,
+    Envelope,
+    EventSource,
+    error_response,
+    notification,
+    salvage_id,
+)
 
 log = logging.getLogger("ctxd.server")
 READ_CHUNK = 256 * 1024
@@ -35,6 +44,17 @@ def _overloaded(request_id: Any, why: str, limit: str, value: int) -> bytes:
     return error_response(request_id, CtxdError(
         ErrorCode.OVERLOADED, f"overloaded: {why}; retry later",
         {"limit": limit, "max": value, "fix": "retry after a moment with fewer requests"}))
+
+
+class ServerStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """What `Server.statistics` reports (daemon.status shows it)."""
+
+    connections: int
+    requests_inflight: int
+    requests_total: int
+    requests_per_s: float
+    latency_p50_ms: float
+    latency_p99_ms: float
 
 
 class Connection:
@@ -57,7 +77,7 @@ class Connection:
         self.stream = stream
         self.peer_uid = uid
         self.inflight = 0
-        self.subscriptions: dict[str, Subscription] = {}
+        self.subscriptions: dict[str, EventSource] = {}
         self._dispatcher = server.dispatcher
         self._outbox: list[bytes] = []
         self._outbox_bytes = 0
@@ -143,7 +163,11 @@ class Connection:
             else:
                 await self.flush()
 
-    def attach(self, subscription: Subscription) -> None:
+    @property
+    def subscription_count(self) -> int:
+        return len(self.subscriptions)
+
+    def attach(self, subscription: EventSource) -> None:
         """Stream a subscription's events to this client until it is unsubscribed."""
         assert self._nursery is not None
         self.subscriptions[subscription.subscription_id] = subscription
@@ -155,7 +179,7 @@ class Connection:
         unsubscribed: bool = self.server.bus.unsubscribe(subscription_id)
         return unsubscribed
 
-    async def _pump_events(self, subscription: Subscription) -> None:
+    async def _pump_events(self, subscription: EventSource) -> None:
         while True:
             try:
                 event = await subscription.receive()
@@ -237,7 +261,7 @@ class Connection:
                 return
             envelope = decoded
             started = perf_counter()
-            reply = dispatcher.answer_inline(envelope, self.peer_uid, self)
+            reply = dispatcher.answer_inline(envelope, self)
             if reply is not NOT_INLINE:
                 if reply is not None:
                     self.queue_line(reply)
@@ -271,14 +295,14 @@ class Connection:
                 # A batch runs its items one after the other; the next request starts
                 # once the whole batch is done, so nothing lands between its items.
                 try:
-                    reply = await dispatcher.answer_batch(line, self.peer_uid, self)
+                    reply = await dispatcher.answer_batch(line, self)
                 finally:
                     started_event.set()
             else:
                 # No checkpoint from here until the request is queued at its session's
                 # actor, so the next request's task cannot overtake this one.
                 started_event.set()
-                reply = await dispatcher.answer(envelope, self.peer_uid, self)
+                reply = await dispatcher.answer(envelope, self)
             if reply is not None:
                 await self.send_line(reply)
         finally:
@@ -397,7 +421,7 @@ class Server:
         if now - self._rate_marks[-1][0] >= 1.0:
             self._rate_marks.append((now, self.requests_total))
 
-    def statistics(self) -> dict[str, float]:
+    def statistics(self) -> ServerStatistics:
         """Requests per second over about the last 10 s, p50/p99 of the last 4096 requests."""
         recent = sorted(self._latencies)
         since, total_then = self._rate_marks[0]
@@ -406,7 +430,8 @@ class Server:
         def percentile(p: float) -> float:
             return recent[min(len(recent) - 1, int(p * len(recent)))] * 1000 if recent else 0.0
 
-        return {"connections": len(self.connections), "requests_inflight": self.inflight,
-                "requests_total": self.requests_total,
-                "requests_per_s": (self.requests_total - total_then) / elapsed if elapsed else 0,
-                "latency_p50_ms": percentile(0.50), "latency_p99_ms": percentile(0.99)}
+        return ServerStatistics(
+            connections=len(self.connections), requests_inflight=self.inflight,
+            requests_total=self.requests_total,
+            requests_per_s=(self.requests_total - total_then) / elapsed if elapsed else 0.0,
+            latency_p50_ms=percentile(0.50), latency_p99_ms=percentile(0.99))

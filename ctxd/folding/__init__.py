@@ -1,7 +1,29 @@
-"""Context folding: BranchActors with deadlines and budgets, fold, rollback (DESIGN §7)."""
+"""Context folding: a session's branches with their deadlines and budgets, fold, rollback
+(docs/architecture.md). The session actor owns one `Branches` and calls it."""
 
 from ctxd.folding._actor import BranchActor
-from ctxd.folding._methods import register
-from ctxd.folding._state import BranchRecord
+from ctxd.folding._branches import (
+    Branches,
+    Discarded,
+    Fold,
+    Opening,
+    Registry,
+    not_active,
+)
+from ctxd.folding._queries import (
+    MessagesDiscarded,
+    chunks,
+    live_branch_counts,
+    thread_chain,
+)
+from ctxd.folding._state import (
+    OPENING_META,
+    branch_note,
+    partial_result,
+    rendered_tokens,
+)
 
-__all__ = ["BranchActor", "BranchRecord", "register"]
+__all__ = ["OPENING_META", "BranchActor", "Branches", "Discarded", "Fold",
+           "MessagesDiscarded", "Opening", "Registry", "branch_note", "chunks",
+           "live_branch_counts", "not_active", "partial_result", "rendered_tokens",
+           "thread_chain"]

@@ -19,15 +19,16 @@ class BranchActor:
 
     Args:
         branch_id: the branch.
-        deadline: when it times out, on trio's clock.
+        trio_deadline: when it times out, on trio's clock (the branch's ``deadline`` is
+            wall-clock time).
         on_deadline: called when the deadline passes before the branch ended (again every
             `RETRY_S` while the branch stays live).
     """
 
-    def __init__(self, branch_id: str, deadline: float,
+    def __init__(self, branch_id: str, trio_deadline: float,
                  on_deadline: Callable[[str], Awaitable[None]]):
         self.branch_id = branch_id
-        self.deadline = deadline
+        self.trio_deadline = trio_deadline
         self._on_deadline = on_deadline
         self._ended = trio.Event()
 
@@ -46,7 +47,7 @@ class BranchActor:
         Cancellation: cancelled with its session's nursery (shutdown); the branch stays
         active in the store and is re-armed on the next start.
         """
-        with trio.move_on_at(self.deadline):
+        with trio.move_on_at(self.trio_deadline):
             await self._ended.wait()
         while not self._ended.is_set():
             await self._on_deadline(self.branch_id)

@@ -1,13 +1,15 @@
-"""A branch's in-memory record and the texts ctxd writes for it (note, fold, partial result)."""
+"""What folding knows of a branch (its meter, its warning) and the texts ctxd writes for it:
+the note, the fold message, the partial result."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from ctxd.tokens import part_text
-from ctxd.wire.types import BranchInfo, BranchStatus
+import msgspec
+
+from ctxd.tokens import TokenCounter, part_text
+from ctxd.wire.types import Branch, BranchStatus
 
 BUDGET_WARNING = 0.8
 """Share of its budget at which a branch gets a ``branch.budget_warning``."""
@@ -16,7 +18,10 @@ SHOWN_DESCRIPTION = 200
 """Characters of a description that go into the note and the fold message (500 are kept)."""
 
 PARTIAL_RESULT_CHARS = 4000
-"""A forced return's partial result is cut to this many characters."""
+"""A forced return's partial result is cut to this many characters (the fold message that
+shows it is bounded in tokens as well: `bounded_result`)."""
+OPENING_META = {"ctxd": "branch_opening"}
+"""The ``meta`` of the note, memories and prompt that open a branch."""
 
 FORCED_STATUS: dict[str, BranchStatus] = {
     "budget_exhausted": "budget_exhausted",
@@ -36,55 +41,26 @@ _REASON_TEXT = {
 }
 
 
-@dataclass
-class BranchRecord:
-    """What a SessionActor holds of one live branch; the row in ``branches`` is the truth.
+def past_warning(branch: Branch) -> bool:
+    """At or past `BUDGET_WARNING` of its budget."""
+    return branch.budget_used >= BUDGET_WARNING * branch.budget
 
-    ``tokens_used`` is the sum of the tokens of the branch's own messages (its opening
-    note and prompt, the messages appended to it, the folds of its children): what it
-    adds to the context on top of its parent's prefix, and what its budget is charged.
-    ``deadline`` is on trio's clock (re-armed from the wall-clock ``deadline_at`` when
-    the daemon restarts).
-    """
 
-    branch_id: str
-    session_id: str
-    parent_id: str | None
-    depth: int
-    description: str
-    budget: int
-    tokens_used: int
-    operations: int
-    warned: bool
-    timeout_s: float
-    created_at: float
-    deadline_at: float
-    deadline: float
-    fork_seq: int
-    prefix_tokens: int
+def rendered_tokens(branch: Branch) -> int:
+    """Message tokens of the branch's whole rendered context (prefix included)."""
+    return branch.prefix_tokens + branch.budget_used
 
-    @property
-    def past_warning(self) -> bool:
-        """At or past `BUDGET_WARNING` of the budget."""
-        return self.tokens_used >= BUDGET_WARNING * self.budget
 
-    @property
-    def rendered_tokens(self) -> int:
-        """Message tokens of the branch's whole rendered context (prefix included)."""
-        return self.prefix_tokens + self.tokens_used
-
-    def info(self, now: float) -> BranchInfo:
-        """The branch's status; ``now`` is trio's clock (time left is measured on it)."""
-        return BranchInfo(
-            branch_id=self.branch_id, session_id=self.session_id,
-            parent_branch_id=self.parent_id, depth=self.depth, description=self.description,
-            status="active", return_reason=None, budget=self.budget,
-            budget_used=self.tokens_used, budget_remaining=max(0, self.budget - self.tokens_used),
-            operations_count=self.operations, timeout_seconds=self.timeout_s,
-            created_at=self.created_at, deadline=self.deadline_at,
-            time_left_s=round(max(0.0, self.deadline - now), 3),
-            fork_seq=self.fork_seq, returned_at=None, result=None, fold_seq=None,
-            tokens_folded=None, tokens_saved=None, secrets_scrubbed=None)
+def metered(branch: Branch, budget_used: int, operations_count: int,
+            warned: bool | None = None) -> Branch:
+    """The branch with a new meter; ``budget_warned`` stays once set unless ``warned``
+    says otherwise (a rollback can take it back)."""
+    grown = msgspec.structs.replace(branch, budget_used=budget_used,
+                                    budget_remaining=max(0, branch.budget - budget_used),
+                                    operations_count=operations_count)
+    if warned is None:
+        warned = branch.budget_warned or past_warning(grown)
+    return msgspec.structs.replace(grown, budget_warned=warned)
 
 
 def shown(description: str) -> str:
@@ -129,7 +105,7 @@ def _cut(text: str, limit: int) -> str:
 
 def partial_result(last_assistant: str | Sequence[dict[str, Any]] | None,
                    recent: Sequence[tuple[str, str | Sequence[dict[str, Any]]]]) -> str:
-    """What a force-returned branch hands back (DESIGN §7).
+    """What a force-returned branch hands back (docs/protocol.md, Context folding).
 
     Args:
         last_assistant: content of the branch's last assistant message, if it has one.
@@ -151,3 +127,36 @@ def partial_result(last_assistant: str | Sequence[dict[str, Any]] | None,
              for role, content in recent]
     return _cut("no assistant message; last messages: " + " | ".join(lines),
                 PARTIAL_RESULT_CHARS)
+
+
+CUT_MARKER = "\n[… {cut} tokens cut; the whole text is the result of branch {branch_id} …]\n"
+"""What stands between the head and the tail of a result cut to fit a fold message."""
+HEAD_SHARE = 0.7
+"""Share of a cut result's room given to its head (the rest to its tail)."""
+
+
+async def bounded_result(counter: TokenCounter, count: Callable[[str], Awaitable[int]],
+                         result: str, limit: int, branch_id: str) -> tuple[str, bool]:
+    """``result`` cut so that the fold message that shows it (``count(text)``: its tokens)
+    takes at most ``limit`` tokens: cut at token boundaries, its head and its tail kept
+    around a marker that says how much was cut (docs/decisions.md, "A fold is bounded").
+    A frame that alone passes ``limit`` keeps only the marker.
+
+    Returns:
+        The text to show, and whether it was cut.
+    """
+    whole = await count(result)
+    if whole <= limit:
+        return result, False
+    tokens = await counter.encode_async(result)
+    marker = CUT_MARKER.format(cut=len(tokens), branch_id=branch_id)
+    room = max(0, limit - (whole - len(tokens)) - counter.count(marker))
+    while True:
+        head = int(room * HEAD_SHARE)
+        tail = room - head
+        shown = (counter.decode(tokens[:head])
+                 + CUT_MARKER.format(cut=len(tokens) - head - tail, branch_id=branch_id)
+                 + (counter.decode(tokens[-tail:]) if tail else ""))
+        if room == 0 or await count(shown) <= limit:
+            return shown, True
+        room -= max(1, room // 10)

@@ -15,9 +15,20 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+import msgspec
 import trio
 
 from ctxd.wire.types import Event
+
+
+class BusStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """What `EventBus.statistics` reports."""
+
+    seq: int
+    """The last event's seq."""
+    subscribers: int
+    history: int
+    """Events kept for ``since_seq``."""
 
 
 class Subscription:
@@ -135,6 +146,6 @@ class EventBus:
         subscription.close()
         return True
 
-    def statistics(self) -> dict[str, int]:
-        return {"seq": self._seq, "subscribers": len(self._subscriptions),
-                "history": len(self._history)}
+    def statistics(self) -> BusStatistics:
+        return BusStatistics(seq=self._seq, subscribers=len(self._subscriptions),
+                             history=len(self._history))

@@ -9,8 +9,11 @@ from ctxd.memory._embedders import (
     make_embedder,
 )
 from ctxd.memory._index import MemoryIndex
+from ctxd.memory._injection import INJECT_SHARE, Injected
 from ctxd.memory._methods import register
+from ctxd.memory._queries import MemoryCandidate, project_scope
 from ctxd.memory._service import Memory
 
-__all__ = ["Embedder", "EmbedderError", "HashingEmbedder", "HttpEmbedder", "Memory",
-           "MemoryIndex", "SentenceTransformerEmbedder", "make_embedder", "register"]
+__all__ = ["INJECT_SHARE", "Embedder", "EmbedderError", "HashingEmbedder", "HttpEmbedder",
+           "Injected", "Memory", "MemoryCandidate", "MemoryIndex", "SentenceTransformerEmbedder",
+           "make_embedder", "project_scope", "register"]

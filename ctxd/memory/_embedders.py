@@ -1,4 +1,5 @@
-"""Embedders: text → L2-normalised float32 vectors, behind one small interface (DESIGN §9).
+"""Embedders: text → L2-normalised float32 vectors, behind one small interface
+(docs/protocol.md, Memory).
 
 - `HashingEmbedder`: feature hashing of stemmed words and word pairs; no model, the
   default (and what the tests use).

@@ -1,15 +1,12 @@
 """Injection of memories into a new branch: the best items that fit 20% of its budget,
-by exact token counts (DESIGN §7, §9)."""
+by exact token counts (docs/protocol.md, Injection into a new branch)."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 from ctxd.tokens import TokenCounter
 from ctxd.wire.types import InjectedItem, Injection
-
-log = logging.getLogger("ctxd.memory")
 
 INJECT_SHARE = 0.2
 """Share of a branch's budget that injected memories may use."""

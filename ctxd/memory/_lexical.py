@@ -1,4 +1,4 @@
-"""LexicalIndex: FTS5's BM25 ranking of the memories, computed in memory (DESIGN §9).
+"""LexicalIndex: FTS5's BM25 ranking of the memories, computed in memory (docs/protocol.md, Memory).
 
 ``memories_fts`` is the lexical index and the truth. Ranking an OR query with FTS5's
 ``bm25()`` visits every row that holds any of the query's words: when they are common words

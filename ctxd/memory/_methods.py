@@ -1,5 +1,5 @@
 """The memory methods: memory.record, .search, .get, .feedback, .outcome, .delete, .list,
-.reindex (DESIGN §9)."""
+.reindex (docs/protocol.md, Memory)."""
 
 from __future__ import annotations
 

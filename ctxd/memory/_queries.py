@@ -1,5 +1,6 @@
-"""SQL of ``memories``, ``memories_fts``, ``memory_signals``, ``memory_index_state`` and the
-consumption of ``memory_candidates``; every function runs in the store thread."""
+"""SQL of ``memories``, ``memories_fts``, ``memory_signals``, ``memory_index_state`` and
+``memory_candidates`` (lessons queued by returned branches); every function runs in the
+store thread."""
 
 from __future__ import annotations
 
@@ -189,10 +190,13 @@ def _move(conn: apsw.Connection, mirror: LexicalIndex, memory_id: int, kind: str
     return True
 
 
+GLOBAL = "global"
+
+
 def project_scope(project: str | None) -> str:
     """The memory scope of a session's project (whitespace becomes ``-``), else global."""
     if not project or not project.split():
-        return "global"
+        return GLOBAL
     return "project:" + "-".join(project.split())[:128]
 
 
@@ -274,23 +278,42 @@ def allowed(conn: apsw.Connection, memory_ids: Sequence[int], scope: str | None,
     return kept
 
 
+@dataclass(frozen=True)
+class MemoryCandidate:
+    """A lesson from a returned branch, queued for `promote_candidates`."""
+
+    session_id: str
+    branch_id: str
+    title: str
+    content: str
+    outcome: str
+    created_at: float
+    scope: str
+
+
+def queue_candidate(conn: apsw.Connection, candidate: MemoryCandidate) -> None:
+    """Queue a memory candidate; the caller's transaction."""
+    conn.execute("INSERT INTO memory_candidates (session_id, branch_id, title, content, "
+                 "outcome, created_at, scope) VALUES (?,?,?,?,?,?,?)",
+                 (candidate.session_id, candidate.branch_id, candidate.title,
+                  candidate.content, candidate.outcome, candidate.created_at, candidate.scope))
+
+
 def promote_candidates(conn: apsw.Connection, mirror: LexicalIndex, limit: int = 100
                        ) -> list[tuple[MemoryItem, int, str]]:
-    """Turn memory candidates queued by folding into memories (confidence 0.6), in the
-    scope their session's project had when the branch returned (else global); returns
-    each with the generation after it and the session its branch was in."""
+    """Turn queued memory candidates into memories (confidence 0.6), in the scope their
+    session's project had when the branch returned; returns each with the generation after
+    it and the session its branch was in."""
     made = []
     rows: list[Any] = conn.execute(
-        "SELECT c.id, c.title, c.content, c.outcome, c.created_at, c.branch_id, c.scope, "
-        "s.project, c.session_id FROM memory_candidates c "
-        "LEFT JOIN sessions s ON s.id = c.session_id ORDER BY c.id LIMIT ?",
-        (limit,)).fetchall()
-    for (candidate_id, title, content, outcome, created_at, branch_id, candidate_scope,
-         project, session_id) in rows:
+        "SELECT id, title, content, outcome, created_at, branch_id, scope, session_id "
+        "FROM memory_candidates ORDER BY id LIMIT ?", (limit,)).fetchall()
+    for (candidate_id, title, content, outcome, created_at, branch_id, scope,
+         session_id) in rows:
         item, generation = insert(conn, mirror, NewMemory(
-            scope=candidate_scope or project_scope(project), title=title,
-            description="", content=content, outcome=outcome, tags="",
-            prior=PRIOR_DISTILLED, source=branch_id, created_at=created_at))
+            scope=scope or GLOBAL, title=title, description="", content=content,
+            outcome=outcome, tags="", prior=PRIOR_DISTILLED, source=branch_id,
+            created_at=created_at))
         made.append((item, generation, session_id))
         conn.execute("DELETE FROM memory_candidates WHERE id = ?", (candidate_id,))
     return made

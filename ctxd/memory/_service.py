@@ -1,5 +1,5 @@
 """Memory: records, searches and rates ReasoningBank items; owns the MemoryIndex task and
-turns folding's memory candidates into memories (DESIGN §9)."""
+turns folding's memory candidates into memories (docs/protocol.md, Memory)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import apsw
 import trio
 
 from ctxd.config import MemoryConfig
-from ctxd.errors import CtxdError, ErrorCode
+from ctxd.errors import CtxdError, ErrorCode, scrub_failed
 from ctxd.hub import EventBus
 from ctxd.memory import _queries as q
 from ctxd.memory._embedders import Embedder
@@ -27,9 +27,10 @@ from ctxd.memory._injection import (
     tail,
 )
 from ctxd.memory._lexical import LexicalIndex
+from ctxd.memory._queries import MemoryCandidate
 from ctxd.memory._retrieval import Retrieved, retrieve
 from ctxd.scrub import ScrubError, scrub
-from ctxd.store import Store
+from ctxd.store import Store, Transaction
 from ctxd.tokens import TokenCounter
 from ctxd.wire.types import (
     Injection,
@@ -140,9 +141,13 @@ class Memory:
             return await self.store.write(write, self.lexical,
                                           on_rollback=self.lexical.rolled_back)
         finally:
-            if not self.lexical.ready and self._lexical_loaded.is_set():
-                self._lexical_loaded = trio.Event()
-                self._lexical_reset.set()
+            self._reload_if_reset()
+
+    def _reload_if_reset(self) -> None:
+        """After a write: load the lexical mirror again if a rollback reset it."""
+        if not self.lexical.ready and self._lexical_loaded.is_set():
+            self._lexical_loaded = trio.Event()
+            self._lexical_reset.set()
 
     async def promote_candidates(self) -> int:
         """Turn queued memory candidates into memories (confidence 0.6)."""
@@ -160,10 +165,7 @@ class Memory:
             parts = [scrub(text) for text in (p.title, p.description, p.content,
                                               " ".join(p.tags))]
         except ScrubError as exc:
-            raise CtxdError(ErrorCode.INTERNAL_ERROR,
-                            f"the memory could not be checked for secrets ({exc}); nothing "
-                            "was stored", {"fix": "retry; report the error if it persists"}
-                            ) from exc
+            raise scrub_failed("the memory", exc, "nothing was stored") from exc
         title, description, content, tags = (part.text for part in parts)
         shown = tail(content)  # counted once, here: see `fit`
         tokens = None if shown is None else await self.counter.count_async(shown)
@@ -198,9 +200,10 @@ class Memory:
                               ("lexical" if mode == "lexical" else "dense"))
 
     async def inject(self, query: str, scope: str, cap: int) -> Injected:
-        """The memories to inject into a new branch (DESIGN §7): retrieved with the
-        branch's description and prompt, confidence ≥ 0.7, at most 10, fitted into
-        ``cap`` tokens. A failure never fails the branch: it comes back as the reason."""
+        """The memories to inject into a new branch (docs/protocol.md, Injection into a new
+        branch): retrieved with the branch's description and prompt, confidence ≥ 0.7, at
+        most 10, fitted into ``cap`` tokens. A failure never fails the branch: it comes back
+        as the reason."""
         if self.count == 0:
             return fit([], self.counter, cap)
         try:
@@ -219,19 +222,28 @@ class Memory:
         # Counting tokens of long memories takes milliseconds: off the event loop.
         return await trio.to_thread.run_sync(fit, candidates, self.counter, cap)
 
-    async def write_with_use(self, fn: Callable[..., T], injected: Injected, source: str,
-                             *args: Any) -> T:
-        """Run ``fn(conn, *args)`` (a write of the branch that memories were injected into)
-        and, in the same transaction, a weak positive signal for each of those memories and
-        the content tokens injection counted for them: one commit for all."""
+    def stage_use(self, transaction: Transaction, injected: Injected, source: str) -> None:
+        """Add to a new branch's transaction a weak positive signal for each memory
+        injected into it, and the content tokens injection counted: one commit for all."""
+        if not (injected.shown or injected.counted):
+            return
+        mirror = self.lexical
+        now = time.time()
 
-        def write(conn: apsw.Connection, mirror: LexicalIndex) -> T:
-            result = fn(conn, *args)
-            q.record_use(conn, mirror, injected.shown, source, time.time())
+        def use(conn: apsw.Connection) -> None:
+            mirror.touched = False
+            q.record_use(conn, mirror, injected.shown, source, now)
             q.keep_content_tokens(conn, injected.counted)
-            return result
 
-        return await self._write(write)
+        transaction.add(use)
+        transaction.on_rollback(mirror.rolled_back)
+        transaction.after(self._reload_if_reset)
+
+    @staticmethod
+    def stage_candidate(transaction: Transaction, candidate: MemoryCandidate) -> None:
+        """Add a memory candidate (a lesson from a returned branch) to the branch's fold
+        transaction; it becomes a memory within `CANDIDATE_POLL_S`."""
+        transaction.add(q.queue_candidate, candidate)
 
     async def get(self, memory_id: int) -> MemoryItem:
         item = await self.store.read(q.get, memory_id)

@@ -1,20 +1,41 @@
-"""SessionActor: owns one session's record and runs that session's requests one at a time."""
+"""SessionActor: owns one session's record and its branches, and runs that session's
+requests one at a time; the only writer of both (docs/architecture.md)."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgspec
 import trio
 
-from ctxd.errors import CtxdError, ErrorCode, not_found
-from ctxd.folding import _ops as branch_ops
-from ctxd.folding import _queries as branch_queries
-from ctxd.folding._actor import BranchActor
+from ctxd.errors import (
+    CtxdError,
+    ErrorCode,
+    internal_error,
+    invalid_state,
+    not_found,
+    params_error,
+    scrub_failed,
+    shutting_down,
+)
+from ctxd.folding import (
+    OPENING_META,
+    Branches,
+    Discarded,
+    Fold,
+    branch_note,
+    not_active,
+    partial_result,
+    rendered_tokens,
+)
+from ctxd.memory import INJECT_SHARE, Injected, Memory, MemoryCandidate, project_scope
+from ctxd.scrub import ScrubError, scrub
 from ctxd.sessions import _queries as q
 from ctxd.sessions._state import (
     SessionRecord,
@@ -23,21 +44,33 @@ from ctxd.sessions._state import (
     resolve_budget,
     thread_tokens,
 )
+from ctxd.store import Transaction
 from ctxd.tokens import REPLY_PRIMING
-from ctxd.wire import params_error
 from ctxd.wire.types import (
     COMPONENTS,
     AppendedMessage,
+    Branch,
+    BranchCreateParams,
+    BranchCreateResult,
+    BranchListParams,
+    BranchListResult,
+    BranchReturnParams,
+    BranchReturnResult,
+    BranchRollbackParams,
+    BranchRollbackResult,
+    BranchStatusResult,
     BudgetMeasureParams,
     BudgetMeasureResult,
     Component,
+    ContextState,
+    FoldSummary,
     ForcedReturn,
+    Injection,
     MessageAppendParams,
     MessageAppendResult,
     MessageIn,
     MessageListParams,
     MessageListResult,
-    RenderedMessage,
     RenderParams,
     RenderResult,
     RenderStats,
@@ -56,9 +89,8 @@ T = TypeVar("T")
 Op = Callable[["SessionActor"], Awaitable[Any]]
 
 _encode = msgspec.json.Encoder().encode
-_decode_content = msgspec.json.Decoder(str | list[dict[str, Any]]).decode
-_decode_meta = msgspec.json.Decoder(dict[str, Any]).decode
 MAILBOX_SIZE = 32
+UNSCRUBBABLE = "(the partial result was withheld: it could not be checked for secrets)"
 
 
 class ActorGone(Exception):
@@ -111,31 +143,33 @@ def _check_parts(messages: list[MessageIn]) -> None:
                                    "a text part needs a string `text`")
 
 
+@dataclass(frozen=True)
+class _Returned:
+    """A fold that committed, and what it forced on the way."""
+
+    fold: Fold
+    forced: list[ForcedReturn]
+
+
 class SessionActor:
     """One per open session: a bounded mailbox, requests processed in arrival order.
 
-    The actor loads its record from the store on its first request (rehydration) and
-    retires after ``session_idle_s`` without requests; the supervisor starts a new one
-    on the next request.
+    The actor loads its record (and its live branches) from the store on its first request
+    (rehydration) and retires after ``session_idle_s`` without requests; the supervisor
+    starts a new one on the next request.
     """
 
     def __init__(self, session_id: str, supervisor: Supervisor):
         self.session_id = session_id
         self.supervisor = supervisor
         self.record: SessionRecord | None = None
-        self.branch_actors: dict[str, BranchActor] = {}
+        self.branches = Branches(session_id, supervisor.store, supervisor.counter,
+                                 supervisor.bus, supervisor.config, supervisor.registry,
+                                 self._deadline_passed)
         self.arrived = 0.0
         """When the request being processed arrived (trio's clock)."""
-        self._nursery: trio.Nursery | None = None
         self._stale = True
         self._send, self._receive = trio.open_memory_channel[tuple[Op, Reply[Any]]](MAILBOX_SIZE)
-
-    @property
-    def nursery(self) -> trio.Nursery:
-        """Where the session's BranchActors run (DESIGN §2)."""
-        if self._nursery is None:
-            raise RuntimeError("the session actor is not running")
-        return self._nursery
 
     async def submit(self, op: Op) -> Any:
         """Queue ``op`` and wait for its result. Raises `ActorGone` if the actor retired."""
@@ -146,11 +180,11 @@ class SessionActor:
             raise ActorGone from None
         return await reply.wait()
 
-    async def submit_internal(self, op: Op) -> None:
-        """`submit` for the session's own tasks (a BranchActor's deadline); a failure is
-        logged, since nobody waits for the answer."""
+    async def _deadline_passed(self, branch_id: str) -> None:
+        """A BranchActor's deadline passed: queue its forced return, in order with the
+        session's other requests; a failure is logged, since nobody waits for it."""
         try:
-            await self.submit(op)
+            await self.submit(lambda actor: actor.expire(branch_id))
         except ActorGone:
             pass  # shutting down: the branch is re-armed from the store on the next start
         except CtxdError as error:
@@ -162,12 +196,12 @@ class SessionActor:
         current: Reply[Any] | None = None
         try:
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
+                self.branches.start(nursery)
                 while True:
                     with trio.move_on_after(self.supervisor.config.session_idle_s):
                         op, current = await self._receive.receive()
                     if current is None:
-                        if self._has_queued() or (self.record and self.record.live):
+                        if self._has_queued() or self.branches.live:
                             continue
                         break
                     await self._process(op, current)
@@ -177,15 +211,14 @@ class SessionActor:
                 nursery.cancel_scope.cancel()
         finally:
             if current is not None and not current.done:
-                current.fail(CtxdError(ErrorCode.OVERLOADED, "ctxd is shutting down; retry",
-                                       {"fix": "retry once the daemon is back"}))
+                current.fail(shutting_down())
             self._retire()
 
     async def _process(self, op: Op, reply: Reply[Any]) -> None:
         self.arrived = reply.arrived
         try:
             if self._stale:
-                self.record = await branch_ops.load(self)
+                self.record = await self._load()
                 self._stale = False
             reply.set(await op(self))
         except CtxdError as error:
@@ -195,9 +228,15 @@ class SessionActor:
             # record from the store before the next request, in case it is now behind.
             self._stale = True
             log.exception("session %s: request failed", self.session_id)
-            reply.fail(CtxdError(ErrorCode.INTERNAL_ERROR,
-                                 f"internal error: {type(exc).__name__}: {exc}",
-                                 {"session_id": self.session_id}))
+            reply.fail(internal_error(f"internal error: {type(exc).__name__}: {exc}",
+                                      {"session_id": self.session_id}))
+
+    async def _load(self) -> SessionRecord | None:
+        """Read the session and its live branches (arming their deadlines)."""
+        record = await self.supervisor.store.read(q.load_session, self.session_id)
+        if record is not None:
+            await self.branches.load()
+        return record
 
     def _has_queued(self) -> bool:
         stats = self._receive.statistics()
@@ -215,7 +254,7 @@ class SessionActor:
             reply.fail(ActorGone())
         self._receive.close()
 
-    # ---- helpers ---------------------------------------------------------------
+    # ---- helpers ---------------------------------------------------------------------
 
     def require(self) -> SessionRecord:
         if self.record is None:
@@ -225,17 +264,38 @@ class SessionActor:
     def require_open(self) -> SessionRecord:
         record = self.require()
         if record.state != "open":
-            raise CtxdError(ErrorCode.INVALID_STATE,
-                            f"session {self.session_id!r} is closed",
-                            {"session_id": self.session_id, "state": record.state,
-                             "fix": "reopen it with session.open or start a new session"})
+            raise invalid_state(f"session {self.session_id!r} is closed",
+                                "reopen it with session.open or start a new session",
+                                session_id=self.session_id, state=record.state)
         return record
+
+    def context_state(self) -> ContextState:
+        return self.require().context_state(self.branches)
 
     async def _save(self, record: SessionRecord) -> None:
         await self.supervisor.store.write(q.save_session, record)
         self.record = record
 
-    # ---- operations ------------------------------------------------------------
+    def _over_hard_block(self, would_use: int, tokens_appended: int,
+                         allow_over: bool = True) -> CtxdError:
+        """-32001: the active thread would pass the hard block (``allow_over``: whether
+        the method takes ``allow_over=true``)."""
+        record = self.require()
+        window = effective_window(record.budget)
+        limit = int(window * record.budget.hard_block)
+        return CtxdError(
+            ErrorCode.CONTEXT_LIMIT_EXCEEDED,
+            f"appending {tokens_appended} tokens would bring the context to {would_use} "
+            f"of {window} tokens, past the hard block at {limit}",
+            {"session_id": self.session_id, "would_use": would_use,
+             "hard_block_tokens": limit, "effective_window": window,
+             "tokens_appended": tokens_appended,
+             "suggestion": "fold finished sub-tasks (branch.return) or compact the "
+                           "context (context.compact)"
+                           + ("; pass allow_over=true to append anyway" if allow_over
+                              else "")})
+
+    # ---- sessions ----------------------------------------------------------------------
 
     async def open(self, params: SessionOpenParams) -> SessionOpenResult:
         now = time.time()
@@ -250,8 +310,8 @@ class SessionActor:
             sup.sessions_total += 1
             sup.bus.publish(self.session_id, "session.opened",
                             {"project": record.project, "title": record.title, "created": True})
-            return SessionOpenResult(session=record.info(), created=True,
-                                     context_state=record.context_state())
+            return SessionOpenResult(session=record.info(self.branches), created=True,
+                                     context_state=self.context_state())
         record = dataclasses.replace(self.record)
         reopened = record.state != "open"
         if reopened:
@@ -271,17 +331,18 @@ class SessionActor:
             sup.bus.publish(self.session_id, "session.opened",
                             {"project": record.project, "title": record.title,
                              "created": False})
-        return SessionOpenResult(session=record.info(), created=False,
-                                 context_state=record.context_state())
+        return SessionOpenResult(session=record.info(self.branches), created=False,
+                                 context_state=self.context_state())
 
     async def get(self) -> SessionResult:
         record = self.require()
-        return SessionResult(session=record.info(), context_state=record.context_state())
+        return SessionResult(session=record.info(self.branches),
+                             context_state=self.context_state())
 
     async def close(self) -> SessionResult:
         record = self.require()
         if record.state == "open":
-            await branch_ops.close_all(self)
+            await self._return_all("session_closed")
             record = self.require()
             now = time.time()
             closed = dataclasses.replace(record, state="closed", closed_at=now, updated_at=now)
@@ -290,15 +351,16 @@ class SessionActor:
             self.supervisor.sessions_open -= 1
             self.supervisor.bus.publish(self.session_id, "session.closed",
                                         {"message_count": record.message_count,
-                                         "total_tokens": record.total_tokens})
-        return SessionResult(session=record.info(), context_state=record.context_state())
+                                         "total_tokens": self.context_state().total_tokens})
+        return SessionResult(session=record.info(self.branches),
+                             context_state=self.context_state())
 
     async def delete(self) -> SessionDeleteResult:
         record = self.require()
-        if record.live:
-            await branch_ops.close_all(self, "session_deleted")
-            record = self.require()
+        if self.branches.live:
+            await self._return_all("session_deleted")
         deleted = await self.supervisor.store.write(q.delete_session, self.session_id)
+        self.branches.deleted()
         if record.state == "open":
             self.supervisor.sessions_open -= 1
         self.supervisor.sessions_total -= 1
@@ -308,124 +370,106 @@ class SessionActor:
         return SessionDeleteResult(session_id=self.session_id, deleted=True,
                                    messages_deleted=deleted)
 
-    def over_hard_block(self, would_use: int, tokens_appended: int,
-                        allow_over: bool = True) -> CtxdError:
-        """-32001: the active thread would pass the hard block (``allow_over``: whether
-        the method takes ``allow_over=true``)."""
-        record = self.require()
-        window = effective_window(record.budget)
-        limit = int(window * record.budget.hard_block)
-        return CtxdError(
-            ErrorCode.CONTEXT_LIMIT_EXCEEDED,
-            f"appending {tokens_appended} tokens would bring the context to {would_use} "
-            f"of {window} tokens, past the hard block at {limit}",
-            {"session_id": self.session_id, "would_use": would_use,
-             "hard_block_tokens": limit, "effective_window": window,
-             "tokens_appended": tokens_appended,
-             "suggestion": "fold finished sub-tasks (branch.return) or compact the "
-                           "context (context.compact)"
-                           + ("; pass allow_over=true to append anyway" if allow_over
-                              else "")})
+    # ---- messages ----------------------------------------------------------------------
 
     async def append(self, params: MessageAppendParams) -> MessageAppendResult:
         self.require_open()
         _check_parts(params.messages)
         branch = None
-        forced: list[ForcedReturn] = []
         if params.branch_id is not None:
-            branch = await branch_ops.live_branch(self, params.branch_id, for_append=True)
+            branch = await self._live_branch(params.branch_id, for_append=True)
         record = self.require()
-        health_before = record.context_state().health
+        health_before = self.context_state().health
         counts = await self.supervisor.counter.count_messages(params.messages)
         tokens_appended = sum(counts)
-        thread_before = record.main_message_tokens if branch is None else branch.rendered_tokens
+        thread_before = (record.main_message_tokens if branch is None
+                         else rendered_tokens(branch))
         would_use = thread_before + tokens_appended + REPLY_PRIMING
         if would_use / effective_window(record.budget) >= record.budget.hard_block \
                 and not params.allow_over:
-            raise self.over_hard_block(would_use, tokens_appended)
+            raise self._over_hard_block(would_use, tokens_appended)
         now = time.time()
         updated = dataclasses.replace(record, last_seq=record.last_seq + len(params.messages),
                                       updated_at=now,
                                       component_tokens=dict(record.component_tokens))
-        rows: list[q.MessageRow] = []
-        appended: list[AppendedMessage] = []
+        stored: list[StoredMessage] = []
         for offset, (message, tokens) in enumerate(zip(params.messages, counts, strict=True)):
             component: Component = message.component or (
                 "system_prompt" if message.role == "system" else "conversation")
-            seq = record.last_seq + offset + 1
             if branch is None:
                 updated.component_tokens[component] += tokens
-            rows.append((self.session_id, seq, message.role, _encode(message.content),
-                         message.name, message.tool_call_id, component,
-                         None if message.meta is None else _encode(message.meta), tokens, now,
-                         params.branch_id))
-            appended.append(AppendedMessage(seq=seq, tokens=tokens, component=component))
+            stored.append(StoredMessage(
+                seq=record.last_seq + offset + 1, role=message.role, content=message.content,
+                component=component, tokens=tokens, created_at=now, name=message.name,
+                tool_call_id=message.tool_call_id, meta=message.meta,
+                branch_id=params.branch_id))
+        transaction = Transaction()
+        transaction.add(q.insert_messages, self.session_id, stored)
         grown = None
         if branch is None:
             updated.message_count += len(params.messages)
-            await self.supervisor.store.write(q.append_messages, updated, rows)
         else:
-            grown = dataclasses.replace(
-                branch, tokens_used=branch.tokens_used + tokens_appended,
-                operations=branch.operations + sum(m.role == "assistant"
-                                                   for m in params.messages))
-            grown.warned = branch.warned or grown.past_warning
-            await self.supervisor.store.write(branch_queries.append_to_branch, updated, grown,
-                                              rows)
-            updated.live[grown.branch_id] = grown
+            grown = self.branches.charge(branch, tokens_appended,
+                                         sum(m.role == "assistant" for m in params.messages))
+            self.branches.stage_meter(transaction, grown)
+        transaction.add(q.save_counters, updated)
+        await self.supervisor.store.commit(transaction)
         self.record = updated
-        state = updated.context_state()
+        if branch is not None and grown is not None:
+            self.branches.charged(branch, grown)
+        state = self.context_state()
         bus = self.supervisor.bus
         bus.publish(self.session_id, "message.appended",
-                    {"branch_id": params.branch_id, "first_seq": appended[0].seq,
-                     "last_seq": appended[-1].seq, "count": len(appended),
+                    {"branch_id": params.branch_id, "first_seq": stored[0].seq,
+                     "last_seq": stored[-1].seq, "count": len(stored),
                      "tokens": tokens_appended, "main_thread_tokens": state.main_thread_tokens})
         if state.health != health_before:
             bus.publish(self.session_id, "context.health",
                         {"from": health_before, "to": state.health, "usage": state.usage})
-        if grown is not None and branch is not None:
-            if grown.warned and not branch.warned:
-                branch_ops.publish_budget_warning(self, grown)
+        forced: list[ForcedReturn] = []
+        if grown is not None:
             # The append has committed: a failure of the forced return is retried when the
             # branch is next touched, and does not turn this answer into an error.
-            forced += await branch_ops.enforce(self, grown)
-            state = self.require().context_state()
-        return MessageAppendResult(appended=appended, tokens_appended=tokens_appended,
-                                   forced_returns=forced, context_state=state)
+            forced = await self._enforce(grown)
+            state = self.context_state()
+        return MessageAppendResult(
+            appended=[AppendedMessage(seq=m.seq, tokens=m.tokens, component=m.component)
+                      for m in stored],
+            tokens_appended=tokens_appended, forced_returns=forced, context_state=state)
 
     async def list_messages(self, params: MessageListParams) -> MessageListResult:
-        record = self.require()
+        self.require()
         if params.branch_id is not None:
-            await branch_ops.stored_branch(self, params.branch_id)
+            await self.branches.stored(params.branch_id)
         after = int(params.cursor) if params.cursor else 0
-        messages = await self.supervisor.store.read(_stored_messages, self.session_id,
+        messages = await self.supervisor.store.read(q.list_messages, self.session_id,
                                                     params.branch_id, after, params.limit + 1)
         more = len(messages) > params.limit
         messages = messages[:params.limit]
         return MessageListResult(messages=messages,
                                  next_cursor=str(messages[-1].seq) if more else None,
-                                 context_state=record.context_state())
+                                 context_state=self.context_state())
 
     async def render(self, params: RenderParams) -> RenderResult:
         if params.branch_id is msgspec.UNSET:
-            await branch_ops.enforce_all(self)
-            active = self.require().active_branch
+            await self._enforce_all()
+            active = self.branches.active
             branch_id = None if active is None else active.branch_id
         else:
             branch_id = params.branch_id
             if branch_id is not None:
-                live = self.require().live.get(branch_id)
+                live = self.branches.live.get(branch_id)
                 if live is not None:
-                    await branch_ops.enforce(self, live)
+                    await self._enforce(live)
                 else:
-                    await branch_ops.stored_branch(self, branch_id)
+                    await self.branches.stored(branch_id)
         record = self.require()
         messages, message_tokens = await self.supervisor.store.read(
-            _render_rows, self.session_id, branch_id)
+            q.render_rows, self.session_id, branch_id)
         tokens = thread_tokens(message_tokens, len(messages))
         return RenderResult(
             branch_id=branch_id, messages=messages, tokens=tokens,
-            context_state=record.context_state(),
+            context_state=self.context_state(),
             stats=RenderStats(message_count=len(messages), stored_messages=record.last_seq,
                               message_tokens=message_tokens,
                               reply_priming_tokens=tokens - message_tokens))
@@ -455,26 +499,322 @@ class SessionActor:
             used_pct=round(usage * 100, 4),
             should_compact=usage >= record.budget.compact_trigger,
             is_blocked=health_of(usage, record.budget) == "blocked",
-            context_state=record.context_state())
+            context_state=self.context_state())
 
+    # ---- branches: lookups and enforcement ---------------------------------------------
 
-def _stored_messages(conn: Any, session_id: str, branch_id: str | None, after_seq: int,
-                     limit: int) -> list[StoredMessage]:
-    """A page of messages, decoded in the store's thread (pages can be large)."""
-    return [StoredMessage(
-        seq=seq, role=role, content=_decode_content(content), name=name,
-        tool_call_id=tool_call_id, component=component,
-        meta=None if meta is None else _decode_meta(meta), tokens=tokens,
-        created_at=created_at, branch_id=branch, discarded=bool(discarded))
-        for (seq, role, content, name, tool_call_id, component, meta, tokens, created_at, branch,
-             discarded) in q.list_messages(conn, session_id, branch_id, after_seq, limit)]
+    async def _live_branch(self, branch_id: str, *, for_append: bool) -> Branch:
+        """The live branch ``branch_id`` after its deadline and budget were enforced.
 
+        Raises:
+            CtxdError: -32004 unknown; -32002 / -32009 / -32003 when it is not active (or
+                was force-returned just now because its deadline had passed).
+        """
+        branch = self.branches.live.get(branch_id)
+        if branch is not None:
+            await self._enforce(branch)
+            branch = self.branches.live.get(branch_id)
+        if branch is None:
+            raise not_active(await self.branches.stored(branch_id), for_append)
+        overdue = self.branches.overdue(branch, self.arrived)
+        if overdue is not None:
+            # Its forced return could not be written (the store failed); refuse all the same.
+            raise not_active(msgspec.structs.replace(self.branches.shown(branch),
+                                                     status=overdue), for_append)
+        return branch
 
-def _render_rows(conn: Any, session_id: str,
-                 branch_id: str | None) -> tuple[list[RenderedMessage], int]:
-    """The messages to send for a thread, and the sum of their tokens."""
-    rows = branch_queries.context_rows(conn, session_id, branch_id)
-    return ([RenderedMessage(role=role, content=_decode_content(content), name=name,
-                             tool_call_id=tool_call_id)
-             for role, content, name, tool_call_id, _ in rows],
-            sum(row[4] for row in rows))
+    async def _enforce(self, branch: Branch) -> list[ForcedReturn]:
+        """Force-return the branch if its deadline had passed when the request arrived, or
+        its budget is spent.
+
+        A storage failure is logged, not raised: the branch stays live and the forced
+        return is tried again by the next request that touches it (and by its BranchActor).
+        """
+        reason = self.branches.overdue(branch, self.arrived)
+        if reason is None:
+            return []
+        try:
+            return (await self._force_return(branch, reason)).forced
+        except CtxdError as error:
+            if error.code != ErrorCode.STORAGE_ERROR:
+                raise
+            log.warning("branch %s: forced return (%s) not written: %s", branch.branch_id,
+                        reason, error.message)
+            return []
+
+    async def _enforce_all(self) -> list[ForcedReturn]:
+        """`_enforce` every live branch of the session, oldest first."""
+        forced: list[ForcedReturn] = []
+        for branch in self.branches.oldest_first():
+            live = self.branches.live.get(branch.branch_id)
+            if live is not None:
+                forced += await self._enforce(live)
+        return forced
+
+    async def expire(self, branch_id: str) -> None:
+        """The BranchActor's deadline passed: force-return the branch if it is still live."""
+        branch = self.branches.live.get(branch_id)
+        if branch is not None:
+            await self._enforce(branch)
+
+    # ---- branches: returns and folds ---------------------------------------------------
+
+    async def _force_return(self, branch: Branch, reason: str, *,
+                            charge_parent: bool = True) -> _Returned:
+        """Return a branch for the agent: its live children first (deepest first), then
+        it, each with a partial result.
+
+        Args:
+            charge_parent: whether the parent, grown by the fold message, may then get its
+                budget warning or be force-returned in turn (not when the parent is itself
+                being returned).
+        """
+        forced = await self._return_children(branch)
+        last, recent = await self.supervisor.store.read(q.recent_work, branch.branch_id,
+                                                        OPENING_META)
+        result = partial_result(last, recent)
+        try:
+            scrubbed = scrub(result)
+        except ScrubError:
+            log.exception("branch %s: partial result could not be scrubbed", branch.branch_id)
+            scrubbed = scrub(UNSCRUBBABLE)
+        fold = await self._fold(self.branches.live[branch.branch_id], scrubbed.text,
+                                scrubbed.total, reason, None)
+        forced.append(ForcedReturn(branch_id=branch.branch_id, status=fold.status,
+                                   reason=reason, result=scrubbed.text))
+        if charge_parent:
+            forced += await self._after_fold(fold)
+        return _Returned(fold, forced)
+
+    async def _return_children(self, branch: Branch) -> list[ForcedReturn]:
+        """Force-return a branch's live descendants, deepest first; their folds go into
+        threads that are being returned, so no parent is charged on the way."""
+        forced: list[ForcedReturn] = []
+        for child in self.branches.descendants(branch.branch_id):
+            if child.branch_id in self.branches.live:
+                forced += (await self._force_return(child, "parent_returned",
+                                                    charge_parent=False)).forced
+        return forced
+
+    async def _return_all(self, reason: str) -> list[ForcedReturn]:
+        """Force-return every live branch of a session that is being closed or deleted,
+        deepest first."""
+        forced: list[ForcedReturn] = []
+        for branch in self.branches.deepest_first():
+            if branch.branch_id in self.branches.live:
+                forced += (await self._force_return(branch, reason,
+                                                    charge_parent=False)).forced
+        return forced
+
+    async def _fold(self, branch: Branch, result: str, secrets_scrubbed: int,
+                    reason: str | None, candidate_outcome: str | None) -> Fold:
+        """Close ``branch`` and append its fold message to the parent thread, in one
+        transaction with the session's counters (and the memory candidate, if any)."""
+        record = self.require()
+        fold = await self.branches.fold(branch, result, secrets_scrubbed, reason,
+                                        record.last_seq + 1)
+        updated = dataclasses.replace(record, last_seq=fold.message.seq,
+                                      updated_at=fold.message.created_at,
+                                      folded_tokens=record.folded_tokens + branch.budget_used,
+                                      component_tokens=dict(record.component_tokens))
+        if branch.parent_branch_id is None:
+            updated.message_count += 1
+            updated.component_tokens["conversation"] += fold.message.tokens
+        transaction = Transaction()
+        transaction.add(q.insert_messages, self.session_id, [fold.message])
+        self.branches.stage_fold(transaction, fold)
+        transaction.add(q.save_counters, updated)
+        if candidate_outcome is not None:
+            Memory.stage_candidate(transaction, MemoryCandidate(
+                session_id=self.session_id, branch_id=branch.branch_id,
+                title=branch.description, content=result, outcome=candidate_outcome,
+                created_at=fold.message.created_at, scope=project_scope(record.project)))
+        await self.supervisor.store.commit(transaction)
+        self.record = updated
+        self.branches.folded(fold)
+        return fold
+
+    async def _after_fold(self, fold: Fold) -> list[ForcedReturn]:
+        """The fold message grew the parent branch: warn, or force-return it at its budget."""
+        if fold.parent is None:
+            return []
+        if fold.parent_warned_now:
+            self.branches.publish_budget_warning(fold.parent)
+        return await self._enforce(fold.parent)
+
+    async def return_branch(self, p: BranchReturnParams) -> BranchReturnResult:
+        """branch.return: children first, then the scrubbed fold into the parent."""
+        branch = await self._live_branch(p.branch_id, for_append=False)
+        try:
+            scrubbed = scrub(p.message)
+        except ScrubError as exc:
+            raise scrub_failed("the return message", exc, "nothing was folded",
+                               {"branch_id": p.branch_id}) from exc
+        forced = await self._return_children(branch)
+        branch = self.branches.live[p.branch_id]
+        fold = await self._fold(branch, scrubbed.text, scrubbed.total, None,
+                                "success" if p.extract_memory else None)
+        forced += await self._after_fold(fold)
+        return BranchReturnResult(
+            success=True, branch_id=branch.branch_id, parent_branch_id=branch.parent_branch_id,
+            folded_at=fold.message.created_at, fold_seq=fold.message.seq,
+            tokens_used=branch.budget_used,
+            summary=FoldSummary(tokens_folded=branch.budget_used,
+                                tokens_saved=fold.tokens_saved,
+                                operations_count=branch.operations_count,
+                                secrets_scrubbed=scrubbed.total,
+                                summary_redacted=scrubbed.total > 0,
+                                summary_truncated=fold.summary_truncated),
+            memory_queued=p.extract_memory, forced_returns=forced,
+            context_state=self.context_state())
+
+    # ---- branches: create, status, list, rollback --------------------------------------
+
+    async def create_branch(self, p: BranchCreateParams) -> BranchCreateResult:
+        """branch.create: a new live branch under the active branch (or the given parent)."""
+        sup = self.supervisor
+        config = sup.config
+        self.require_open()
+        await self._enforce_all()
+        active = self.branches.active
+        parent_id = ((active.branch_id if active else None)
+                     if p.parent_branch_id is msgspec.UNSET else p.parent_branch_id)
+        parent: Branch | None = None
+        if parent_id is not None:
+            parent = await self._live_branch(parent_id, for_append=True)
+        record = self.require()
+        depth = self.branches.check_room(parent)
+        budget = p.budget or config.branch_budget
+        timeout_s = p.timeout_seconds or config.branch_timeout_s
+        try:
+            # Shown in the note and the fold message, and kept as a memory's title.
+            description = scrub(p.description).text
+        except ScrubError as exc:
+            raise scrub_failed("the description", exc, "no branch was created") from exc
+        note = branch_note(description, budget, timeout_s, depth, config.max_branch_depth)
+        opening = [MessageIn(role="user", content=note), MessageIn(role="user", content=p.prompt)]
+        counts = await sup.counter.count_messages(opening)
+        if sum(counts) >= budget:
+            raise params_error("$.budget",
+                               f"the branch's opening (its note and prompt) takes {sum(counts)} "
+                               f"tokens, so a budget of {budget} leaves nothing for its work; "
+                               "give a larger budget or a shorter prompt")
+        prefix_tokens = rendered_tokens(parent) if parent else record.main_message_tokens
+        window = effective_window(record.budget)
+        window_room = (math.ceil(window * record.budget.hard_block) - 1 - prefix_tokens
+                       - sum(counts) - REPLY_PRIMING)
+        injected = await self._inject(p, description, budget,
+                                      min(budget - sum(counts) - 1, max(0, window_room)))
+        if injected.text is not None:
+            opening.insert(1, MessageIn(role="user", content=injected.text))
+            counts.insert(1, injected.tokens)
+        opening_tokens = sum(counts)
+        would_use = prefix_tokens + opening_tokens + REPLY_PRIMING
+        if would_use / window >= record.budget.hard_block:
+            raise self._over_hard_block(would_use, opening_tokens, allow_over=False)
+        planned = self.branches.opening(
+            parent=parent, depth=depth, description=description, prompt=p.prompt,
+            budget=budget, timeout_s=timeout_s, messages=opening, counts=counts,
+            prefix_tokens=prefix_tokens, fork_seq=record.last_seq)
+        branch = planned.branch
+        updated = dataclasses.replace(record, last_seq=record.last_seq + len(opening),
+                                      updated_at=branch.created_at)
+        transaction = Transaction()
+        self.branches.stage_create(transaction, planned)
+        transaction.add(q.insert_messages, self.session_id, planned.messages)
+        transaction.add(q.save_counters, updated)
+        if sup.memory is not None:
+            # Their use, and the content tokens fitting counted, in the same commit.
+            sup.memory.stage_use(transaction, injected, branch.branch_id)
+        try:
+            with self.branches.registry.slot():
+                await sup.store.commit(transaction)
+        except BaseException:
+            self.branches.abandoned(planned)
+            raise
+        self.record = updated
+        self.branches.created(planned)
+        parent_remaining = (parent.budget - parent.budget_used if parent
+                            else window - record.main_thread_tokens)
+        return BranchCreateResult(
+            branch_id=branch.branch_id, parent_branch_id=parent_id, depth=depth,
+            budget_allocated=budget, budget_used=opening_tokens,
+            parent_budget_remaining=parent_remaining, timeout_seconds=timeout_s,
+            deadline=branch.deadline, injected_context=injected.items,
+            injection=injected.injection, created_at=branch.created_at,
+            context_state=self.context_state())
+
+    async def _inject(self, p: BranchCreateParams, description: str, budget: int,
+                      room: int) -> Injected:
+        """Memories for the new branch, within 20% of its budget (and the ``room`` its note
+        and prompt leave in the budget and under the session's hard block)."""
+        cap = min(int(INJECT_SHARE * budget), room)
+        memory = self.supervisor.memory
+        if not p.inject_memories or memory is None:
+            reason = ("inject_memories is false" if not p.inject_memories
+                      else "memory is not running in this daemon")
+            return Injected(None, 0, [], Injection(status="disabled", reason=reason, tokens=0,
+                                                   budget=cap))
+        return await memory.inject(f"{description}\n{p.prompt}",
+                                                   project_scope(self.require().project), cap)
+
+    async def branch_status(self, branch_id: str) -> BranchStatusResult:
+        """branch.status: the live record when the branch is active, else the stored one."""
+        self.require()
+        branch = self.branches.live.get(branch_id)
+        if branch is not None:
+            await self._enforce(branch)
+            branch = self.branches.live.get(branch_id)
+        shown = (self.branches.shown(branch) if branch
+                 else await self.branches.stored(branch_id))
+        return BranchStatusResult(branch=shown, context_state=self.context_state())
+
+    async def list_branches(self, p: BranchListParams) -> BranchListResult:
+        """branch.list: every branch of the session, live ones with their current meters."""
+        await self._enforce_all()
+        self.require()
+        every = await self.branches.every()
+        return BranchListResult(
+            branches=[b for b in every if p.status is None or b.status == p.status],
+            total=len(every), active=sum(b.status == "active" for b in every),
+            folded=sum(b.fold_seq is not None and b.status != "discarded" for b in every),
+            context_state=self.context_state())
+
+    async def rollback(self, p: BranchRollbackParams) -> BranchRollbackResult:
+        """branch.rollback: the branch's parent thread as it was when the branch was
+        created."""
+        self.require_open()
+        info = await self.branches.stored(p.branch_id)
+        if info.status == "discarded":
+            raise invalid_state(f"branch {p.branch_id!r} was already discarded by a rollback",
+                                "roll back to a branch that is not discarded; see branch.list",
+                                branch_id=p.branch_id, status=info.status)
+        thread = info.parent_branch_id
+        if thread is not None:
+            await self._live_branch(thread, for_append=False)
+        await self._enforce_all()
+        record = self.require()
+        now = time.time()
+        session_id = self.session_id
+
+        def roll_back(conn: Any) -> tuple[Discarded, SessionRecord]:
+            gone = self.branches.discard(
+                conn, thread, info.fork_seq, now,
+                lambda c, ids: q.discard_messages(c, session_id, thread, info.fork_seq, ids))
+            updated = dataclasses.replace(record, updated_at=now,
+                                          folded_tokens=gone.folded_tokens,
+                                          component_tokens=dict(record.component_tokens))
+            if thread is None:
+                updated.message_count -= gone.thread_messages
+                for component, tokens in gone.thread_tokens.items():
+                    updated.component_tokens[component] -= tokens
+            q.save_counters(conn, updated)
+            return gone, updated
+
+        gone, updated = await self.supervisor.store.write(roll_back)
+        self.record = updated
+        self.branches.rolled_back(p.branch_id, info.fork_seq, gone)
+        return BranchRollbackResult(
+            rolled_back_to=info.fork_seq, thread=thread, branches_discarded=gone.branch_ids,
+            messages_discarded=gone.messages, tokens_recovered=gone.tokens_recovered,
+            context_state=self.context_state())

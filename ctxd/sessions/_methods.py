@@ -1,4 +1,5 @@
-"""The session-scoped methods: session.*, message.*, ctxd.render, budget.measure."""
+"""The session-scoped methods: session.*, message.*, ctxd.render, budget.measure, branch.*;
+each runs on its session's actor."""
 
 from __future__ import annotations
 
@@ -8,6 +9,16 @@ from ctxd.sessions import _queries as q
 from ctxd.sessions._supervisor import Supervisor
 from ctxd.wire import Call, Dispatcher
 from ctxd.wire.types import (
+    BranchCreateParams,
+    BranchCreateResult,
+    BranchIdParams,
+    BranchListParams,
+    BranchListResult,
+    BranchReturnParams,
+    BranchReturnResult,
+    BranchRollbackParams,
+    BranchRollbackResult,
+    BranchStatusResult,
     BudgetMeasureParams,
     BudgetMeasureResult,
     MessageAppendParams,
@@ -67,6 +78,23 @@ def register(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
     async def budget_measure(call: Call, p: BudgetMeasureParams) -> BudgetMeasureResult:
         return await supervisor.call(p.session_id, lambda a: a.measure(p))
 
+    async def branch_create(call: Call, p: BranchCreateParams) -> BranchCreateResult:
+        return await supervisor.call(p.session_id, lambda a: a.create_branch(p))
+
+    async def branch_return(call: Call, p: BranchReturnParams) -> BranchReturnResult:
+        session_id = await supervisor.registry.session_of(p.branch_id)
+        return await supervisor.call(session_id, lambda a: a.return_branch(p))
+
+    async def branch_status(call: Call, p: BranchIdParams) -> BranchStatusResult:
+        session_id = await supervisor.registry.session_of(p.branch_id)
+        return await supervisor.call(session_id, lambda a: a.branch_status(p.branch_id))
+
+    async def branch_list(call: Call, p: BranchListParams) -> BranchListResult:
+        return await supervisor.call(p.session_id, lambda a: a.list_branches(p))
+
+    async def branch_rollback(call: Call, p: BranchRollbackParams) -> BranchRollbackResult:
+        return await supervisor.call(p.session_id, lambda a: a.rollback(p))
+
     dispatcher.register("session.open", SessionOpenParams, session_open)
     dispatcher.register("session.get", SessionIdParams, session_get)
     dispatcher.register("session.close", SessionIdParams, session_close)
@@ -76,3 +104,8 @@ def register(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
     dispatcher.register("message.list", MessageListParams, message_list)
     dispatcher.register("ctxd.render", RenderParams, render)
     dispatcher.register("budget.measure", BudgetMeasureParams, budget_measure)
+    dispatcher.register("branch.create", BranchCreateParams, branch_create)
+    dispatcher.register("branch.return", BranchReturnParams, branch_return)
+    dispatcher.register("branch.status", BranchIdParams, branch_status)
+    dispatcher.register("branch.list", BranchListParams, branch_list)
+    dispatcher.register("branch.rollback", BranchRollbackParams, branch_rollback)

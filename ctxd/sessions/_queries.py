@@ -6,21 +6,25 @@ from collections.abc import Sequence
 from typing import Any
 
 import apsw
+import msgspec
 
+from ctxd.folding import MessagesDiscarded, chunks, live_branch_counts, thread_chain
 from ctxd.sessions._state import SessionRecord
 from ctxd.store import scalar_int
-from ctxd.wire.types import COMPONENTS, Budget
+from ctxd.wire.types import COMPONENTS, Budget, Component, Content, RenderedMessage, StoredMessage
 
 _SESSION_COLUMNS = (
-    "id, project, title, state, context_window, max_output_tokens, compact_trigger, "
-    "hard_block, warn, caution, message_count, tokens_system_prompt, tokens_skill_prompts, "
-    "tokens_tool_descriptions, tokens_conversation, created_at, updated_at, closed_at, last_seq, "
-    "folded_tokens")
+    "id", "project", "title", "state", *Budget.__struct_fields__, "message_count",
+    *(f"tokens_{component}" for component in COMPONENTS), "created_at", "updated_at",
+    "closed_at", "last_seq", "folded_tokens")
+_encode = msgspec.json.Encoder().encode
+_decode_content = msgspec.json.Decoder(Content).decode
+_decode_meta = msgspec.json.Decoder(dict[str, Any]).decode
 
-MessageRow = tuple[str, int, str, bytes, str | None, str | None, str, bytes | None, int, float,
-                   str | None]
-"""session_id, seq, role, content, name, tool_call_id, component, meta, tokens, created_at,
-branch_id (None: the main thread)."""
+
+def _text(value: object) -> bytes | str:
+    assert isinstance(value, bytes | str)
+    return value
 
 
 def scalar_rowid(value: object) -> int:
@@ -29,23 +33,26 @@ def scalar_rowid(value: object) -> int:
 
 
 def _record(row: Sequence[Any]) -> SessionRecord:
-    budget = Budget(context_window=row[4], max_output_tokens=row[5], compact_trigger=row[6],
-                    hard_block=row[7], warn=row[8], caution=row[9])
+    """A row of the `_SESSION_COLUMNS`, read by name."""
+    values = dict(zip(_SESSION_COLUMNS, row, strict=True))
     return SessionRecord(
-        session_id=row[0], project=row[1], title=row[2], state=row[3], budget=budget,
-        message_count=row[10], component_tokens=dict(zip(COMPONENTS, row[11:15], strict=True)),
-        created_at=row[15], updated_at=row[16], closed_at=row[17], last_seq=row[18],
-        folded_tokens=row[19])
+        session_id=values["id"], project=values["project"], title=values["title"],
+        state=values["state"],
+        budget=Budget(**{name: values[name] for name in Budget.__struct_fields__}),
+        message_count=values["message_count"],
+        component_tokens={c: values[f"tokens_{c}"] for c in COMPONENTS},
+        created_at=values["created_at"], updated_at=values["updated_at"],
+        closed_at=values["closed_at"], last_seq=values["last_seq"],
+        folded_tokens=values["folded_tokens"])
 
 
 def load_session(conn: apsw.Connection, session_id: str) -> SessionRecord | None:
-    rows = conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE id = ?",
+    rows = conn.execute(f"SELECT {', '.join(_SESSION_COLUMNS)} FROM sessions WHERE id = ?",
                         (session_id,)).fetchall()
     return _record(rows[0]) if rows else None
 
 
-_UPDATED_COLUMNS = ", ".join(f"{column} = excluded.{column}"
-                            for column in _SESSION_COLUMNS.split(", ")[1:])
+_UPDATED_COLUMNS = ", ".join(f"{column} = excluded.{column}" for column in _SESSION_COLUMNS[1:])
 
 
 def save_session(conn: apsw.Connection, record: SessionRecord) -> None:
@@ -56,21 +63,39 @@ def save_session(conn: apsw.Connection, record: SessionRecord) -> None:
     """
     b = record.budget
     conn.execute(
-        f"INSERT INTO sessions ({_SESSION_COLUMNS}) "
-        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+        f"INSERT INTO sessions ({', '.join(_SESSION_COLUMNS)}) "
+        f"VALUES ({', '.join('?' * len(_SESSION_COLUMNS))}) "
         f"ON CONFLICT (id) DO UPDATE SET {_UPDATED_COLUMNS}",
-        (record.session_id, record.project, record.title, record.state, b.context_window,
-         b.max_output_tokens, b.compact_trigger, b.hard_block, b.warn, b.caution,
-         record.message_count, *(record.component_tokens[c] for c in COMPONENTS),
+        (record.session_id, record.project, record.title, record.state,
+         *(getattr(b, name) for name in Budget.__struct_fields__), record.message_count,
+         *(record.component_tokens[c] for c in COMPONENTS),
          record.created_at, record.updated_at, record.closed_at, record.last_seq,
          record.folded_tokens))
 
 
-def insert_messages(conn: apsw.Connection, rows: Sequence[MessageRow]) -> None:
-    """Insert messages (of any thread); the caller's transaction."""
+_MESSAGE_COLUMNS = ("seq", "role", "content", "name", "tool_call_id", "component", "meta",
+                    "tokens", "created_at", "branch_id", "discarded")
+
+
+def insert_messages(conn: apsw.Connection, session_id: str,
+                    messages: Sequence[StoredMessage]) -> None:
+    """Insert messages (of any thread of the session); the caller's transaction."""
     conn.executemany(
-        "INSERT INTO messages (session_id, seq, role, content, name, tool_call_id, component, "
-        "meta, tokens, created_at, branch_id) VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
+        f"INSERT INTO messages (session_id, {', '.join(_MESSAGE_COLUMNS)}) "
+        f"VALUES (?, {', '.join('?' * len(_MESSAGE_COLUMNS))})",
+        [(session_id, m.seq, m.role, _encode(m.content), m.name, m.tool_call_id, m.component,
+          None if m.meta is None else _encode(m.meta), m.tokens, m.created_at, m.branch_id,
+          int(m.discarded)) for m in messages])
+
+
+def _stored(row: Sequence[Any]) -> StoredMessage:
+    """A row of the `_MESSAGE_COLUMNS`, read by name and decoded."""
+    values = dict(zip(_MESSAGE_COLUMNS, row, strict=True))
+    values["content"] = _decode_content(values["content"])
+    if values["meta"] is not None:
+        values["meta"] = _decode_meta(values["meta"])
+    values["discarded"] = bool(values["discarded"])
+    return StoredMessage(**values)
 
 
 def save_counters(conn: apsw.Connection, record: SessionRecord) -> None:
@@ -84,37 +109,82 @@ def save_counters(conn: apsw.Connection, record: SessionRecord) -> None:
          record.last_seq, record.folded_tokens, record.updated_at, record.session_id))
 
 
-def append_messages(conn: apsw.Connection, record: SessionRecord,
-                    rows: Sequence[MessageRow]) -> None:
-    """Insert messages and update the session's counters; the caller's transaction."""
-    insert_messages(conn, rows)
-    save_counters(conn, record)
-
-
-_MESSAGE_COLUMNS = ("seq, role, content, name, tool_call_id, component, meta, tokens, "
-                    "created_at, branch_id, discarded")
-
-
 def list_messages(conn: apsw.Connection, session_id: str, branch_id: str | None,
-                  after_seq: int, limit: int) -> list[tuple[Any, ...]]:
-    """A page of the archive: every message of the session, or of one branch."""
+                  after_seq: int, limit: int) -> list[StoredMessage]:
+    """A page of the archive: every message of the session, or of one branch (decoded
+    here, in the store's thread: pages can be large)."""
+    columns = ", ".join(_MESSAGE_COLUMNS)
     if branch_id is None:
-        return conn.execute(
-            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND seq > ? "
-            "ORDER BY seq LIMIT ?", (session_id, after_seq, limit)).fetchall()
-    return conn.execute(
-        f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE branch_id = ? AND seq > ? "
-        "ORDER BY seq LIMIT ?", (branch_id, after_seq, limit)).fetchall()
+        rows = conn.execute(
+            f"SELECT {columns} FROM messages WHERE session_id = ? AND seq > ? "
+            "ORDER BY seq LIMIT ?", (session_id, after_seq, limit))
+    else:
+        rows = conn.execute(
+            f"SELECT {columns} FROM messages WHERE branch_id = ? AND seq > ? "
+            "ORDER BY seq LIMIT ?", (branch_id, after_seq, limit))
+    return [_stored(row) for row in rows]
 
 
-def thread_messages(conn: apsw.Connection, session_id: str, branch_id: str | None,
-                    through_seq: int) -> list[tuple[Any, ...]]:
-    """Role, content, name, tool_call_id, tokens of one thread's kept messages up to a seq,
-    in order (for render). ``branch_id`` None is the main thread."""
-    return conn.execute(
-        "SELECT role, content, name, tool_call_id, tokens FROM messages "
-        "WHERE session_id = ? AND branch_id IS ? AND discarded = 0 AND seq <= ? ORDER BY seq",
-        (session_id, branch_id, through_seq)).fetchall()
+def render_rows(conn: apsw.Connection, session_id: str,
+                branch_id: str | None) -> tuple[list[RenderedMessage], int]:
+    """The messages ``ctxd.render`` sends for a thread, and the sum of their tokens: for
+    the main thread its kept messages; for a branch, its parent's rendered prefix (up to
+    the branch's fork) and then the branch's own messages, up to the main thread."""
+    messages: list[RenderedMessage] = []
+    tokens = 0
+    for thread, through in thread_chain(conn, branch_id):
+        for role, content, name, tool_call_id, count in conn.execute(
+                "SELECT role, content, name, tool_call_id, tokens FROM messages "
+                "WHERE session_id = ? AND branch_id IS ? AND discarded = 0 AND seq <= ? "
+                "ORDER BY seq", (session_id, thread, through)):
+            messages.append(RenderedMessage(role=role, content=_decode_content(content),
+                                            name=name, tool_call_id=tool_call_id))
+            tokens += count
+    return messages, tokens
+
+
+def recent_work(conn: apsw.Connection, branch_id: str, opening_meta: dict[str, Any],
+                recent: int = 3) -> tuple[Content | None, list[tuple[str, Content]]]:
+    """A branch's last assistant message, and its last ``recent`` messages appended by the
+    client (oldest first; not those with ``opening_meta``): what a forced return builds its
+    partial result from."""
+    last = conn.execute(
+        "SELECT content FROM messages WHERE branch_id = ? AND role = 'assistant' "
+        "AND discarded = 0 ORDER BY seq DESC LIMIT 1", (branch_id,)).fetchall()
+    rows = conn.execute(
+        "SELECT role, content FROM messages WHERE branch_id = ? AND discarded = 0 "
+        "AND meta IS NOT ? ORDER BY seq DESC LIMIT ?",
+        (branch_id, _encode(opening_meta), recent)).fetchall()
+    return (_decode_content(_text(last[0][0])) if last else None,
+            [(role, _decode_content(content)) for role, content in reversed(rows)])
+
+
+def discard_messages(conn: apsw.Connection, session_id: str, thread: str | None,
+                     fork_seq: int, branch_ids: Sequence[str]) -> MessagesDiscarded:
+    """Mark discarded a thread's messages after ``fork_seq`` and every message of the
+    given branches (kept in the archive); the caller's transaction."""
+    by_component: dict[Component, int] = dict.fromkeys(COMPONENTS, 0)
+    thread_messages = thread_operations = 0
+    for component, role, tokens in conn.execute(
+            "SELECT component, role, tokens FROM messages WHERE session_id = ? "
+            "AND branch_id IS ? AND seq > ? AND discarded = 0", (session_id, thread, fork_seq)):
+        by_component[component] += tokens
+        thread_messages += 1
+        thread_operations += role == "assistant"
+    branch_tokens: dict[str, int] = {}
+    branch_messages: dict[str, int] = {}
+    for chunk in chunks(branch_ids):
+        marks = ",".join("?" * len(chunk))
+        for branch_id, count, tokens in conn.execute(
+                f"SELECT branch_id, count(*), coalesce(sum(tokens), 0) FROM messages "
+                f"WHERE discarded = 0 AND branch_id IN ({marks}) GROUP BY branch_id", chunk):
+            branch_messages[branch_id], branch_tokens[branch_id] = count, tokens
+        conn.execute(f"UPDATE messages SET discarded = 1 WHERE branch_id IN ({marks})", chunk)
+    conn.execute("UPDATE messages SET discarded = 1 WHERE session_id = ? AND branch_id IS ? "
+                 "AND seq > ?", (session_id, thread, fork_seq))
+    return MessagesDiscarded(thread_tokens=by_component, thread_messages=thread_messages,
+                             thread_operations=thread_operations, branch_tokens=branch_tokens,
+                             branch_messages=branch_messages)
 
 
 def delete_session(conn: apsw.Connection, session_id: str) -> int:
@@ -129,12 +199,13 @@ def list_sessions(conn: apsw.Connection, project: str | None, state: str | None,
     """Sessions in creation order after a rowid cursor, filtered, each with its number of
     active branches."""
     rows = conn.execute(
-        f"SELECT rowid, {_SESSION_COLUMNS}, (SELECT count(*) FROM branches b "
-        "WHERE b.session_id = sessions.id AND b.status = 'active') FROM sessions "
+        f"SELECT rowid, {', '.join(_SESSION_COLUMNS)} FROM sessions "
         "WHERE rowid > ? AND (? IS NULL OR project = ?) AND (? IS NULL OR state = ?) "
         "ORDER BY rowid LIMIT ?",
         (after_rowid, project, project, state, state, limit)).fetchall()
-    return [(scalar_rowid(row[0]), _record(row[1:-1]), scalar_rowid(row[-1])) for row in rows]
+    records = [(scalar_rowid(row[0]), _record(row[1:])) for row in rows]
+    live = live_branch_counts(conn, [record.session_id for _, record in records])
+    return [(rowid, record, live.get(record.session_id, 0)) for rowid, record in records]
 
 
 def count_sessions(conn: apsw.Connection) -> tuple[int, int]:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from ctxd.config import BudgetDefaults, threshold_order_error
+from ctxd.config import threshold_order_error
+from ctxd.errors import params_error
+from ctxd.folding import Branches, rendered_tokens
 from ctxd.tokens import REPLY_PRIMING
-from ctxd.wire import params_error
 from ctxd.wire.types import (
     COMPONENTS,
     Budget,
@@ -18,11 +18,8 @@ from ctxd.wire.types import (
     SessionInfo,
 )
 
-if TYPE_CHECKING:
-    from ctxd.folding._state import BranchRecord
 
-
-def resolve_budget(given: BudgetParams | None, base: Budget | BudgetDefaults) -> Budget:
+def resolve_budget(given: BudgetParams | None, base: Budget) -> Budget:
     """Fill a client's budget from ``base`` and check that it makes sense.
 
     Raises:
@@ -71,7 +68,8 @@ def thread_tokens(message_tokens: int, message_count: int) -> int:
 
 @dataclass
 class SessionRecord:
-    """What a SessionActor holds of its session; the row in ``sessions`` is the truth."""
+    """What a SessionActor holds of its session; the row in ``sessions`` is the truth.
+    Its live branches are the actor's `Branches`."""
 
     session_id: str
     project: str | None
@@ -90,9 +88,6 @@ class SessionRecord:
     """The newest message's seq in any thread (seqs are never reused)."""
     folded_tokens: int = 0
     """Tokens of every branch that folded (and was not rolled back)."""
-    live: dict[str, BranchRecord] = field(default_factory=dict, compare=False)
-    """The session's active branches. Shared by copies of the record: the actor changes
-    it only after the write that makes the change has committed."""
 
     @property
     def main_message_tokens(self) -> int:
@@ -100,62 +95,45 @@ class SessionRecord:
         return sum(self.component_tokens.values())
 
     @property
-    def total_tokens(self) -> int:
-        """Tokens of every message in a live context: the main thread and active branches."""
-        return self.main_message_tokens + sum(b.tokens_used for b in self.live.values())
-
-    @property
     def main_thread_tokens(self) -> int:
         return thread_tokens(self.main_message_tokens, self.message_count)
-
-    @property
-    def active_branch(self) -> BranchRecord | None:
-        """The newest live branch: where the agent works now (None: the main thread)."""
-        return max(self.live.values(), key=lambda b: b.fork_seq, default=None)
-
-    def branch_path(self, branch: BranchRecord | None) -> list[str]:
-        """Ids from the outermost live ancestor down to ``branch``."""
-        path: list[str] = []
-        while branch is not None:
-            path.append(branch.branch_id)
-            branch = self.live.get(branch.parent_id) if branch.parent_id else None
-        return path[::-1]
 
     def usage_of(self, tokens: int) -> float:
         return tokens / effective_window(self.budget)
 
-    def context_state(self) -> ContextState:
+    def context_state(self, branches: Branches | None = None) -> ContextState:
         """Where the context stands; ``usage`` and ``health`` are those of the active
         thread (the active branch's rendered context, else the main thread), and a branch
         past its budget warning is at least ``caution``."""
         main = self.main_thread_tokens
-        branch = self.active_branch
-        used = main if branch is None else branch.rendered_tokens + REPLY_PRIMING
+        branch = None if branches is None else branches.active
+        used = main if branch is None else rendered_tokens(branch) + REPLY_PRIMING
         usage = self.usage_of(used)
         health = health_of(usage, self.budget)
-        if branch is not None and branch.past_warning:
+        if branch is not None and branch.budget_warned:
             health = worse_health(health, "caution")
         return ContextState(
             session_id=self.session_id,
             active_branch_id=None if branch is None else branch.branch_id,
             branch_depth=0 if branch is None else branch.depth,
-            branch_path=self.branch_path(branch), total_tokens=self.total_tokens,
+            branch_path=[] if branches is None else branches.path(branch),
+            total_tokens=self.main_message_tokens + (
+                0 if branches is None else branches.budget_used),
             main_thread_tokens=main,
-            current_branch_tokens=0 if branch is None else branch.tokens_used,
+            current_branch_tokens=0 if branch is None else branch.budget_used,
             current_branch_budget=0 if branch is None else branch.budget,
             folded_tokens=self.folded_tokens, effective_window=effective_window(self.budget),
             usage=round(usage, 6), health=health)
 
-    def info(self, live_branches: int | None = None) -> SessionInfo:
-        """The session as listed; ``live_branches`` counts stored active branches when the
-        record was read from the store without them."""
-        state = self.context_state()
+    def info(self, branches: Branches | None = None, live_branches: int = 0) -> SessionInfo:
+        """The session as listed: with its actor's branches, or (read from the store
+        without them) with the stored count of its active branches."""
+        state = self.context_state(branches)
         return SessionInfo(
             session_id=self.session_id, project=self.project, title=self.title,
             state="open" if self.state == "open" else "closed", budget=self.budget,
-            message_count=self.message_count, total_tokens=self.total_tokens,
+            message_count=self.message_count, total_tokens=state.total_tokens,
             main_thread_tokens=state.main_thread_tokens, usage=state.usage,
             health=state.health,
-            live_branches=len(self.live) if live_branches is None else live_branches,
-            created_at=self.created_at,
-            updated_at=self.updated_at, closed_at=self.closed_at)
+            live_branches=live_branches if branches is None else len(branches.live),
+            created_at=self.created_at, updated_at=self.updated_at, closed_at=self.closed_at)

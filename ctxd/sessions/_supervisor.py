@@ -6,23 +6,21 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import trio
 
 from ctxd.config import Config
-from ctxd.errors import CtxdError, ErrorCode, not_found
-from ctxd.folding import _queries as branch_queries
+from ctxd.errors import CtxdError, limit_reached, shutting_down
+from ctxd.folding import Registry
 from ctxd.hub import EventBus
+from ctxd.memory import Memory
 from ctxd.sessions import _queries as q
 from ctxd.sessions._actor import ActorGone, SessionActor
 from ctxd.sessions._state import SessionRecord
 from ctxd.store import Store
 from ctxd.tokens import TokenCounter
 from ctxd.wire.types import SessionInfo
-
-if TYPE_CHECKING:
-    from ctxd.memory import Memory
 
 log = logging.getLogger("ctxd.sessions")
 T = TypeVar("T")
@@ -50,9 +48,8 @@ class Supervisor:
         self.config = config
         self.sessions_open = 0
         self.sessions_total = 0
-        self.live_branches = 0
-        self.branch_sessions: dict[str, str] = {}
-        """Live branch → its session (other branches are looked up in the store)."""
+        self.registry = Registry(store, config.max_live_branches)
+        """Every live branch of the daemon, and the session that holds it."""
         self._actors: dict[str, SessionActor] = {}
         self._nursery: trio.Nursery | None = None
 
@@ -60,7 +57,7 @@ class Supervisor:
                   ) -> None:
         """Own the actors' nursery until cancelled."""
         self.sessions_open, self.sessions_total = await self.store.read(q.count_sessions)
-        self.live_branches = await self.store.read(branch_queries.count_live_branches)
+        await self.registry.load()
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -82,8 +79,7 @@ class Supervisor:
             actor = self._actors.get(session_id)
             if actor is None:
                 if self._nursery is None:
-                    raise CtxdError(ErrorCode.OVERLOADED, "ctxd is shutting down; retry",
-                                    {"fix": "retry once the daemon is back"})
+                    raise shutting_down()
                 actor = SessionActor(session_id, self)
                 self._actors[session_id] = actor
                 self._nursery.start_soon(actor.run)
@@ -98,8 +94,8 @@ class Supervisor:
         store (with the stored count of its active branches)."""
         actor = self._actors.get(stored.session_id)
         if actor is not None and actor.record is not None:
-            return actor.record.info()
-        return stored.info(live_branches)
+            return actor.record.info(actor.branches)
+        return stored.info(live_branches=live_branches)
 
     def forget(self, actor: SessionActor) -> None:
         """Called by an actor as it retires."""
@@ -116,13 +112,12 @@ class Supervisor:
         Raises:
             CtxdError: -32005 when it would pass ``max_open_sessions``.
         """
-        if self.sessions_open >= self.config.max_open_sessions:
-            raise CtxdError(ErrorCode.LIMIT_REACHED,
-                            f"{self.sessions_open} sessions are open, the maximum "
-                            f"(max_open_sessions = {self.config.max_open_sessions})",
-                            {"limit": "max_open_sessions",
-                             "max": self.config.max_open_sessions,
-                             "fix": "close or delete sessions you no longer use"})
+        maximum = self.config.max_open_sessions
+        if self.sessions_open >= maximum:
+            raise limit_reached("max_open_sessions", maximum,
+                                f"{self.sessions_open} sessions are open, the maximum "
+                                f"(max_open_sessions = {maximum})",
+                                "close or delete sessions you no longer use")
         self.sessions_open += 1
         try:
             yield
@@ -130,52 +125,9 @@ class Supervisor:
             self.sessions_open -= 1
             raise
 
-    @contextlib.contextmanager
-    def branch_slot(self) -> Iterator[None]:
-        """Count one more live branch for the block; given back if the block fails.
-
-        Raises:
-            CtxdError: -32005 when it would pass ``max_live_branches``.
-        """
-        maximum = self.config.max_live_branches
-        if self.live_branches >= maximum:
-            raise CtxdError(ErrorCode.LIMIT_REACHED,
-                            f"{self.live_branches} branches are active in this daemon, the "
-                            f"maximum (max_live_branches = {maximum})",
-                            {"limit": "max_live_branches", "max": maximum,
-                             "fix": "return branches that are done, or retry later"})
-        self.live_branches += 1
-        try:
-            yield
-        except BaseException:
-            self.live_branches -= 1
-            raise
-
-    def release_branch(self, branch_id: str) -> None:
-        """A live branch ended (returned, discarded, or deleted with its session)."""
-        if self.branch_sessions.pop(branch_id, None) is not None:
-            self.live_branches -= 1
-
-    async def session_of_branch(self, branch_id: str) -> str:
-        """The session a branch belongs to.
-
-        Raises:
-            CtxdError: -32004 for an unknown branch.
-        """
-        session_id = self.branch_sessions.get(branch_id)
-        if session_id is None:
-            session_id = await self.store.read(branch_queries.session_of, branch_id)
-        if session_id is None:
-            raise not_found("branch", branch_id, "list a session's branches with branch.list")
-        return session_id
-
     @property
     def actor_count(self) -> int:
         return len(self._actors)
-
-    def statistics(self) -> dict[str, int]:
-        return {"actors": len(self._actors), "sessions_open": self.sessions_open,
-                "sessions_total": self.sessions_total, "live_branches": self.live_branches}
 
     async def _expire_closed_sessions(self) -> None:
         ttl_s = self.config.session_ttl_h * 3600
@@ -193,7 +145,7 @@ class Supervisor:
         """After a restart, load every session with live branches, a few at a time, so
         that their deadlines are armed again (an expired one is force-returned at once)."""
         try:
-            session_ids = await self.store.read(branch_queries.sessions_with_live_branches)
+            session_ids = await self.registry.sessions_with_live_branches()
         except CtxdError as error:
             log.error("re-arming live branches failed: %s", error.message)
             return

@@ -126,6 +126,45 @@ class WorkerThread:
         self._thread.join()
 
 
+class Transaction:
+    """Writes that commit together, each added by the package that owns its tables.
+
+    A session actor composes one: the session's rows, its branches' rows and the memory
+    signals of one request, so that no package passes SQL through another
+    (docs/architecture.md). Steps run in the order they were added.
+    """
+
+    def __init__(self) -> None:
+        self._steps: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        self._on_rollback: list[Callable[[], None]] = []
+        self._after: list[Callable[[], None]] = []
+
+    def add(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(conn, *args)`` in the transaction (in the store's thread)."""
+        self._steps.append((fn, args))
+
+    def on_rollback(self, fn: Callable[[], None]) -> None:
+        """Run ``fn()`` in the store's thread right after a rollback, before any other
+        job (to undo what a step did outside SQLite)."""
+        self._on_rollback.append(fn)
+
+    def after(self, fn: Callable[[], None]) -> None:
+        """Run ``fn()`` on the event loop once the transaction committed or rolled back."""
+        self._after.append(fn)
+
+    def run(self, conn: apsw.Connection) -> None:
+        for fn, args in self._steps:
+            fn(conn, *args)
+
+    def rolled_back(self) -> None:
+        for fn in self._on_rollback:
+            fn()
+
+    def finished(self) -> None:
+        for fn in self._after:
+            fn()
+
+
 class Store:
     """The database: one connection, one thread at a time, WAL.
 
@@ -210,6 +249,17 @@ class Store:
             CtxdError: -32008 when SQLite could not commit; the transaction rolled back.
         """
         return await self._submit(fn, args, True, on_rollback)
+
+    async def commit(self, transaction: Transaction) -> None:
+        """Run a `Transaction`'s steps in one transaction, like `write`.
+
+        Raises:
+            CtxdError: -32008 when SQLite could not commit; nothing was written.
+        """
+        try:
+            await self.write(transaction.run, on_rollback=transaction.rolled_back)
+        finally:
+            transaction.finished()
 
     async def _submit(self, fn: Callable[..., T], args: tuple[Any, ...], transaction: bool,
                       on_rollback: Callable[[], None] | None = None) -> T:

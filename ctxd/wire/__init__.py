@@ -7,11 +7,10 @@ from ctxd.wire._codec import (
     encode,
     error_response,
     notification,
-    params_error,
     response,
     salvage_id,
 )
-from ctxd.wire._dispatch import NOT_INLINE, Call, Dispatcher
+from ctxd.wire._dispatch import NOT_INLINE, Call, Dispatcher, EventSource, Peer
 
-__all__ = ["NOT_INLINE", "Call", "Dispatcher", "Envelope", "RequestId", "encode", "error_response",
-           "notification", "params_error", "response", "salvage_id", "types"]
+__all__ = ["NOT_INLINE", "Call", "Dispatcher", "Envelope", "EventSource", "Peer", "RequestId",
+           "encode", "error_response", "notification", "response", "salvage_id", "types"]

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from ctxd.errors import CtxdError, ErrorCode
+from ctxd.errors import CtxdError, params_error
 
 RequestId = int | str | None
 
@@ -60,12 +60,4 @@ def invalid_params(exc: msgspec.ValidationError) -> CtxdError:
     """-32602 with msgspec's path to the bad field in ``data.path``."""
     text = str(exc)
     message, _, at = text.partition(" - at `")
-    path = at.rstrip("`") if at else "$"
-    return CtxdError(ErrorCode.INVALID_PARAMS, f"invalid params: {message} (at {path})",
-                     {"path": path, "reason": message})
-
-
-def params_error(path: str, reason: str) -> CtxdError:
-    """-32602 for a check msgspec cannot express (the same shape as `invalid_params`)."""
-    return CtxdError(ErrorCode.INVALID_PARAMS, f"invalid params: {reason} (at {path})",
-                     {"path": path, "reason": reason})
+    return params_error(at.rstrip("`") if at else "$", message)

@@ -6,25 +6,57 @@ import enum
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import msgspec
 import trio
 
-from ctxd.errors import CtxdError, ErrorCode
+from ctxd.errors import CtxdError, ErrorCode, internal_error, params_error
 from ctxd.wire import _codec
+from ctxd.wire.types import Event
 
 log = logging.getLogger("ctxd.wire")
 
 P = TypeVar("P", bound=msgspec.Struct)
 
 
+class EventSource(Protocol):
+    """A stream of events that a connection forwards to its client (a subscription of the
+    hub's event bus)."""
+
+    @property
+    def subscription_id(self) -> str: ...
+
+    async def receive(self) -> Event:
+        """The next event; raises ``trio.EndOfChannel`` once unsubscribed."""
+        ...
+
+
+class Peer(Protocol):
+    """The connection a request arrived on, as a handler may use it (the server's
+    ``Connection`` is one)."""
+
+    @property
+    def peer_uid(self) -> int:
+        """The uid of the process at the other end (SO_PEERCRED)."""
+        ...
+
+    @property
+    def subscription_count(self) -> int: ...
+
+    def attach(self, source: EventSource) -> None:
+        """Forward ``source``'s events to the client until it is detached."""
+
+    def detach(self, subscription_id: str) -> bool:
+        """Stop forwarding a subscription; False when this connection has no such one."""
+        ...
+
+
 class Call(NamedTuple):
     """What a handler knows about the request besides its params."""
 
     request_id: _codec.RequestId
-    peer_uid: int
-    connection: Any
+    peer: Peer
 
 
 Handler = Callable[[Call, Any], Any]
@@ -89,7 +121,7 @@ class Dispatcher:
     def method_names(self) -> list[str]:
         return sorted(self._methods)
 
-    async def answer_batch(self, line: bytes, peer_uid: int, connection: Any) -> bytes | None:
+    async def answer_batch(self, line: bytes, peer: Peer) -> bytes | None:
         """Answer a batch line (a JSON array): its items in order, one after the other.
 
         Returns:
@@ -109,7 +141,7 @@ class Dispatcher:
         # In order, one after the other: a batch that appends then renders sees its appends.
         replies = []
         for item in items:
-            replies.append(await self._handle_one(bytes(item), peer_uid, connection))
+            replies.append(await self._handle_one(bytes(item), peer))
             await trio.lowlevel.checkpoint()  # a batch of inline calls never waits otherwise
         kept = [reply for reply in replies if reply is not None]
         return b"[" + b",".join(kept) + b"]" if kept else None
@@ -127,18 +159,17 @@ class Dispatcher:
         except _UNPARSABLE as exc:
             return _parse_error(exc)
 
-    async def _handle_one(self, line: bytes, peer_uid: int, connection: Any) -> bytes | None:
+    async def _handle_one(self, line: bytes, peer: Peer) -> bytes | None:
         envelope = self.decode(line)
         if isinstance(envelope, bytes):
             return envelope
-        return await self.answer(envelope, peer_uid, connection)
+        return await self.answer(envelope, peer)
 
-    async def answer(self, envelope: _codec.Envelope, peer_uid: int,
-                     connection: Any) -> bytes | None:
+    async def answer(self, envelope: _codec.Envelope, peer: Peer) -> bytes | None:
         """Run a decoded request; the response line, or None for a notification."""
         try:
             method, params = self._validate(envelope)
-            call = Call(_request_id(envelope), peer_uid, connection)
+            call = Call(_request_id(envelope), peer)
             try:
                 if method.inline:
                     result = method.handler(call, params)
@@ -150,8 +181,7 @@ class Dispatcher:
             return _error_reply(envelope, error)
         return _reply(envelope, result)
 
-    def answer_inline(self, envelope: _codec.Envelope, peer_uid: int,
-                      connection: Any) -> bytes | NotInline | None:
+    def answer_inline(self, envelope: _codec.Envelope, peer: Peer) -> bytes | NotInline | None:
         """`answer` without waiting, or `NOT_INLINE` when the method needs `answer`."""
         known = self._methods.get(envelope.method)
         if known is None or not known.inline:
@@ -159,7 +189,7 @@ class Dispatcher:
         try:
             method, params = self._validate(envelope, known)
             try:
-                result = method.handler(Call(_request_id(envelope), peer_uid, connection), params)
+                result = method.handler(Call(_request_id(envelope), peer), params)
             except Exception as exc:
                 raise _internal_error(method.name, exc) from exc
         except CtxdError as error:
@@ -184,7 +214,7 @@ class Dispatcher:
         except msgspec.ValidationError as exc:
             raise _codec.invalid_params(exc) from None
         except RecursionError:
-            raise _codec.params_error("$", "params are nested too deeply") from None
+            raise params_error("$", "params are nested too deeply") from None
 
 
 def _request_id(envelope: _codec.Envelope) -> _codec.RequestId:
@@ -208,5 +238,5 @@ def _internal_error(method: str, exc: Exception) -> CtxdError:
     if isinstance(exc, CtxdError):
         return exc
     log.exception("internal error in %s", method)
-    return CtxdError(ErrorCode.INTERNAL_ERROR, f"internal error in {method}: {type(exc).__name__}",
-                     {"method": method})
+    return internal_error(f"internal error in {method}: {type(exc).__name__}",
+                          {"method": method})

@@ -1,4 +1,4 @@
-"""msgspec types of every native method's params and results (DESIGN §4, §5)."""
+"""msgspec types of every native method's params and results (docs/protocol.md)."""
 
 from __future__ import annotations
 
@@ -40,23 +40,31 @@ BranchStatus = Literal["active", "completed", "budget_exhausted", "timeout", "fa
 class BudgetParams(Params, frozen=True):
     """Budget fields a client may set; each missing one takes the daemon's default."""
 
-    context_window: Annotated[int, Meta(ge=1024, le=100_000_000)] | None = None
-    max_output_tokens: Annotated[int, Meta(ge=0, le=10_000_000)] | None = None
+    context_window: ContextWindow | None = None
+    max_output_tokens: OutputTokens | None = None
     compact_trigger: Ratio | None = None
     hard_block: Ratio | None = None
     warn: Ratio | None = None
     caution: Ratio | None = None
 
 
-class Budget(Result, frozen=True):
-    """A session's resolved budget."""
+ContextWindow = Annotated[int, Meta(ge=1024, le=100_000_000)]
+OutputTokens = Annotated[int, Meta(ge=0, le=10_000_000)]
+BranchBudget = Annotated[int, Meta(ge=1, le=32_768)]
+BranchTimeout = Annotated[float, Meta(gt=0, le=600)]
 
-    context_window: int
-    max_output_tokens: int
-    compact_trigger: float
-    hard_block: float
-    warn: float
-    caution: float
+
+class Budget(Result, frozen=True, forbid_unknown_fields=True):
+    """A session's resolved budget; also the ``[budget]`` table of the configuration (the
+    defaults a session gets). The thresholds must be in order: warn ≤ caution ≤
+    compact_trigger ≤ hard_block."""
+
+    context_window: ContextWindow = 200_000
+    max_output_tokens: OutputTokens = 8_192
+    compact_trigger: Ratio = 0.95
+    hard_block: Ratio = 0.98
+    warn: Ratio = 0.70
+    caution: Ratio = 0.80
 
 
 class ContextState(Result, frozen=True):
@@ -310,14 +318,14 @@ class BudgetMeasureResult(Result, frozen=True):
     context_state: ContextState
 
 
-# ---- branch.* (context folding, DESIGN §7) ---------------------------------------------
+# ---- branch.* (context folding: docs/protocol.md) -------------------------------------
 
 class BranchCreateParams(Params, frozen=True):
     session_id: SessionId
     description: Annotated[str, Meta(min_length=1, max_length=500)]
     prompt: Annotated[str, Meta(min_length=1, max_length=1_048_576)]
-    budget: Annotated[int, Meta(ge=1, le=32_768)] | None = None
-    timeout_seconds: Annotated[float, Meta(gt=0, le=600)] | None = None
+    budget: BranchBudget | None = None
+    timeout_seconds: BranchTimeout | None = None
     inject_memories: bool = True
     parent_branch_id: BranchId | msgspec.UnsetType | None = msgspec.UNSET
     """Unset: the session's active branch (or the main thread); null: the main thread."""
@@ -369,6 +377,9 @@ class FoldSummary(Result, frozen=True):
     operations_count: int
     secrets_scrubbed: int
     summary_redacted: bool
+    summary_truncated: bool
+    """The fold message shows the result cut to ``max_fold_tokens`` (head and tail kept);
+    the whole result is the branch's ``result`` (branch.status)."""
 
 
 class BranchReturnResult(Result, frozen=True):
@@ -384,7 +395,10 @@ class BranchReturnResult(Result, frozen=True):
     context_state: ContextState
 
 
-class BranchInfo(Result, frozen=True):
+class Branch(Result, frozen=True):
+    """A branch, as stored in ``branches`` (column for column) and as every method shows
+    it. ``deadline`` is wall-clock time; ``time_left_s`` is set on live branches only."""
+
     branch_id: str
     session_id: str
     parent_branch_id: str | None
@@ -395,22 +409,26 @@ class BranchInfo(Result, frozen=True):
     budget: int
     budget_used: int
     budget_remaining: int
+    """``budget - budget_used``, at least 0 (set with the meter: see ``ctxd.folding``)."""
+    budget_warned: bool
     operations_count: int
     timeout_seconds: float
     created_at: float
     deadline: float
-    time_left_s: float | None
     fork_seq: int
-    returned_at: float | None
-    result: str | None
-    fold_seq: int | None
-    tokens_folded: int | None
-    tokens_saved: int | None
-    secrets_scrubbed: int | None
+    prefix_tokens: int
+    """Tokens of the parent thread's rendered prefix that the branch's context starts with."""
+    returned_at: float | None = None
+    result: str | None = None
+    fold_seq: int | None = None
+    tokens_folded: int | None = None
+    tokens_saved: int | None = None
+    secrets_scrubbed: int | None = None
+    time_left_s: float | None = None
 
 
 class BranchStatusResult(Result, frozen=True):
-    branch: BranchInfo
+    branch: Branch
     context_state: ContextState
 
 
@@ -420,7 +438,7 @@ class BranchListParams(Params, frozen=True):
 
 
 class BranchListResult(Result, frozen=True):
-    branches: list[BranchInfo]
+    branches: list[Branch]
     total: int
     active: int
     folded: int
@@ -441,7 +459,7 @@ class BranchRollbackResult(Result, frozen=True):
     context_state: ContextState
 
 
-# ---- memory.* (DESIGN §9) -------------------------------------------------------------
+# ---- memory.* (docs/protocol.md, Memory) ----------------------------------------------
 
 Scope = Annotated[str, Meta(pattern=r"^(global|project:[^\s]{1,128})\Z",
                             description='"global" or "project:<name>"')]

@@ -3,6 +3,7 @@ rollback, restart."""
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from pathlib import Path
@@ -104,7 +105,8 @@ def test_full_lifecycle_folds_the_branch_into_one_message(shared_daemon: DaemonP
         fold = user(f'Branch "find the failing migration test" returned: {summary}')
         assert returned["summary"] == {
             "tokens_folded": used, "tokens_saved": used - message_tokens(fold),
-            "operations_count": 2, "secrets_scrubbed": 0, "summary_redacted": False}
+            "operations_count": 2, "secrets_scrubbed": 0, "summary_redacted": False,
+            "summary_truncated": False}
         assert {k: returned[k] for k in ("success", "branch_id", "parent_branch_id",
                                          "tokens_used", "memory_queued", "forced_returns",
                                          "fold_seq")} == {
@@ -756,3 +758,60 @@ def test_a_branch_past_the_hard_block_is_refused_without_allow_over(
         assert error.code == -32001
         assert error.data["suggestion"] == ("fold finished sub-tasks (branch.return) or "
                                             "compact the context (context.compact)")
+
+
+def _cut_fold(content: str, prefix: str) -> tuple[str, int, str]:
+    """A bounded fold message's head, the number of tokens its marker says were cut, and
+    its tail."""
+    assert content.startswith(prefix)
+    head, marker, tail = re.split(r"\n(\[… \d+ tokens cut; the whole text is the result of "
+                                  r"branch br_[0-9a-f]{12} …\])\n", content[len(prefix):])
+    return head, int(marker.split()[1]), tail
+
+
+def test_a_long_return_message_is_cut_to_max_fold_tokens(shared_daemon: DaemonProcess,
+                                                          sid: str) -> None:
+    """A fold takes at most a quarter of the branch's budget (here 500 of 2,000 tokens):
+    the message's head and tail, the marker in between; the whole message stays the
+    branch's result."""
+    with shared_daemon.client() as client:
+        start_session(client, sid)
+        branch_id = client.call("branch.create", {"session_id": sid, "description": "long",
+                                                  "prompt": "do it", "budget": 2000})["branch_id"]
+        message = "START " + hello_text(3000) + " END"
+        returned = client.call("branch.return", {"branch_id": branch_id, "message": message})
+        assert returned["summary"]["summary_truncated"] is True
+        fold = client.call("ctxd.render", {"session_id": sid})["messages"][-1]
+        head, cut, tail = _cut_fold(fold["content"], 'Branch "long" returned: ')
+        assert (head.split()[:2], tail.split()[-2:]) == (["START", "hello"], ["hello", "END"])
+        assert COUNTER.count(head) + cut + COUNTER.count(tail) == COUNTER.count(message)
+        tokens = message_tokens(fold)
+        assert 450 <= tokens <= 500
+        assert returned["summary"]["tokens_saved"] == returned["summary"]["tokens_folded"] - tokens
+        status = client.call("branch.status", {"branch_id": branch_id})["branch"]
+        assert status["result"] == message
+
+
+def test_a_forced_return_cannot_flood_its_parent(shared_daemon: DaemonProcess,
+                                                 sid: str) -> None:
+    """The issue's case: a branch of budget 300 whose last append was 5,100 tokens folds
+    into at most 75 tokens, not a 4,000-character partial result."""
+    with shared_daemon.client() as client:
+        start_session(client, sid)
+        branch_id = client.call("branch.create", {"session_id": sid, "description": "flood",
+                                                  "prompt": "do it", "budget": 300})["branch_id"]
+        last = assistant("BEGIN " + hello_text(5100) + " FINISH")
+        appended = client.call("message.append", {"session_id": sid, "branch_id": branch_id,
+                                                  "messages": [last]})
+        [forced] = appended["forced_returns"]
+        assert (forced["status"], len(forced["result"])) == ("budget_exhausted", 4000)
+        fold = client.call("ctxd.render", {"session_id": sid})["messages"][-1]
+        head, cut, tail = _cut_fold(
+            fold["content"],
+            'Branch "flood" was stopped (its token budget ran out); partial result: ')
+        assert (head[:11], tail[-5:]) == ("BEGIN hello", " hel…")
+        assert (forced["result"][:len(head)], forced["result"][-len(tail):]) == (head, tail)
+        assert COUNTER.count(head) + cut + COUNTER.count(tail) == COUNTER.count(forced["result"])
+        assert message_tokens(fold) <= 75
+        status = client.call("branch.status", {"branch_id": branch_id})["branch"]
+        assert status["result"] == forced["result"]
