@@ -1,0 +1,149 @@
+"""Who may import whom (docs/architecture.md, "Layers"): read from the import statements.
+
+A module of ctxd imports only packages of a lower layer (or its own package), never a
+private ``_module`` of another package, and no two packages import each other.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CTXD = ROOT / "ctxd"
+
+LAYERS: dict[str, int] = {
+    "__main__": 8,
+    "daemon": 7,
+    "sessions": 6,
+    "folding": 5,
+    "hygiene": 5,
+    "memory": 4,
+    "hub": 3,
+    "store": 2,
+    "config": 2,
+    "wire": 1,
+    "tokens": 1,
+    "errors": 0,
+    "scrub": 0,
+    "paths": 0,
+    "jobs": 0,
+    "__init__": 0,
+}
+"""The layer of each package (and top-level module) of ctxd: higher imports lower."""
+
+
+def _unit(module: str) -> str:
+    """The package (or top-level module) a dotted ``ctxd.…`` name belongs to."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, imported dotted name) of every import of ctxd in a file; ``from a import b``
+    yields ``a.b`` (b may be a module)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = _module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" \
+        else _module_name(path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "ctxd":
+                    yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            if module.split(".")[0] != "ctxd":
+                continue
+            for alias in node.names:
+                yield node.lineno, f"{module}.{alias.name}"
+
+
+def _edges() -> Iterator[tuple[Path, int, str, str, str]]:
+    """(file, line, importing unit, imported unit, imported name) across units."""
+    for path in sorted(CTXD.rglob("*.py")):
+        mine = _unit(_module_name(path))
+        for line, name in _imports(path):
+            theirs = _unit(name)
+            if name == "ctxd.__version__":
+                theirs = "__init__"
+            if theirs != mine:
+                yield path, line, mine, theirs, name
+
+
+def _where(path: Path, line: int) -> str:
+    return f"{path.relative_to(ROOT)}:{line}"
+
+
+def test_every_package_has_a_layer() -> None:
+    units = {_unit(_module_name(path)) for path in CTXD.rglob("*.py")}
+    assert sorted(units - LAYERS.keys()) == []
+
+
+def test_imports_run_down_the_layers() -> None:
+    upward = [f"{_where(path, line)}: {mine} (layer {LAYERS[mine]}) imports {name} "
+              f"(layer {LAYERS[theirs]})"
+              for path, line, mine, theirs, name in _edges()
+              if theirs in LAYERS and LAYERS[theirs] >= LAYERS[mine]]
+    assert upward == []
+
+
+def test_no_package_imports_another_packages_private_module() -> None:
+    private = [f"{_where(path, line)}: {name}"
+               for path, line, _, _, name in _edges()
+               if any(part.startswith("_") and not part.startswith("__")
+                      for part in name.split(".")[2:])]
+    assert private == []
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every elementary cycle's smallest rotation, found by depth-first search."""
+    found: set[tuple[str, ...]] = set()
+
+    def visit(node: str, path: list[str]) -> None:
+        for after in graph.get(node, ()):
+            if after == path[0]:
+                rotations = [path[i:] + path[:i] for i in range(len(path))]
+                found.add(tuple(min(rotations)))
+            elif after not in path and after > path[0]:
+                visit(after, [*path, after])
+
+    for start in graph:
+        visit(start, [start])
+    return [list(cycle) for cycle in sorted(found)]
+
+
+def test_no_two_packages_import_each_other() -> None:
+    graph: dict[str, set[str]] = {}
+    for _, _, mine, theirs, _ in _edges():
+        graph.setdefault(mine, set()).add(theirs)
+    assert _cycles(graph) == []
+
+
+@pytest.mark.parametrize(("graph", "expected"), [
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, [["a", "b", "c"]]),
+    ({"a": {"b"}, "b": {"a"}, "c": {"a"}}, [["a", "b"]]),
+    ({"a": {"b"}, "b": {"c"}}, []),
+])
+def test_the_cycle_finder_finds_cycles(graph: dict[str, set[str]],
+                                       expected: list[list[str]]) -> None:
+    assert _cycles(graph) == expected
+
+
+def test_the_layers_are_written_down() -> None:
+    """docs/architecture.md names every package of every layer."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    missing = [unit for unit in LAYERS if not unit.startswith("__") and f"`{unit}`" not in text]
+    assert missing == []
