@@ -392,9 +392,11 @@ class Branches:
     # ---- fold --------------------------------------------------------------------------
 
     async def fold(self, branch: Branch, result: str, secrets_scrubbed: int,
-                   reason: str | None, seq: int) -> Fold:
+                   reason: str | None, seq: int, parent: Branch | None) -> Fold:
         """Plan the return of ``branch``: its status, and the fold message (at ``seq``)
-        that replaces it in its parent thread, bounded by ``max_fold_tokens``."""
+        that replaces it in its parent thread, bounded by ``max_fold_tokens``. Nothing
+        changes until `folded`: ``parent`` is the parent branch as the caller's plan has
+        it so far (None: the main thread)."""
         status: BranchStatus = "completed" if reason is None else FORCED_STATUS[reason]
         limit = min(self._config.max_fold_tokens, branch.budget // 4)
 
@@ -403,11 +405,9 @@ class Branches:
             [tokens] = await self._counter.count_messages([message])
             return tokens
 
-        shown, truncated = await bounded_result(self._counter, fold_tokens, result, limit,
-                                                 branch.branch_id)
+        shown, tokens = await bounded_result(self._counter, fold_tokens, result, limit,
+                                             branch.branch_id)
         text = fold_text(branch.description, shown, reason)
-        tokens = await fold_tokens(shown)
-        parent = self.live.get(branch.parent_branch_id) if branch.parent_branch_id else None
         grown = None
         warned_now = False
         if parent is not None:
@@ -418,7 +418,7 @@ class Branches:
             created_at=time.time(), meta={"ctxd": "fold", "branch_id": branch.branch_id},
             branch_id=branch.parent_branch_id)
         return Fold(branch=branch, status=status, reason=reason, result=result,
-                    secrets_scrubbed=secrets_scrubbed, summary_truncated=truncated,
+                    secrets_scrubbed=secrets_scrubbed, summary_truncated=shown is not result,
                     message=message, parent=grown, parent_warned_now=warned_now)
 
     @staticmethod

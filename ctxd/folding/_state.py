@@ -136,18 +136,18 @@ HEAD_SHARE = 0.7
 
 
 async def bounded_result(counter: TokenCounter, count: Callable[[str], Awaitable[int]],
-                         result: str, limit: int, branch_id: str) -> tuple[str, bool]:
+                         result: str, limit: int, branch_id: str) -> tuple[str, int]:
     """``result`` cut so that the fold message that shows it (``count(text)``: its tokens)
     takes at most ``limit`` tokens: cut at token boundaries, its head and its tail kept
     around a marker that says how much was cut (docs/decisions.md, "A fold is bounded").
     A frame that alone passes ``limit`` keeps only the marker.
 
     Returns:
-        The text to show, and whether it was cut.
+        The text to show (``result`` itself when it fits), and the fold message's tokens.
     """
     whole = await count(result)
     if whole <= limit:
-        return result, False
+        return result, whole
     tokens = await counter.encode_async(result)
     marker = CUT_MARKER.format(cut=len(tokens), branch_id=branch_id)
     room = max(0, limit - (whole - len(tokens)) - counter.count(marker))
@@ -157,6 +157,7 @@ async def bounded_result(counter: TokenCounter, count: Callable[[str], Awaitable
         shown = (counter.decode(tokens[:head])
                  + CUT_MARKER.format(cut=len(tokens) - head - tail, branch_id=branch_id)
                  + (counter.decode(tokens[-tail:]) if tail else ""))
-        if room == 0 or await count(shown) <= limit:
-            return shown, True
+        shown_tokens = await count(shown)
+        if room == 0 or shown_tokens <= limit:
+            return shown, shown_tokens
         room -= max(1, room // 10)

@@ -144,11 +144,27 @@ def _check_parts(messages: list[MessageIn]) -> None:
 
 
 @dataclass(frozen=True)
-class _Returned:
-    """A fold that committed, and what it forced on the way."""
+class _Return:
+    """A branch to return: by the agent (``reason`` None, with its scrubbed message and
+    the number of secrets scrubbed from it), or forced by ctxd for ``reason``."""
 
-    fold: Fold
-    forced: list[ForcedReturn]
+    branch: Branch
+    reason: str | None
+    message: tuple[str, int] | None = None
+    extract_memory: bool = False
+
+
+def _with_fold(record: SessionRecord, fold: Fold) -> SessionRecord:
+    """The session's record once ``fold`` is written: its seq, its folded tokens, and the
+    main thread's counters when the fold message goes there."""
+    updated = dataclasses.replace(record, last_seq=fold.message.seq,
+                                  updated_at=fold.message.created_at,
+                                  folded_tokens=record.folded_tokens + fold.branch.budget_used,
+                                  component_tokens=dict(record.component_tokens))
+    if fold.message.branch_id is None:
+        updated.message_count += 1
+        updated.component_tokens["conversation"] += fold.message.tokens
+    return updated
 
 
 class SessionActor:
@@ -168,6 +184,8 @@ class SessionActor:
                                  self._deadline_passed)
         self.arrived = 0.0
         """When the request being processed arrived (trio's clock)."""
+        self._expiries_queued = 0
+        """Deadline expiries waiting in the mailbox (see `expire`)."""
         self._stale = True
         self._send, self._receive = trio.open_memory_channel[tuple[Op, Reply[Any]]](MAILBOX_SIZE)
 
@@ -183,6 +201,7 @@ class SessionActor:
     async def _deadline_passed(self, branch_id: str) -> None:
         """A BranchActor's deadline passed: queue its forced return, in order with the
         session's other requests; a failure is logged, since nobody waits for it."""
+        self._expiries_queued += 1
         try:
             await self.submit(lambda actor: actor.expire(branch_id))
         except ActorGone:
@@ -524,144 +543,164 @@ class SessionActor:
         return branch
 
     async def _enforce(self, branch: Branch) -> list[ForcedReturn]:
-        """Force-return the branch if its deadline had passed when the request arrived, or
-        its budget is spent.
+        """`_enforce_all`, for one branch."""
+        return await self._enforce_all([branch])
 
-        A storage failure is logged, not raised: the branch stays live and the forced
-        return is tried again by the next request that touches it (and by its BranchActor).
+    async def _enforce_all(self, branches: list[Branch] | None = None) -> list[ForcedReturn]:
+        """Force-return every branch (of ``branches``, else of the session) whose deadline
+        had passed when the request arrived, or whose budget is spent: all in one
+        transaction, and again for parents that their folds spent.
+
+        A storage failure is logged, not raised: the branches stay live and their forced
+        returns are tried again by the next request that touches them (and by their
+        BranchActors).
         """
-        reason = self.branches.overdue(branch, self.arrived)
-        if reason is None:
-            return []
-        try:
-            return (await self._force_return(branch, reason)).forced
-        except CtxdError as error:
-            if error.code != ErrorCode.STORAGE_ERROR:
-                raise
-            log.warning("branch %s: forced return (%s) not written: %s", branch.branch_id,
-                        reason, error.message)
-            return []
-
-    async def _enforce_all(self) -> list[ForcedReturn]:
-        """`_enforce` every live branch of the session, oldest first."""
         forced: list[ForcedReturn] = []
-        for branch in self.branches.oldest_first():
-            live = self.branches.live.get(branch.branch_id)
-            if live is not None:
-                forced += await self._enforce(live)
-        return forced
+        candidates = self.branches.oldest_first() if branches is None else branches
+        while True:
+            due = [_Return(b, reason) for b in candidates
+                   if b.branch_id in self.branches.live
+                   and (reason := self.branches.overdue(self.branches.live[b.branch_id],
+                                                        self.arrived)) is not None]
+            if not due:
+                return forced
+            try:
+                folds, done = await self._return(due)
+            except CtxdError as error:
+                if error.code != ErrorCode.STORAGE_ERROR:
+                    raise
+                log.warning("session %s: forced return of %s not written: %s",
+                            self.session_id, ", ".join(r.branch.branch_id for r in due),
+                            error.message)
+                return forced
+            forced += done
+            candidates = self._charge_parents(folds)
+
+    def _charge_parents(self, folds: list[Fold]) -> list[Branch]:
+        """The parents that folds grew: their budget warning goes out (once); they are the
+        ones to enforce next."""
+        parents: dict[str, Branch] = {}
+        for fold in folds:
+            parent = fold.parent
+            if parent is None or parent.branch_id not in self.branches.live:
+                continue
+            if fold.parent_warned_now:
+                self.branches.publish_budget_warning(parent)
+            parents[parent.branch_id] = self.branches.live[parent.branch_id]
+        return list(parents.values())
 
     async def expire(self, branch_id: str) -> None:
-        """The BranchActor's deadline passed: force-return the branch if it is still live."""
-        branch = self.branches.live.get(branch_id)
-        if branch is not None:
-            await self._enforce(branch)
+        """A BranchActor's deadline passed: force-return every branch of the session that
+        is due (branches whose deadlines coincide return in one transaction).
+
+        When nothing but other expiries waits in the mailbox, no request can have arrived
+        before a deadline that has passed since, so "due" is judged now rather than when
+        this expiry was queued: the branches whose deadlines passed meanwhile go in the
+        same transaction, and their own expiries find nothing left to do.
+        """
+        self._expiries_queued -= 1
+        stats = self._receive.statistics()
+        if stats.current_buffer_used + stats.tasks_waiting_send == self._expiries_queued:
+            self.arrived = trio.current_time()
+        if branch_id in self.branches.live:
+            await self._enforce_all()
 
     # ---- branches: returns and folds ---------------------------------------------------
 
-    async def _force_return(self, branch: Branch, reason: str, *,
-                            charge_parent: bool = True) -> _Returned:
-        """Return a branch for the agent: its live children first (deepest first), then
-        it, each with a partial result.
+    async def _return(self, targets: list[_Return]) -> tuple[list[Fold], list[ForcedReturn]]:
+        """Return ``targets``, each after its live descendants (deepest first, force-returned
+        as ``parent_returned``), in one transaction with the session's counters.
 
-        Args:
-            charge_parent: whether the parent, grown by the fold message, may then get its
-                budget warning or be force-returned in turn (not when the parent is itself
-                being returned).
+        The folds are planned on a copy of the live branches; the record and the branches
+        change only once the transaction has committed.
         """
-        forced = await self._return_children(branch)
-        last, recent = await self.supervisor.store.read(q.recent_work, branch.branch_id,
-                                                        OPENING_META)
-        result = partial_result(last, recent)
-        try:
-            scrubbed = scrub(result)
-        except ScrubError:
-            log.exception("branch %s: partial result could not be scrubbed", branch.branch_id)
-            scrubbed = scrub(UNSCRUBBABLE)
-        fold = await self._fold(self.branches.live[branch.branch_id], scrubbed.text,
-                                scrubbed.total, reason, None)
-        forced.append(ForcedReturn(branch_id=branch.branch_id, status=fold.status,
-                                   reason=reason, result=scrubbed.text))
-        if charge_parent:
-            forced += await self._after_fold(fold)
-        return _Returned(fold, forced)
-
-    async def _return_children(self, branch: Branch) -> list[ForcedReturn]:
-        """Force-return a branch's live descendants, deepest first; their folds go into
-        threads that are being returned, so no parent is charged on the way."""
+        plan: list[_Return] = []
+        planned: set[str] = set()
+        for target in targets:
+            for item in [*(_Return(child, "parent_returned")
+                           for child in self.branches.descendants(target.branch.branch_id)),
+                         target]:
+                if item.branch.branch_id not in planned:
+                    plan.append(item)
+                    planned.add(item.branch.branch_id)
+        works = await self.supervisor.store.read(
+            q.recent_works, [item.branch.branch_id for item in plan if item.reason is not None],
+            OPENING_META)
+        live = dict(self.branches.live)
+        record = self.require()
+        folded_into: dict[str, list[StoredMessage]] = {}
+        folds: list[Fold] = []
         forced: list[ForcedReturn] = []
-        for child in self.branches.descendants(branch.branch_id):
-            if child.branch_id in self.branches.live:
-                forced += (await self._force_return(child, "parent_returned",
-                                                    charge_parent=False)).forced
-        return forced
+        transaction = Transaction()
+        for item in plan:
+            branch = live[item.branch.branch_id]
+            if item.reason is None:
+                assert item.message is not None
+                result, scrubbed_count = item.message
+            else:
+                last, recent = works[branch.branch_id]
+                # Its children folded into it on the way: their folds are its latest work.
+                recent += [(m.role, m.content) for m in folded_into.get(branch.branch_id, [])]
+                try:
+                    scrubbed = scrub(partial_result(last, recent[-3:]))
+                except ScrubError:
+                    log.exception("branch %s: partial result could not be scrubbed",
+                                  branch.branch_id)
+                    scrubbed = scrub(UNSCRUBBABLE)
+                result, scrubbed_count = scrubbed.text, scrubbed.total
+            parent = live.get(branch.parent_branch_id) if branch.parent_branch_id else None
+            fold = await self.branches.fold(branch, result, scrubbed_count, item.reason,
+                                            record.last_seq + 1, parent)
+            record = _with_fold(record, fold)
+            del live[branch.branch_id]
+            if fold.parent is not None:
+                live[fold.parent.branch_id] = fold.parent
+                folded_into.setdefault(fold.parent.branch_id, []).append(fold.message)
+            transaction.add(q.insert_messages, self.session_id, [fold.message])
+            self.branches.stage_fold(transaction, fold)
+            if item.extract_memory:
+                Memory.stage_candidate(transaction, MemoryCandidate(
+                    session_id=self.session_id, branch_id=branch.branch_id,
+                    title=branch.description, content=result, outcome="success",
+                    created_at=fold.message.created_at, scope=project_scope(record.project)))
+            folds.append(fold)
+            if item.reason is not None:
+                forced.append(ForcedReturn(branch_id=branch.branch_id, status=fold.status,
+                                           reason=item.reason, result=result))
+        transaction.add(q.save_counters, record)
+        await self.supervisor.store.commit(transaction)
+        self.record = record
+        for fold in folds:
+            self.branches.folded(fold)
+        return folds, forced
 
     async def _return_all(self, reason: str) -> list[ForcedReturn]:
         """Force-return every live branch of a session that is being closed or deleted,
-        deepest first."""
-        forced: list[ForcedReturn] = []
-        for branch in self.branches.deepest_first():
-            if branch.branch_id in self.branches.live:
-                forced += (await self._force_return(branch, reason,
-                                                    charge_parent=False)).forced
+        deepest first, in one transaction."""
+        _, forced = await self._return([_Return(branch, reason)
+                                        for branch in self.branches.deepest_first()])
         return forced
 
-    async def _fold(self, branch: Branch, result: str, secrets_scrubbed: int,
-                    reason: str | None, candidate_outcome: str | None) -> Fold:
-        """Close ``branch`` and append its fold message to the parent thread, in one
-        transaction with the session's counters (and the memory candidate, if any)."""
-        record = self.require()
-        fold = await self.branches.fold(branch, result, secrets_scrubbed, reason,
-                                        record.last_seq + 1)
-        updated = dataclasses.replace(record, last_seq=fold.message.seq,
-                                      updated_at=fold.message.created_at,
-                                      folded_tokens=record.folded_tokens + branch.budget_used,
-                                      component_tokens=dict(record.component_tokens))
-        if branch.parent_branch_id is None:
-            updated.message_count += 1
-            updated.component_tokens["conversation"] += fold.message.tokens
-        transaction = Transaction()
-        transaction.add(q.insert_messages, self.session_id, [fold.message])
-        self.branches.stage_fold(transaction, fold)
-        transaction.add(q.save_counters, updated)
-        if candidate_outcome is not None:
-            Memory.stage_candidate(transaction, MemoryCandidate(
-                session_id=self.session_id, branch_id=branch.branch_id,
-                title=branch.description, content=result, outcome=candidate_outcome,
-                created_at=fold.message.created_at, scope=project_scope(record.project)))
-        await self.supervisor.store.commit(transaction)
-        self.record = updated
-        self.branches.folded(fold)
-        return fold
-
-    async def _after_fold(self, fold: Fold) -> list[ForcedReturn]:
-        """The fold message grew the parent branch: warn, or force-return it at its budget."""
-        if fold.parent is None:
-            return []
-        if fold.parent_warned_now:
-            self.branches.publish_budget_warning(fold.parent)
-        return await self._enforce(fold.parent)
-
     async def return_branch(self, p: BranchReturnParams) -> BranchReturnResult:
-        """branch.return: children first, then the scrubbed fold into the parent."""
+        """branch.return: children first, then the scrubbed fold into the parent, in one
+        transaction; then the parent, grown by the fold, is enforced."""
         branch = await self._live_branch(p.branch_id, for_append=False)
         try:
             scrubbed = scrub(p.message)
         except ScrubError as exc:
             raise scrub_failed("the return message", exc, "nothing was folded",
                                {"branch_id": p.branch_id}) from exc
-        forced = await self._return_children(branch)
-        branch = self.branches.live[p.branch_id]
-        fold = await self._fold(branch, scrubbed.text, scrubbed.total, None,
-                                "success" if p.extract_memory else None)
-        forced += await self._after_fold(fold)
+        folds, forced = await self._return([_Return(
+            branch, None, (scrubbed.text, scrubbed.total), p.extract_memory)])
+        fold = folds[-1]
+        forced += await self._enforce_all(self._charge_parents([fold]))
         return BranchReturnResult(
             success=True, branch_id=branch.branch_id, parent_branch_id=branch.parent_branch_id,
             folded_at=fold.message.created_at, fold_seq=fold.message.seq,
-            tokens_used=branch.budget_used,
-            summary=FoldSummary(tokens_folded=branch.budget_used,
+            tokens_used=fold.branch.budget_used,
+            summary=FoldSummary(tokens_folded=fold.branch.budget_used,
                                 tokens_saved=fold.tokens_saved,
-                                operations_count=branch.operations_count,
+                                operations_count=fold.branch.operations_count,
                                 secrets_scrubbed=scrubbed.total,
                                 summary_redacted=scrubbed.total > 0,
                                 summary_truncated=fold.summary_truncated),

@@ -159,6 +159,13 @@ def recent_work(conn: apsw.Connection, branch_id: str, opening_meta: dict[str, A
             [(role, _decode_content(content)) for role, content in reversed(rows)])
 
 
+def recent_works(conn: apsw.Connection, branch_ids: Sequence[str],
+                 opening_meta: dict[str, Any]
+                 ) -> dict[str, tuple[Content | None, list[tuple[str, Content]]]]:
+    """`recent_work` of several branches, in one store job."""
+    return {branch_id: recent_work(conn, branch_id, opening_meta) for branch_id in branch_ids}
+
+
 def discard_messages(conn: apsw.Connection, session_id: str, thread: str | None,
                      fork_seq: int, branch_ids: Sequence[str]) -> MessagesDiscarded:
     """Mark discarded a thread's messages after ``fork_seq`` and every message of the

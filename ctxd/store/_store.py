@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import apsw
+import msgspec
 import outcome
 import trio
 
@@ -126,6 +127,15 @@ class WorkerThread:
         self._thread.join()
 
 
+class StoreStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """What `Store.statistics` reports."""
+
+    commits: int
+    """Transactions committed since the store was opened."""
+    jobs_running: int
+    """Jobs submitted and not finished (queued or running in the store's thread)."""
+
+
 class Transaction:
     """Writes that commit together, each added by the package that owns its tables.
 
@@ -187,6 +197,8 @@ class Store:
         """Pages the commits have written to the WAL (the store's thread counts them)."""
         self._pages_checkpointed = 0
         """`_pages_written` when the last checkpoint started."""
+        self._commits = 0
+        """Transactions committed (the store's thread counts them)."""
         self._jobs_running = 0
         self._last_job_at = 0.0
         """When the last job was submitted or finished (trio's clock)."""
@@ -337,6 +349,7 @@ class Store:
             try:
                 result = fn(conn, *args)
                 conn.execute("COMMIT")
+                self._commits += 1
             except BaseException:
                 # SQLite may already have rolled back by itself (SQLITE_FULL, for one).
                 if conn.in_transaction:
@@ -347,6 +360,9 @@ class Store:
             return result
         except _STORAGE_FAILURES as exc:
             raise _storage_error(exc) from exc
+
+    def statistics(self) -> StoreStatistics:
+        return StoreStatistics(commits=self._commits, jobs_running=self._jobs_running)
 
     def size_bytes(self) -> int:
         """The database file plus its WAL, in bytes."""

@@ -179,3 +179,63 @@ async def test_a_timed_out_parent_returns_its_children_first(
     assert [(e.data["branch_id"], e.data["status"]) for e in folded] == [
         (child.branch_id, "failed"), (parent.branch_id, "timeout")]
     assert await status_of(supervisor, "s1", child.branch_id) == "failed"
+
+
+async def test_coincident_deadlines_of_a_session_return_in_one_transaction(
+        supervisor: Supervisor, clock: trio.testing.MockClock) -> None:
+    """Three branches of one session whose deadlines coincide are force-returned together:
+    one commit for the three folds (and their expiries after the first find nothing)."""
+    await open_session(supervisor, "s1")
+    created = [await create(supervisor, "s1", 30, parent=None) for _ in range(3)]
+    subscription = supervisor.bus.subscribe("s1", ["branch.folded"])
+    commits = supervisor.store.statistics().commits
+    await trio.sleep(31)
+    folded = [await subscription.receive() for _ in created]
+    assert sorted(e.data["branch_id"] for e in folded) == sorted(c.branch_id for c in created)
+    assert [e.data["fold_seq"] for e in folded] == [
+        folded[0].data["fold_seq"] + i for i in range(3)]
+    assert supervisor.store.statistics().commits == commits + 1
+    assert supervisor.registry.count == 0
+
+
+async def test_expiries_queued_behind_a_busy_actor_return_together(
+        supervisor: Supervisor, clock: trio.testing.MockClock) -> None:
+    """Deadlines at 10, 10.2 and 10.4 s pass while the actor is busy: with nothing but the
+    expiries waiting, the first returns all three in one commit."""
+    await open_session(supervisor, "s1")
+    created = [await create(supervisor, "s1", 10 + 0.2 * i, parent=None) for i in range(3)]
+    commits = supervisor.store.statistics().commits
+
+    async def busy(actor: SessionActor) -> None:
+        await trio.sleep(11)
+
+    await supervisor.call("s1", busy)
+    await trio.testing.wait_all_tasks_blocked()
+    assert [await status_of(supervisor, "s1", c.branch_id) for c in created] == ["timeout"] * 3
+    assert supervisor.store.statistics().commits == commits + 1
+
+
+async def test_a_request_that_arrived_before_a_deadline_is_not_overtaken_by_expiries(
+        supervisor: Supervisor, clock: trio.testing.MockClock) -> None:
+    """An append to the third branch arrives at 10.3 s, before its deadline (10.4 s), and
+    waits behind the busy actor with the expiries: it is accepted, and the branch's own
+    expiry returns it afterwards (with the append as its partial result)."""
+    await open_session(supervisor, "s1")
+    created = [await create(supervisor, "s1", 10 + 0.2 * i, parent=None) for i in range(3)]
+    last = created[2].branch_id
+
+    async def busy(actor: SessionActor) -> None:
+        await trio.sleep(11)
+
+    async def append_late() -> None:
+        await trio.sleep(10.3)
+        await supervisor.call("s1", lambda a: a.append(MessageAppendParams(
+            session_id="s1", branch_id=last,
+            messages=[MessageIn(role="assistant", content="made it")])))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(supervisor.call, "s1", busy)
+        nursery.start_soon(append_late)
+    await trio.testing.wait_all_tasks_blocked()
+    info = (await supervisor.call("s1", lambda a: a.branch_status(last))).branch
+    assert (info.status, info.result) == ("timeout", "made it")
