@@ -61,6 +61,7 @@ def wait_index_ready(client: Client, timeout: float = 20) -> dict[str, Any]:
 
 def test_record_search_rate_delete(daemon: DaemonProcess) -> None:
     with daemon.client() as client:
+        wait_index_ready(client)  # else a dense search answers lexical-only, with a note
         ids = [record(client, title, content, scope="project:demo" if i == 0 else "global",
                       tags=["testing"] if i == 0 else [])["memory"]["id"]
                for i, (title, content) in enumerate(LESSONS)]
@@ -154,6 +155,7 @@ def test_index_survives_restarts_and_deletes(daemon: DaemonProcess) -> None:
                 for query in queries]
 
     with daemon.client() as client:
+        wait_index_ready(client)
         for title, content in LESSONS:
             record(client, title, content)
         client.call("memory.delete", {"id": 3})
@@ -178,9 +180,14 @@ def test_index_survives_restarts_and_deletes(daemon: DaemonProcess) -> None:
 
 def test_a_corrupt_index_file_is_rebuilt(daemon: DaemonProcess) -> None:
     with daemon.client() as client:
+        # Recorded into a ready index, so that the search below is the dense leg's and
+        # the stop saves the file (an index still being built when the daemon stops is
+        # not saved: the next start rebuilds it).
+        wait_index_ready(client)
         for title, content in LESSONS:
             record(client, title, content)
         expected = search(client, "migration user_version", mode="dense", k=2)
+        assert (expected["note"], [r["id"] for r in expected["results"]]) == (None, [2])
     daemon.stop()
     index_file = daemon.data_dir / "memory.faiss"
     assert index_file.stat().st_size > 0
