@@ -23,10 +23,9 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import numpy as np
 import trio
@@ -38,13 +37,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import faiss
 
 from ctxd.errors import CtxdError, ErrorCode
+from ctxd.jobs import JobQueue, Slot
 from ctxd.memory import _queries as q
 from ctxd.memory._embedders import Embedder, EmbedderError, Vectors
 from ctxd.memory._lexical import Selection
 from ctxd.store import Store, WorkerThread
 
 log = logging.getLogger("ctxd.memory")
-T = TypeVar("T")
 IndexState = Literal["loading", "rebuilding", "ready", "unavailable"]
 REBUILD_BATCH = 512
 TICK_S = 5.0
@@ -91,39 +90,6 @@ class DenseUnavailable(Exception):
     """The dense leg cannot answer; the message says why."""
 
 
-@dataclass
-class BesideSearch:
-    """A FAISS search started from another thread with `MemoryIndex.search_beside`, its
-    answer awaited on the event loop (made there, with `new`)."""
-
-    token: trio.lowlevel.TrioToken
-    done: trio.Event = field(default_factory=trio.Event)
-    found: list[tuple[int, float]] = field(default_factory=list)
-    error: Exception | None = None
-
-    @classmethod
-    def new(cls) -> BesideSearch:
-        return cls(trio.lowlevel.current_trio_token())
-
-    def finish(self) -> None:
-        """From any thread: the answer (or the error) is in."""
-        try:
-            self.token.run_sync_soon(self.done.set)
-        except trio.RunFinishedError:
-            pass  # the daemon is stopping: nobody waits
-
-    async def result(self) -> list[tuple[int, float]]:
-        """(id, cosine), nearest first.
-
-        Raises:
-            DenseUnavailable: the dense leg could not answer (and why).
-        """
-        await self.done.wait()
-        if self.error is not None:
-            raise self.error
-        return self.found
-
-
 class MemoryIndex:
     """The dense leg of memory retrieval.
 
@@ -166,8 +132,7 @@ class MemoryIndex:
         """Rebuilds so far: a next index made before the last of them is not used."""
         self._searcher: WorkerThread | None = None
         """The thread of `search_beside` (started with its first search)."""
-        self._jobs_send, self._jobs = trio.open_memory_channel[
-            tuple[Callable[[], Awaitable[Any]], trio.Event, list[Any]]](64)
+        self._jobs = JobQueue(64, _stopping)
 
     # ---- the owner task ------------------------------------------------------------
 
@@ -180,25 +145,17 @@ class MemoryIndex:
             async with trio.open_nursery() as nursery:  # the next index's build (`_regrow`)
                 await self._open()
                 while True:
-                    received = None
+                    job = None
                     # Only the wait is timed: a job (a rebuild) may take as long as it needs.
                     with trio.move_on_after(TICK_S):
-                        received = await self._jobs.receive()
-                    if received is None:
+                        job = await self._jobs.receive()
+                    if job is None:
                         await self._save_if_dirty()
                         if (self.state == "unavailable"
                                 and trio.current_time() >= self._retry_at):
                             await self._rebuild()
                     else:
-                        job, done, box = received
-                        try:
-                            box.append(await job())
-                        except Exception as exc:  # the job's failure is its caller's to raise
-                            box.append(exc)
-                        finally:
-                            if not box:  # cancelled: the daemon is stopping
-                                box.append(_stopping())
-                            done.set()
+                        await job.run()
                     if self._outgrown():
                         self._regrowing = True
                         nursery.start_soon(self._regrow)
@@ -206,19 +163,6 @@ class MemoryIndex:
             self._jobs.close()
             with trio.move_on_after(10, shield=True):
                 await self._save_if_dirty()
-
-    async def _submit(self, job: Callable[[], Awaitable[T]]) -> T:
-        done = trio.Event()
-        box: list[Any] = []
-        try:
-            await self._jobs_send.send((job, done, box))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            raise _stopping() from None
-        await done.wait()
-        if isinstance(box[0], BaseException):
-            raise box[0]
-        result: T = box[0]
-        return result
 
     # ---- opening, rebuilding, saving ------------------------------------------------
 
@@ -360,7 +304,7 @@ class MemoryIndex:
                      "when it started)", index.ntotal, _lists(index), before, count)
 
         try:
-            await self._submit(put_in_place)
+            await self._jobs.submit(put_in_place)
         except CtxdError:
             self._end_regrow()  # the daemon is stopping
 
@@ -461,7 +405,7 @@ class MemoryIndex:
             return  # the next rebuild reads it from SQLite
         self._pending[memory_id] = (text, generation)
         if self.state == "ready":
-            await self._submit(self._apply_pending)
+            await self._jobs.submit(self._apply_pending)
 
     async def _apply_pending(self) -> None:
         if self.state not in ("ready", "rebuilding") or self._index is None or not self._pending:
@@ -512,7 +456,7 @@ class MemoryIndex:
                     self._removed_meanwhile.add(memory_id)
             self._advance(generation)
 
-        await self._submit(job)
+        await self._jobs.submit(job)
 
     def _advance(self, generation: int) -> None:
         self.generation = max(self.generation, generation)
@@ -541,7 +485,7 @@ class MemoryIndex:
 
         return await trio.to_thread.run_sync(run)
 
-    def search_beside(self, search: BesideSearch, query: str, k: int,
+    def search_beside(self, search: Slot[list[tuple[int, float]]], query: str, k: int,
                       selection: Selection) -> None:
         """Embed the query here and start its search (as `search`) in the index's search
         thread; return once FAISS is searching, which it does without the GIL, so that
@@ -553,19 +497,17 @@ class MemoryIndex:
             index = self._ready()
             vector = self._embed_query(query)
         except DenseUnavailable as exc:
-            search.error = exc
-            search.finish()
+            search.fail(exc)
             return
         searching = threading.Event()
 
         def run() -> None:
             try:
-                search.found = self._search(index, vector, k, selection, searching)
+                search.set(self._search(index, vector, k, selection, searching))
             except Exception as exc:  # handed to the task awaiting it
-                search.error = exc
+                search.fail(exc)
             finally:
                 searching.set()
-                search.finish()
 
         if self._searcher is None:
             self._searcher = WorkerThread("ctxd-faiss")
@@ -630,7 +572,7 @@ class MemoryIndex:
 
     async def rebuild(self) -> None:
         """Rebuild from SQLite now (memory.reindex, or after a failed add)."""
-        await self._submit(self._rebuild)
+        await self._jobs.submit(self._rebuild)
 
     def statistics(self) -> dict[str, Any]:
         return {"state": self.state, "reason": self.reason,
