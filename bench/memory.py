@@ -103,7 +103,7 @@ from rpc import (
 
 from ctxd.memory import HashingEmbedder
 from ctxd.memory import _queries as queries
-from ctxd.memory._index import CODES, REGROW, lists_for
+from ctxd.memory._build import CODES, REGROW, lists_for
 from ctxd.memory._lexical import LOAD_CHUNK, LexicalIndex
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

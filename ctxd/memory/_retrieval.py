@@ -11,8 +11,9 @@ import trio
 from ctxd.config import MemoryConfig
 from ctxd.jobs import Slot
 from ctxd.memory import _queries as q
-from ctxd.memory._index import DenseUnavailable, MemoryIndex
+from ctxd.memory._index import MemoryIndex
 from ctxd.memory._lexical import LexicalHits, LexicalIndex, Selection
+from ctxd.memory._search import DenseUnavailable, Found
 from ctxd.store import Store
 from ctxd.wire.types import Leg, MemoryItem, SearchMode
 
@@ -111,7 +112,7 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
     # in a worker thread beside the ranking, the embedding and the ranking took turns
     # with the GIL: at p50 the embedding did not start before the ranking was over, and
     # FAISS then ran alone after both (see docs/performance.md).
-    beside: tuple[Slot[list[tuple[int, float]]], Selection] | None = None
+    beside: tuple[Slot[Found], Selection] | None = None
     if (mode == "hybrid" and selection is not None and index.embedder.gil_bound
             and index.state == "ready"):
         beside = (Slot(), selection)
