@@ -7,10 +7,13 @@ from ctxd.memory._embedders import (
     HttpEmbedder,
     SentenceTransformerEmbedder,
     make_embedder,
+    stem,
 )
 from ctxd.memory._index import MemoryIndex
 from ctxd.memory._methods import register
+from ctxd.memory._retrieval import fuse
 from ctxd.memory._service import Memory
 
 __all__ = ["Embedder", "EmbedderError", "HashingEmbedder", "HttpEmbedder", "Memory",
-           "MemoryIndex", "SentenceTransformerEmbedder", "make_embedder", "register"]
+           "MemoryIndex", "SentenceTransformerEmbedder", "fuse", "make_embedder", "register",
+           "stem"]
