@@ -60,7 +60,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from folding import Caller
-from rpc import BenchError, RawClient, ServerProcess, copy_logs, print_table, run_and_report
+from rpc import (
+    BenchError,
+    DaemonProcess,
+    RawClient,
+    copy_logs,
+    print_table,
+    run_and_report,
+)
 
 from ctxd.memory import HashingEmbedder, fuse
 from ctxd.memory import stem as light_stem
@@ -72,7 +79,6 @@ CATEGORIES = (1, 2, 3, 4)
 K_VALUES = (5, 10)
 LEG_CANDIDATES = 50  # what each leg proposes to the fusion for k <= 12 (_retrieval.py)
 START_TIMEOUT_S = 120.0  # a sentence-transformers daemon loads its model first
-STOP_TIMEOUT_S = 20.0
 REFERENCE = (
     ("plain BM25", 0.481, 0.561),
     ("BM25 with stemming", 0.521, 0.618),
@@ -172,34 +178,13 @@ def load(folder: Path) -> list[Conversation]:
 
 @contextlib.contextmanager
 def running(root: Path, data_dir: Path, label: str, python: str,
-            settings: dict[str, str]) -> Iterator[tuple[ServerProcess, Caller]]:
+            settings: dict[str, str]) -> Iterator[tuple[DaemonProcess, Caller]]:
     """A daemon on ``data_dir`` with ``--memory-<key> value`` flags, stopped on exit."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("CTXD_", "NOTIFY_SOCKET", "LISTEN_", "WATCHDOG_"))}
-    env["XDG_CONFIG_HOME"] = str(root / "config")
-    socket_path = root / "run" / f"{label}.sock"
-    log_path = root / f"{label}.log"
-    command = [python, "-m", "ctxd", "--socket", str(socket_path), "--data-dir",
-               str(data_dir)]
-    for key, value in settings.items():
-        command += [f"--memory-{key}", value]
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=log, env=env, cwd=REPO_ROOT,
-                                stdin=subprocess.DEVNULL)
-    server = ServerProcess(label, socket_path, log_path, proc)
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            try:
-                server.wait_ready()
-                break
-            except BenchError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise
-        with contextlib.closing(RawClient(socket_path)) as client:
-            yield server, Caller(client)
-    finally:
-        server.stop()
+    flags = [arg for key, value in settings.items() for arg in (f"--memory-{key}", value)]
+    daemon = DaemonProcess(root, flags, name=label, data=data_dir, python=python,
+                           start_timeout=START_TIMEOUT_S)
+    with daemon.running(), contextlib.closing(RawClient(daemon.socket)) as client:
+        yield daemon, Caller(client)
 
 
 def record_all(caller: Caller, conversations: Sequence[Conversation], window: int) -> float:
