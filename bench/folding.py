@@ -68,9 +68,10 @@ import msgspec
 from rpc import (
     RECV_CHUNK,
     BenchError,
+    DaemonFailed,
+    DaemonProcess,
     MessageSource,
     RawClient,
-    ServerProcess,
     machine_line,
     message_bodies,
     ms,
@@ -80,7 +81,6 @@ from rpc import (
     process_cpu_seconds,
     request_line,
     run_and_report,
-    start_ctxd,
     verdict,
 )
 
@@ -434,7 +434,7 @@ def plan_offsets(args: argparse.Namespace, variant: str, count: int) -> list[flo
     return offsets
 
 
-def run_expiry(server: ServerProcess, args: argparse.Namespace, variant: str,
+def run_expiry(server: DaemonProcess, args: argparse.Namespace, variant: str,
                create_rate: float, texts: Texts) -> Expiry:
     pid = server.proc.pid
     sessions_count = -(-args.branches // args.per_session)
@@ -447,8 +447,8 @@ def run_expiry(server: ServerProcess, args: argparse.Namespace, variant: str,
                     sessions=sessions_count)
     result.idle_rss = vm_bytes(pid, "VmRSS")
     with contextlib.ExitStack() as stack:
-        caller = Caller(stack.enter_context(contextlib.closing(RawClient(server.socket_path))))
-        events = EventStream(server.socket_path)
+        caller = Caller(stack.enter_context(contextlib.closing(RawClient(server.socket))))
+        events = EventStream(server.socket)
         stack.callback(events.close)
         sessions = caller.pipelined("session.open", (
             (lambda i=i: {"session_id": f"bench-fold-{variant}-{i}"})
@@ -503,7 +503,8 @@ def run_expiry(server: ServerProcess, args: argparse.Namespace, variant: str,
         unknown = set(events.late) - set(deadlines)
         if unknown:
             raise BenchError(f"forced returns of branches never created: {sorted(unknown)[:5]}")
-    server.stop()
+    with contextlib.suppress(DaemonFailed):  # it ignored SIGTERM and was killed
+        server.stop()
     result.exit_code = server.proc.returncode
     result.log_problems = [row for row in server.log_path.read_text(errors="replace").splitlines()
                            if " WARNING " in row or " ERROR " in row or "Traceback" in row]
@@ -638,13 +639,13 @@ class Report:
 # ---- the run ---------------------------------------------------------------------------
 
 def _daemon(stack: contextlib.ExitStack, root: Path, phase: str,
-            args: argparse.Namespace) -> ServerProcess:
+            args: argparse.Namespace) -> DaemonProcess:
     home = root / phase
     home.mkdir()
     if args.keep_logs:
         stack.callback(_copy_log, home / "ctxd.log", Path(args.keep_logs) / f"ctxd-{phase}.log")
     profile = Path(f"{args.profile_ctxd}.{phase}") if args.profile_ctxd else None
-    return start_ctxd(stack, home, profile)
+    return stack.enter_context(DaemonProcess(home, profile=profile).running())
 
 
 def _copy_log(log: Path, destination: Path) -> None:
@@ -665,7 +666,7 @@ def run_benchmark(report: Report) -> None:
                 print(f"latency: starting ctxd in {root} ...", flush=True)
                 server = _daemon(stack, root, "latency", args)
                 caller = Caller(stack.enter_context(
-                    contextlib.closing(RawClient(server.socket_path))))
+                    contextlib.closing(RawClient(server.socket))))
                 for round_number in range(1, args.rounds + 1):
                     print(f"  round {round_number}/{args.rounds}", flush=True)
                     latency_round(caller, texts, args, round_number, report.latency,

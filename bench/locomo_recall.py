@@ -24,8 +24,8 @@ Passes:
   the daemon rebuild its index at start.
 * ``techniques`` (``--techniques``): variants of the hashing embedder and of the fusion,
   computed in this process (scratch code, not the daemon's): the daemon's lexical leg (its
-  first 50 ids, as the hybrid search fuses them) is fused with a dense leg computed here by
-  exact inner product, exactly as ``ctxd.memory._retrieval.fuse`` does. The first row
+  first 50 ids, as the hybrid search fuses them) and a dense leg computed here by exact
+  inner product are fused by the daemon's own ``ctxd.memory.fuse``. The first row
   reproduces the daemon's own embedder and fusion, to show that the simulation agrees.
 
 The script reports and exits 0 once it has figures; it exits 1 only when it could not
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
+import functools
 import itertools
 import json
 import math
@@ -60,9 +60,18 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from folding import Caller
-from rpc import BenchError, RawClient, ServerProcess, copy_logs, print_table, run_and_report
+from rpc import (
+    BenchError,
+    DaemonProcess,
+    RawClient,
+    copy_logs,
+    print_table,
+    run_and_report,
+)
 
-from ctxd.memory import HashingEmbedder
+from ctxd.memory import HashingEmbedder, fuse
+from ctxd.memory import stem as light_stem
+from ctxd.memory._embedders import _bucket
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DIR = REPO_ROOT.parent / "shared" / "bench-data" / "locomo" / "dev"
@@ -70,7 +79,6 @@ CATEGORIES = (1, 2, 3, 4)
 K_VALUES = (5, 10)
 LEG_CANDIDATES = 50  # what each leg proposes to the fusion for k <= 12 (_retrieval.py)
 START_TIMEOUT_S = 120.0  # a sentence-transformers daemon loads its model first
-STOP_TIMEOUT_S = 20.0
 REFERENCE = (
     ("plain BM25", 0.481, 0.561),
     ("BM25 with stemming", 0.521, 0.618),
@@ -170,34 +178,13 @@ def load(folder: Path) -> list[Conversation]:
 
 @contextlib.contextmanager
 def running(root: Path, data_dir: Path, label: str, python: str,
-            settings: dict[str, str]) -> Iterator[tuple[ServerProcess, Caller]]:
+            settings: dict[str, str]) -> Iterator[tuple[DaemonProcess, Caller]]:
     """A daemon on ``data_dir`` with ``--memory-<key> value`` flags, stopped on exit."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("CTXD_", "NOTIFY_SOCKET", "LISTEN_", "WATCHDOG_"))}
-    env["XDG_CONFIG_HOME"] = str(root / "config")
-    socket_path = root / "run" / f"{label}.sock"
-    log_path = root / f"{label}.log"
-    command = [python, "-m", "ctxd", "--socket", str(socket_path), "--data-dir",
-               str(data_dir)]
-    for key, value in settings.items():
-        command += [f"--memory-{key}", value]
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=log, env=env, cwd=REPO_ROOT,
-                                stdin=subprocess.DEVNULL)
-    server = ServerProcess(label, socket_path, log_path, proc)
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            try:
-                server.wait_ready()
-                break
-            except BenchError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise
-        with contextlib.closing(RawClient(socket_path)) as client:
-            yield server, Caller(client)
-    finally:
-        server.stop()
+    flags = [arg for key, value in settings.items() for arg in (f"--memory-{key}", value)]
+    daemon = DaemonProcess(root, flags, name=label, data=data_dir, python=python,
+                           start_timeout=START_TIMEOUT_S)
+    with daemon.running(), contextlib.closing(RawClient(daemon.socket)) as client:
+        yield daemon, Caller(client)
 
 
 def record_all(caller: Caller, conversations: Sequence[Conversation], window: int) -> float:
@@ -441,10 +428,9 @@ def tune_pass(report: Report, root: Path) -> None:
 
 Vectors = npt.NDArray[np.float32]
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
-# The daemon's light stemmer (ctxd/memory/_embedders.py), repeated so variants can change it.
-_SUFFIXES = ("ational", "ization", "fulness", "iveness", "ations", "nesses", "ments",
-             "ingly", "ation", "ities", "ness", "ment", "ings", "ably", "ibly", "edly",
-             "ing", "ies", "ied", "ity", "ers", "est", "ed", "es", "er", "ly", "s")
+# Not the lexical leg's list (ctxd/memory/_queries.py STOPWORDS, 126 words) but the 103 of
+# them that the technique figures of docs/performance.md were measured with; with the
+# lexical leg's, the rows that drop stop words move by up to 0.006.
 STOP_WORDS = frozenset(
     "a about after again all am an and any are as at be been before being but by can could "
     "did do does doing for from had has have having he her here hers him his how i if in "
@@ -452,15 +438,6 @@ STOP_WORDS = frozenset(
     "over own same she should so some such than that the their them then there these they "
     "this those through to too under until up very was we were what when where which while "
     "who whom why will with would you your".split())
-
-
-def light_stem(word: str) -> str:
-    for suffix in _SUFFIXES:
-        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
-            return word[:-len(suffix)]
-    return word
-
-
 @dataclass(frozen=True)
 class Variant:
     """A feature-hashing embedder: which features, how they are weighted."""
@@ -468,6 +445,7 @@ class Variant:
     label: str
     dim: int = 1024
     stem: Callable[[str], str] = light_stem
+    """The daemon's by default."""
     pairs: bool = True
     stop_words: bool = False
     char_ngrams: tuple[int, ...] = ()
@@ -489,42 +467,24 @@ class Variant:
         return features
 
 
-_BUCKETS: dict[str, tuple[int, float]] = {}
-
-
-def _bucket(feature: str) -> tuple[int, float]:
-    """The daemon's hashing (blake2b, 8 bytes): the bucket modulo dim is taken later."""
-    cached = _BUCKETS.get(feature)
-    if cached is None:
-        digest = int.from_bytes(hashlib.blake2b(feature.encode(), digest_size=8).digest(),
-                                "little")
-        cached = _BUCKETS[feature] = (digest, 1.0 if digest >> 63 else -1.0)
-    return cached
+bucket = functools.cache(_bucket)
+"""The daemon's hashing of a feature into a dimension and a sign, remembered."""
 
 
 def embed(variant: Variant, texts: Sequence[str], idf: dict[str, float] | None) -> Vectors:
     vectors = np.zeros((len(texts), variant.dim), dtype=np.float32)
     for row, text in enumerate(texts):
         for feature, count in variant.features(text).items():
-            digest, sign = _bucket(feature)
+            place, sign = bucket(feature, variant.dim)
             weight = 1.0 + math.log(count)
             if feature.startswith("#"):
                 weight *= variant.char_weight
             if idf is not None:
                 weight *= idf.get(feature, 1.0)
-            vectors[row, digest % variant.dim] += sign * weight
+            vectors[row, place] += sign * weight
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     np.divide(vectors, norms, out=vectors, where=norms > 0)
     return vectors
-
-
-def fuse(legs: Sequence[tuple[Sequence[int], float]], rrf_k: int, k: int) -> list[int]:
-    """`ctxd.memory._retrieval.fuse`: Σ weight / (rrf_k + rank), ties by id."""
-    scores: dict[int, float] = {}
-    for ids, weight in legs:
-        for rank, memory_id in enumerate(ids, start=1):
-            scores[memory_id] = scores.get(memory_id, 0.0) + weight / (rrf_k + rank)
-    return [i for i, _ in sorted(scores.items(), key=lambda t: (-t[1], t[0]))[:k]]
 
 
 @dataclass(frozen=True)
@@ -574,8 +534,9 @@ def techniques_pass(report: Report, root: Path) -> None:
             scores = matrices[conversation.scope] @ queries[row]
             order = sorted(range(len(ids)), key=lambda i: (-scores[i], ids[i]))
             dense = [ids[i] for i in order if scores[i] >= fusion.min_score][:LEG_CANDIDATES]
-            fused = fuse([(lexical_leg[:LEG_CANDIDATES], 1.0), (dense, fusion.dense_weight)],
-                         fusion.rrf_k, max(K_VALUES))
+            fused = [memory_id for memory_id, _, _ in fuse(
+                {"lexical": lexical_leg[:LEG_CANDIDATES], "dense": dense},
+                {"lexical": 1.0, "dense": fusion.dense_weight}, fusion.rrf_k)[:max(K_VALUES)]]
             for k in K_VALUES:
                 dense_hits[k] += any(conversation.dia_of[i] in question.evidence
                                      for i in dense[:k])

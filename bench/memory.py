@@ -90,8 +90,8 @@ from folding import Caller, vm_bytes
 from locomo_recall import running, wait_memory_ready
 from rpc import (
     BenchError,
+    DaemonProcess,
     RawClient,
-    ServerProcess,
     copy_logs,
     machine_line,
     ms,
@@ -103,7 +103,7 @@ from rpc import (
 
 from ctxd.memory import HashingEmbedder
 from ctxd.memory import _queries as queries
-from ctxd.memory._index import CODES, REGROW, lists_for
+from ctxd.memory._build import CODES, REGROW, lists_for
 from ctxd.memory._lexical import LOAD_CHUNK, LexicalIndex
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -410,7 +410,7 @@ def inject(caller: Caller, writer: Writer, run: InjectRun, count: int, tag: str)
         (lambda b=b: {"branch_id": b, "message": "done"}) for b in live), PER_SESSION)
 
 
-def reindex(server: ServerProcess, caller: Caller) -> tuple[float | None, str]:
+def reindex(server: DaemonProcess, caller: Caller) -> tuple[float | None, str]:
     """memory.reindex, timed; (None, what happened) when the daemon did not answer it."""
     started = time.perf_counter()
     try:
@@ -643,7 +643,7 @@ def run_benchmark(report: Report) -> None:
                 server, caller):
             elapsed, report.reindex = reindex(server, caller)
             if elapsed is None:
-                with contextlib.closing(RawClient(server.socket_path)) as client:
+                with contextlib.closing(RawClient(server.socket)) as client:
                     index = Caller(client).call("daemon.status").get("memory_index")
                 if index is not None:
                     report.reindex += (f"; daemon.status then says the index is "

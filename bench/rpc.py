@@ -51,6 +51,10 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 import trio
 
+# The daemon starter of the end-to-end tests, shared with them (tests/daemon_process.py).
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
+from daemon_process import DaemonFailed, DaemonProcess
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RECV_CHUNK = 1024 * 1024
 START_TIMEOUT_S = 30.0
@@ -110,7 +114,8 @@ async def serve_echo(path: str) -> None:
 
 @dataclass
 class ServerProcess:
-    """A server subprocess with its socket and log; stopped with SIGTERM, then SIGKILL."""
+    """The echo baseline's subprocess with its socket and log; stopped with SIGTERM, then
+    SIGKILL. (ctxd is a `DaemonProcess`.)"""
 
     name: str
     socket_path: Path
@@ -144,34 +149,16 @@ class ServerProcess:
                 self.proc.wait()
 
 
-def _start(stack: contextlib.ExitStack, name: str, command: list[str], socket_path: Path,
-           log_path: Path, env: dict[str, str]) -> ServerProcess:
+def start_echo(stack: contextlib.ExitStack, root: Path) -> ServerProcess:
+    socket_path, log_path = root / "echo.sock", root / "echo.log"
     with log_path.open("ab") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=log, env=env, cwd=REPO_ROOT,
-                                stdin=subprocess.DEVNULL)
-    server = ServerProcess(name, socket_path, log_path, proc)
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()),
+                                 "--echo-server", str(socket_path)],
+                                stdout=log, stderr=log, cwd=REPO_ROOT, stdin=subprocess.DEVNULL)
+    server = ServerProcess("echo baseline", socket_path, log_path, proc)
     stack.callback(server.stop)
     server.wait_ready()
     return server
-
-
-def start_echo(stack: contextlib.ExitStack, root: Path) -> ServerProcess:
-    return _start(stack, "echo baseline",
-                  [sys.executable, str(Path(__file__).resolve()), "--echo-server",
-                   str(root / "echo.sock")],
-                  root / "echo.sock", root / "echo.log", dict(os.environ))
-
-
-def start_ctxd(stack: contextlib.ExitStack, root: Path, profile: Path | None) -> ServerProcess:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("CTXD_", "NOTIFY_SOCKET", "LISTEN_", "WATCHDOG_"))}
-    env["XDG_CONFIG_HOME"] = str(root / "config")
-    python = [sys.executable]
-    if profile is not None:
-        python += ["-m", "cProfile", "-o", str(profile.resolve())]
-    command = [*python, "-m", "ctxd", "--socket", str(root / "run" / "ctxd.sock"),
-               "--data-dir", str(root / "data")]
-    return _start(stack, "ctxd", command, root / "run" / "ctxd.sock", root / "ctxd.log", env)
 
 
 # ---- the load generator ----------------------------------------------------------------
@@ -683,8 +670,9 @@ def run_benchmark(report: Report) -> None:
             stack.callback(copy_logs, root, Path(args.keep_logs))
         print(f"starting the echo baseline and ctxd in {root} ...", flush=True)
         echo = start_echo(stack, root) if passes & {"ping", "latency"} else None
-        ctxd = start_ctxd(stack, root, Path(args.profile_ctxd) if args.profile_ctxd else None)
-        ctxd_client = stack.enter_context(contextlib.closing(RawClient(ctxd.socket_path)))
+        ctxd = stack.enter_context(DaemonProcess(
+            root, profile=Path(args.profile_ctxd) if args.profile_ctxd else None).running())
+        ctxd_client = stack.enter_context(contextlib.closing(RawClient(ctxd.socket)))
         echo_client = (stack.enter_context(contextlib.closing(RawClient(echo.socket_path)))
                        if echo is not None else None)
         source = MessageSource()
@@ -711,9 +699,12 @@ def run_benchmark(report: Report) -> None:
             if "batched" in passes:
                 append_round(ctxd_client, ctxd.proc.pid, source, BATCH_SIZE,
                              args.append_seconds, report.batched, f"batched-r{round_number}")
-        ctxd.stop()
-        if ctxd.proc.returncode not in (0, None):
-            print(f"note: ctxd exited with {ctxd.proc.returncode}:\n{ctxd.log()}")
+        try:
+            code = ctxd.stop()
+        except DaemonFailed:  # it ignored SIGTERM and was killed
+            code = ctxd.proc.returncode if ctxd.proc is not None else None
+        if code != 0:
+            print(f"note: ctxd exited with {code}:\n{ctxd.log()[-4000:]}")
 
 
 def machine_line(title: str, profiled: bool = False) -> str:
@@ -780,7 +771,7 @@ def run_and_report(report: ReportT, benchmark: Callable[[ReportT], None]) -> Non
     signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
         benchmark(report)
-    except (BenchError, OSError) as exc:
+    except (BenchError, DaemonFailed, OSError) as exc:
         report.print()
         print(f"benchmark could not finish: {exc}", file=sys.stderr)
         sys.exit(1)

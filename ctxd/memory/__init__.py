@@ -7,13 +7,15 @@ from ctxd.memory._embedders import (
     HttpEmbedder,
     SentenceTransformerEmbedder,
     make_embedder,
+    stem,
 )
 from ctxd.memory._index import MemoryIndex
 from ctxd.memory._injection import INJECT_SHARE, Injected
 from ctxd.memory._methods import register
 from ctxd.memory._queries import MemoryCandidate, project_scope
+from ctxd.memory._retrieval import fuse
 from ctxd.memory._service import Memory
 
 __all__ = ["INJECT_SHARE", "Embedder", "EmbedderError", "HashingEmbedder", "HttpEmbedder",
            "Injected", "Memory", "MemoryCandidate", "MemoryIndex", "SentenceTransformerEmbedder",
-           "make_embedder", "project_scope", "register"]
+           "fuse", "make_embedder", "project_scope", "register", "stem"]

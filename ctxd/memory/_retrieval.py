@@ -9,9 +9,11 @@ import apsw
 import trio
 
 from ctxd.config import MemoryConfig
+from ctxd.jobs import Slot
 from ctxd.memory import _queries as q
-from ctxd.memory._index import BesideSearch, DenseUnavailable, MemoryIndex
+from ctxd.memory._index import MemoryIndex
 from ctxd.memory._lexical import LexicalHits, LexicalIndex, Selection
+from ctxd.memory._search import DenseUnavailable, Found
 from ctxd.store import Store
 from ctxd.wire.types import Leg, MemoryItem, SearchMode
 
@@ -110,10 +112,10 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
     # in a worker thread beside the ranking, the embedding and the ranking took turns
     # with the GIL: at p50 the embedding did not start before the ranking was over, and
     # FAISS then ran alone after both (see docs/performance.md).
-    beside: tuple[BesideSearch, Selection] | None = None
+    beside: tuple[Slot[Found], Selection] | None = None
     if (mode == "hybrid" and selection is not None and index.embedder.gil_bound
             and index.state == "ready"):
-        beside = (BesideSearch.new(), selection)
+        beside = (Slot(), selection)
 
     def lexical_and_items(conn: apsw.Connection) -> LexicalHits:
         if beside is not None:
@@ -127,7 +129,7 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
     async def dense_leg() -> None:
         try:
             if beside is not None:  # started by the lexical leg's job
-                found["dense"] = [memory_id for memory_id, score in await beside[0].result()
+                found["dense"] = [memory_id for memory_id, score in await beside[0].wait()
                                   if score >= config.dense_min_score]
             else:
                 found["dense"] = await _dense(store, index, query, selection, scope,

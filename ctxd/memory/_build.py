@@ -1,0 +1,225 @@
+"""Making the memory index: its kind (exact, or IVF past ``ann_threshold``) and lists, a build
+from SQLite, the next index made while the one in place answers, and the index file.
+
+The file is saved atomically (temp file + rename) with the store's memory *generation* and
+the embedder's signature beside it, in a ``.json``; at start a file whose generation,
+signature or size does not match the store is not loaded (the owner rebuilds it). An
+approximate index is an IVF that keeps the ids in its inverted lists and its vectors as
+16-bit floats.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import trio
+
+from ctxd.memory import _queries as q
+from ctxd.memory._embedders import Embedder, Vectors
+from ctxd.memory._faiss import faiss
+from ctxd.store import Store
+
+log = logging.getLogger("ctxd.memory")
+REBUILD_BATCH = 512
+REGROW = 1.5
+"""An approximate index is rebuilt, while it keeps answering, once its memories call for
+this many times the lists it was built with (`lists_for`): when they have grown 2.25
+times (1.5 times while the lists are bound by 39 memories each). Its lists were learnt
+from the memories it was built with; grown tenfold past them, its lists held ten times
+the memories and a search took five times as long."""
+CODES = faiss.ScalarQuantizer.QT_fp16
+"""How the approximate index keeps its vectors: 16-bit floats (half the memory of 32-bit
+ones; see docs/decisions.md)."""
+
+
+def lists_for(count: int) -> int:
+    """The inverted lists of an approximate index of ``count`` memories: about 4·√n, each
+    trained with at least 39 points (what faiss asks), at least one."""
+    return max(1, min(int(4 * math.sqrt(count)), count // 39))
+
+
+def describe(index: Any) -> str:
+    """The index's kind, for the log."""
+    return f"{index.nlist} lists" if isinstance(index, faiss.IndexIVF) else "exact"
+
+
+def _current_kind(index: Any) -> bool:
+    """Whether an approximate index keeps its vectors as `Builder.build` makes it now."""
+    return (isinstance(index, faiss.IndexIVFScalarQuantizer)
+            and index.sq.qtype == CODES)
+
+
+class NextIndex:
+    """What the owner changed in the index in place while the next one was being made from
+    SQLite, for the next one to take over."""
+
+    def __init__(self) -> None:
+        self.added: dict[int, Vectors] = {}
+        """Memory id → vector of those the owner indexed meanwhile."""
+        self.removed: set[int] = set()
+        """Those the owner removed meanwhile."""
+
+    def indexed(self, ids: Sequence[int], vectors: Vectors) -> None:
+        for memory_id, vector in zip(ids, vectors, strict=True):
+            self.added[memory_id] = vector
+            self.removed.discard(memory_id)
+
+    def dropped(self, ids: Sequence[int]) -> None:
+        for memory_id in ids:
+            self.added.pop(memory_id, None)
+            self.removed.add(memory_id)
+
+    def catch_up(self, index: Any, max_id: int) -> int:
+        """Bring the next ``index`` (whose highest id is ``max_id``) up to date with what
+        changed (blocking); returns its highest id now."""
+        if self.removed:
+            index.remove_ids(np.asarray(sorted(self.removed), np.int64))
+        if self.added:
+            ids = np.asarray(list(self.added), np.int64)
+            if int(ids.min()) <= max_id:  # read from SQLite too
+                index.remove_ids(ids)
+            index.add_with_ids(np.stack(list(self.added.values())), ids)
+            max_id = max(max_id, int(ids.max()))
+        return max_id
+
+
+class Builder:
+    """Makes the index and keeps its file.
+
+    Args:
+        path: the index file (a ``.json`` beside it holds its generation and signature).
+        embedder: turns texts into vectors.
+        store: the database, to build from.
+        ann_threshold: above this many vectors a build makes an approximate index.
+        nprobe: inverted lists searched by the approximate index.
+    """
+
+    def __init__(self, path: Path, embedder: Embedder, store: Store, ann_threshold: int,
+                 nprobe: int):
+        self.path = path
+        self._embedder = embedder
+        self._store = store
+        self._ann_threshold = ann_threshold
+        self._nprobe = nprobe
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        """The texts' vectors, embedded in a worker thread.
+
+        Raises:
+            EmbedderError: the embedder failed.
+        """
+        return await trio.to_thread.run_sync(self._embedder.embed_sync, texts)
+
+    def outgrown(self, index: Any) -> bool:
+        """An exact index that has grown past ``ann_threshold``, or an approximate one past
+        `REGROW` times its lists: its next should be approximate, with lists for its
+        memories now."""
+        count = int(index.ntotal)
+        if isinstance(index, faiss.IndexIVF):
+            return lists_for(count) >= REGROW * index.nlist
+        return count > self._ann_threshold
+
+    async def from_store(self, abandon_on_cancel: bool = False
+                         ) -> tuple[int, int, list[int], Any]:
+        """(generation, memories, ids, index): a new index of every memory in SQLite, read
+        and embedded in batches, built in a worker thread (left to finish alone when
+        cancelled, with ``abandon_on_cancel``: the daemon need not wait for it to stop).
+
+        Raises:
+            EmbedderError: the embedder failed.
+            CtxdError: the store failed.
+            RuntimeError: faiss failed.
+        """
+        generation, count = await self._store.read(q.index_generation)
+        ids: list[int] = []
+        parts: list[Vectors] = []
+        after = 0
+        while True:
+            rows = await self._store.read(q.texts_after, after, REBUILD_BATCH)
+            if not rows:
+                break
+            ids.extend(row_id for row_id, _ in rows)
+            parts.append(await self.embed([text for _, text in rows]))
+            after = rows[-1][0]
+        vectors = (np.concatenate(parts) if parts
+                   else np.zeros((0, self._embedder.dim), np.float32))
+        index = await trio.to_thread.run_sync(self.build, ids, vectors,
+                                              abandon_on_cancel=abandon_on_cancel)
+        return generation, count, ids, index
+
+    def build(self, ids: Sequence[int], vectors: Vectors) -> Any:
+        """An index of ``vectors`` under ``ids`` (blocking): exact up to ``ann_threshold``
+        of them, approximate past it."""
+        dim = self._embedder.dim
+        index: Any
+        if len(ids) > self._ann_threshold:
+            # IVF keeps the ids itself. Wrapped in an IndexIDMap2 its deletes would go
+            # wrong: the map compacts its positions, the inverted lists do not.
+            lists = lists_for(len(ids))
+            quantizer = faiss.IndexFlatIP(dim)
+            index = faiss.IndexIVFScalarQuantizer(quantizer, dim, lists, CODES,
+                                                  faiss.METRIC_INNER_PRODUCT)
+            index.train(vectors)
+            index.nprobe = self._nprobe
+            quantizer.this.disown()  # type: ignore[attr-defined]
+            index.own_fields = True
+        else:
+            index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
+        if len(ids):
+            index.add_with_ids(vectors, np.asarray(ids, dtype=np.int64))
+        return index
+
+    def load(self, generation: int, count: int) -> tuple[Any, int] | None:
+        """(index, its highest id) from the file (blocking), or None when there is none or
+        it is not the index of the store's ``generation`` and ``count`` memories by this
+        embedder (or of an older kind)."""
+        meta_path = self.path.with_suffix(".json")
+        try:
+            meta = json.loads(meta_path.read_text())
+            if not isinstance(meta, dict):
+                raise ValueError(f"{meta_path} does not hold an object")
+            if (meta.get("generation"), meta.get("signature")) != (
+                    generation, self._embedder.signature):
+                log.info("memory index file is stale; rebuilding")
+                return None
+            index = faiss.read_index(str(self.path))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, RuntimeError) as exc:
+            log.warning("memory index file unreadable (%s); rebuilding", exc)
+            return None
+        if isinstance(index, faiss.IndexIVF) and not _current_kind(index):
+            log.info("memory index file is an IVF of an older kind; rebuilding")
+            return None
+        if index.ntotal != count or index.d != self._embedder.dim:
+            log.warning("memory index file holds %d vectors for %d memories; rebuilding",
+                        index.ntotal, count)
+            return None
+        if isinstance(index, faiss.IndexIVF):
+            index.nprobe = self._nprobe
+        return index, int(meta.get("max_id", 1 << 62))  # unknown: remove before each add
+
+    def save(self, index: Any, generation: int, max_id: int) -> None:
+        """Write the index and its meta, each atomically (blocking).
+
+        Raises:
+            OSError: the file could not be written.
+            RuntimeError: faiss failed.
+        """
+        temporary = self.path.with_suffix(".tmp")
+        faiss.write_index(index, str(temporary))
+        os.replace(temporary, self.path)
+        meta = self.path.with_suffix(".json")
+        meta_temporary = meta.with_suffix(".json.tmp")
+        meta_temporary.write_text(json.dumps({"generation": generation,
+                                              "signature": self._embedder.signature,
+                                              "count": int(index.ntotal),
+                                              "max_id": max_id}))
+        os.replace(meta_temporary, meta)

@@ -1,0 +1,138 @@
+"""DaemonProcess: a ctxd started with ``python -m ctxd`` on a private socket and data
+directory, for the end-to-end tests and for the benchmarks (which add this folder to their
+import path)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ctxclient import Client, DaemonUnavailable
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 20.0
+
+
+class DaemonFailed(Exception):
+    """The daemon exited or did not answer as it started, or ignored a signal to stop; the
+    message ends with its log."""
+
+
+@dataclass
+class DaemonProcess:
+    """A ctxd started with ``python -m ctxd`` (from the repository's folder, so that it runs
+    this tree's code).
+
+    Its socket is ``<root>/run/<name>.sock``, its log ``<root>/<name>.log`` and its
+    configuration folder ``<root>/config``: daemons that share a root differ by name.
+    """
+
+    root: Path
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    name: str = "ctxd"
+    data: Path | None = None
+    """Its data directory (default ``<root>/data``)."""
+    python: str = sys.executable
+    profile: Path | None = None
+    """Where cProfile writes the daemon's profile (default: not profiled)."""
+    start_timeout: float = START_TIMEOUT_S
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def socket(self) -> Path:
+        return self.root / "run" / f"{self.name}.sock"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.data or self.root / "data"
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / f"{self.name}.log"
+
+    def command(self) -> list[str]:
+        profiler = [] if self.profile is None else [
+            "-m", "cProfile", "-o", str(self.profile.resolve())]
+        return [self.python, *profiler, "-m", "ctxd", "--socket", str(self.socket),
+                "--data-dir", str(self.data_dir), *self.extra_args]
+
+    def environment(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("CTXD_", "NOTIFY_SOCKET", "LISTEN_", "WATCHDOG_"))}
+        env["XDG_CONFIG_HOME"] = str(self.root / "config")
+        env.update(self.env)
+        return env
+
+    def start(self, wait: bool = True, **popen: object) -> DaemonProcess:
+        """Start it and (with ``wait``) wait until it answers a ping.
+
+        Raises:
+            DaemonFailed: it exited, or did not answer within ``start_timeout``.
+        """
+        options: dict[str, object] = {"stdin": subprocess.DEVNULL, "cwd": REPO_ROOT, **popen}
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=log,
+                                         env=self.environment(), **options)  # type: ignore[call-overload]
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise DaemonFailed(f"{self.name} exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with Client(self.socket, timeout=5) as client:
+                    client.call("daemon.ping")
+                    return
+            except (DaemonUnavailable, OSError):
+                time.sleep(0.02)
+        raise DaemonFailed(f"{self.name} did not answer within {self.start_timeout}s:\n"
+                           f"{self.log()}")
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[DaemonProcess]:
+        """Started (and answering) for the block, stopped after it; stopped too when it
+        does not start."""
+        try:
+            yield self.start()
+        finally:
+            if self.proc is not None:
+                self.stop()
+
+    def client(self, timeout: float = 30.0) -> Client:
+        return Client(self.socket, timeout=timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S) -> int:
+        """Signal the daemon and return its exit code.
+
+        Raises:
+            DaemonFailed: it did not exit within ``timeout`` (it is killed).
+        """
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise DaemonFailed(f"{self.name} ignored signal {sig}:\n{self.log()}") from None
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
