@@ -10,7 +10,6 @@ import argparse
 import itertools
 import os
 import tomllib
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -19,6 +18,7 @@ import tiktoken
 from msgspec import Meta
 
 from ctxd.errors import CtxdError, ErrorCode
+from ctxd.paths import default_config_path, default_data_dir, default_socket_path
 
 Ratio = Annotated[float, Meta(gt=0.0, le=1.0)]
 Positive = Annotated[int, Meta(ge=1)]
@@ -120,39 +120,6 @@ _HELP = {
     "api_key_env": "name of the environment variable that holds the embedding API key",
     "dense_min_score": "cosine similarity below which the dense leg does not propose a memory",
 }
-
-
-def _home(environ: Mapping[str, str]) -> Path:
-    return Path(environ["HOME"]) if environ.get("HOME") else Path.home()
-
-
-def default_socket_path(environ: Mapping[str, str] | None = None) -> Path:
-    """Where the daemon listens and clients connect when nothing else is said."""
-    environ = os.environ if environ is None else environ
-    explicit = environ.get("CTXD_SOCKET")
-    if explicit:
-        return Path(explicit)
-    runtime = environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return Path(runtime) / "ctxd" / "ctxd.sock"
-    return Path(f"/tmp/ctxd-{os.getuid()}") / "ctxd.sock"
-
-
-def default_data_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """Where the database lives when nothing else is said."""
-    environ = os.environ if environ is None else environ
-    data_home = environ.get("XDG_DATA_HOME") or str(_home(environ) / ".local" / "share")
-    return Path(data_home) / "ctxd"
-
-
-def default_config_path(environ: Mapping[str, str] | None = None) -> Path:
-    """Where the TOML file is looked for (``$CTXD_CONFIG`` overrides)."""
-    environ = os.environ if environ is None else environ
-    explicit = environ.get("CTXD_CONFIG")
-    if explicit:
-        return Path(explicit)
-    config_home = environ.get("XDG_CONFIG_HOME") or str(_home(environ) / ".config")
-    return Path(config_home) / "ctxd" / "config.toml"
 
 
 def _keys() -> list[tuple[str, ...]]:

@@ -13,7 +13,7 @@ import msgspec
 import trio
 
 from ctxclient._errors import DaemonUnavailable, outcome
-from ctxd.config import default_socket_path
+from ctxd.paths import default_socket_path
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.decode

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from ctxclient._errors import DaemonUnavailable, outcome
-from ctxd.config import default_socket_path
+from ctxd.paths import default_socket_path
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.decode
