@@ -1,5 +1,5 @@
-"""The client library: a peer that breaks the protocol (ctxd itself never does), and what
-importing it loads."""
+"""The client library: a peer that breaks the protocol (ctxd itself never does), what
+importing it loads, and its exception classes."""
 
 import json
 import socket
@@ -9,9 +9,13 @@ from pathlib import Path
 
 import pytest
 import trio
+from conftest import DaemonProcess
+from tests_support import hello_text
 
 import ctxclient
-from ctxclient import DaemonUnavailable
+import ctxclient._errors
+from ctxclient import DaemonUnavailable, RpcError
+from ctxd.errors import ErrorCode
 
 
 async def test_a_garbled_answer_ends_the_connection_as_unavailable(tmp_path: Path) -> None:
@@ -46,3 +50,42 @@ def test_importing_the_client_loads_nothing_of_the_daemon() -> None:
     assert sorted(name for name in loaded if name.split(".")[0] == "ctxd"
                   and not name.startswith("ctxd.wire")) == ["ctxd", "ctxd.errors", "ctxd.paths"]
 
+
+def test_one_exception_class_per_error_code() -> None:
+    assert {code.name: ctxclient.ERRORS[code].__name__ for code in ErrorCode} == {
+        "PARSE_ERROR": "ParseError", "INVALID_REQUEST": "InvalidRequest",
+        "METHOD_NOT_FOUND": "MethodNotFound", "INVALID_PARAMS": "InvalidParams",
+        "INTERNAL_ERROR": "InternalError", "CONTEXT_LIMIT_EXCEEDED": "ContextLimitExceeded",
+        "BUDGET_EXHAUSTED": "BudgetExhausted", "INVALID_STATE": "InvalidState",
+        "NOT_FOUND": "NotFound", "LIMIT_REACHED": "LimitReached", "CANCELLED": "Cancelled",
+        "OVERLOADED": "Overloaded", "STORAGE_ERROR": "StorageError", "TIMEOUT": "Timeout"}
+    for code, cls in ctxclient.ERRORS.items():
+        assert issubclass(cls, RpcError)
+        assert (cls.error_code, getattr(ctxclient, cls.__name__)) == (code, cls)
+
+
+def test_errors_from_the_daemon_raise_their_codes_class(shared_daemon: DaemonProcess,
+                                                         sid: str) -> None:
+    with shared_daemon.client() as client:
+        with pytest.raises(ctxclient.NotFound) as unknown:
+            client.call("session.get", {"session_id": sid})
+        assert (unknown.value.code, unknown.value.message) == (-32004, f"unknown session '{sid}'")
+        with pytest.raises(ctxclient.MethodNotFound):
+            client.call("session.opne", {})
+        with pytest.raises(ctxclient.InvalidParams):
+            client.call("session.open", {"session_id": 5})
+        client.call("session.open", {"session_id": sid, "budget": {
+            "context_window": 1100, "max_output_tokens": 100}})
+        with pytest.raises(ctxclient.ContextLimitExceeded):
+            client.call("message.append", {"session_id": sid, "messages": [
+                {"role": "user", "content": hello_text(1000)}]})
+        client.call("session.close", {"session_id": sid})
+        with pytest.raises(ctxclient.InvalidState):
+            client.call("message.append", {"session_id": sid, "messages": [
+                {"role": "user", "content": "late"}]})
+
+
+def test_an_unknown_code_is_a_plain_rpc_error() -> None:
+    error = ctxclient._errors.rpc_error(-31999, "new in a later daemon", {"x": 1})
+    assert (type(error), error.code, error.message, error.data) == (
+        RpcError, -31999, "new in a later daemon", {"x": 1})
