@@ -40,7 +40,10 @@ def parser() -> argparse.ArgumentParser:
         prog="ctxd", description="ctxd: the local context manager for LLM agents.",
         epilog="Every option is also a config.toml key and a CTXD_<KEY> environment variable.")
     cli.add_argument("--version", action="version", version=f"ctxd {__version__}")
-    cli.add_argument("--config", help="the TOML file (default $XDG_CONFIG_HOME/ctxd/config.toml)")
+    cli.add_argument("--config", metavar="FILE",
+                     help="the TOML file (default $CTXD_CONFIG, else "
+                          "$XDG_CONFIG_HOME/ctxd/config.toml); a file named here or by "
+                          "$CTXD_CONFIG must exist")
     cli.add_argument("--print-config", action="store_true",
                      help="print the effective configuration and exit")
     config.add_flags(cli)
