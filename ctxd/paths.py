@@ -10,6 +10,9 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+MAX_SOCKET_PATH = 107
+"""Bytes of a Unix socket's path (sun_path is 108 with the terminating NUL)."""
+
 
 def _home(environ: Mapping[str, str]) -> Path:
     return Path(environ["HOME"]) if environ.get("HOME") else Path.home()
@@ -44,4 +47,4 @@ def default_config_path(environ: Mapping[str, str] | None = None) -> Path:
     return Path(config_home) / "ctxd" / "config.toml"
 
 
-__all__ = ["default_config_path", "default_data_dir", "default_socket_path"]
+__all__ = ["MAX_SOCKET_PATH", "default_config_path", "default_data_dir", "default_socket_path"]

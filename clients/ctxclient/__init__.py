@@ -7,6 +7,7 @@ client does not load the tokenizer or the store.
 from ctxclient._async import AsyncClient, connect
 from ctxclient._errors import (
     ERRORS,
+    BadSocketPath,
     BudgetExhausted,
     Cancelled,
     ContextLimitExceeded,
@@ -26,7 +27,7 @@ from ctxclient._errors import (
 )
 from ctxclient._sync import Client
 
-__all__ = ["ERRORS", "AsyncClient", "BudgetExhausted", "Cancelled", "Client",
+__all__ = ["ERRORS", "AsyncClient", "BadSocketPath", "BudgetExhausted", "Cancelled", "Client",
            "ContextLimitExceeded", "DaemonUnavailable", "InternalError", "InvalidParams",
            "InvalidRequest", "InvalidState", "LimitReached", "MethodNotFound", "NotFound",
            "Overloaded", "ParseError", "RpcError", "StorageError", "Timeout", "connect"]

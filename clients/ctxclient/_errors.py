@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from typing import Any, ClassVar
 
 from ctxd.errors import ErrorCode
+from ctxd.paths import MAX_SOCKET_PATH
 
 
 class RpcError(Exception):
@@ -100,6 +103,33 @@ class DaemonUnavailable(ConnectionError):
         super().__init__(f"no ctxd daemon is running on {path} ({reason}); start it with `ctxd`")
         self.path = path
         self.reason = reason
+
+
+class BadSocketPath(DaemonUnavailable):
+    """No daemon can listen at the path at all: it is too long, or not a socket."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(path, reason)
+        self.args = (f"{path} cannot be ctxd's socket: {reason}",)
+
+
+def check_socket_path(path: str) -> None:
+    """Raise `BadSocketPath` when nothing could listen at ``path``.
+
+    A missing file or a refused connection says that no daemon runs there; these say that
+    the path itself is wrong, which starting a daemon would not fix.
+    """
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise BadSocketPath(path, f"the path is longer than {MAX_SOCKET_PATH} bytes; choose a "
+                                  "shorter --socket or CTXD_SOCKET")
+    try:
+        mode = os.stat(path).st_mode
+    except NotADirectoryError:
+        raise BadSocketPath(path, "a parent of it is not a directory") from None
+    except OSError:
+        return  # missing (no daemon), or unreadable: connecting says which
+    if not stat.S_ISSOCK(mode):
+        raise BadSocketPath(path, "it exists and is not a socket")
 
 
 def outcome(message: dict[str, Any]) -> Any:

@@ -10,7 +10,7 @@ import stat
 import struct
 from pathlib import Path
 
-MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
+from ctxd.paths import MAX_SOCKET_PATH
 
 
 class PlacementError(Exception):
