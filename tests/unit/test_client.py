@@ -89,3 +89,15 @@ def test_an_unknown_code_is_a_plain_rpc_error() -> None:
     error = ctxclient._errors.rpc_error(-31999, "new in a later daemon", {"x": 1})
     assert (type(error), error.code, error.message, error.data) == (
         RpcError, -31999, "new in a later daemon", {"x": 1})
+
+
+def test_ctxctl_colours_a_branch_by_its_sessions_thresholds() -> None:
+    from ctxclient.cli import level
+
+    # A session opened with lower thresholds than the defaults: its branches warn sooner.
+    low = {"warn": 0.3, "caution": 0.4, "hard_block": 0.9}
+    assert [level(usage, low) for usage in (0.2, 0.35, 0.5, 0.95, 1.0)] == [
+        "ok", "warn", "caution", "blocked", "blocked"]
+    default = {"warn": 0.7, "caution": 0.8, "hard_block": 0.98}
+    assert [level(usage, default) for usage in (0.5, 0.75, 0.85, 1.0)] == [
+        "ok", "warn", "caution", "blocked"]
