@@ -7,18 +7,21 @@ the key's name, so a typo never silently falls back to a default.
 from __future__ import annotations
 
 import argparse
+import difflib
 import itertools
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple, get_args, get_origin
 
 import msgspec
 import tiktoken
 from msgspec import Meta
 
 from ctxd.errors import CtxdError, ErrorCode
+from ctxd.paths import default_config_path, default_data_dir, default_socket_path
 from ctxd.wire.types import BranchBudget, BranchTimeout, Budget
 
 Positive = Annotated[int, Meta(ge=1)]
@@ -96,8 +99,8 @@ _HELP = {
     "max_db_bytes": "cap on the database size; writes past it get -32008 (0 = no cap)",
     "session_ttl_h": "hours after close before a session is deleted (0 = keep)",
     "allow_root": "accept connections from root as well as from the daemon's own user",
-    "branch_budget": "tokens a branch may add when branch.create gives no budget (max 32768)",
-    "branch_timeout_s": "seconds a branch may run when branch.create gives no timeout (max 600)",
+    "branch_budget": "tokens a branch may add when branch.create gives no budget",
+    "branch_timeout_s": "seconds a branch may run when branch.create gives no timeout",
     "max_branch_depth": "how deeply branches may nest",
     "max_live_branches_per_session": "active branches one session may hold at once",
     "max_live_branches": "active branches the whole daemon may hold at once",
@@ -115,39 +118,6 @@ _HELP = {
 }
 
 
-def _home(environ: Mapping[str, str]) -> Path:
-    return Path(environ["HOME"]) if environ.get("HOME") else Path.home()
-
-
-def default_socket_path(environ: Mapping[str, str] | None = None) -> Path:
-    """Where the daemon listens and clients connect when nothing else is said."""
-    environ = os.environ if environ is None else environ
-    explicit = environ.get("CTXD_SOCKET")
-    if explicit:
-        return Path(explicit)
-    runtime = environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return Path(runtime) / "ctxd" / "ctxd.sock"
-    return Path(f"/tmp/ctxd-{os.getuid()}") / "ctxd.sock"
-
-
-def default_data_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """Where the database lives when nothing else is said."""
-    environ = os.environ if environ is None else environ
-    data_home = environ.get("XDG_DATA_HOME") or str(_home(environ) / ".local" / "share")
-    return Path(data_home) / "ctxd"
-
-
-def default_config_path(environ: Mapping[str, str] | None = None) -> Path:
-    """Where the TOML file is looked for (``$CTXD_CONFIG`` overrides)."""
-    environ = os.environ if environ is None else environ
-    explicit = environ.get("CTXD_CONFIG")
-    if explicit:
-        return Path(explicit)
-    config_home = environ.get("XDG_CONFIG_HOME") or str(_home(environ) / ".config")
-    return Path(config_home) / "ctxd" / "config.toml"
-
-
 def _keys() -> list[tuple[str, ...]]:
     """Every configurable key as a path: ("socket",), ("budget", "warn"), …"""
     paths: list[tuple[str, ...]] = []
@@ -159,18 +129,160 @@ def _keys() -> list[tuple[str, ...]]:
     return paths
 
 
-def _set(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
-    for part in path[:-1]:
-        tree = tree.setdefault(part, {})
-    tree[path[-1]] = value
+def _field(path: tuple[str, ...]) -> msgspec.structs.FieldInfo:
+    struct = TABLES[path[0]] if len(path) == 2 else Config
+    [field] = [f for f in msgspec.structs.fields(struct) if f.name == path[-1]]
+    return field
 
 
-def _merge(base: dict[str, Any], override: dict[str, Any]) -> None:
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
+def flag_name(path: tuple[str, ...]) -> str:
+    """The daemon flag of a key: ``--budget-warn`` for budget.warn."""
+    return "--" + "-".join(path).replace("_", "-")
+
+
+def env_name(path: tuple[str, ...]) -> str:
+    """The environment variable of a key: ``CTXD_BUDGET_WARN`` for budget.warn."""
+    return "CTXD_" + "_".join(path).upper()
+
+
+def choices(path: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The values a key accepts when they are a fixed list, in the order declared."""
+    kind = _field(path).type
+    return tuple(get_args(kind)) if get_origin(kind) is Literal else None
+
+
+def _bounds(info: Any) -> str:
+    if info.ge is not None and info.le is not None:
+        return f" from {info.ge} to {info.le}"
+    parts = []
+    if info.ge is not None or info.gt is not None:
+        parts.append(f">= {info.ge}" if info.ge is not None else f"> {info.gt}")
+    if info.le is not None or info.lt is not None:
+        parts.append(f"<= {info.le}" if info.le is not None else f"< {info.lt}")
+    return " " + " and ".join(parts) if parts else ""
+
+
+def describe(path: tuple[str, ...]) -> str:
+    """What a key accepts, in words: ``an integer >= 1``, ``one of normal, full``."""
+    options = choices(path)
+    if options is not None:
+        return "one of " + ", ".join(options)
+    info = msgspec.inspect.type_info(_field(path).type)
+    if isinstance(info, msgspec.inspect.BoolType):
+        return "true or false"
+    if isinstance(info, msgspec.inspect.IntType):
+        return "an integer" + _bounds(info)
+    if isinstance(info, msgspec.inspect.FloatType):
+        return "a number" + _bounds(info)
+    return "text"
+
+
+def default_of(path: tuple[str, ...]) -> Any:
+    """A key's default value."""
+    value: Any = Config()
+    for part in path:
+        value = getattr(value, part)
+    return value
+
+
+class Source(NamedTuple):
+    """Where a setting came from, as its error names it."""
+
+    where: str
+    """``--max-connections``, ``CTXD_MAX_CONNECTIONS`` or ``/path/config.toml:3``."""
+    key: str | None = None
+    """The key as the file spells it (only for a file)."""
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.key}" if self.key else self.where
+
+
+def _error(source: object, problem: str) -> CtxdError:
+    return CtxdError(ErrorCode.INVALID_PARAMS, f"{source}: {problem}")
+
+
+def _convert(path: tuple[str, ...], value: Any, source: Source) -> Any:
+    """``value`` as the key's type, or an error that names its source and what it accepts."""
+    try:
+        return msgspec.convert(value, _field(path).type, strict=False)
+    except msgspec.ValidationError:
+        shown = value if isinstance(value, str) else msgspec.json.encode(value).decode()
+        options = choices(path)
+        if options is not None:
+            raise _error(source, f"invalid choice {shown!r} (choose from "
+                                 f"{', '.join(options)})") from None
+        raise _error(source, f"expected {describe(path)}, got {shown!r}") from None
+
+
+def _suggest(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _key_lines(text: str) -> dict[tuple[str, ...], int]:
+    """The line of each ``key =`` in a TOML text, by key path (tomllib keeps no positions).
+
+    Table headers and dotted keys are followed; a key it cannot place gets no line.
+    """
+    lines: dict[tuple[str, ...], int] = {}
+    table: tuple[str, ...] = ()
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        header = re.fullmatch(r"\[\s*([A-Za-z0-9_.\s-]+?)\s*\]\s*(#.*)?", line)
+        if header:
+            table = tuple(part.strip() for part in header[1].split("."))
+            lines.setdefault(table, number)
+            continue
+        key = re.match(r"([A-Za-z0-9_.\s-]+?)\s*=", line)
+        if key:
+            lines.setdefault((*table, *(part.strip() for part in key[1].split("."))), number)
+    return lines
+
+
+def _from_file(path: Path, explicit: str | None) -> dict[tuple[str, ...], tuple[Any, Source]]:
+    """The settings of a TOML file, each with its file and line.
+
+    Args:
+        path: the file.
+        explicit: what named the file (``--config``, ``CTXD_CONFIG``), or None for the
+            default path, which may be missing.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if explicit is None:
+            return {}
+        raise _error(explicit, f"configuration file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _error(path, f"cannot be read: {exc}") from None
+    try:
+        tree = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise _error(path, str(exc)) from None
+    lines = _key_lines(text)
+
+    def where(*key: str) -> Source:
+        line = lines.get(key)
+        return Source(f"{path}:{line}" if line else str(path), ".".join(key))
+
+    settings: dict[tuple[str, ...], tuple[Any, Source]] = {}
+    top = list(Config.__struct_fields__)
+    for name, value in tree.items():
+        if name in TABLES:
+            if not isinstance(value, dict):
+                raise _error(where(name), f"expected a table [{name}], got {value!r}")
+            fields = list(TABLES[name].__struct_fields__)
+            for sub, sub_value in value.items():
+                if sub not in fields:
+                    raise _error(where(name, sub), f"unknown key in [{name}]"
+                                                   f"{_suggest(sub, fields)}")
+                settings[name, sub] = (sub_value, where(name, sub))
+        elif name in top:
+            settings[name,] = (value, where(name))
         else:
-            base[key] = value
+            raise _error(where(name), f"unknown key{_suggest(name, top)} "
+                                      "(`ctxd --print-config` shows every key)")
+    return settings
 
 
 NOT_DAEMON_KEYS = frozenset({"CTXD_CONFIG", "CTXD_CALL_TRANSPORT"})
@@ -178,71 +290,101 @@ NOT_DAEMON_KEYS = frozenset({"CTXD_CONFIG", "CTXD_CALL_TRANSPORT"})
 client's transport (clients/shell/ctxd-call)."""
 
 
-def _from_env(environ: dict[str, str]) -> dict[str, Any]:
-    by_name = {"CTXD_" + "_".join(path).upper(): path for path in _keys()}
-    tree: dict[str, Any] = {}
+def _from_env(environ: Mapping[str, str]) -> dict[tuple[str, ...], tuple[Any, Source]]:
+    by_name = {env_name(path): path for path in _keys()}
+    settings: dict[tuple[str, ...], tuple[Any, Source]] = {}
     for name, value in environ.items():
         if not name.startswith("CTXD_") or name in NOT_DAEMON_KEYS:
             continue
         path = by_name.get(name)
         if path is None:
-            raise CtxdError(
-                ErrorCode.INVALID_PARAMS,
-                f"unknown environment variable {name}: ctxd has no such setting "
-                "(see `ctxd --print-config` for the keys)",
-            )
-        _set(tree, path, value)
-    return tree
+            raise _error(name, "unknown environment variable: ctxd has no such setting"
+                               f"{_suggest(name, sorted(by_name))} "
+                               "(`ctxd --print-config` shows every key)")
+        settings[path] = (value, Source(name))
+    return settings
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    """One `--key` flag per configuration key (`--budget-warn` for budget.warn)."""
+    """One `--key` flag per configuration key (`--budget-warn` for budget.warn), its help
+    saying what it accepts and its default, from the `Config` struct."""
     for path in _keys():
-        flag = "--" + "-".join(path).replace("_", "-")
-        parser.add_argument(flag, dest="cfg:" + ".".join(path), default=None,
-                            help=_HELP.get(path[-1]), metavar="VALUE")
+        options = choices(path)
+        text = _HELP.get(path[-1])
+        if path in (("socket",), ("data_dir",)):
+            help_text, metavar = f"{text}; a path", "PATH"  # the default depends on the user
+        else:
+            default = default_of(path)
+            shown = ('""' if default == "" else str(default).lower()
+                     if isinstance(default, bool) else str(default))
+            accepts = describe(path) if options is None else "choices: " + ", ".join(options)
+            help_text = f"{text + '; ' if text else ''}{accepts}; default {shown}"
+            metavar = ("{" + ",".join(options) + "}" if options else
+                       _METAVAR[type(msgspec.inspect.type_info(_field(path).type)).__name__])
+        parser.add_argument(flag_name(path), dest="cfg:" + ".".join(path), default=None,
+                            metavar=metavar, help=help_text)
 
 
-def load(flags: argparse.Namespace | None = None, environ: dict[str, str] | None = None,
+_METAVAR = {"IntType": "N", "FloatType": "X", "BoolType": "{true,false}", "StrType": "TEXT"}
+
+
+def load(flags: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None,
          config_path: Path | None = None) -> Config:
     """Build the effective configuration.
 
     Args:
         flags: parsed command-line flags (from a parser set up by `add_flags`).
         environ: the environment (default: ``os.environ``).
-        config_path: the TOML file (default: `default_config_path`); a missing file is fine.
+        config_path: the TOML file given with ``--config``. Without it, ``$CTXD_CONFIG``,
+            else `default_config_path`. A file named by either must exist; the default
+            one may be missing.
 
     Returns:
         The configuration with `socket` and `data_dir` resolved to absolute paths.
 
     Raises:
-        CtxdError: a key is unknown or a value has the wrong type; the message names it.
+        CtxdError: a key is unknown, a value is of the wrong type or out of range, or a
+            named file is missing; the message names the flag, the variable or the file
+            and line it came from.
     """
     environ = dict(os.environ if environ is None else environ)
+    explicit = ("--config" if config_path is not None
+                else "CTXD_CONFIG" if environ.get("CTXD_CONFIG") else None)
     path = config_path or default_config_path(environ)
-    tree: dict[str, Any] = {}
-    if path.exists():
-        try:
-            tree = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise CtxdError(ErrorCode.INVALID_PARAMS, f"{path}: {exc}") from None
-    _merge(tree, _from_env(environ))
+    settings = _from_file(path, explicit)
+    settings.update(_from_env(environ))
     if flags is not None:
         for dest, value in vars(flags).items():
             if dest.startswith("cfg:") and value is not None:
-                _set(tree, tuple(dest[4:].split(".")), value)
-    try:
-        config = msgspec.convert(tree, Config, strict=False)
-    except msgspec.ValidationError as exc:
-        raise CtxdError(ErrorCode.INVALID_PARAMS, f"configuration ({path}): {exc}") from None
-    order = threshold_order_error(config.budget)
-    if order:
-        raise CtxdError(ErrorCode.INVALID_PARAMS, f"configuration ({path}): budget: {order}")
+                key = tuple(dest[4:].split("."))
+                settings[key] = (value, Source(flag_name(key)))
+    tree: dict[str, Any] = {}
+    for key, (value, source) in settings.items():
+        node = tree
+        for part in key[:-1]:
+            node = node.setdefault(part, {})
+        node[key[-1]] = _convert(key, value, source)
+    config = msgspec.convert(tree, Config)
+
+    def named(*key: str) -> str:
+        return str(settings[key][1]) if key in settings else "the default"
+
+    budget = config.budget
+    for lower, higher in itertools.pairwise(THRESHOLD_ORDER):
+        if getattr(budget, lower) > getattr(budget, higher):
+            raise _error(named("budget", lower),
+                         f"budget.{lower} ({getattr(budget, lower)}) must not exceed "
+                         f"budget.{higher} ({getattr(budget, higher)}, from "
+                         f"{named('budget', higher)})")
+    if budget.max_output_tokens >= budget.context_window:
+        raise _error(named("budget", "max_output_tokens"),
+                     f"budget.max_output_tokens ({budget.max_output_tokens}) must be smaller "
+                     f"than budget.context_window ({budget.context_window}, from "
+                     f"{named('budget', 'context_window')})")
     known = set(tiktoken.list_encoding_names())
     if config.encoding not in known and config.encoding + "_offline" not in known:
-        raise CtxdError(ErrorCode.INVALID_PARAMS,
-                        f"configuration ({path}): unknown encoding {config.encoding!r}; "
-                        f"known: {', '.join(sorted(known))}")
+        raise _error(named("encoding"), f"unknown encoding {config.encoding!r}; "
+                                        f"known: {', '.join(sorted(known))}")
     socket = Path(config.socket) if config.socket else default_socket_path(environ)
     data_dir = Path(config.data_dir) if config.data_dir else default_data_dir(environ)
     return msgspec.structs.replace(
@@ -268,5 +410,20 @@ def to_toml(config: Config) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["TABLES", "Config", "MemoryConfig", "add_flags",
-           "default_config_path", "default_data_dir", "default_socket_path", "load", "to_toml"]
+__all__ = [
+    "TABLES",
+    "Config",
+    "MemoryConfig",
+    "Source",
+    "add_flags",
+    "choices",
+    "default_config_path",
+    "default_data_dir",
+    "default_of",
+    "default_socket_path",
+    "describe",
+    "env_name",
+    "flag_name",
+    "load",
+    "to_toml",
+]

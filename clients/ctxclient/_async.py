@@ -12,8 +12,8 @@ from typing import Any
 import msgspec
 import trio
 
-from ctxclient._errors import DaemonUnavailable, outcome
-from ctxd.config import default_socket_path
+from ctxclient._errors import DaemonUnavailable, check_socket_path, outcome
+from ctxd.paths import default_socket_path
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.decode
@@ -107,6 +107,7 @@ async def connect(path: str | os.PathLike[str] | None = None) -> AsyncIterator[A
         DaemonUnavailable: nothing listens on the socket.
     """
     where = str(path or default_socket_path())
+    check_socket_path(where)
     try:
         stream = await trio.open_unix_socket(where)
     except OSError as exc:

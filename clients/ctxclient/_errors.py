@@ -1,18 +1,99 @@
-"""Client-side errors."""
+"""Client-side errors: one `RpcError` subclass per error code (docs/protocol.md, Errors)."""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import stat
+from typing import Any, ClassVar
+
+from ctxd.errors import ErrorCode
+from ctxd.paths import MAX_SOCKET_PATH
 
 
 class RpcError(Exception):
-    """The daemon answered with a JSON-RPC error."""
+    """The daemon answered with a JSON-RPC error; the base of one class per code.
+
+    Catch a subclass (``except NotFound``) for one code, or ``RpcError`` for any.
+    """
+
+    error_code: ClassVar[ErrorCode | None] = None
+    """The code this class stands for (None: a code this client does not know)."""
 
     def __init__(self, code: int, message: str, data: Any = None):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
         self.data = data
+
+
+class ParseError(RpcError):
+    error_code = ErrorCode.PARSE_ERROR
+
+
+class InvalidRequest(RpcError):
+    error_code = ErrorCode.INVALID_REQUEST
+
+
+class MethodNotFound(RpcError):
+    error_code = ErrorCode.METHOD_NOT_FOUND
+
+
+class InvalidParams(RpcError):
+    error_code = ErrorCode.INVALID_PARAMS
+
+
+class InternalError(RpcError):
+    error_code = ErrorCode.INTERNAL_ERROR
+
+
+class ContextLimitExceeded(RpcError):
+    error_code = ErrorCode.CONTEXT_LIMIT_EXCEEDED
+
+
+class BudgetExhausted(RpcError):
+    error_code = ErrorCode.BUDGET_EXHAUSTED
+
+
+class InvalidState(RpcError):
+    error_code = ErrorCode.INVALID_STATE
+
+
+class NotFound(RpcError):
+    error_code = ErrorCode.NOT_FOUND
+
+
+class LimitReached(RpcError):
+    error_code = ErrorCode.LIMIT_REACHED
+
+
+class Cancelled(RpcError):
+    error_code = ErrorCode.CANCELLED
+
+
+class Overloaded(RpcError):
+    error_code = ErrorCode.OVERLOADED
+
+
+class StorageError(RpcError):
+    error_code = ErrorCode.STORAGE_ERROR
+
+
+class Timeout(RpcError):
+    error_code = ErrorCode.TIMEOUT
+
+
+ERRORS: dict[int, type[RpcError]] = {
+    int(cls.error_code): cls for cls in (
+        ParseError, InvalidRequest, MethodNotFound, InvalidParams, InternalError,
+        ContextLimitExceeded, BudgetExhausted, InvalidState, NotFound, LimitReached, Cancelled,
+        Overloaded, StorageError, Timeout)
+    if cls.error_code is not None}
+"""The class of each error code."""
+
+
+def rpc_error(code: int, message: str, data: Any = None) -> RpcError:
+    """The exception for an error answer: its code's class, else `RpcError` itself."""
+    return ERRORS.get(code, RpcError)(code, message, data)
 
 
 class DaemonUnavailable(ConnectionError):
@@ -24,10 +105,37 @@ class DaemonUnavailable(ConnectionError):
         self.reason = reason
 
 
+class BadSocketPath(DaemonUnavailable):
+    """No daemon can listen at the path at all: it is too long, or not a socket."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(path, reason)
+        self.args = (f"{path} cannot be ctxd's socket: {reason}",)
+
+
+def check_socket_path(path: str) -> None:
+    """Raise `BadSocketPath` when nothing could listen at ``path``.
+
+    A missing file or a refused connection says that no daemon runs there; these say that
+    the path itself is wrong, which starting a daemon would not fix.
+    """
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise BadSocketPath(path, f"the path is longer than {MAX_SOCKET_PATH} bytes; choose a "
+                                  "shorter --socket or CTXD_SOCKET")
+    try:
+        mode = os.stat(path).st_mode
+    except NotADirectoryError:
+        raise BadSocketPath(path, "a parent of it is not a directory") from None
+    except OSError:
+        return  # missing (no daemon), or unreadable: connecting says which
+    if not stat.S_ISSOCK(mode):
+        raise BadSocketPath(path, "it exists and is not a socket")
+
+
 def outcome(message: dict[str, Any]) -> Any:
     """The result of a response, or raise its error."""
     if "error" in message:
         error = message["error"] or {}
-        raise RpcError(int(error.get("code", -32603)), str(error.get("message", "")),
-                       error.get("data"))
+        raise rpc_error(int(error.get("code", -32603)), str(error.get("message", "")),
+                        error.get("data"))
     return message.get("result")

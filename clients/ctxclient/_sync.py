@@ -13,8 +13,8 @@ from typing import Any
 
 import msgspec
 
-from ctxclient._errors import DaemonUnavailable, outcome
-from ctxd.config import default_socket_path
+from ctxclient._errors import DaemonUnavailable, check_socket_path, outcome
+from ctxd.paths import default_socket_path
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.decode
@@ -28,13 +28,15 @@ class Client:
         timeout: seconds a `call` waits for its answer (None: forever).
 
     Raises:
-        DaemonUnavailable: nothing listens on the socket.
+        DaemonUnavailable: nothing listens on the socket (`BadSocketPath`: nothing could,
+            the path is too long or not a socket).
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None,
                  timeout: float | None = 60.0):
         self.path = str(path or default_socket_path())
         self.timeout = timeout
+        check_socket_path(self.path)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.connect(self.path)
@@ -55,6 +57,11 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def connected(self) -> bool:
+        """Whether the connection is still up (the daemon has not gone away)."""
+        return self._reader.is_alive()
 
     def close(self) -> None:
         try:

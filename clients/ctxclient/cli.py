@@ -1,45 +1,69 @@
-"""ctxctl: look at and drive a running ctxd (status, sessions, branches, memory, raw calls,
-stop).
+"""ctxctl: look at and drive a running ctxd (status, sessions, branches, events, memory, raw
+calls, stop).
 
 Exit codes: 0 success, 1 the daemon answered with an error, 2 no daemon (or bad usage).
-Every command takes ``--json`` for machine-readable output; ``NO_COLOR`` is honoured.
+Listings print as a table on a terminal and as plain rows otherwise (``--format``);
+every command takes ``--json`` for machine-readable output; ``NO_COLOR`` is honoured.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import difflib
 import json
 import os
+import queue
 import sys
 import time
-from typing import Any, get_args
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, get_args
 
 import msgspec
 from rich.console import Console, Group
 from rich.live import Live
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from ctxclient._errors import DaemonUnavailable, RpcError
+from ctxclient._errors import BadSocketPath, DaemonUnavailable, RpcError
+from ctxclient._output import (
+    FORMATS,
+    Cell,
+    Column,
+    Listing,
+    Output,
+    cell,
+    plain_lines,
+    table,
+    tsv_lines,
+)
 from ctxclient._sync import Client
+from ctxd import __version__
 from ctxd.errors import ErrorCode
-from ctxd.wire.types import BranchStatus, Outcome, SearchMode
+from ctxd.wire import types as wire
 
 HEALTH_STYLE = {"ok": "green", "warn": "yellow", "caution": "dark_orange",
                 "compact": "red", "blocked": "bold red"}
 BRANCH_STATUS_STYLE = {"active": "green", "completed": "", "budget_exhausted": "dark_orange",
                        "timeout": "dark_orange", "failed": "red", "discarded": "dim"}
-BRANCH_BUDGET_WARNING = 0.8
-"""Share of its budget at which the daemon warns about a branch (DESIGN §7)."""
 DESCRIPTION_SHOWN = 40
 """Characters of a branch description that fit in a table cell."""
 CONTENT_SHOWN = 60
-"""Characters of a memory's content that fit in a table cell."""
+"""Characters of a memory's or message's content that fit in a table cell."""
 MEMORY_PAGE = 50
 """Memories `memory list` shows by default."""
-MEMORY_PAGE_ALL = 1000
-"""Memories per memory.list call for `memory list --all` (the largest page it gives)."""
+PAGE_ALL = 1000
+"""Items per call for `--all` (the largest page memory.list and message.list give)."""
+MIN_INTERVAL_S = 0.1
+"""The shortest `status --watch --interval`: faster only loads the daemon."""
+EXIT_STATUS = """exit status:
+  0  success
+  1  the daemon answered with an error (or `stop` found it still running)
+  2  no daemon answers on the socket, or bad usage"""
 
+
+# ---- values shown --------------------------------------------------------------------
 
 def _bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -61,75 +85,123 @@ def _duration(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s"
 
 
-def usage_bar(usage: float, health: str, width: int = 12) -> Text:
-    """A bar of ``width`` cells filled to ``usage`` (0..1), coloured by health."""
+def _timestamp(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _shorten(text: str, width: int = DESCRIPTION_SHOWN) -> Cell:
+    """One line of at most ``width`` characters in a table; the whole text in plain
+    output."""
+    line = " ".join(text.split())
+    return cell(line if len(line) <= width else line[:width - 1] + "…", plain=text)
+
+
+def _percent(usage: float) -> str:
+    return f"{usage * 100:.1f}%"
+
+
+def usage_bar(usage: float, health: str, width: int = 12) -> Cell:
+    """A bar of ``width`` cells filled to ``usage`` (0..1), coloured by health; the
+    percentage alone in plain output."""
     filled = min(width, round(usage * width))
     bar = Text("█" * filled, style=HEALTH_STYLE.get(health, ""))
     bar.append("░" * (width - filled), style="dim")
     bar.append(f" {usage * 100:5.1f}%")
-    return bar
+    return cell(bar, plain=_percent(usage))
 
 
-def sessions_table(sessions: list[dict[str, Any]], title: str) -> Table:
-    table = Table(title=title, title_justify="left", expand=False)
-    for column in ("session", "project", "title", "state", "msgs", "tokens"):
-        table.add_column(column, justify="right" if column in ("msgs", "tokens") else "left",
-                         no_wrap=column in ("session", "tokens"))
-    table.add_column("usage", no_wrap=True)
-    table.add_column("health", no_wrap=True)
+def health_cell(health: str) -> Cell:
+    return cell(Text(health, style=HEALTH_STYLE.get(health, "")))
+
+
+def level(usage: float, budget: dict[str, Any]) -> str:
+    """The health word of a share of a budget, by the session budget's own thresholds
+    (warn, caution, hard_block as the daemon reports them); a spent budget is blocked."""
+    if usage >= 1.0 or usage >= budget["hard_block"]:
+        return "blocked"
+    if usage >= budget["caution"]:
+        return "caution"
+    if usage >= budget["warn"]:
+        return "warn"
+    return "ok"
+
+
+def effective_window(budget: dict[str, Any]) -> int:
+    """The tokens a session's prompt may use, for a `session.list` row (which carries no
+    context_state): context_window - max_output_tokens, as docs/protocol.md defines
+    effective_window."""
+    return int(budget["context_window"] - budget["max_output_tokens"])
+
+
+def _confidence(confidence: float) -> str:
+    return f"{confidence:.3f}"
+
+
+def _compact_json(value: Any) -> str:
+    return msgspec.json.encode(value).decode()
+
+
+def _content_text(content: Any) -> str:
+    return content if isinstance(content, str) else _compact_json(content)
+
+
+# ---- listings ------------------------------------------------------------------------
+
+SESSION_COLUMNS = (
+    Column("session"), Column("project", keep=50, wrap=True, min_width=8),
+    Column("title", keep=40, wrap=True), Column("state"), Column("msgs", keep=20, right=True),
+    Column("tokens", keep=30, right=True), Column("usage", keep=10),
+    Column("health", keep=60))
+
+
+def sessions_listing(sessions: list[dict[str, Any]], title: str) -> Listing:
+    listing = Listing(SESSION_COLUMNS, title=title)
     for s in sessions:
-        window = s["budget"]["context_window"] - s["budget"]["max_output_tokens"]
-        table.add_row(
-            s["session_id"], Text(s["project"] or ""), Text((s["title"] or "")[:40]), s["state"],
-            str(s["message_count"]), f"{s['main_thread_tokens']:,}/{window:,}",
-            usage_bar(s["usage"], s["health"]),
-            Text(s["health"], style=HEALTH_STYLE.get(s["health"], "")))
-    return table
-
-
-def _shorten(text: str, width: int = DESCRIPTION_SHOWN) -> Text:
-    """One line of at most ``width`` characters, as plain text (brackets are not markup)."""
-    text = " ".join(text.split())
-    return Text(text if len(text) <= width else text[:width - 1] + "…")
-
-
-def _timestamp(ts: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+        listing.rows.append([
+            cell(s["session_id"]), cell(s["project"] or ""), cell(s["title"] or ""),
+            cell(s["state"]), cell(str(s["message_count"])),
+            cell(f"{s['main_thread_tokens']:,}/{effective_window(s['budget']):,}"),
+            usage_bar(s["usage"], s["health"]), health_cell(s["health"])])
+    return listing
 
 
 def _branch_budget(branch: dict[str, Any]) -> str:
     return f"{branch['budget_used']:,}/{branch['budget']:,}"
 
 
-def branch_budget_bar(branch: dict[str, Any]) -> Text:
-    """The usage bar of a branch's budget: caution from the budget warning on, blocked once
-    it is spent."""
+def branch_budget_bar(branch: dict[str, Any], budget: dict[str, Any]) -> Cell:
+    """The usage bar of a branch's budget, coloured by its session budget's thresholds."""
     usage = branch["budget_used"] / branch["budget"]
-    health = ("blocked" if usage >= 1.0 else "caution" if usage >= BRANCH_BUDGET_WARNING
-              else "ok")
-    return usage_bar(usage, health)
+    return usage_bar(usage, level(usage, budget))
 
 
-def live_branches_table(branches: list[dict[str, Any]]) -> Table:
-    table = Table(title="live branches", title_justify="left", expand=False)
-    for column in ("session", "branch", "depth", "description", "budget"):
-        table.add_column(column, justify="right" if column in ("depth", "budget") else "left",
-                         no_wrap=column != "description")
-    table.add_column("usage", no_wrap=True)
-    table.add_column("time left", justify="right", no_wrap=True)
+LIVE_BRANCH_COLUMNS = (
+    Column("session"), Column("branch"), Column("depth", keep=20, right=True),
+    Column("description", keep=50, wrap=True), Column("budget", keep=40, right=True),
+    Column("usage", keep=10), Column("time left", keep=30, right=True))
+
+
+def live_branches_listing(branches: list[dict[str, Any]],
+                          budgets: dict[str, dict[str, Any]]) -> Listing:
+    listing = Listing(LIVE_BRANCH_COLUMNS, title="live branches")
     for b in branches:
-        table.add_row(
-            b["session_id"], b["branch_id"], str(b["depth"]), _shorten(b["description"]),
-            _branch_budget(b), branch_budget_bar(b), _duration(b["time_left_s"] or 0))
-    return table
+        listing.rows.append([
+            cell(b["session_id"]), cell(b["branch_id"]), cell(str(b["depth"])),
+            _shorten(b["description"]), cell(_branch_budget(b)),
+            branch_budget_bar(b, budgets[b["session_id"]]),
+            cell(_duration(b["time_left_s"] or 0))])
+    return listing
 
 
-def branches_table(branches: list[dict[str, Any]], title: str) -> Table:
-    table = Table(title=title, title_justify="left", expand=False)
-    for column in ("branch", "parent", "depth", "status", "budget", "left / returned",
-                   "folded/saved", "description"):
-        table.add_column(column, justify="right" if column in (
-            "depth", "budget", "folded/saved") else "left", no_wrap=column != "description")
+BRANCH_COLUMNS = (
+    Column("branch"), Column("parent", keep=60), Column("depth", keep=30, right=True),
+    Column("status"), Column("budget", keep=40, right=True),
+    Column("left/returned", keep=20), Column("folded/saved", keep=10, right=True),
+    Column("description", keep=70, wrap=True))
+
+
+def branches_listing(branches: list[dict[str, Any]], title: str) -> Listing:
+    listing = Listing(BRANCH_COLUMNS, title=title)
     for b in branches:
         if b["status"] == "active":
             when = f"{_duration(b['time_left_s'] or 0)} left"
@@ -137,45 +209,86 @@ def branches_table(branches: list[dict[str, Any]], title: str) -> Table:
             when = _timestamp(b["returned_at"]) if b["returned_at"] is not None else ""
         folded = ("" if b["tokens_folded"] is None
                   else f"{b['tokens_folded']:,}/{b['tokens_saved']:,}")
-        table.add_row(
-            b["branch_id"], b["parent_branch_id"] or "main", str(b["depth"]),
-            Text(b["status"], style=BRANCH_STATUS_STYLE.get(b["status"], "")),
-            _branch_budget(b), when, folded, _shorten(b["description"]))
-    return table
+        listing.rows.append([
+            cell(b["branch_id"]), cell(b["parent_branch_id"] or "main"), cell(str(b["depth"])),
+            cell(Text(b["status"], style=BRANCH_STATUS_STYLE.get(b["status"], ""))),
+            cell(_branch_budget(b)), cell(when), cell(folded), _shorten(b["description"])])
+    return listing
 
 
-def _confidence(confidence: float) -> str:
-    return f"{confidence:.3f}"
+HIT_COLUMNS = (
+    Column("id", right=True), Column("score", keep=30, right=True),
+    Column("confidence", keep=40, right=True), Column("legs", keep=20),
+    Column("scope", keep=50, wrap=True, min_width=8), Column("title", keep=70, wrap=True),
+    Column("content", keep=60, wrap=True, min_width=20))
 
 
-def memory_hits_table(result: dict[str, Any]) -> Table:
+def memory_hits_listing(result: dict[str, Any]) -> Listing:
     """The results of memory.search, best first."""
-    table = Table(title=f"{len(result['results'])} found by {result['mode']} search (legs: "
-                        f"{', '.join(result['legs_used']) or 'none'})",
-                  title_justify="left", expand=False)
-    for column in ("id", "score", "confidence", "legs", "scope", "title", "content"):
-        table.add_column(column, justify="right" if column in (
-            "id", "score", "confidence") else "left",
-            no_wrap=column not in ("scope", "title", "content"))
+    legs = ", ".join(result["legs_used"]) or "none"
+    listing = Listing(HIT_COLUMNS, title=f"{len(result['results'])} found by {result['mode']} "
+                                         f"search (legs: {legs})")
     for hit in result["results"]:
-        table.add_row(str(hit["id"]), f"{hit['score']:.4f}", _confidence(hit["confidence"]),
-                      "+".join(hit["legs"]), Text(hit["scope"]), _shorten(hit["title"]),
-                      _shorten(hit["content"], CONTENT_SHOWN))
-    return table
+        listing.rows.append([
+            cell(str(hit["id"])), cell(f"{hit['score']:.4f}"), cell(_confidence(hit["confidence"])),
+            cell("+".join(hit["legs"])), cell(hit["scope"]), _shorten(hit["title"]),
+            _shorten(hit["content"], CONTENT_SHOWN)])
+    return listing
 
 
-def memories_table(memories: list[dict[str, Any]], title: str) -> Table:
-    table = Table(title=title, title_justify="left", expand=False)
-    for column in ("id", "scope", "confidence", "outcome", "uses", "tags", "title", "content"):
-        table.add_column(column, justify="right" if column in (
-            "id", "confidence", "uses") else "left",
-            no_wrap=column not in ("scope", "tags", "title", "content"))
+MEMORY_COLUMNS = (
+    Column("id", right=True), Column("scope", keep=50, wrap=True, min_width=8),
+    Column("confidence", keep=40, right=True), Column("outcome", keep=30),
+    Column("uses", keep=20, right=True), Column("tags", keep=10, wrap=True, min_width=8),
+    Column("title", keep=70, wrap=True), Column("content", keep=60, wrap=True, min_width=20))
+
+
+def memories_listing(memories: list[dict[str, Any]], title: str) -> Listing:
+    listing = Listing(MEMORY_COLUMNS, title=title)
     for m in memories:
-        table.add_row(str(m["id"]), Text(m["scope"]), _confidence(m["confidence"]),
-                      m["outcome"], str(m["usage_count"]), Text(" ".join(m["tags"])),
-                      _shorten(m["title"]), _shorten(m["content"], CONTENT_SHOWN))
-    return table
+        listing.rows.append([
+            cell(str(m["id"])), cell(m["scope"]), cell(_confidence(m["confidence"])),
+            cell(m["outcome"]), cell(str(m["usage_count"])), cell(" ".join(m["tags"])),
+            _shorten(m["title"]), _shorten(m["content"], CONTENT_SHOWN)])
+    return listing
 
+
+MESSAGE_COLUMNS = (
+    Column("seq", right=True), Column("role"), Column("component", keep=20),
+    Column("tokens", keep=40, right=True), Column("branch", keep=30),
+    Column("content", keep=60, wrap=True, min_width=20))
+
+
+def messages_listing(messages: list[dict[str, Any]], title: str) -> Listing:
+    listing = Listing(MESSAGE_COLUMNS, title=title)
+    for m in messages:
+        listing.rows.append([
+            cell(str(m["seq"])), cell(m["role"]), cell(m["component"]), cell(f"{m['tokens']:,}"),
+            cell(m.get("branch_id") or "main"), _shorten(_content_text(m["content"]),
+                                                         CONTENT_SHOWN)])
+    return listing
+
+
+FIELD_COLUMNS = (Column("field"), Column("value", wrap=True, min_width=20))
+
+
+def show_fields(out: Output, fields: Sequence[tuple[str, str]]) -> None:
+    """Name/value pairs of one thing, shown whole: aligned lines without a frame on a
+    terminal; without a header line in plain and TSV output."""
+    if out.format == "table":
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column(overflow="fold")
+        for name, value in fields:
+            grid.add_row(name, Text(value))
+        out.console.print(grid)
+        return
+    listing = Listing(FIELD_COLUMNS, [[cell(name), cell(value)] for name, value in fields])
+    out.lines(plain_lines(listing, headers=False) if out.format == "plain"
+              else tsv_lines(listing, headers=False))
+
+
+# ---- status --------------------------------------------------------------------------
 
 def daemon_line(status: dict[str, Any]) -> Text:
     return Text.assemble(
@@ -194,15 +307,17 @@ def _open_sessions(client: Client, first_page: dict[str, Any]) -> list[dict[str,
     sessions = list(first_page["sessions"])
     cursor = first_page["next_cursor"]
     while cursor is not None:
-        page = client.call("session.list", {"state": "open", "limit": 1000, "cursor": cursor})
+        page = client.call("session.list", {"state": "open", "limit": PAGE_ALL,
+                                            "cursor": cursor})
         sessions += page["sessions"]
         cursor = page["next_cursor"]
     return sessions
 
 
-def live_branches(client: Client, status: dict[str, Any],
-                  first_page: dict[str, Any]) -> list[dict[str, Any]]:
-    """The active branches of every open session, session by session, oldest first.
+def live_branches(client: Client, status: dict[str, Any], first_page: dict[str, Any]
+                  ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The active branches of every open session, session by session, oldest first, and
+    the budget of each session that holds one.
 
     One pipelined branch.list per session that session.list counts live branches in. The
     daemon's count, session.list and branch.list are read at different moments, so a
@@ -214,7 +329,7 @@ def live_branches(client: Client, status: dict[str, Any],
             session deleted since it was listed is skipped).
     """
     if status["live_branches"] == 0:
-        return []
+        return [], {}
     holding = [s for s in _open_sessions(client, first_page) if s["live_branches"] > 0]
     pending = [client.submit("branch.list", {"session_id": s["session_id"],
                                              "status": "active"}) for s in holding]
@@ -225,91 +340,252 @@ def live_branches(client: Client, status: dict[str, Any],
         except RpcError as exc:
             if exc.code != ErrorCode.NOT_FOUND:
                 raise
-    return branches
+    return branches, {s["session_id"]: s["budget"] for s in holding}
 
 
-def _status_snapshot(client: Client, limit: int) -> dict[str, Any]:
+def _status_snapshot(client: Client, limit: int) -> tuple[dict[str, Any],
+                                                          dict[str, dict[str, Any]]]:
     status = client.call("daemon.status")
     sessions = client.call("session.list", {"state": "open", "limit": limit})
+    branches, budgets = live_branches(client, status, sessions)
     return {"daemon": status, "sessions": sessions["sessions"],
             "more_sessions": sessions["next_cursor"] is not None,
-            "live_branches": live_branches(client, status, sessions)}
+            "live_branches": branches}, budgets
 
 
-def _status_view(snapshot: dict[str, Any]) -> Group:
+def _status_listings(snapshot: dict[str, Any], budgets: dict[str, dict[str, Any]]
+                     ) -> tuple[Listing, Listing]:
     title = "open sessions" + (" (first page)" if snapshot["more_sessions"] else "")
-    branches = snapshot["live_branches"]
-    return Group(daemon_line(snapshot["daemon"]), sessions_table(snapshot["sessions"], title),
-                 live_branches_table(branches) if branches else Text("no live branches"))
+    return (sessions_listing(snapshot["sessions"], title),
+            live_branches_listing(snapshot["live_branches"], budgets))
 
 
-def cmd_status(client: Client, args: argparse.Namespace, console: Console) -> int:
-    if args.json:
-        _print_json(_status_snapshot(client, args.limit))
-        return 0
+def _status_view(snapshot: dict[str, Any], budgets: dict[str, dict[str, Any]],
+                 width: int) -> Group:
+    sessions, branches = _status_listings(snapshot, budgets)
+    return Group(daemon_line(snapshot["daemon"]), table(sessions, width),
+                 table(branches, width) if branches.rows else Text("no live branches"))
+
+
+def _print_status(out: Output, snapshot: dict[str, Any],
+                  budgets: dict[str, dict[str, Any]]) -> None:
+    if out.json:
+        out.lines([_compact_json(snapshot)])
+        return
+    if out.format == "table":
+        out.console.print(_status_view(snapshot, budgets, out.console.width))
+        return
+    sessions, branches = _status_listings(snapshot, budgets)
+    out.lines([" ".join(daemon_line(snapshot["daemon"]).plain.split())])
+    if sessions.rows:
+        out.lines([""])
+        out.listing(sessions, "")
+    if branches.rows:
+        out.lines([""])
+        out.listing(branches, "")
+
+
+def cmd_status(client: Client, args: argparse.Namespace, out: Output) -> int:
     if not args.watch:
-        console.print(_status_view(_status_snapshot(client, args.limit)))
+        snapshot, budgets = _status_snapshot(client, args.limit)
+        if out.json:
+            _print_json(snapshot)
+        else:
+            _print_status(out, snapshot, budgets)
         return 0
-    with Live(_status_view(_status_snapshot(client, args.limit)), console=console,
-              refresh_per_second=4, screen=False) as live:
-        try:
-            while True:
-                time.sleep(args.interval)
-                live.update(_status_view(_status_snapshot(client, args.limit)))
-        except KeyboardInterrupt:
-            pass
+    try:
+        if out.format == "table":
+            width = out.console.width
+            with Live(_status_view(*_status_snapshot(client, args.limit), width),
+                      console=out.console, refresh_per_second=4, screen=False) as live:
+                while True:
+                    time.sleep(args.interval)
+                    live.update(_status_view(*_status_snapshot(client, args.limit),
+                                             out.console.width))
+        while True:  # one JSON object a line, or one plain snapshot after another
+            _print_status(out, *_status_snapshot(client, args.limit))
+            if not out.json:
+                out.lines([""])
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        pass
     return 0
 
 
-def cmd_sessions(client: Client, args: argparse.Namespace, console: Console) -> int:
+# ---- sessions, branches --------------------------------------------------------------
+
+def cmd_sessions(client: Client, args: argparse.Namespace, out: Output) -> int:
     params: dict[str, Any] = {"limit": args.limit}
     if args.project:
         params["project"] = args.project
     if args.state:
         params["state"] = args.state
     result = client.call("session.list", params)
-    if args.json:
+    if out.json:
         _print_json(result)
-    else:
-        console.print(sessions_table(result["sessions"], "sessions"))
-        if result["next_cursor"]:
-            console.print(f"(more: --limit larger than {args.limit})", style="dim")
+        return 0
+    out.listing(sessions_listing(result["sessions"], "sessions"), "no sessions")
+    if result["next_cursor"]:
+        out.note(f"(more: --limit larger than {args.limit})")
     return 0
 
 
-def cmd_branches(client: Client, args: argparse.Namespace, console: Console) -> int:
+def cmd_session_show(client: Client, args: argparse.Namespace, out: Output) -> int:
+    result = client.call("session.get", {"session_id": args.session})
+    if out.json:
+        _print_json(result)
+        return 0
+    s, state = result["session"], result["context_state"]
+    budget = s["budget"]
+    show_fields(out, [
+        ("session", s["session_id"]), ("project", s["project"] or ""),
+        ("title", s["title"] or ""), ("state", s["state"]),
+        ("messages", f"{s['message_count']:,}"),
+        ("tokens", f"{state['main_thread_tokens']:,} main thread, "
+                   f"{state['total_tokens']:,} in all, {state['folded_tokens']:,} folded"),
+        ("window", f"{state['effective_window']:,} ({budget['context_window']:,} less "
+                   f"{budget['max_output_tokens']:,} for the reply)"),
+        ("usage", f"{_percent(state['usage'])} ({state['health']})"),
+        ("thresholds", f"warn {_percent(budget['warn'])}, caution "
+                       f"{_percent(budget['caution'])}, compact "
+                       f"{_percent(budget['compact_trigger'])}, hard block "
+                       f"{_percent(budget['hard_block'])}"),
+        ("branch", " > ".join(state["branch_path"]) or "main"),
+        ("live branches", str(s["live_branches"])),
+        ("created", _timestamp(s["created_at"])), ("updated", _timestamp(s["updated_at"])),
+        ("closed", _timestamp(s["closed_at"]) if s["closed_at"] is not None else "")])
+    return 0
+
+
+def cmd_session_close(client: Client, args: argparse.Namespace, out: Output) -> int:
+    result = client.call("session.close", {"session_id": args.session})
+    if out.json:
+        _print_json(result)
+    else:
+        out.lines([f"session {args.session} closed"])
+    return 0
+
+
+def cmd_session_delete(client: Client, args: argparse.Namespace, out: Output) -> int:
+    result = client.call("session.delete", {"session_id": args.session})
+    if out.json:
+        _print_json(result)
+    else:
+        count = result["messages_deleted"]
+        out.lines([f"session {args.session} deleted "
+                   f"({count} message{'' if count == 1 else 's'})"])
+    return 0
+
+
+def cmd_session_render(client: Client, args: argparse.Namespace, out: Output) -> int:
+    params: dict[str, Any] = {"session_id": args.session}
+    if args.branch is not None:
+        params["branch_id"] = args.branch
+    result = client.call("ctxd.render", params)
+    if out.json:
+        _print_json(result)
+        return 0
+    blocks = []
+    for message in result["messages"]:
+        who = message["role"] + (f" ({message['name']})" if message.get("name") else "")
+        blocks.append(f"[{who}]\n{_content_text(message['content'])}")
+    state = result["context_state"]
+    out.lines(["\n\n".join(blocks)] if blocks else [])
+    out.note(f"({len(result['messages'])} messages, {result['tokens']:,} tokens of "
+             f"{state['effective_window']:,}: {_percent(state['usage'])}, {state['health']})")
+    return 0
+
+
+def cmd_session_messages(client: Client, args: argparse.Namespace, out: Output) -> int:
+    limit = args.limit if args.limit is not None else PAGE_ALL if args.all else 100
+    params: dict[str, Any] = {"session_id": args.session, "limit": limit}
+    if args.branch is not None:
+        params["branch_id"] = args.branch
+    result = client.call("message.list", params)
+    messages = list(result["messages"])
+    while args.all and result["next_cursor"] is not None:
+        result = client.call("message.list", {**params, "cursor": result["next_cursor"]})
+        messages += result["messages"]
+    if out.json:
+        _print_json({"messages": messages, "next_cursor": result["next_cursor"],
+                     "context_state": result["context_state"]})
+        return 0
+    out.listing(messages_listing(messages, f"messages of session {args.session}"),
+                "no messages")
+    if result["next_cursor"] is not None:
+        out.note(f"(more: --all, or --limit larger than {limit})")
+    return 0
+
+
+def cmd_branches(client: Client, args: argparse.Namespace, out: Output) -> int:
     params: dict[str, Any] = {"session_id": args.session}
     if args.status:
         params["status"] = args.status
     result = client.call("branch.list", params)
-    if args.json:
+    if out.json:
         _print_json(result)
         return 0
     what = f"{args.status} branches" if args.status else "branches"
-    if not result["branches"]:
-        console.print(f"no {what} in session {args.session}")
-        return 0
-    console.print(branches_table(
+    out.listing(branches_listing(
         result["branches"], f"{what} of session {args.session}  ({result['total']} in all: "
-                            f"{result['active']} active, {result['folded']} folded)"))
+                            f"{result['active']} active, {result['folded']} folded)"),
+        f"no {what} in session {args.session}")
     return 0
 
 
-def cmd_memory_search(client: Client, args: argparse.Namespace, console: Console) -> int:
+# ---- events --------------------------------------------------------------------------
+
+def event_fields(event: dict[str, Any]) -> list[str]:
+    """An event's time (local, to the millisecond), seq, type, session and data."""
+    ts = event["ts"]
+    when = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(ts)) + f".{int(ts % 1 * 1000):03d}"
+    return [when, str(event["seq"]), event["type"], event["session_id"] or "-",
+            _compact_json(event["data"])]
+
+
+def cmd_events(client: Client, args: argparse.Namespace, out: Output) -> int:
+    params: dict[str, Any] = {}
+    if args.session is not None:
+        params["session_id"] = args.session
+    if args.type:
+        params["types"] = args.type
+    client.call("events.subscribe", params)
+    try:
+        while True:
+            try:
+                message = client.notifications.get(timeout=0.5)
+            except queue.Empty:
+                if not client.connected:
+                    raise DaemonUnavailable(client.path, "the daemon closed the connection"
+                                            ) from None
+                continue
+            if message.get("method") != "event":
+                continue
+            event = message["params"]
+            if out.json:
+                out.lines([_compact_json(event)])
+            elif out.format == "tsv":
+                out.lines(["\t".join(event_fields(event))])
+            else:
+                out.lines(["  ".join(event_fields(event))])
+    except KeyboardInterrupt:
+        return 0
+
+
+# ---- memory --------------------------------------------------------------------------
+
+def cmd_memory_search(client: Client, args: argparse.Namespace, out: Output) -> int:
     params: dict[str, Any] = {"query": args.query}
     for name in ("scope", "k", "min_confidence", "mode"):
         if getattr(args, name) is not None:
             params[name] = getattr(args, name)
     result = client.call("memory.search", params)
-    if args.json:
+    if out.json:
         _print_json(result)
         return 0
-    if result["results"]:
-        console.print(memory_hits_table(result))
-    else:
-        console.print(f"no memories found by {result['mode']} search")
+    out.listing(memory_hits_listing(result), f"no memories found by {result['mode']} search")
     if result["note"]:
-        console.print(Text(f"note: {result['note']}", style="yellow"))
+        out.note(f"note: {result['note']}", style="yellow")
     return 0
 
 
@@ -322,9 +598,14 @@ def _read_stdin() -> str | None:
         return None
 
 
-def cmd_memory_add(client: Client, args: argparse.Namespace, console: Console) -> int:
+def cmd_memory_add(client: Client, args: argparse.Namespace, out: Output) -> int:
     content = _read_stdin() if args.content == "-" else args.content
     if content is None:
+        return 2
+    problem = _length_problem(wire.MemoryRecordParams, "content", content)
+    if problem:
+        print(f"ctxctl: {'standard input' if args.content == '-' else 'CONTENT'} {problem}",
+              file=sys.stderr)
         return 2
     params: dict[str, Any] = {"title": args.title, "content": content}
     for name in ("description", "scope", "outcome"):
@@ -333,25 +614,21 @@ def cmd_memory_add(client: Client, args: argparse.Namespace, console: Console) -
     if args.tag:
         params["tags"] = args.tag
     result = client.call("memory.record", params)
-    if args.json:
+    if out.json:
         _print_json(result)
         return 0
     memory = result["memory"]
-    line = Text(f"memory {memory['id']} recorded in ")
-    line.append(memory["scope"])
     scrubbed = result["secrets_scrubbed"]
-    if scrubbed:
-        line.append(f"; {scrubbed} secret{'s' if scrubbed > 1 else ''} scrubbed")
-    console.print(line)
+    out.lines([f"memory {memory['id']} recorded in {memory['scope']}"
+               + (f"; {scrubbed} secret{'s' if scrubbed > 1 else ''} scrubbed"
+                  if scrubbed else "")])
     if not result["indexed"]:
-        console.print("not in the dense index yet (it is not ready); lexical search finds it",
-                      style="dim")
+        out.note("not in the dense index yet (it is not ready); lexical search finds it")
     return 0
 
 
-def cmd_memory_list(client: Client, args: argparse.Namespace, console: Console) -> int:
-    limit = args.limit if args.limit is not None else (
-        MEMORY_PAGE_ALL if args.all else MEMORY_PAGE)
+def cmd_memory_list(client: Client, args: argparse.Namespace, out: Output) -> int:
+    limit = args.limit if args.limit is not None else PAGE_ALL if args.all else MEMORY_PAGE
     params: dict[str, Any] = {"limit": limit}
     if args.scope is not None:
         params["scope"] = args.scope
@@ -360,15 +637,55 @@ def cmd_memory_list(client: Client, args: argparse.Namespace, console: Console) 
     while args.all and result["next_cursor"] is not None:
         result = client.call("memory.list", {**params, "cursor": result["next_cursor"]})
         memories += result["memories"]
-    if args.json:
+    if out.json:
         _print_json({"memories": memories, "next_cursor": result["next_cursor"]})
         return 0
-    if not memories:
-        console.print("no memories")
-        return 0
-    console.print(memories_table(memories, "memories"))
+    out.listing(memories_listing(memories, "memories"), "no memories")
     if result["next_cursor"] is not None:
-        console.print(f"(more: --all, or --limit larger than {limit})", style="dim")
+        out.note(f"(more: --all, or --limit larger than {limit})")
+    return 0
+
+
+def cmd_memory_show(client: Client, args: argparse.Namespace, out: Output) -> int:
+    result = client.call("memory.get", {"id": args.id})
+    if out.json:
+        _print_json(result)
+        return 0
+    m = result["memory"]
+    show_fields(out, [
+        ("id", str(m["id"])), ("scope", m["scope"]), ("title", m["title"]),
+        ("description", m["description"]), ("outcome", m["outcome"]),
+        ("tags", " ".join(m["tags"])), ("confidence", _confidence(m["confidence"])),
+        ("uses", str(m["usage_count"])), ("source", m["source"] or ""),
+        ("created", _timestamp(m["created_at"])), ("updated", _timestamp(m["updated_at"])),
+        ("content", m["content"])])
+    return 0
+
+
+def _index_line(index: dict[str, Any]) -> str:
+    return (f"{index['state']}: {index['vectors']:,} vectors, {index['memories']:,} memories "
+            f"({index['embedder']})")
+
+
+def cmd_memory_reindex(client: Client, args: argparse.Namespace, out: Output) -> int:
+    started = time.monotonic()
+    rebuilt = client.submit("memory.reindex")
+    if out.format == "table" and out.console.is_terminal:
+        # memory.reindex answers when the index is rebuilt; meanwhile daemon.status (on the
+        # same connection: requests are pipelined) says how far it is.
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                      console=out.console, transient=True) as progress:
+            task = progress.add_task("rebuilding the memory index", total=None)
+            while not concurrent.futures.wait([rebuilt], timeout=0.25).done:
+                index = client.call("daemon.status")["memory_index"]
+                progress.update(task, description=f"rebuilding the memory index: "
+                                                  f"{_index_line(index)}")
+    index = rebuilt.result()
+    if out.json:
+        _print_json(index)
+    else:
+        out.lines([f"memory index {_index_line(index)}; rebuilt in "
+                   f"{time.monotonic() - started:.1f} s"])
     return 0
 
 
@@ -379,31 +696,38 @@ RATINGS = {"helpful": ("memory.feedback", "helpful", True),
 """A rating flag's method and params."""
 
 
-def cmd_memory_rate(client: Client, args: argparse.Namespace, console: Console) -> int:
-    method, field, value = RATINGS[args.rating]
-    result = client.call(method, {"id": args.id, field: value})
-    if args.json:
+def cmd_memory_rate(client: Client, args: argparse.Namespace, out: Output) -> int:
+    method, name, value = RATINGS[args.rating]
+    result = client.call(method, {"id": args.id, name: value})
+    if out.json:
         _print_json(result)
     else:
-        console.print(f"memory {args.id}: confidence "
-                      f"{_confidence(result['memory']['confidence'])}")
+        out.lines([f"memory {args.id}: confidence {_confidence(result['memory']['confidence'])}"])
     return 0
 
 
-def cmd_memory_rm(client: Client, args: argparse.Namespace, console: Console) -> int:
+def cmd_memory_rm(client: Client, args: argparse.Namespace, out: Output) -> int:
     result = client.call("memory.delete", {"id": args.id})
-    if args.json:
+    if out.json:
         _print_json(result)
     else:
-        console.print(f"memory {args.id} deleted")
+        out.lines([f"memory {args.id} deleted"])
     return 0
 
 
-def cmd_call(client: Client, args: argparse.Namespace, console: Console) -> int:
+# ---- call, stop, completion ----------------------------------------------------------
+
+def cmd_call(client: Client, args: argparse.Namespace, out: Output) -> int:
+    text = args.params
+    if text == "-":
+        text = _read_stdin()
+        if text is None:
+            return 2
     try:
-        params = json.loads(args.params) if args.params else None
+        params = json.loads(text) if text else None
     except json.JSONDecodeError as exc:
-        print(f"ctxctl: PARAMS is not valid JSON: {exc}", file=sys.stderr)
+        source = "standard input" if args.params == "-" else "PARAMS"
+        print(f"ctxctl: {source} is not valid JSON: {exc}", file=sys.stderr)
         return 2
     _print_json(client.call(args.method, params))
     return 0
@@ -424,7 +748,7 @@ def _running(pid: int) -> bool:
         return True
 
 
-def cmd_stop(client: Client, args: argparse.Namespace, console: Console) -> int:
+def cmd_stop(client: Client, args: argparse.Namespace, out: Output) -> int:
     pid = client.call("daemon.status")["pid"]
     client.call("daemon.shutdown")
     # Gone means the process exited: the socket refuses connections as soon as shutdown
@@ -435,10 +759,25 @@ def cmd_stop(client: Client, args: argparse.Namespace, console: Console) -> int:
     if _running(pid):
         print(f"ctxctl: ctxd (pid {pid}) is still running after {args.wait}s", file=sys.stderr)
         return 1
-    if args.json:
+    if out.json:
         _print_json({"stopped": True, "pid": pid})
     else:
-        console.print(f"ctxd (pid {pid}) stopped")
+        out.lines([f"ctxd (pid {pid}) stopped"])
+    return 0
+
+
+def _stop_when_not_running(out: Output, path: str) -> int:
+    """`stop` with no daemon: done already, as `systemctl stop` of a stopped unit is."""
+    if out.json:
+        _print_json({"stopped": False, "pid": None})
+    print(f"ctxctl: ctxd is not running (nothing listens on {path})", file=sys.stderr)
+    return 0
+
+
+def cmd_completion(args: argparse.Namespace, out: Output) -> int:
+    import shtab
+
+    out.lines([shtab.complete(parser(), shell=args.shell).rstrip("\n")])
     return 0
 
 
@@ -446,81 +785,307 @@ def _print_json(value: Any) -> None:
     sys.stdout.write(msgspec.json.format(msgspec.json.encode(value), indent=2).decode() + "\n")
 
 
+# ---- what the command line accepts ---------------------------------------------------
+
+def _field_type(struct: type[msgspec.Struct], name: str) -> Any:
+    info = msgspec.inspect.type_info(struct)
+    assert isinstance(info, msgspec.inspect.StructType)
+    [found] = [f.type for f in info.fields if f.name == name]
+    if isinstance(found, msgspec.inspect.UnionType):  # optional: the type beside None
+        [found] = [t for t in found.types if not isinstance(t, msgspec.inspect.NoneType)]
+    return found.type if isinstance(found, msgspec.inspect.Metadata) else found
+
+
+def _range_text(info: Any, kind: str) -> str:
+    if info.ge is not None and info.le is not None:
+        return f"{kind} from {info.ge} to {info.le}"
+    if info.ge is not None:
+        return f"{kind} of at least {info.ge}"
+    return kind
+
+
+def number_in(struct: type[msgspec.Struct], name: str) -> Callable[[str], Any]:
+    """An argparse type: a number in the range the wire type of ``struct.name`` allows, so
+    a bad value is a usage error that names the flag, not the daemon's JSON path."""
+    info = _field_type(struct, name)
+    integer = isinstance(info, msgspec.inspect.IntType)
+    kind = "an integer" if integer else "a number"
+
+    def convert(text: str) -> Any:
+        try:
+            value = int(text) if integer else float(text)
+        except ValueError:
+            value = None
+        if value is None or (info.ge is not None and value < info.ge) or (
+                info.le is not None and value > info.le):
+            raise argparse.ArgumentTypeError(f"must be {_range_text(info, kind)}, got {text!r}")
+        return value
+
+    convert.__name__ = name
+    return convert
+
+
+def _matching(kind: str, annotated: Any) -> Callable[[str], str]:
+    """An argparse type: a string the wire's ``annotated`` type accepts (an id, a scope),
+    the error saying which forms are allowed."""
+    described = get_args(annotated)[1].description
+
+    def convert(text: str) -> str:
+        try:
+            msgspec.convert(text, annotated)
+        except msgspec.ValidationError:
+            raise argparse.ArgumentTypeError(
+                f"invalid {kind} {text!r}: use {described}") from None
+        return text
+
+    convert.__name__ = kind
+    return convert
+
+
+session_id = _matching("session id", wire.SessionId)
+branch_id = _matching("branch id", wire.BranchId)
+scope = _matching("scope", wire.Scope)
+
+
+def tag(text: str) -> str:
+    if not text or len(text) > 64 or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"invalid tag {text!r}: use one word of at most 64 "
+                                         "characters")
+    return text
+
+
+def interval(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds >= MIN_INTERVAL_S:  # also NaN
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_INTERVAL_S} seconds, "
+                                         f"got {text!r}")
+    return seconds
+
+
+def seconds_to_wait(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, got {text!r}")
+    return seconds
+
+
+def _text_of(struct: type[msgspec.Struct], name: str, what: str) -> Callable[[str], str]:
+    """An argparse type: text within the wire's length limits for ``struct.name``."""
+
+    def convert(text: str) -> str:
+        problem = _length_problem(struct, name, text)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return text
+
+    convert.__name__ = what
+    return convert
+
+
+def _length_problem(struct: type[msgspec.Struct], name: str, text: str) -> str | None:
+    info = _field_type(struct, name)
+    if info.min_length and len(text) < info.min_length:
+        return "is empty" if info.min_length == 1 else f"is shorter than {info.min_length}"
+    if info.max_length is not None and len(text) > info.max_length:
+        return f"is longer than {info.max_length:,} characters"
+    return None
+
+
+def _within(short: str, long: str) -> bool:
+    """Whether the letters of ``short`` appear in ``long`` in order (rm in remove)."""
+    letters = iter(long)
+    return all(letter in letters for letter in short)
+
+
+def closest(word: str, known: Sequence[str]) -> str | None:
+    """The known word ``word`` most likely meant: a close spelling, else an abbreviation
+    either way that starts with the same letter (remove -> rm, ls -> list)."""
+    close = difflib.get_close_matches(word, known, n=1)
+    if close:
+        return close[0]
+    for name in known:
+        if name[:1] == word[:1] and (_within(name, word) or _within(word, name)):
+            return name
+    return None
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with an unknown command or choice answered by the closest one."""
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is None or value in action.choices:
+            return
+        known = [str(choice) for choice in action.choices]
+        close = closest(str(value), known)
+        hint = f"; did you mean {close!r}?" if close else ""
+        if isinstance(action, argparse._SubParsersAction):
+            raise argparse.ArgumentError(None, f"unknown command {value!r}{hint} (choose from "
+                                               f"{', '.join(known)})")
+        raise argparse.ArgumentError(action, f"invalid choice: {value!r}{hint} (choose from "
+                                             f"{', '.join(known)})")
+
+
 def _common_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
     # Accepted before and after the command; a subcommand's default must not clobber a
     # value given before it, hence SUPPRESS there.
-    suppress = {} if defaults else {"default": argparse.SUPPRESS}
-    parser.add_argument("--socket", help="the daemon's socket (default: $CTXD_SOCKET or ctxd's)",
-                        **suppress)  # type: ignore[arg-type]
-    parser.add_argument("--json", action="store_true", help="print JSON instead of tables",
-                        **suppress)  # type: ignore[arg-type]
+    suppress: dict[str, Any] = {} if defaults else {"default": argparse.SUPPRESS}
+    parser.add_argument("--socket", metavar="PATH", **suppress,
+                        help="the daemon's socket (default: $CTXD_SOCKET or ctxd's)")
+    parser.add_argument("--format", choices=FORMATS, **suppress,
+                        help="table (the default on a terminal), plain (one row a line, the "
+                             "default otherwise), tsv or json")
+    parser.add_argument("--json", dest="format", action="store_const", const="json",
+                        **suppress, help="print JSON (the same as --format json)")
+    parser.add_argument("--no-headers", dest="headers", action="store_false", **suppress,
+                        help="leave out the header line of plain and TSV output")
+
+
+def _group(commands: argparse._SubParsersAction[_Parser], name: str, common: _Parser,
+           help_text: str) -> argparse._SubParsersAction[_Parser]:
+    """A command with commands of its own (``memory``, ``session``)."""
+    group = commands.add_parser(name, parents=[common], help=help_text,
+                                description=help_text[0].upper() + help_text[1:] + ".")
+    group.set_defaults(run=None, group=group)
+    return group.add_subparsers(dest="action", metavar="COMMAND", parser_class=_Parser)
 
 
 def parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     _common_options(common, defaults=False)
-    cli = argparse.ArgumentParser(prog="ctxctl", description="Look at and drive ctxd.")
+    cli = _Parser(prog="ctxctl", description="Look at and drive ctxd.", epilog=EXIT_STATUS,
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    cli.add_argument("--version", action="version", version=f"ctxctl {__version__}")
     _common_options(cli, defaults=True)
-    commands = cli.add_subparsers(dest="command", required=True)
+    cli.set_defaults(run=None, group=cli, offline=False)
+    commands = cli.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     status = commands.add_parser("status", parents=[common],
                                  help="the daemon, its open sessions and live branches")
     status.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
-    status.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
-    status.add_argument("--limit", type=int, default=50, help="sessions shown")
+    status.add_argument("--interval", type=interval, default=1.0, metavar="SECONDS",
+                        help=f"seconds between refreshes (default 1, at least "
+                             f"{MIN_INTERVAL_S})")
+    status.add_argument("--limit", type=number_in(wire.SessionListParams, "limit"), default=50,
+                        metavar="N", help="sessions shown (default 50)")
     status.set_defaults(run=cmd_status)
     sessions = commands.add_parser("sessions", parents=[common], help="list sessions")
-    sessions.add_argument("--project")
-    sessions.add_argument("--state", choices=["open", "closed"])
-    sessions.add_argument("--limit", type=int, default=100)
+    sessions.add_argument("--project", metavar="NAME", help="only this project's sessions")
+    sessions.add_argument("--state", choices=get_args(wire.SessionStateName))
+    sessions.add_argument("--limit", type=number_in(wire.SessionListParams, "limit"),
+                          default=100, metavar="N", help="sessions shown (default 100)")
     sessions.set_defaults(run=cmd_sessions)
+    _session_commands(commands, common)
     branches = commands.add_parser("branches", parents=[common],
                                    help="the branches of a session (context folding)")
-    branches.add_argument("session", metavar="SESSION", help="the session's id")
-    branches.add_argument("--status", choices=get_args(BranchStatus),
+    branches.add_argument("session", metavar="SESSION", type=session_id, help="the session's id")
+    branches.add_argument("--status", choices=get_args(wire.BranchStatus),
                           help="only the branches with this status")
     branches.set_defaults(run=cmd_branches)
+    events = commands.add_parser("events", parents=[common],
+                                 help="follow the daemon's events until Ctrl-C")
+    events.add_argument("-f", "--follow", action="store_true",
+                        help="follow the stream (what events always does, as tail -f)")
+    events.add_argument("--session", type=session_id, metavar="ID",
+                        help="only the events of this session")
+    events.add_argument("--type", action="append", metavar="TYPE",
+                        help="only events of this type, e.g. branch.created (repeat for more)")
+    events.set_defaults(run=cmd_events)
     _memory_commands(commands, common)
     call = commands.add_parser("call", parents=[common], help="call any method")
-    call.add_argument("method", help="e.g. session.get")
-    call.add_argument("params", nargs="?", help='params as JSON, e.g. \'{"session_id": "s1"}\'')
+    call.add_argument("method", metavar="METHOD", help="e.g. session.get")
+    call.add_argument("params", metavar="PARAMS", nargs="?",
+                      help='params as JSON, e.g. \'{"session_id": "s1"}\', or - to read '
+                           "them from standard input")
     call.set_defaults(run=cmd_call)
     stop = commands.add_parser("stop", parents=[common], help="shut the daemon down gracefully")
-    stop.add_argument("--wait", type=float, default=15.0, help="seconds to wait for the exit")
+    stop.add_argument("--wait", type=seconds_to_wait, default=15.0, metavar="SECONDS",
+                      help="seconds to wait for the exit (default 15)")
     stop.set_defaults(run=cmd_stop)
+    completion = commands.add_parser("completion", parents=[common],
+                                     help="print a shell completion script")
+    completion.add_argument("shell", metavar="SHELL", choices=("bash", "zsh", "fish"),
+                            help="bash, zsh or fish")
+    completion.set_defaults(run=cmd_completion, offline=True)
     return cli
 
 
-def _memory_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser],
-                     common: argparse.ArgumentParser) -> None:
-    memory = commands.add_parser("memory", parents=[common],
-                                 help="search, add, list, rate and remove memories")
-    actions = memory.add_subparsers(dest="action", required=True)
+def _session_commands(commands: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
+    actions = _group(commands, "session", common,
+                     "show, close, delete, render a session or list its messages")
+    for name, run, help_text in (
+            ("show", cmd_session_show, "a session's state, tokens and budget"),
+            ("close", cmd_session_close, "close a session (it can no longer grow)"),
+            ("delete", cmd_session_delete, "delete a session and its messages")):
+        action = actions.add_parser(name, parents=[common], help=help_text)
+        action.add_argument("session", metavar="ID", type=session_id, help="the session's id")
+        action.set_defaults(run=run)
+    render = actions.add_parser("render", parents=[common],
+                                help="the messages to send to the model now (ctxd.render)")
+    render.add_argument("session", metavar="ID", type=session_id, help="the session's id")
+    render.add_argument("--branch", type=branch_id, metavar="BRANCH",
+                        help="render this branch's context (default: the active one)")
+    render.set_defaults(run=cmd_session_render)
+    messages = actions.add_parser("messages", parents=[common],
+                                  help="the stored messages of a session, oldest first")
+    messages.add_argument("session", metavar="ID", type=session_id, help="the session's id")
+    messages.add_argument("--branch", type=branch_id, metavar="BRANCH",
+                          help="only this branch's messages")
+    messages.add_argument("--limit", type=number_in(wire.MessageListParams, "limit"),
+                          metavar="N", help=f"messages per page (default 100, or {PAGE_ALL} "
+                                            "with --all)")
+    messages.add_argument("--all", action="store_true", help="every page, not just the first")
+    messages.set_defaults(run=cmd_session_messages)
+
+
+def _memory_commands(commands: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
+    actions = _group(commands, "memory", common,
+                     "search, add, list, show, rate, remove and reindex memories")
+    scope_help = 'global or project:NAME'
+    memory_id = number_in(wire.MemoryIdParams, "id")
     search = actions.add_parser("search", parents=[common], help="find memories")
-    search.add_argument("query", metavar="QUERY", help="what to look for, in words")
-    search.add_argument("--scope", help='"global" or "project:NAME" (also sees global ones)')
-    search.add_argument("-k", type=int, help="results wanted (default 5)")
-    search.add_argument("--min-confidence", type=float,
-                        help="hide memories below this confidence (0..1, default 0)")
-    search.add_argument("--mode", choices=get_args(SearchMode),
+    search.add_argument("query", metavar="QUERY",
+                        type=_text_of(wire.MemorySearchParams, "query", "QUERY"),
+                        help="what to look for, in words")
+    search.add_argument("--scope", type=scope, metavar="SCOPE",
+                        help=f"{scope_help} (a project also sees global ones)")
+    search.add_argument("-k", type=number_in(wire.MemorySearchParams, "k"), metavar="N",
+                        help="results wanted (default 5, at most 100)")
+    search.add_argument("--min-confidence", metavar="X",
+                        type=number_in(wire.MemorySearchParams, "min_confidence"),
+                        help="hide memories below this confidence (0 to 1, default 0)")
+    search.add_argument("--mode", choices=get_args(wire.SearchMode),
                         help="which retrievers to use (default hybrid)")
     search.set_defaults(run=cmd_memory_search)
     add = actions.add_parser("add", parents=[common], help="record a memory")
-    add.add_argument("title", metavar="TITLE")
+    add.add_argument("title", metavar="TITLE",
+                     type=_text_of(wire.MemoryRecordParams, "title", "TITLE"))
     add.add_argument("content", metavar="CONTENT", help="the text, or - to read standard input")
-    add.add_argument("--description", help="when the memory applies")
-    add.add_argument("--scope", help='"global" (default) or "project:NAME"')
-    add.add_argument("--outcome", choices=get_args(Outcome),
+    add.add_argument("--description", metavar="TEXT", help="when the memory applies",
+                     type=_text_of(wire.MemoryRecordParams, "description", "TEXT"))
+    add.add_argument("--scope", type=scope, metavar="SCOPE", help=f"{scope_help} "
+                                                                  "(default global)")
+    add.add_argument("--outcome", choices=get_args(wire.Outcome),
                      help="whether what it records worked (default success)")
-    add.add_argument("--tag", action="append", help="a tag (repeat for more)")
+    add.add_argument("--tag", action="append", type=tag, help="a tag (repeat for more)")
     add.set_defaults(run=cmd_memory_add)
     listing = actions.add_parser("list", parents=[common], help="list memories, oldest first")
-    listing.add_argument("--scope", help='"global" or "project:NAME" (also lists global ones)')
-    listing.add_argument("--limit", type=int, help=f"memories per page (default "
-                         f"{MEMORY_PAGE}, or {MEMORY_PAGE_ALL} with --all)")
+    listing.add_argument("--scope", type=scope, metavar="SCOPE",
+                         help=f"{scope_help} (a project also lists global ones)")
+    listing.add_argument("--limit", type=number_in(wire.MemoryListParams, "limit"), metavar="N",
+                         help=f"memories per page (default {MEMORY_PAGE}, or {PAGE_ALL} with "
+                              "--all)")
     listing.add_argument("--all", action="store_true", help="every page, not just the first")
     listing.set_defaults(run=cmd_memory_list)
+    show = actions.add_parser("show", parents=[common], help="one memory, whole")
+    show.add_argument("id", metavar="ID", type=memory_id)
+    show.set_defaults(run=cmd_memory_show)
     rate = actions.add_parser("rate", parents=[common], help="move a memory's confidence")
-    rate.add_argument("id", metavar="ID", type=int)
+    rate.add_argument("id", metavar="ID", type=memory_id)
     ratings = rate.add_mutually_exclusive_group(required=True)
     for flag, help_text in (("helpful", "it helped"), ("unhelpful", "it did not help"),
                             ("succeeded", "acting on it succeeded"),
@@ -529,29 +1094,64 @@ def _memory_commands(commands: argparse._SubParsersAction[argparse.ArgumentParse
                              help=help_text)
     rate.set_defaults(run=cmd_memory_rate)
     remove = actions.add_parser("rm", parents=[common], help="delete a memory")
-    remove.add_argument("id", metavar="ID", type=int)
+    remove.add_argument("id", metavar="ID", type=memory_id)
     remove.set_defaults(run=cmd_memory_rm)
+    reindex = actions.add_parser("reindex", parents=[common],
+                                 help="rebuild the dense index from the stored memories")
+    reindex.set_defaults(run=cmd_memory_reindex)
+
+
+# ---- main ----------------------------------------------------------------------------
+
+def _missing_command(group: argparse.ArgumentParser) -> NoReturn:
+    [commands] = [a for a in group._actions if isinstance(a, argparse._SubParsersAction)]
+    group.error(f"missing command (choose from {', '.join(commands.choices)})")
+
+
+def _report_rpc_error(exc: RpcError, out: Output) -> int:
+    if out.json:
+        _print_json({"error": {"code": exc.code, "message": exc.message, "data": exc.data}})
+    print(f"ctxctl: error {exc.code}: {exc.message}", file=sys.stderr)
+    data = exc.data if isinstance(exc.data, dict) else {}
+    if (exc.code == ErrorCode.METHOD_NOT_FOUND and not data.get("suggestion")
+            and data.get("available")):
+        print(f"ctxctl: the daemon's methods: {', '.join(data['available'])}", file=sys.stderr)
+    elif data.get("fix"):
+        print(f"ctxctl: fix: {data['fix']}", file=sys.stderr)
+    return 1
+
+
+def _report_unavailable(exc: DaemonUnavailable, out: Output) -> int:
+    if out.json:
+        _print_json({"error": {"code": None, "message": str(exc), "data": {
+            "socket": exc.path}}})
+    print(f"ctxctl: {exc}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
     """The ``ctxctl`` console script."""
     args = parser().parse_args(argv)
-    console = Console()
+    if args.run is None:
+        _missing_command(args.group)
+    out = Output(Console(), args.format, args.headers)
+    if args.offline:
+        code: int = args.run(args, out)
+        return code
     try:
-        with Client(args.socket) as client:
-            code: int = args.run(client, args, console)
+        client = Client(args.socket)
+    except DaemonUnavailable as exc:
+        if args.run is cmd_stop and not isinstance(exc, BadSocketPath):
+            return _stop_when_not_running(out, exc.path)
+        return _report_unavailable(exc, out)
+    try:
+        with client:
+            code = args.run(client, args, out)
             return code
     except DaemonUnavailable as exc:
-        if args.json:
-            _print_json({"error": {"code": None, "message": str(exc), "data": {
-                "socket": exc.path}}})
-        print(f"ctxctl: {exc}", file=sys.stderr)
-        return 2
+        return _report_unavailable(exc, out)
     except RpcError as exc:
-        if args.json:
-            _print_json({"error": {"code": exc.code, "message": exc.message, "data": exc.data}})
-        print(f"ctxctl: error {exc.code}: {exc.message}", file=sys.stderr)
-        return 1
+        return _report_rpc_error(exc, out)
 
 
 if __name__ == "__main__":

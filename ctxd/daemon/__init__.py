@@ -12,7 +12,7 @@ import trio
 
 from ctxd import __version__, config
 from ctxd.daemon._app import Daemon
-from ctxd.daemon._socket import PlacementError
+from ctxd.daemon._socket import PlacementError, check_socket_path
 from ctxd.errors import CtxdError
 
 _SYSLOG_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3,
@@ -40,7 +40,10 @@ def parser() -> argparse.ArgumentParser:
         prog="ctxd", description="ctxd: the local context manager for LLM agents.",
         epilog="Every option is also a config.toml key and a CTXD_<KEY> environment variable.")
     cli.add_argument("--version", action="version", version=f"ctxd {__version__}")
-    cli.add_argument("--config", help="the TOML file (default $XDG_CONFIG_HOME/ctxd/config.toml)")
+    cli.add_argument("--config", metavar="FILE",
+                     help="the TOML file (default $CTXD_CONFIG, else "
+                          "$XDG_CONFIG_HOME/ctxd/config.toml); a file named here or by "
+                          "$CTXD_CONFIG must exist")
     cli.add_argument("--print-config", action="store_true",
                      help="print the effective configuration and exit")
     config.add_flags(cli)
@@ -68,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     # at 0.5 ms, 0.1 s.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
+        # Before the data directory is created or the database migrated: a socket that
+        # cannot be bound must leave nothing behind. An activated daemon binds nothing
+        # (the LISTEN_PID test of _systemd.activated_socket).
+        if os.environ.get("LISTEN_PID") != str(os.getpid()):
+            check_socket_path(Path(cfg.socket))
         trio.run(Daemon(cfg).run)
     except PlacementError as error:
         print(f"ctxd: {error}", file=sys.stderr)

@@ -77,12 +77,14 @@ class Daemon:
             if sock is not None:
                 sock.close()
             if socket_lock is not None:
-                # Remove the socket while still holding its lock, so no newcomer's is removed.
+                # Remove the socket, then the lock file, while still holding the lock, so
+                # no newcomer's is removed (Lock makes a newcomer that opened the removed
+                # file take the lock again on a new one).
                 try:
                     os.unlink(config.socket)
                 except FileNotFoundError:
                     pass
-                socket_lock.release()
+                socket_lock.release(remove=True)
             self.store.close()
             data_lock.release()
             log.info("ctxd stopped")

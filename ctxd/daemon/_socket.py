@@ -10,7 +10,7 @@ import stat
 import struct
 from pathlib import Path
 
-MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
+from ctxd.paths import MAX_SOCKET_PATH
 
 
 class PlacementError(Exception):
@@ -21,12 +21,16 @@ def check_private_directory(directory: Path) -> None:
     """Create ``directory`` 0700 if missing; refuse one that others could tamper with.
 
     Raises:
-        PlacementError: it is a symlink, not a directory, owned by another user, or open to
-            group/others.
+        PlacementError: it cannot be created, or it is a symlink, not a directory, owned by
+            another user, or open to group/others.
     """
-    with contextlib.suppress(FileExistsError):
-        directory.mkdir(mode=0o700, parents=True)
-    info = os.lstat(directory)
+    try:
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=0o700, parents=True)
+        info = os.lstat(directory)
+    except OSError as exc:
+        raise PlacementError(f"cannot create the directory {directory}: "
+                             f"{exc.strerror or exc}") from None
     if stat.S_ISLNK(info.st_mode):
         raise PlacementError(f"{directory} is a symlink; ctxd needs a real private directory")
     if not stat.S_ISDIR(info.st_mode):
@@ -40,24 +44,76 @@ def check_private_directory(directory: Path) -> None:
 
 
 class Lock:
-    """An ``flock`` held for the daemon's lifetime, with the holder's pid written in it."""
+    """An ``flock`` held for the daemon's lifetime, with the holder's pid written in it.
+
+    A holder may remove the file when it lets go (`release`), so a lock is only taken on
+    the file that is still at the path: one opened just before the holder removed it is
+    locked in vain, and taking the lock starts over on the new file.
+    """
 
     def __init__(self, path: Path, what: str):
         self.path = path
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(self._fd)
-            raise PlacementError(f"another ctxd (pid {holder}) is already running on {what}; "
-                                 "stop it first (ctxctl stop) or choose another "
-                                 "--socket/--data-dir") from None
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise PlacementError(f"another ctxd (pid {holder}) is already running on "
+                                     f"{what}; stop it first (ctxctl stop) or choose another "
+                                     "--socket/--data-dir") from None
+            if _same_file(fd, path):
+                break
+            os.close(fd)  # removed by the holder we waited for: lock the new one
+        self._fd = fd
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
 
-    def release(self) -> None:
+    def release(self, remove: bool = False) -> None:
+        """Let go; with ``remove``, delete the file first, while it is still held."""
+        if remove:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
         os.close(self._fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        at_path = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (at_path.st_dev, at_path.st_ino)
+
+
+def check_socket_path(path: Path) -> None:
+    """Refuse a socket path that `bind_unix_socket` could not use; its directory is created
+    (0700) when missing.
+
+    The daemon calls it before it touches its data directory, so a mistyped ``--socket``
+    leaves nothing behind.
+
+    Raises:
+        PlacementError: the path is too long, its directory cannot be created or is
+            unsafe, or something that is not a socket sits at the path.
+    """
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise PlacementError(f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes; "
+                             "choose a shorter --socket")
+    _check_not_other_file(path)
+    check_private_directory(path.parent)
+
+
+def _check_not_other_file(path: Path) -> None:
+    try:
+        info = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # nothing there (a parent that is no directory is check_private_directory's)
+    except OSError as exc:
+        raise PlacementError(f"cannot look at {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISSOCK(info.st_mode):
+        raise PlacementError(f"{path} exists and is not a socket; not removing it")
 
 
 def bind_unix_socket(path: Path) -> tuple[socket.socket, Lock]:
@@ -67,15 +123,11 @@ def bind_unix_socket(path: Path) -> tuple[socket.socket, Lock]:
         PlacementError: the path is too long, the directory unsafe, another daemon holds
             the lock, or something that is not a socket sits at the path.
     """
-    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-        raise PlacementError(f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes; "
-                             "choose a shorter --socket")
-    check_private_directory(path.parent)
+    check_socket_path(path)
     lock = Lock(path.with_name(path.name + ".lock"), str(path))
     try:
+        _check_not_other_file(path)  # again: it may have appeared since
         if os.path.lexists(path):
-            if not stat.S_ISSOCK(os.lstat(path).st_mode):
-                raise PlacementError(f"{path} exists and is not a socket; not removing it")
             os.unlink(path)  # stale: nobody holds the lock
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)

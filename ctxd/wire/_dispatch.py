@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import enum
 import logging
 from collections.abc import Awaitable, Callable
@@ -206,8 +207,7 @@ class Dispatcher:
                             {"fix": 'set "jsonrpc":"2.0"'})
         method = method or self._methods.get(envelope.method)
         if method is None:
-            raise CtxdError(ErrorCode.METHOD_NOT_FOUND, f"method not found: {envelope.method!r}",
-                            {"method": envelope.method, "available": self.method_names})
+            raise _method_not_found(envelope.method, self.method_names)
         raw = b"{}" if envelope.params is msgspec.UNSET else bytes(envelope.params)
         try:
             return method, method.decode(raw)
@@ -215,6 +215,17 @@ class Dispatcher:
             raise _codec.invalid_params(exc) from None
         except RecursionError:
             raise params_error("$", "params are nested too deeply") from None
+
+
+def _method_not_found(name: str, available: list[str]) -> CtxdError:
+    """-32601, with the closest known name as a suggestion when one is close enough."""
+    close = difflib.get_close_matches(name, available, n=1)
+    suggestion = close[0] if close else None
+    fix = (f"did you mean {suggestion}?" if suggestion
+           else "call one of the methods in data.available (docs/protocol.md)")
+    return CtxdError(ErrorCode.METHOD_NOT_FOUND, f"method not found: {name!r}",
+                     {"method": name, "available": available, "suggestion": suggestion,
+                      "fix": fix})
 
 
 def _request_id(envelope: _codec.Envelope) -> _codec.RequestId:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import signal
@@ -19,7 +20,7 @@ from tests_support import hello_text
 
 import ctxclient
 from ctxclient import Client, DaemonUnavailable, RpcError
-from ctxd.daemon._socket import peer_uid
+from ctxd.daemon._socket import Lock, PlacementError, _same_file, peer_uid
 
 
 def mode(path: Path) -> int:
@@ -109,6 +110,7 @@ def test_sigterm_exits_zero_keeps_everything_and_removes_the_socket(daemon_root:
             {"role": "user", "content": f"message {i}"} for i in range(50)]})
     assert process.stop(signal.SIGTERM) == 0
     assert not process.socket.exists()
+    assert sorted(os.listdir(process.socket.parent)) == []  # ctxd.sock.lock is gone too
     assert "ctxd stopped" in process.log()
     process.start()
     with process.client() as client:
@@ -254,6 +256,60 @@ def test_shutdown_method_stops_the_daemon(daemon_root: Path) -> None:
     with process.client() as client:
         assert client.call("daemon.shutdown") == {"stopping": True}
     assert process.proc.wait(30) == 0  # type: ignore[union-attr]
+    assert sorted(os.listdir(process.socket.parent)) == []
+
+
+def test_a_lock_file_removed_by_its_holder_is_not_taken(tmp_path: Path) -> None:
+    path = tmp_path / "ctxd.sock.lock"
+    holder = Lock(path, "the socket")
+    racing = os.open(path, os.O_RDWR)  # a newcomer opened the file just before it goes
+    holder.release(remove=True)
+    assert not path.exists()
+    # The newcomer's flock succeeds on the removed file, which no longer counts: Lock
+    # sees that it is not the file at the path and starts over ...
+    fcntl.flock(racing, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        assert not _same_file(racing, path)
+        # ... so the lock that counts is the one on the file now at the path: one holder.
+        newcomer = Lock(path, "the socket")
+        with pytest.raises(PlacementError, match=f"another ctxd \\(pid {os.getpid()}\\)"):
+            Lock(path, "the socket")
+        newcomer.release()
+        assert path.read_text() == f"{os.getpid()}\n"  # kept without remove
+    finally:
+        os.close(racing)
+
+
+@pytest.mark.parametrize("problem", ["too-long", "parent-is-a-file", "uncreatable",
+                                     "a-directory", "open-mode"])
+def test_a_bad_socket_path_is_refused_before_the_data_dir_is_touched(
+        daemon_root: Path, problem: str) -> None:
+    process = DaemonProcess(daemon_root)
+    if problem == "too-long":
+        socket_path = daemon_root / ("x" * 120) / "ctxd.sock"
+        expected = (f"socket path {socket_path} is longer than 107 bytes; choose a shorter "
+                    "--socket")
+    elif problem == "parent-is-a-file":
+        (daemon_root / "file").write_text("")
+        socket_path = daemon_root / "file" / "ctxd.sock"
+        expected = f"{daemon_root / 'file'} is not a directory"
+    elif problem == "uncreatable":
+        socket_path = Path("/proc/x/y.sock")
+        expected = "cannot create the directory /proc/x: No such file or directory"
+    elif problem == "a-directory":
+        socket_path = daemon_root
+        expected = f"{daemon_root} exists and is not a socket; not removing it"
+    else:
+        (daemon_root / "open").mkdir(mode=0o755)
+        os.chmod(daemon_root / "open", 0o755)
+        socket_path = daemon_root / "open" / "ctxd.sock"
+        expected = (f"{daemon_root / 'open'} has mode 0755; it must be private: "
+                    f"chmod 700 {daemon_root / 'open'}")
+    command = [*process.command(), "--socket", str(socket_path)]  # the last --socket wins
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60,
+                            env=process.environment(), check=False)
+    assert (result.returncode, result.stdout, result.stderr) == (1, "", f"ctxd: {expected}\n")
+    assert not process.data_dir.exists()
 
 
 def test_hello_negotiates_features(shared_daemon: DaemonProcess) -> None:

@@ -455,9 +455,12 @@ def test_invalid_request_in_a_batch_echoes_each_readable_id(wire: Wire) -> None:
 def test_unknown_method_lists_the_available_ones(wire: Wire, method: str, request_id: Any) -> None:
     reply = wire.call(request(method, {"x": 1}, request_id))
     available = reply["error"]["data"]["available"]
+    suggestion = {"Daemon.Ping": "daemon.ping", "daemon.ping ": "daemon.ping"}.get(method)
     assert reply == error(request_id, ErrorCode.METHOD_NOT_FOUND,
                           f"method not found: {method!r}",
-                          {"method": method, "available": available})
+                          {"method": method, "available": available, "suggestion": suggestion,
+                           "fix": f"did you mean {suggestion}?" if suggestion else
+                           "call one of the methods in data.available (docs/protocol.md)"})
     assert available == sorted(set(available))
     assert set(available) >= CORE_METHODS
     assert method not in available
@@ -631,7 +634,9 @@ def test_batch_answers_only_its_requests(wire_daemon: DaemonProcess, wire: Wire)
     assert_pong(by_id["1"], 1)
     assert by_id['"two"'] == error("two", ErrorCode.METHOD_NOT_FOUND, "method not found: 'nope'",
                                    {"method": "nope",
-                                    "available": by_id['"two"']["error"]["data"]["available"]})
+                                    "available": by_id['"two"']["error"]["data"]["available"],
+                                    "suggestion": None, "fix": "call one of the methods in "
+                                    "data.available (docs/protocol.md)"})
     assert by_id["3"] == invalid_params(3, "$.session_id", "Expected `str | null`, got `int`")
     assert by_id["4"] == error(4, ErrorCode.NOT_FOUND, "unknown session 'w_missing'",
                                {"session_id": "w_missing",

@@ -1,13 +1,21 @@
-"""The trio client against a peer that breaks the protocol (ctxd itself never does)."""
+"""The client library: a peer that breaks the protocol (ctxd itself never does), what
+importing it loads, and its exception classes."""
 
+import json
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import trio
+from conftest import DaemonProcess
+from tests_support import hello_text
 
 import ctxclient
-from ctxclient import DaemonUnavailable
+import ctxclient._errors
+from ctxclient import DaemonUnavailable, RpcError
+from ctxd.errors import ErrorCode
 
 
 async def test_a_garbled_answer_ends_the_connection_as_unavailable(tmp_path: Path) -> None:
@@ -30,3 +38,66 @@ async def test_a_garbled_answer_ends_the_connection_as_unavailable(tmp_path: Pat
                 async with ctxclient.connect(path) as client:
                     await client.call("daemon.ping")
             nursery.cancel_scope.cancel()
+
+
+def test_importing_the_client_loads_nothing_of_the_daemon() -> None:
+    # ctxctl starts in a shell hook; the tokenizer alone takes longer to load than a call.
+    code = ("import json, sys, ctxclient, ctxclient.cli; "
+            "print(json.dumps(sorted(sys.modules)))")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                       text=True, check=True, timeout=60).stdout)
+    assert [name for name in ("tiktoken", "apsw", "faiss", "numpy") if name in loaded] == []
+    assert sorted(name for name in loaded if name.split(".")[0] == "ctxd"
+                  and not name.startswith("ctxd.wire")) == ["ctxd", "ctxd.errors", "ctxd.paths"]
+
+
+def test_one_exception_class_per_error_code() -> None:
+    assert {code.name: ctxclient.ERRORS[code].__name__ for code in ErrorCode} == {
+        "PARSE_ERROR": "ParseError", "INVALID_REQUEST": "InvalidRequest",
+        "METHOD_NOT_FOUND": "MethodNotFound", "INVALID_PARAMS": "InvalidParams",
+        "INTERNAL_ERROR": "InternalError", "CONTEXT_LIMIT_EXCEEDED": "ContextLimitExceeded",
+        "BUDGET_EXHAUSTED": "BudgetExhausted", "INVALID_STATE": "InvalidState",
+        "NOT_FOUND": "NotFound", "LIMIT_REACHED": "LimitReached", "CANCELLED": "Cancelled",
+        "OVERLOADED": "Overloaded", "STORAGE_ERROR": "StorageError", "TIMEOUT": "Timeout"}
+    for code, cls in ctxclient.ERRORS.items():
+        assert issubclass(cls, RpcError)
+        assert (cls.error_code, getattr(ctxclient, cls.__name__)) == (code, cls)
+
+
+def test_errors_from_the_daemon_raise_their_codes_class(shared_daemon: DaemonProcess,
+                                                         sid: str) -> None:
+    with shared_daemon.client() as client:
+        with pytest.raises(ctxclient.NotFound) as unknown:
+            client.call("session.get", {"session_id": sid})
+        assert (unknown.value.code, unknown.value.message) == (-32004, f"unknown session '{sid}'")
+        with pytest.raises(ctxclient.MethodNotFound):
+            client.call("session.opne", {})
+        with pytest.raises(ctxclient.InvalidParams):
+            client.call("session.open", {"session_id": 5})
+        client.call("session.open", {"session_id": sid, "budget": {
+            "context_window": 1100, "max_output_tokens": 100}})
+        with pytest.raises(ctxclient.ContextLimitExceeded):
+            client.call("message.append", {"session_id": sid, "messages": [
+                {"role": "user", "content": hello_text(1000)}]})
+        client.call("session.close", {"session_id": sid})
+        with pytest.raises(ctxclient.InvalidState):
+            client.call("message.append", {"session_id": sid, "messages": [
+                {"role": "user", "content": "late"}]})
+
+
+def test_an_unknown_code_is_a_plain_rpc_error() -> None:
+    error = ctxclient._errors.rpc_error(-31999, "new in a later daemon", {"x": 1})
+    assert (type(error), error.code, error.message, error.data) == (
+        RpcError, -31999, "new in a later daemon", {"x": 1})
+
+
+def test_ctxctl_colours_a_branch_by_its_sessions_thresholds() -> None:
+    from ctxclient.cli import level
+
+    # A session opened with lower thresholds than the defaults: its branches warn sooner.
+    low = {"warn": 0.3, "caution": 0.4, "hard_block": 0.9}
+    assert [level(usage, low) for usage in (0.2, 0.35, 0.5, 0.95, 1.0)] == [
+        "ok", "warn", "caution", "blocked", "blocked"]
+    default = {"warn": 0.7, "caution": 0.8, "hard_block": 0.98}
+    assert [level(usage, default) for usage in (0.5, 0.75, 0.85, 1.0)] == [
+        "ok", "warn", "caution", "blocked"]
