@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from tests_support import installed_prefix, needs
 
 from ctxclient.cli import parser as ctxctl_parser
 from ctxd import __version__
@@ -36,8 +37,7 @@ def render(page: str) -> subprocess.CompletedProcess[str]:
         capture_output=True, text=True, timeout=60, check=False)
 
 
-needs_groff = pytest.mark.skipif(
-    shutil.which("groff") is None, reason="groff is not installed (apt-get install groff-base)")
+needs_groff = needs("groff")
 
 
 @needs_groff
@@ -69,17 +69,26 @@ def test_ctxd_page_documents_every_flag() -> None:
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    [commands] = [action for action in parser._actions
-                  if isinstance(action, argparse._SubParsersAction)]
-    return dict(commands.choices)
+    """Every command, ``memory show`` as well as ``memory``."""
+    found: dict[str, argparse.ArgumentParser] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, command in action.choices.items():
+                found[name] = command
+                found.update({f"{name} {sub}": subcommand
+                              for sub, subcommand in subcommands(command).items()})
+    return found
 
 
 def test_ctxctl_page_documents_every_command_and_option() -> None:
     text = source("ctxctl.1")
     cli = ctxctl_parser()
+    commands = subcommands(cli)
+    assert len(commands) == 21
     missing = [flag for flag in long_options(cli) if roff(flag) not in text]
-    for name, command in subcommands(cli).items():
-        if not re.search(rf"^\.BI? {name}\b", text, re.MULTILINE):
+    for name, command in commands.items():
+        # An entry of its own: `.B events`, `.BI branches " SESSION"`, `.BI "memory show " ID`.
+        if not re.search(rf'^\.B[IR]? "?{re.escape(name)}\b', text, re.MULTILINE):
             missing.append(name)
         missing += [f"{name} {flag}" for flag in long_options(command) if roff(flag) not in text]
     assert missing == []
@@ -169,3 +178,19 @@ def test_toml_page_documents_every_key_with_its_default() -> None:
         if not heading.startswith(f"{kind}, {default}"):
             wrong.append((table, key, heading, f"{kind}, {default}"))
     assert wrong == []
+
+
+@needs("man")
+def test_the_wheel_installs_the_pages_where_man_finds_them() -> None:
+    prefix = installed_prefix()
+    installed = [prefix / "share" / "man" / f"man{page.rsplit('.', 1)[1]}" / page
+                 for page in PAGES]
+    for page, path in zip(PAGES, installed, strict=True):
+        assert path.read_bytes() == source(page).encode()
+    # No MANPATH: man derives share/man from each bin/ on PATH, as it does for an
+    # activated virtualenv, ~/.local (pip install --user) or a pipx environment.
+    env = {key: value for key, value in os.environ.items() if key != "MANPATH"}
+    env["PATH"] = f"{prefix / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
+    found = subprocess.run(["man", "-w", "ctxd", "ctxctl", "ctxd.toml"], env=env,
+                           capture_output=True, text=True, timeout=60, check=False)
+    assert (found.returncode, found.stdout.split()) == (0, [str(path) for path in installed])

@@ -1,6 +1,13 @@
 """Test data and helpers shared by unit and end-to-end tests."""
 
+import atexit
 import contextlib
+import functools
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -82,3 +89,49 @@ async def running_supervisor(path: Path, config: Config) -> AsyncIterator[Superv
             nursery.cancel_scope.cancel()
     finally:
         store.close()
+
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+OPTIONAL_TOOLS = {"socat": "socat", "shellcheck": "shellcheck", "dash": "dash",
+                  "busybox": "busybox", "zsh": "zsh", "fish": "fish", "groff": "groff-base",
+                  "man": "man-db", "systemd-analyze": "systemd"}
+"""The programs some tests run beside Python, each with its Debian package: README.md
+names them, .ci/run installs them, and a test that needs one is skipped without it."""
+
+
+def needs(*tools: str) -> pytest.MarkDecorator:
+    """Skip a test when one of ``tools`` (of `OPTIONAL_TOOLS`) is not installed."""
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    packages = " ".join(OPTIONAL_TOOLS[tool] for tool in missing)
+    return pytest.mark.skipif(bool(missing), reason=f"{', '.join(missing)} not installed "
+                                                    f"(apt-get install {packages})")
+
+
+@functools.cache
+def installed_prefix() -> Path:
+    """A prefix holding what installing ctxd's wheel puts outside site-packages (its
+    ``.data/data`` tree: the manual pages under share/man), as pip would lay it out.
+
+    The wheel is built (once a session) from a copy of the sources, so that the build
+    leaves nothing in the repository.
+    """
+    work = Path(tempfile.mkdtemp(prefix="ctxd-wheel-"))
+    atexit.register(shutil.rmtree, work, True)
+    source = work / "source"
+    shutil.copytree(REPOSITORY, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
+                    str(work / "dist"), str(source)], check=True, timeout=300,
+                   capture_output=True)
+    (wheel,) = (work / "dist").glob("ctxd-*.whl")
+    prefix = work / "prefix"
+    with zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            parts = Path(name).parts
+            if len(parts) > 2 and parts[0].endswith(".data") and parts[1] == "data":
+                target = prefix.joinpath(*parts[2:])
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(archive.read(name))
+    (prefix / "bin").mkdir(parents=True, exist_ok=True)
+    return prefix

@@ -16,18 +16,17 @@ from typing import Any
 import msgspec
 import pytest
 from conftest import DaemonProcess
+from tests_support import needs
 
 from ctxclient import DaemonUnavailable, RpcError
 from ctxd.config import default_socket_path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "clients" / "shell" / "ctxd-call"
-SOCAT_MISSING = "socat is not installed (apt-get install socat)"
 
 
 @pytest.fixture(params=[
     "python",
-    pytest.param("socat", marks=pytest.mark.skipif(shutil.which("socat") is None,
-                                                    reason=SOCAT_MISSING)),
+    pytest.param("socat", marks=needs("socat")),
 ])
 def transport(request: pytest.FixtureRequest) -> str:
     """The transport that CTXD_CALL_TRANSPORT forces."""
@@ -354,20 +353,19 @@ def test_is_executable() -> None:
     assert os.access(SCRIPT, os.X_OK)
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None,
-                    reason="shellcheck is not installed (apt-get install shellcheck)")
+@needs("shellcheck")
 def test_shellcheck_is_clean() -> None:
     proc = subprocess.run(["shellcheck", "--shell=sh", str(SCRIPT)], capture_output=True,
                           text=True, timeout=60, check=False)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
 
 
-@pytest.mark.parametrize("shell", [["dash"], ["bash", "--posix"], ["busybox", "sh"]],
+@pytest.mark.parametrize("shell", [pytest.param(["dash"], marks=needs("dash")),
+                                   ["bash", "--posix"],
+                                   pytest.param(["busybox", "sh"], marks=needs("busybox"))],
                          ids=["dash", "bash-posix", "busybox"])
 def test_runs_under_posix_shells(shared_daemon: DaemonProcess, shell: list[str],
                                  sid: str) -> None:
-    if shutil.which(shell[0]) is None:
-        pytest.skip(f"{shell[0]} is not installed")
     proc = run("-s", str(shared_daemon.socket), "session.open",
                json.dumps({"session_id": sid, "title": TRICKY}), shell=shell)
     assert ok(proc)["session"]["title"] == TRICKY
@@ -433,7 +431,7 @@ def tool_dir(root: Path, tools: list[str], socat_log: Path | None = None) -> Pat
 BASIC_TOOLS = ["id", "tr", "sed", "mktemp", "mkfifo", "rm"]
 
 
-@pytest.mark.skipif(shutil.which("socat") is None, reason=SOCAT_MISSING)
+@needs("socat")
 @pytest.mark.parametrize(("forced", "socat_used"), [(None, True), ("socat", True),
                                                      ("python", False)])
 def test_socat_is_preferred(shared_daemon: DaemonProcess, daemon_root: Path,
