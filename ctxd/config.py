@@ -1,4 +1,4 @@
-"""Configuration: TOML file, then ``CTXD_*`` environment variables, then flags (DESIGN §12).
+"""Configuration: TOML file, then ``CTXD_*`` environment variables, then flags (see ctxd.toml(5)).
 
 Every key is optional. An unknown key in any of the three sources stops start-up with
 the key's name, so a typo never silently falls back to a default.
@@ -42,7 +42,7 @@ def threshold_order_error(budget: Any) -> str | None:
 
 
 class MemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The ``[memory]`` table: the embedder and retrieval of memory items (DESIGN §9)."""
+    """The ``[memory]`` table: the embedder and retrieval of memory items."""
 
     embedder: Literal["hashing", "sentence-transformers", "http"] = "hashing"
     model_path: str = ""

@@ -1,4 +1,4 @@
-"""Where ctxd's socket, data and configuration are when nothing else is said (DESIGN §3, §12).
+"""Where ctxd's socket, data and configuration are when nothing else is said; see ctxd(1), FILES.
 
 Only the standard library: the clients import this module, and must not load the daemon
 (its tokenizer, its store) just to find the socket.

@@ -147,3 +147,17 @@ def test_the_layers_are_written_down() -> None:
     text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     missing = [unit for unit in LAYERS if not unit.startswith("__") and f"`{unit}`" not in text]
     assert missing == []
+
+
+CLIENT_MAY_IMPORT = {"ctxd.__version__", "ctxd.errors", "ctxd.paths", "ctxd.wire.types"}
+"""What the clients take from ctxd: the protocol's types and codes and the default paths,
+none of which loads the daemon (its tokenizer, store or index)."""
+
+
+def test_the_clients_import_only_the_protocol_and_paths_of_ctxd() -> None:
+    taken = {f"{_where(path, line)}: {name}"
+             for path in sorted((ROOT / "clients").rglob("*.py"))
+             for line, name in _imports(path)
+             if not any(name == allowed or name.startswith(f"{allowed}.")
+                        for allowed in CLIENT_MAY_IMPORT)}
+    assert sorted(taken) == []

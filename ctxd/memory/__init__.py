@@ -1,4 +1,4 @@
-"""Memory: ReasoningBank items, hybrid FTS5 + FAISS retrieval, embedders (DESIGN §9)."""
+"""Memory: ReasoningBank items, hybrid FTS5 + FAISS retrieval, embedders."""
 
 from ctxd.memory._embedders import (
     Embedder,

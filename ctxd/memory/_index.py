@@ -21,10 +21,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import msgspec
 import numpy as np
 import trio
 
-from ctxd.errors import CtxdError, ErrorCode
+from ctxd.errors import CtxdError, shutting_down
 from ctxd.jobs import JobQueue, Slot
 from ctxd.memory import _queries as q
 from ctxd.memory._build import Builder, NextIndex, describe
@@ -42,8 +43,20 @@ RETRY_S = 30.0
 
 
 def _stopping() -> CtxdError:
-    return CtxdError(ErrorCode.OVERLOADED, "the memory index is stopping; retry",
-                     {"fix": "retry once the daemon is back"})
+    return shutting_down("the memory index")
+
+
+class IndexStatistics(msgspec.Struct, frozen=True):
+    """What the index is doing, for daemon.status and memory.reindex."""
+
+    state: IndexState
+    reason: str | None
+    """Why it is not ready, when it is not."""
+    vectors: int
+    generation: int
+    """The memories' generation it holds (see `index_generation`)."""
+    signature: str
+    """The embedder's: a file made by another embedder is rebuilt."""
 
 
 class MemoryIndex:
@@ -346,7 +359,7 @@ class MemoryIndex:
             raise DenseUnavailable(self.reason or self.state)
         return self._index
 
-    def statistics(self) -> dict[str, Any]:
-        return {"state": self.state, "reason": self.reason,
-                "vectors": 0 if self._index is None else int(self._index.ntotal),
-                "generation": self.generation, "signature": self.embedder.signature}
+    def statistics(self) -> IndexStatistics:
+        return IndexStatistics(state=self.state, reason=self.reason,
+                               vectors=0 if self._index is None else int(self._index.ntotal),
+                               generation=self.generation, signature=self.embedder.signature)

@@ -1,4 +1,4 @@
-"""Hybrid retrieval: FTS5 BM25 and FAISS, fused by weighted reciprocal rank (DESIGN §9)."""
+"""Hybrid retrieval: FTS5 BM25 and FAISS, fused by weighted reciprocal rank."""
 
 from __future__ import annotations
 

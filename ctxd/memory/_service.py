@@ -280,9 +280,9 @@ class Memory:
 
     def status(self) -> MemoryIndexStatus:
         stats = self.index.statistics()
-        return MemoryIndexStatus(state=stats["state"], reason=stats["reason"],
-                                 vectors=stats["vectors"], memories=self.count,
-                                 embedder=stats["signature"],
+        return MemoryIndexStatus(state=stats.state, reason=stats.reason,
+                                 vectors=stats.vectors, memories=self.count,
+                                 embedder=stats.signature,
                                  lexical="ready" if self.lexical.ready else "loading")
 
 

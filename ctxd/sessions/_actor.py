@@ -9,7 +9,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import trio
@@ -34,6 +34,7 @@ from ctxd.folding import (
     partial_result,
     rendered_tokens,
 )
+from ctxd.jobs import Slot
 from ctxd.memory import INJECT_SHARE, Injected, Memory, MemoryCandidate, project_scope
 from ctxd.scrub import ScrubError, scrub
 from ctxd.sessions import _queries as q
@@ -85,7 +86,6 @@ if TYPE_CHECKING:
     from ctxd.sessions._supervisor import Supervisor
 
 log = logging.getLogger("ctxd.sessions")
-T = TypeVar("T")
 Op = Callable[["SessionActor"], Awaitable[Any]]
 
 _encode = msgspec.json.Encoder().encode
@@ -95,38 +95,6 @@ UNSCRUBBABLE = "(the partial result was withheld: it could not be checked for se
 
 class ActorGone(Exception):
     """The actor retired before it took the request; the supervisor retries with a new one."""
-
-
-class Reply(Generic[T]):
-    """A one-shot reply slot: the actor sets it once, the caller waits for it."""
-
-    __slots__ = ("_error", "_event", "_value", "arrived")
-
-    def __init__(self) -> None:
-        self.arrived = trio.current_time()
-        """When the request arrived: deadlines are judged against it, not against when
-        the actor got to it."""
-        self._event = trio.Event()
-        self._value: T | None = None
-        self._error: BaseException | None = None
-
-    def set(self, value: T) -> None:
-        self._value = value
-        self._event.set()
-
-    def fail(self, error: BaseException) -> None:
-        self._error = error
-        self._event.set()
-
-    @property
-    def done(self) -> bool:
-        return self._event.is_set()
-
-    async def wait(self) -> T:
-        await self._event.wait()
-        if self._error is not None:
-            raise self._error
-        return self._value  # type: ignore[return-value]
 
 
 def _check_parts(messages: list[MessageIn]) -> None:
@@ -187,11 +155,11 @@ class SessionActor:
         self._expiries_queued = 0
         """Deadline expiries waiting in the mailbox (see `expire`)."""
         self._stale = True
-        self._send, self._receive = trio.open_memory_channel[tuple[Op, Reply[Any]]](MAILBOX_SIZE)
+        self._send, self._receive = trio.open_memory_channel[tuple[Op, Slot[Any]]](MAILBOX_SIZE)
 
     async def submit(self, op: Op) -> Any:
         """Queue ``op`` and wait for its result. Raises `ActorGone` if the actor retired."""
-        reply: Reply[Any] = Reply()
+        reply: Slot[Any] = Slot()
         try:
             await self._send.send((op, reply))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -212,7 +180,7 @@ class SessionActor:
     async def run(self) -> None:
         """The actor loop; returns when idle (and without live branches), when the session
         is gone, or when cancelled."""
-        current: Reply[Any] | None = None
+        current: Slot[Any] | None = None
         try:
             async with trio.open_nursery() as nursery:
                 self.branches.start(nursery)
@@ -233,7 +201,7 @@ class SessionActor:
                 current.fail(shutting_down())
             self._retire()
 
-    async def _process(self, op: Op, reply: Reply[Any]) -> None:
+    async def _process(self, op: Op, reply: Slot[Any]) -> None:
         self.arrived = reply.arrived
         try:
             if self._stale:
