@@ -29,7 +29,6 @@ class AsyncClient:
         self._send_lock = trio.Lock()
         self._pending: dict[int, trio.MemorySendChannel[dict[str, Any]]] = {}
         self._notify_send, self.notifications = trio.open_memory_channel[dict[str, Any]](1024)
-        self._closed = False
 
     async def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
         """Call a method and wait for its result.

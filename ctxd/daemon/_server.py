@@ -14,7 +14,7 @@ import trio
 
 from ctxd.config import Config
 from ctxd.daemon._socket import peer_uid
-from ctxd.errors import CtxdError, ErrorCode
+from ctxd.errors import CtxdError, ErrorCode, shutting_down
 from ctxd.hub import EventBus
 from ctxd.wire import (
     NOT_INLINE,
@@ -249,9 +249,7 @@ class Connection:
                 return
         dispatcher = self._dispatcher
         if self.server.draining:
-            await self.send_line(error_response(salvage_id(line), CtxdError(
-                ErrorCode.OVERLOADED, "ctxd is shutting down; the request was not run",
-                {"fix": "retry once the daemon is back"})))
+            await self.send_line(error_response(salvage_id(line), shutting_down()))
             return
         envelope: Envelope | None = None
         if first != b"[":

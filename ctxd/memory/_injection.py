@@ -61,7 +61,7 @@ def tail(content: str) -> str | None:
     return f" {content}\n" if content else None
 
 
-def block(title: str, content: str, confidence: float, outcome: str) -> str:
+def block(first: str, rest: str | None) -> str:
     """How one memory reads in the injected message: its `head`, then its `tail`.
 
     The tokenizer's pre-splitting always cuts between the head's closing ``):`` and the
@@ -70,8 +70,7 @@ def block(title: str, content: str, confidence: float, outcome: str) -> str:
     its head's plus its tail's, and those of the whole message the header's plus each
     block's. BPE never merges across those cuts.
     """
-    text = tail(content)
-    return head(title, confidence, outcome) + ("\n" if text is None else text)
+    return first + ("\n" if rest is None else rest)
 
 
 def fit(candidates: list[Candidate], counter: TokenCounter, cap: int) -> Injected:
@@ -87,7 +86,7 @@ def fit(candidates: list[Candidate], counter: TokenCounter, cap: int) -> Injecte
     for memory in candidates[:INJECT_MAX_ITEMS]:
         first = head(memory.title, memory.confidence, memory.outcome)
         rest = tail(memory.content)
-        text = first + ("\n" if rest is None else rest)
+        text = block(first, rest)
         if used + len(text) // MAX_TOKEN_BYTES > cap:
             continue  # cannot fit, whatever its exact count: spare counting a long text
         rest_tokens = memory.content_tokens

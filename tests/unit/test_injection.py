@@ -8,7 +8,7 @@ import apsw
 from tests_support import COUNTER
 
 from ctxd.memory import _queries as q
-from ctxd.memory._injection import HEADER, Candidate, block, fit, tail
+from ctxd.memory._injection import HEADER, Candidate, block, fit, head, tail
 from ctxd.memory._lexical import LexicalIndex
 from ctxd.store import migrate
 
@@ -40,8 +40,8 @@ def test_the_items_and_the_header_add_up_to_the_message_exactly() -> None:
         assert injected.tokens == COUNTER.message_tokens("user", HEADER) + sum(
             item.tokens for item in injected.items)
         for candidate, item in zip(candidates, injected.items, strict=True):
-            block_text = block(candidate.title, candidate.content, candidate.confidence,
-                               candidate.outcome)
+            block_text = block(head(candidate.title, candidate.confidence, candidate.outcome),
+                               tail(candidate.content))
             assert item.tokens == COUNTER.count(block_text)
         assert injected.counted == {
             c.memory_id: (COUNTER.count(f" {c.content.rstrip()}\n"), c.content)
