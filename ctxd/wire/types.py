@@ -7,15 +7,20 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+# gc=False: instances are not tracked by the cycle collector. They hold data only (never
+# a reference back to themselves), and the daemon keeps many of them alive (a live
+# branch's `Branch`, a session's messages): tracked, every full collection walked them all,
+# a stall of 100+ ms with 10,000 live branches (docs/performance.md, "Folding").
 
-class Params(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+
+class Params(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, gc=False):
     """Base of every native params type: unknown fields are an error that names them.
 
     Patterns end in ``\\Z``, not ``$``: ``$`` also matches before a trailing newline.
     """
 
 
-class Result(msgspec.Struct, frozen=True, kw_only=True):
+class Result(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Base of every result type."""
 
 
