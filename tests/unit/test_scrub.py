@@ -154,6 +154,9 @@ FORMATS = [
     # A random value after a name that may hold one; a long secret is redacted to its end.
     (f"session_key={fake('', 32)}", "session_key=[REDACTED:high_entropy_secret]"),
     (f"token: {fake('', 3000)} end", "token: [REDACTED:secret_assignment] end"),
+    # A letter whose lower case is two characters: the rules run on the text itself.
+    ("İstanbul DB_PASSWORD=hunter2 PASSWORD: x9y8z7w6",
+     "İstanbul DB_PASSWORD=[REDACTED:secret_assignment] PASSWORD: [REDACTED:secret_assignment]"),
 ]
 
 
