@@ -1,5 +1,6 @@
 """Secrets against a real daemon (docs/security.md): what leaves a session is scrubbed, a
-session's own messages are stored as given unless ``scrub_at_rest``."""
+session's own messages are stored as given unless ``scrub_at_rest``, and deleted text is
+gone from the database file."""
 
 from __future__ import annotations
 
@@ -132,3 +133,47 @@ def test_scrub_at_rest_scrubs_a_sessions_own_messages(daemon_root: Path, sid: st
                                   {"type": "image_url", "image_url": {"url": "x"}}]
     assert opening[-1]["content"] == "use [REDACTED:vault_token]"
     assert [secret for secret in SECRETS if secret.encode() in raw_bytes(process.data_dir)] == []
+
+
+def test_deleted_text_is_gone_from_disk(daemon_root: Path) -> None:
+    """session.delete and memory.delete overwrite what they delete: messages (one long
+    enough for overflow pages), folds, branch results and descriptions, memories and their
+    words in the full-text index. Kept markers show that the search would find them."""
+    process = DaemonProcess(daemon_root).start()
+    deleted: list[str] = []
+    kept: list[str] = []
+    try:
+        with process.client() as client:
+            for n in range(20):
+                markers = [f"zqdel{n:03d}m{i}" for i in range(4)]
+                target = kept if n % 5 == 0 else deleted
+                target += markers
+                session = f"s_{n}"
+                client.call("session.open", {"session_id": session})
+                client.call("message.append", {"session_id": session, "messages": [
+                    {"role": "user", "content": f"look for {markers[0]}"},
+                    {"role": "assistant", "content": "lorem " * 3000 + markers[1]}]})
+                branch_id = client.call("branch.create", {
+                    "session_id": session, "description": f"find {markers[2]}",
+                    "prompt": "find it"})["branch_id"]
+                client.call("branch.return", {"branch_id": branch_id,
+                                              "message": f"found {markers[3]}"})
+            memory_ids = {}
+            for n in range(40):
+                marker = f"zqmem{n:03d}"
+                (kept if n % 5 == 0 else deleted).append(marker)
+                memory_ids[marker] = client.call("memory.record", {
+                    "title": f"lesson {marker}", "content": f"the {marker} lesson body",
+                    "tags": [marker], "scope": "global"})["memory"]["id"]
+            for n in range(20):
+                if n % 5:
+                    client.call("session.delete", {"session_id": f"s_{n}"})
+            for marker, memory_id in memory_ids.items():
+                if marker in deleted:
+                    client.call("memory.delete", {"id": memory_id})
+    finally:
+        process.stop()
+    on_disk = raw_bytes(process.data_dir)
+    assert (len(deleted), len(kept)) == (96, 24)
+    assert [marker for marker in deleted if marker.encode() in on_disk] == []
+    assert [marker for marker in kept if marker.encode() not in on_disk] == []
