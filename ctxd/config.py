@@ -75,6 +75,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     session_ttl_h: Annotated[float, Meta(ge=0)] = 24.0
     shutdown_timeout_s: Annotated[float, Meta(ge=0)] = 10.0
     allow_root: bool = False
+    scrub_at_rest: bool = False
     max_subscriptions_per_connection: Positive = 16
     event_buffer: Positive = 1024
     event_history: Positive = 10_000
@@ -99,6 +100,8 @@ _HELP = {
     "max_db_bytes": "cap on the database size; writes past it get -32008 (0 = no cap)",
     "session_ttl_h": "hours after close before a session is deleted (0 = keep)",
     "allow_root": "accept connections from root as well as from the daemon's own user",
+    "scrub_at_rest": "also scrub secrets from a session's own messages before they are "
+                     "stored (what leaves a session is always scrubbed)",
     "branch_budget": "tokens a branch may add when branch.create gives no budget",
     "branch_timeout_s": "seconds a branch may run when branch.create gives no timeout",
     "max_branch_depth": "how deeply branches may nest",

@@ -63,6 +63,7 @@ from ctxd.wire.types import (
     BudgetMeasureParams,
     BudgetMeasureResult,
     Component,
+    Content,
     ContextState,
     FoldSummary,
     ForcedReturn,
@@ -109,6 +110,27 @@ def _check_parts(messages: list[MessageIn]) -> None:
             if kind == "text" and not isinstance(part.get("text"), str):
                 raise params_error(f"$.messages[{i}].content[{j}].text",
                                    "a text part needs a string `text`")
+
+
+def _shown(title: str | None) -> str | None:
+    """A session's title as its events show it to every subscriber: scrubbed, or left out
+    when it cannot be (what leaves a session is scrubbed, fail closed: docs/security.md)."""
+    if title is None:
+        return None
+    try:
+        return scrub(title).text
+    except ScrubError:
+        log.exception("a session title could not be scrubbed; its event leaves it out")
+        return None
+
+
+def _scrub_content(content: Content) -> Content:
+    """A message's content with its text scrubbed (a string, or the ``text`` of its text
+    parts; other parts as they are)."""
+    if isinstance(content, str):
+        return scrub(content).text
+    return [part | {"text": scrub(part["text"]).text} if part.get("type") == "text" else part
+            for part in content]
 
 
 @dataclass(frozen=True)
@@ -296,7 +318,8 @@ class SessionActor:
                 await self._save(record)
             sup.sessions_total += 1
             sup.bus.publish(self.session_id, "session.opened",
-                            {"project": record.project, "title": record.title, "created": True})
+                            {"project": record.project, "title": _shown(record.title),
+                             "created": True})
             return SessionOpenResult(session=record.info(self.branches), created=True,
                                      context_state=self.context_state())
         record = dataclasses.replace(self.record)
@@ -316,7 +339,7 @@ class SessionActor:
                 await self._save(record)
         if reopened:
             sup.bus.publish(self.session_id, "session.opened",
-                            {"project": record.project, "title": record.title,
+                            {"project": record.project, "title": _shown(record.title),
                              "created": False})
         return SessionOpenResult(session=record.info(self.branches), created=False,
                                  context_state=self.context_state())
@@ -359,15 +382,36 @@ class SessionActor:
 
     # ---- messages ----------------------------------------------------------------------
 
+    def _at_rest(self, messages: list[MessageIn], consequence: str) -> list[MessageIn]:
+        """The messages as the session stores them: as given, or with ``scrub_at_rest``
+        their text scrubbed (docs/security.md "What is stored as given")."""
+        if not self.supervisor.config.scrub_at_rest:
+            return messages
+        try:
+            return [msgspec.structs.replace(message, content=_scrub_content(message.content))
+                    for message in messages]
+        except ScrubError as exc:
+            raise scrub_failed("a message", exc, consequence) from exc
+
+    def _text_at_rest(self, text: str, consequence: str) -> str:
+        """A text of the session's own, as it is stored (see `_at_rest`)."""
+        if not self.supervisor.config.scrub_at_rest:
+            return text
+        try:
+            return scrub(text).text
+        except ScrubError as exc:
+            raise scrub_failed("a message", exc, consequence) from exc
+
     async def append(self, params: MessageAppendParams) -> MessageAppendResult:
         self.require_open()
         _check_parts(params.messages)
+        messages = self._at_rest(params.messages, "nothing was appended")
         branch = None
         if params.branch_id is not None:
             branch = await self._live_branch(params.branch_id, for_append=True)
         record = self.require()
         health_before = self.context_state().health
-        counts = await self.supervisor.counter.count_messages(params.messages)
+        counts = await self.supervisor.counter.count_messages(messages)
         tokens_appended = sum(counts)
         thread_before = (record.main_message_tokens if branch is None
                          else rendered_tokens(branch))
@@ -376,11 +420,11 @@ class SessionActor:
                 and not params.allow_over:
             raise self._over_hard_block(would_use, tokens_appended)
         now = time.time()
-        updated = dataclasses.replace(record, last_seq=record.last_seq + len(params.messages),
+        updated = dataclasses.replace(record, last_seq=record.last_seq + len(messages),
                                       updated_at=now,
                                       component_tokens=dict(record.component_tokens))
         stored: list[StoredMessage] = []
-        for offset, (message, tokens) in enumerate(zip(params.messages, counts, strict=True)):
+        for offset, (message, tokens) in enumerate(zip(messages, counts, strict=True)):
             component: Component = message.component or (
                 "system_prompt" if message.role == "system" else "conversation")
             if branch is None:
@@ -394,10 +438,10 @@ class SessionActor:
         transaction.add(q.insert_messages, self.session_id, stored)
         grown = None
         if branch is None:
-            updated.message_count += len(params.messages)
+            updated.message_count += len(messages)
         else:
             grown = self.branches.charge(branch, tokens_appended,
-                                         sum(m.role == "assistant" for m in params.messages))
+                                         sum(m.role == "assistant" for m in messages))
             self.branches.stage_meter(transaction, grown)
         transaction.add(q.save_counters, updated)
         await self.supervisor.store.commit(transaction)
@@ -699,7 +743,9 @@ class SessionActor:
         except ScrubError as exc:
             raise scrub_failed("the description", exc, "no branch was created") from exc
         note = branch_note(description, budget, timeout_s, depth, config.max_branch_depth)
-        opening = [MessageIn(role="user", content=note), MessageIn(role="user", content=p.prompt)]
+        # The prompt is kept twice: the branch's opening message and its row.
+        prompt = self._text_at_rest(p.prompt, "no branch was created")
+        opening = [MessageIn(role="user", content=note), MessageIn(role="user", content=prompt)]
         counts = await sup.counter.count_messages(opening)
         if sum(counts) >= budget:
             raise params_error("$.budget",
@@ -720,7 +766,7 @@ class SessionActor:
         if would_use / window >= record.budget.hard_block:
             raise self._over_hard_block(would_use, opening_tokens, allow_over=False)
         planned = self.branches.opening(
-            parent=parent, depth=depth, description=description, prompt=p.prompt,
+            parent=parent, depth=depth, description=description, prompt=prompt,
             budget=budget, timeout_s=timeout_s, messages=opening, counts=counts,
             prefix_tokens=prefix_tokens, fork_seq=record.last_seq)
         branch = planned.branch

@@ -210,6 +210,9 @@ class Store:
         conn.set_busy_timeout(5000)
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA foreign_keys = ON")
+        # What a delete removes is overwritten with zeros, not left in free space (the
+        # deleted-data promise of docs/security.md).
+        conn.execute("PRAGMA secure_delete = ON")
         conn.execute(f"PRAGMA cache_size = -{CACHE_KIB:d}")
         conn.execute("PRAGMA synchronous = " + ("FULL" if self._durability == "full" else "NORMAL"))
         if self._max_db_bytes:

@@ -1,6 +1,8 @@
-"""Secret scrubbing: a fake value for every rule, near-misses that must stay, fail closed."""
+"""Secret scrubbing: a fake value for every rule, every format of docs/security.md redacted
+whole, near-misses and this repository's own text that must stay, linear time, fail closed."""
 
 import string
+from pathlib import Path
 
 import pytest
 
@@ -63,6 +65,21 @@ CASES = {
     "secret_assignment": ('DB_PASSWORD="hunter2hunter2" and api_key: k8s-deploy-77 ok',
                           'DB_PASSWORD="[REDACTED:secret_assignment]" and '
                           "api_key: [REDACTED:secret_assignment] ok"),
+    "azure_sas_signature": (f"https://a.blob.core.windows.net/c?sv=2022-11-02&sig={fake('', 43)}",
+                            "https://a.blob.core.windows.net/c?sv=2022-11-02"
+                            "&sig=[REDACTED:azure_sas_signature]"),
+    "discord_bot_token": (f"bot {fake('MT', 24)}.{fake('G', 5)}.{fake('', 38)} up",
+                          "bot [REDACTED:discord_bot_token] up"),
+    "vault_token": (f"vault {fake('hvs.', 90)}", "vault [REDACTED:vault_token]"),
+    "heroku_api_key": (f"heroku {fake('HRKU-AA', 58)}", "heroku [REDACTED:heroku_api_key]"),
+    "mailgun_key": (f"mailgun {fake('key-', 32, HEX)}", "mailgun [REDACTED:mailgun_key]"),
+    "twilio_secret": (f"TWILIO_AUTH_TOKEN {fake('', 32, HEX)}",
+                      "TWILIO_AUTH_TOKEN [REDACTED:twilio_secret]"),
+    "cli_password": ("mysql -u root -pS3cr3t! app", "mysql -u root -p[REDACTED:cli_password] app"),
+    "cli_secret_flag": ("deploy --token abc123XYZ --dry-run",
+                        "deploy --token [REDACTED:cli_secret_flag] --dry-run"),
+    "high_entropy_secret": (f"session_key={fake('', 32)}",
+                            "session_key=[REDACTED:high_entropy_secret]"),
 }
 
 
@@ -79,6 +96,77 @@ def test_each_rule_redacts_its_fake_secret(rule: str) -> None:
     assert result.counts == {rule: expected.count(f"[REDACTED:{rule}]")}
 
 
+# Every format of docs/security.md ("What the scrubber recognises"): (text, scrubbed text).
+FORMATS = [
+    # Nested YAML: the value goes, not the key; a key alone on its line is no assignment.
+    ("credentials:\n  password: PrTOzSJgJMHxPIVh\n  user: deploy",
+     "credentials:\n  password: [REDACTED:secret_assignment]\n  user: deploy"),
+    ("secrets:\n  db_password: hunter2hunter2\n",
+     "secrets:\n  db_password: [REDACTED:secret_assignment]\n"),
+    # Quoted values with spaces, whole.
+    ('password: "a b c"', 'password: "[REDACTED:secret_assignment]"'),
+    ("password: 'correct horse battery'", "password: '[REDACTED:secret_assignment]'"),
+    # URLs: a password holding @, an empty user.
+    ("postgresql://admin:Pa@ss!w0rd9@db.example.com:5432/app",
+     "postgresql://admin:[REDACTED:url_password]@db.example.com:5432/app"),
+    ("redis://:s3cretpw@cache:6379/0", "redis://:[REDACTED:url_password]@cache:6379/0"),
+    # Vendors' formats.
+    (f"VAULT_ADDR=https://vault:8200 {fake('hvs.', 90)}",
+     "VAULT_ADDR=https://vault:8200 [REDACTED:vault_token]"),
+    (f"heroku {fake('HRKU-AA', 58)}", "heroku [REDACTED:heroku_api_key]"),
+    (f"mailgun {fake('key-', 32, HEX)}", "mailgun [REDACTED:mailgun_key]"),
+    (f"bot {fake('MT', 24)}.{fake('G', 5)}.{fake('', 38)}", "bot [REDACTED:discord_bot_token]"),
+    (f"DD_APP_KEY={fake('', 40, HEX)}", "DD_APP_KEY=[REDACTED:secret_assignment]"),
+    ("ENCRYPTION_KEY=kx9Qw2Lm", "ENCRYPTION_KEY=[REDACTED:secret_assignment]"),
+    ('{"signing_key": "not so secret"}', '{"signing_key": "[REDACTED:secret_assignment]"}'),
+    ("passphrase=correct-horse-battery", "passphrase=[REDACTED:secret_assignment]"),
+    (f"https://acct.blob.core.windows.net/c/b?sv=2022-11-02&sp=r&sig={fake('', 43)}%3D",
+     "https://acct.blob.core.windows.net/c/b?sv=2022-11-02&sp=r&sig="
+     "[REDACTED:azure_sas_signature]"),
+    # A bare Twilio or AWS secret after its usual name (a space or a line between).
+    (f"TWILIO_AUTH_TOKEN {fake('', 32, HEX)}", "TWILIO_AUTH_TOKEN [REDACTED:twilio_secret]"),
+    (f"twilio api secret {fake('SK', 32, HEX)}", "twilio api secret [REDACTED:twilio_secret]"),
+    (f"AWS_SECRET_ACCESS_KEY\n{fake('', 40)}",
+     "AWS_SECRET_ACCESS_KEY\n[REDACTED:aws_secret_access_key]"),
+    (f'"SecretAccessKey": "{fake("", 40)}"',
+     '"SecretAccessKey": "[REDACTED:aws_secret_access_key]"'),
+    # Command lines.
+    ("mysql -u root -pS3cr3t! app < dump.sql",
+     "mysql -u root -p[REDACTED:cli_password] app < dump.sql"),
+    ("mysqldump -h db -P 3306 -p'two words' app",
+     "mysqldump -h db -P 3306 -p'[REDACTED:cli_password]' app"),
+    ("sshpass -p hunter2 ssh deploy@host", "sshpass -p [REDACTED:cli_password] ssh deploy@host"),
+    ("redis-cli -h cache -a s3cretpw ping", "redis-cli -h cache -a [REDACTED:cli_password] ping"),
+    ("deploy --password=hunter2 --user=bob",
+     "deploy --password=[REDACTED:cli_secret_flag] --user=bob"),
+    ("deploy --token abc123XYZ --dry-run", "deploy --token [REDACTED:cli_secret_flag] --dry-run"),
+    ('deploy --password "a b c"', 'deploy --password "[REDACTED:cli_secret_flag]"'),
+    # JSON, TOML, .env, JSON inside a JSON string, camelCase.
+    ('{"password": "hunter2", "api_key": "k-9 8 7"}',
+     '{"password": "[REDACTED:secret_assignment]", "api_key": "[REDACTED:secret_assignment]"}'),
+    ('password = "hunter2"\napi_key = "toml-key-1"',
+     'password = "[REDACTED:secret_assignment]"\napi_key = "[REDACTED:secret_assignment]"'),
+    ("export DB_PASSWORD=hunter2\nAPI_TOKEN=abcdef",
+     "export DB_PASSWORD=[REDACTED:secret_assignment]\nAPI_TOKEN=[REDACTED:secret_assignment]"),
+    ('{\\"password\\": \\"hunter22\\"}', '{\\"password\\": \\"[REDACTED:secret_assignment]\\"}'),
+    ("apiKey: Zq8fKd02mVx", "apiKey: [REDACTED:secret_assignment]"),
+    ("client_secret: 'a'", "client_secret: '[REDACTED:secret_assignment]'"),
+    # A random value after a name that may hold one; a long secret is redacted to its end.
+    (f"session_key={fake('', 32)}", "session_key=[REDACTED:high_entropy_secret]"),
+    (f"token: {fake('', 3000)} end", "token: [REDACTED:secret_assignment] end"),
+    # A letter whose lower case is two characters: the rules run on the text itself.
+    ("İstanbul DB_PASSWORD=hunter2 PASSWORD: x9y8z7w6",
+     "İstanbul DB_PASSWORD=[REDACTED:secret_assignment] PASSWORD: [REDACTED:secret_assignment]"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), FORMATS)
+def test_every_format_is_redacted_whole(text: str, expected: str) -> None:
+    result = scrub(text)
+    assert result.text == expected
+    assert result.total == expected.count("[REDACTED:")
+
+
 NEAR_MISSES = [
     "The AKIA prefix marks AWS access keys; AKIA123 is too short to be one.",
     "ghp_short is not a token, and neither is github_pat_.",
@@ -92,6 +180,16 @@ NEAR_MISSES = [
     "def get_password(user):\n    return vault.read(user)",
     "xox is a game; hf_ is a prefix; npm_ too.",
     "A plain transcript line with no credentials at all.",
+    # Code assigns names, not secrets; a name that only starts with a secret word is no key.
+    "tokens_used=fold.branch.budget_used\nx.token = tokens\npassword = password_hash",
+    'PASSWD = getpass.getpass("password: ")\nERRORTOKEN = token.ERRORTOKEN',
+    "return max(a, b, key=HEALTH_ORDER.index)",
+    "DB_PASSWORD_FILE=/run/secrets/db and TOKEN_COUNT=12 and secret_key_base_path=/etc/x",
+    # Low entropy after a name that may hold a secret; a flag named in prose.
+    "cache_key=session_scope_default_value and session=opened_recently_here",
+    "pass the --password flag, or --token when asked; mysql -h db -P 3306 -p",
+    "credentials:\n  from: the environment\nsecrets:\n  - name: db",
+    "postgres://app:${DB_PASSWORD}@db/app and password: '${PW}' and token: '<token>'",
 ]
 
 
@@ -127,3 +225,64 @@ def test_a_secret_is_redacted_and_counted_once() -> None:
     assert result.text == ("git clone https://me:[REDACTED:github_token]@github.com/x/y; "
                            "GITHUB_TOKEN=[REDACTED:github_token]")
     assert result.counts == {"github_token": 2}
+
+
+# Deliberate examples in the docs: a fake key that docs/protocol.md shows being scrubbed.
+DOCUMENTED_EXAMPLES = {"docs/protocol.md": {"aws_access_key_id": 1}}
+
+
+def _own_text() -> dict[str, str]:
+    root = Path(__file__).resolve().parents[2]
+    files = [root / "README.md", *(path for folder in ("ctxd", "clients", "docs", "man")
+                                   for path in sorted((root / folder).rglob("*"))
+                                   if path.is_file() and path.suffix in
+                                   (".py", ".md", ".sh", ".1", ".5", ".toml", ".txt", ""))]
+    return {str(path.relative_to(root)): path.read_text(encoding="utf-8") for path in files}
+
+
+def test_this_repository_scrubs_to_nothing() -> None:
+    """ctxd's own source and docs are ordinary code and prose: no false positives."""
+    texts = _own_text()
+    assert len(texts) > 50
+    assert {"ctxd/scrub.py", "man/ctxd.1", "docs/protocol.md"} <= texts.keys()
+    found = {name: result.counts for name, text in texts.items()
+             if (result := scrub(text)).total}
+    assert found == DOCUMENTED_EXAMPLES
+
+
+MIB = 1 << 20
+
+
+def _repeat(unit: str) -> str:
+    return (unit * (MIB // len(unit) + 1))[:MIB]
+
+
+# 1 MiB near-misses of each rule: a pattern that backtracked more than a constant per
+# character (nested or unbounded quantifiers followed by a failing test) would take hours on
+# these, so the test finishing is the check.
+ADVERSARIAL = {
+    "quote_never_closed": ('password: "' + _repeat("\\"), 0),
+    "url_without_at": ("a://" + _repeat(":"), 0),
+    "urls_without_at": (_repeat("a://b:"), 0),
+    "mysql_without_p": (_repeat("mysql -"), 0),
+    "flags_without_value": (_repeat("--token "), 0),
+    "keys_without_value": (_repeat("key="), 0),
+    "pem_unterminated": (_repeat("-----BEGIN PRIVATE KEY----"), 1),
+    "discord_prefixes": (_repeat("Maaaaaaaaaaaaaaaaaaaaaaaa."), 0),
+    "jwt_prefixes": (_repeat("eyJ."), 0),
+    "names_without_secret": (_repeat("twilio auth token aws_secret_access_key "), 0),
+    "yaml_keys_alone": (_repeat("credentials:\n  "), 0),
+    "sas_too_short": (_repeat("&sig=a"), 0),
+    "one_long_value": ("token:" + _repeat("aB3"), 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ADVERSARIAL))
+def test_scrubbing_a_mebibyte_of_near_misses_finishes(name: str) -> None:
+    text, secrets = ADVERSARIAL[name]
+    result = scrub(text)
+    assert result.total == secrets
+    if not secrets:
+        assert result.text == text
+    if name == "pem_unterminated":
+        assert result.text == "[REDACTED:private_key]"

@@ -61,12 +61,15 @@ def test_refuses_a_newer_database(tmp_path: Path) -> None:
         migrate(conn)
 
 
-def test_open_sets_wal_foreign_keys_and_private_mode(tmp_path: Path) -> None:
+def test_open_sets_wal_foreign_keys_secure_delete_and_private_mode(tmp_path: Path) -> None:
     store = Store(tmp_path / "data" / "ctxd.db")
     store.open()
     conn = store.connection
     assert conn.execute("PRAGMA journal_mode").fetchall()[0][0] == "wal"
     assert scalar_int(conn, "PRAGMA foreign_keys") == 1
+    assert scalar_int(conn, "PRAGMA secure_delete") == 1
+    assert conn.execute("SELECT v FROM memories_fts_config WHERE k = 'secure-delete'"
+                        ).fetchall() == [(1,)]
     assert scalar_int(conn, "PRAGMA synchronous") == 1  # NORMAL
     assert (tmp_path / "data").stat().st_mode & 0o777 == 0o700
     assert (tmp_path / "data" / "ctxd.db").stat().st_mode & 0o777 == 0o600
