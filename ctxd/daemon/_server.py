@@ -116,7 +116,8 @@ class Connection:
         is queued: `_wait_to_start` looks again."""
         self.last_active = trio.current_time()
         self._read_scope = trio.CancelScope()
-        self._evicted = False
+        self._scope = trio.CancelScope()
+        """Around everything it does: cancelled when it is dropped to make room."""
         self._line_open = False
         """The last chunk ended inside a line (kept or being discarded)."""
         self._partial_since = 0.0
@@ -127,9 +128,10 @@ class Connection:
         return not self.inflight and not self.subscriptions
 
     def evict(self) -> None:
-        """Stop reading: the connection closes (it is idle, nothing is left to answer)."""
-        self._evicted = True
-        self._read_scope.cancel()
+        """Close it (it is idle: nothing asked is left unanswered), even while its reader
+        waits for the client to read answers already sent."""
+        log.info("closed an idle connection to make room for a new one")
+        self._scope.cancel()
 
     def _wake(self) -> None:
         self._room.set()
@@ -144,16 +146,17 @@ class Connection:
 
     async def serve(self) -> None:
         try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                try:
-                    await self._read_loop()
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass
-                # EOF (or a half-close): answer everything that was asked, then hang up.
-                await self._idle.wait()
-                await self.flushed()
-                nursery.cancel_scope.cancel()
+            with self._scope:
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    try:
+                        await self._read_loop()
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass
+                    # EOF (or a half-close): answer everything that was asked, then hang up.
+                    await self._idle.wait()
+                    await self.flushed()
+                    nursery.cancel_scope.cancel()
         finally:
             self._release_pending()
             self.server.bytes_inflight -= self._outbox_bytes
@@ -264,9 +267,6 @@ class Connection:
     async def _receive(self) -> bytes | None:
         """The next chunk; None when the connection is to close (EOF, a timeout, evicted)."""
         while True:
-            if self._evicted:
-                log.info("closed an idle connection to make room for a new one")
-                return None
             if trio.current_time() >= self._read_deadline():
                 log.info("closed a connection: %s", "its line was not finished within "
                          "partial_line_timeout_s" if self._line_open else
