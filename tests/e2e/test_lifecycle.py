@@ -434,38 +434,37 @@ def test_running_out_of_descriptors_keeps_the_daemon_serving(daemon_root: Path) 
         assert 1 <= fitting < NOFILE
         assert (f"max_connections is 256 but the open-files limit ({NOFILE}"
                 in process.log())
-        opened: list[socket.socket] = []
+        refused = {"jsonrpc": "2.0", "id": None, "error": {
+            "code": -32007, "message": "overloaded: too many connections; retry later",
+            "data": {"limit": "max_connections", "max": fitting,
+                     "fix": "retry after a moment with fewer requests"}}}
+        subscribed: list[socket.socket] = []
+        refusals = 0
         try:
-            for _ in range(NOFILE * 2):  # more than the process could hold
+            # Subscribers, so that none is dropped as idle: more than the process could hold.
+            for _ in range(NOFILE * 2):
                 conn = socket.socket(socket.AF_UNIX)
                 conn.settimeout(10)
                 conn.connect(str(process.socket))
-                opened.append(conn)
-            served = []
-            for conn in opened:
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    # (a refused connection may already be closed: its answer is read below)
-                    conn.sendall(b'{"jsonrpc":"2.0","id":1,"method":"daemon.ping"}\n')
-                try:
-                    reply = json.loads(conn.makefile("rb").readline() or b"null")
-                except ConnectionResetError:
-                    reply = None
-                if reply is not None and "result" in reply:
-                    served.append(conn)
+                    # (a refused connection may be closed already: its answer is read below)
+                    conn.sendall(b'{"jsonrpc":"2.0","id":1,"method":"events.subscribe",'
+                                 b'"params":{"session_id":"nobody"}}\n')
+                reply = json.loads(conn.makefile("rb").readline())
+                if "result" in reply:
+                    subscribed.append(conn)
                 else:
-                    assert reply in (None, {"jsonrpc": "2.0", "id": None, "error": {
-                        "code": -32007, "message": "overloaded: too many connections; "
-                        "retry later", "data": {"limit": "max_connections", "max": fitting,
-                                                "fix": "retry after a moment with fewer "
-                                                       "requests"}}})
-            assert len(served) == fitting
+                    assert reply == refused
+                    refusals += 1
+                    conn.close()
+            assert (len(subscribed), refusals) == (fitting, NOFILE * 2 - fitting)
             assert process.proc is not None
             assert process.proc.poll() is None
-            for conn in served:  # the open connections still answer
+            for conn in subscribed:  # the open connections still answer
                 conn.sendall(b'{"jsonrpc":"2.0","id":2,"method":"daemon.ping"}\n')
                 assert json.loads(conn.makefile("rb").readline())["result"]["pong"] is True
         finally:
-            for conn in opened:
+            for conn in subscribed:
                 conn.close()
         # Once they are gone, newcomers are served again.
         deadline = time.monotonic() + 10
