@@ -97,7 +97,7 @@ RSS_TARGET_BYTES = 500 * 1000 * 1000
 PING_EVERY_S = 0.05
 SUBSCRIBE_TIMEOUT_S = 5.0
 GRACE_S = 30.0
-BIG_BUDGET = {"context_window": 100_000_000, "max_output_tokens": 8192}
+BIG_BUDGET = {"context_window": 10_000_000, "max_output_tokens": 8192}
 # Deadlines are planned from when creation is expected to end: LEAD_BASE_S plus
 # LEAD_FACTOR times the creation time at the rate measured in the latency phase (or at
 # DEFAULT_CREATE_RATE without it). Creation that runs late shrinks the planned gap; the

@@ -114,7 +114,7 @@ FLAT_AS_GROWN = "flat as grown"
 PROJECTS = 20
 GLOBAL_SHARE = 0.2
 BLOCK = 10_000
-BIG_BUDGET = {"context_window": 100_000_000, "max_output_tokens": 8192}
+BIG_BUDGET = {"context_window": 10_000_000, "max_output_tokens": 8192}
 PER_SESSION = 10  # live branches a session may hold (the default)
 LEG_CANDIDATES = 50  # what each leg proposes for k <= 12 (ctxd/memory/_retrieval.py)
 

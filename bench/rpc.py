@@ -65,9 +65,9 @@ CORPUS_SIZE = 2048
 PING_TARGET_RATIO = 0.5
 SINGLE_TARGET = 3_000.0
 BATCHED_TARGET = 30_000.0
-BUDGET = {"context_window": 100_000_000, "max_output_tokens": 8192}
+BUDGET = {"context_window": 10_000_000, "max_output_tokens": 8192}
 # A fresh session well before the hard block (98% of the window less the output tokens).
-SESSION_TOKEN_LIMIT = 50_000_000
+SESSION_TOKEN_LIMIT = 5_000_000
 
 
 class BenchError(Exception):

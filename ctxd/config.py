@@ -69,6 +69,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     max_request_bytes: Annotated[int, Meta(ge=1024)] = 16 * 1024 * 1024
     max_connections: Positive = 256
     max_inflight_per_connection: Positive = 64
+    max_inflight_bytes: Annotated[int, Meta(ge=1024 * 1024)] = 256 * 1024 * 1024
+    partial_line_timeout_s: Annotated[float, Meta(gt=0)] = 60.0
+    idle_timeout_s: Annotated[float, Meta(ge=0)] = 3600.0
     max_open_sessions: Positive = 100_000
     max_db_bytes: NonNegative = 0
     session_idle_s: Annotated[float, Meta(gt=0)] = 600.0
@@ -98,6 +101,12 @@ _HELP = {
     "data_dir": "folder of the database (default $XDG_DATA_HOME/ctxd)",
     "durability": "normal = survives a daemon kill; full = survives power loss (fsync per commit)",
     "max_db_bytes": "cap on the database size; writes past it get -32008 (0 = no cap)",
+    "max_inflight_bytes": "bytes of requests and replies the daemon holds at once (partial "
+                          "lines too); a request past it gets -32007",
+    "partial_line_timeout_s": "seconds a connection may take to finish a line it began; "
+                              "then it is closed",
+    "idle_timeout_s": "seconds a connection may sit idle (nothing asked, no subscription) "
+                      "before it is closed (0 = never)",
     "session_ttl_h": "hours after close before a session is deleted (0 = keep)",
     "allow_root": "accept connections from root as well as from the daemon's own user",
     "scrub_at_rest": "also scrub secrets from a session's own messages before they are "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
 import socket
 import time
@@ -23,6 +24,38 @@ from ctxd.tokens import TokenCounter
 from ctxd.wire import Dispatcher
 
 log = logging.getLogger("ctxd")
+DESCRIPTORS_KEPT = 32
+"""File descriptors kept free for the daemon's own use (threads' files, the database's
+journal, a refused connection's answer) beyond those open when it starts serving."""
+
+
+def raise_descriptor_limit() -> int:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit; the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-files limit from %d to %d: %s",
+                        soft, wanted, exc)
+    return soft
+
+
+def fitting_connections(wanted: int, limit: int) -> int:
+    """How many of ``wanted`` connections fit in ``limit`` open files, given those open
+    now; a warning is logged when fewer than ``wanted`` do (docs/security.md, "Resource
+    limits")."""
+    open_now = len(os.listdir("/proc/self/fd"))
+    room = limit - open_now - DESCRIPTORS_KEPT
+    if room >= wanted:
+        return wanted
+    fitting = max(1, room)
+    log.warning("max_connections is %d but the open-files limit (%d, %d in use) leaves room "
+                "for %d: serving at most %d connections; raise LimitNOFILE / ulimit -n to "
+                "allow more", wanted, limit, open_now, fitting, fitting)
+    return fitting
 
 
 class Daemon:
@@ -58,6 +91,7 @@ class Daemon:
         # What ctxd creates holds transcripts (the database, its WAL and shared-memory
         # file): private to the user, whatever umask the caller had.
         os.umask(0o077)
+        descriptor_limit = raise_descriptor_limit()
         data_dir = Path(config.data_dir)
         check_private_directory(data_dir)
         data_lock = Lock(data_dir / "ctxd.lock", f"data directory {data_dir}")
@@ -72,7 +106,8 @@ class Daemon:
                 self.socket_path = str(sock.getsockname())
             else:
                 sock, socket_lock = bind_unix_socket(Path(config.socket))
-            await self._serve(sock, counter, activated)
+            max_connections = fitting_connections(config.max_connections, descriptor_limit)
+            await self._serve(sock, counter, activated, max_connections)
         finally:
             if sock is not None:
                 sock.close()
@@ -89,13 +124,14 @@ class Daemon:
             data_lock.release()
             log.info("ctxd stopped")
 
-    async def _serve(self, sock: socket.socket, counter: TokenCounter, activated: bool) -> None:
+    async def _serve(self, sock: socket.socket, counter: TokenCounter, activated: bool,
+                     max_connections: int) -> None:
         dispatcher = Dispatcher()
         self.memory = memory.Memory(self.store, memory.make_embedder(self.config.memory),
                                     Path(self.config.data_dir) / "memory.faiss",
                                     self.config.memory, self.bus, counter)
         self.supervisor = Supervisor(self.store, counter, self.bus, self.config, self.memory)
-        self.server = Server(dispatcher, self.bus, self.config)
+        self.server = Server(dispatcher, self.bus, self.config, max_connections)
         _methods.register(dispatcher, self, self.request_stop)
         sessions.register(dispatcher, self.supervisor)
         memory.register(dispatcher, self.memory)

@@ -61,7 +61,8 @@ def register(dispatcher: Dispatcher, daemon: Daemon, request_stop: Callable[[], 
             requests_total=server.requests_total,
             requests_per_s=round(server.requests_per_s, 2),
             latency_p50_ms=round(server.latency_p50_ms, 3),
-            latency_p99_ms=round(server.latency_p99_ms, 3))
+            latency_p99_ms=round(server.latency_p99_ms, 3),
+            bytes_inflight=server.bytes_inflight, max_connections=server.max_connections)
 
     async def shutdown(call: Call, p: Empty) -> ShutdownResult:
         if call.peer.peer_uid != os.getuid():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import math
 import os
 import socket
 from collections import deque
@@ -38,6 +40,13 @@ _WHITESPACE = (b" ", b"\t", b"\r", b"\n")
 EVENT_OUTBOX_LIMIT = 16 * 1024
 """Events wait for a smaller outbox: a lagging subscriber loses events (and is told so by
 the bus) instead of piling a megabyte of stale notifications into its connection."""
+REPLY_ESTIMATE = 256 * 1024
+"""What a connection assumes its next answer weighs until it has sent some (see
+`Connection._wait_to_start`)."""
+REPLY_SIZES_KEPT = 8
+ACCEPT_BACKOFF_S = 0.1
+"""How long the listener pauses when the process is out of file descriptors."""
+_OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 def _overloaded(request_id: Any, why: str, limit: str, value: int) -> bytes:
@@ -55,6 +64,8 @@ class ServerStatistics(msgspec.Struct, frozen=True, kw_only=True):
     requests_per_s: float
     latency_p50_ms: float
     latency_p99_ms: float
+    bytes_inflight: int
+    max_connections: int
 
 
 class Connection:
@@ -70,6 +81,11 @@ class Connection:
     everything else gets a task of its own. Those tasks start in arrival order (trio starts
     new tasks in no fixed order), so pipelined requests for one session reach its actor in
     the order they were sent.
+
+    Memory (docs/security.md, "Resource limits"): the bytes a connection holds (its partial
+    line, the request lines its tasks work on, its unsent answers) count against the
+    daemon-wide ``max_inflight_bytes``; a task does not start its request while its
+    client has not read the answers already queued (`_wait_to_start`).
     """
 
     def __init__(self, server: Server, stream: trio.SocketStream, uid: int):
@@ -89,20 +105,63 @@ class Connection:
         self._last_started.set()
         self._idle = trio.Event()
         self._idle.set()
+        self._pending_bytes = 0
+        """Bytes of the line being received (no newline yet), counted by the server."""
+        self._sending_bytes = 0
+        self._starting = 0
+        """Requests started whose answer is not queued yet."""
+        self._reply_sizes: deque[int] = deque(maxlen=REPLY_SIZES_KEPT)
+        self._room = trio.Event()
+        """Set (and replaced) whenever unsent answers leave or a started request's answer
+        is queued: `_wait_to_start` looks again."""
+        self.last_active = trio.current_time()
+        self._read_scope = trio.CancelScope()
+        self._scope = trio.CancelScope()
+        """Around everything it does: cancelled when it is dropped to make room."""
+        self._line_open = False
+        """The last chunk ended inside a line (kept or being discarded)."""
+        self._partial_since = 0.0
+
+    @property
+    def idle(self) -> bool:
+        """Nothing asked and unanswered, no subscription: it may be closed to make room."""
+        return not self.inflight and not self.subscriptions
+
+    def evict(self) -> None:
+        """Close it (it is idle: nothing asked is left unanswered), even while its reader
+        waits for the client to read answers already sent."""
+        log.info("closed an idle connection to make room for a new one")
+        self._scope.cancel()
+
+    def _wake(self) -> None:
+        self._room.set()
+        self._room = trio.Event()
+
+    def _hold(self, size: int) -> None:
+        self.server.bytes_inflight += size
+
+    def _release_pending(self) -> None:
+        self.server.bytes_inflight -= self._pending_bytes
+        self._pending_bytes = 0
 
     async def serve(self) -> None:
         try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                try:
-                    await self._read_loop()
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass
-                # EOF (or a half-close): answer everything that was asked, then hang up.
-                await self._idle.wait()
-                await self.flushed()
-                nursery.cancel_scope.cancel()
+            with self._scope:
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    try:
+                        await self._read_loop()
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass
+                    # EOF (or a half-close): answer everything that was asked, then hang up.
+                    await self._idle.wait()
+                    await self.flushed()
+                    nursery.cancel_scope.cancel()
         finally:
+            self._release_pending()
+            self.server.bytes_inflight -= self._outbox_bytes
+            self._outbox_bytes = 0
+            self._outbox.clear()
             for subscription_id in list(self.subscriptions):
                 self.server.bus.unsubscribe(subscription_id)
             with trio.move_on_after(1, shield=True):
@@ -112,6 +171,7 @@ class Connection:
         """Add one line (without newline) to the outbox; `flush` sends it."""
         self._outbox.append(line + b"\n")
         self._outbox_bytes += len(line) + 1
+        self._hold(len(line) + 1)
 
     async def send_line(self, line: bytes, limit: int = OUTBOX_LIMIT) -> None:
         """Queue one line and send the outbox; waits while ``limit`` bytes are unsent.
@@ -144,8 +204,15 @@ class Connection:
                 self._outbox_bytes = 0
                 self._outbox_taken.set()
                 self._outbox_taken = trio.Event()
-                await self.stream.send_all(data)
+                self._sending_bytes = len(data)
+                try:
+                    await self.stream.send_all(data)
+                finally:
+                    self._hold(-len(data))
+                    self._sending_bytes = 0
+                    self._wake()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._hold(-self._outbox_bytes)
             self._outbox.clear()
             self._outbox_bytes = 0
             assert self._nursery is not None
@@ -187,13 +254,42 @@ class Connection:
                 return
             await self.send_line(notification("event", event), EVENT_OUTBOX_LIMIT)
 
+    def _read_deadline(self) -> float:
+        """When the read gives up: the partial-line timeout while a line is unfinished,
+        the idle timeout while nothing is asked and nothing subscribed."""
+        config = self.server.config
+        if self._line_open:
+            return self._partial_since + config.partial_line_timeout_s
+        if config.idle_timeout_s and self.idle:
+            return self.last_active + config.idle_timeout_s
+        return math.inf
+
+    async def _receive(self) -> bytes | None:
+        """The next chunk; None when the connection is to close (EOF, a timeout, evicted)."""
+        while True:
+            if trio.current_time() >= self._read_deadline():
+                log.info("closed a connection: %s", "its line was not finished within "
+                         "partial_line_timeout_s" if self._line_open else
+                         "idle for idle_timeout_s")
+                return None
+            self._read_scope = trio.CancelScope(deadline=self._read_deadline())
+            with self._read_scope:
+                data: bytes = await self.stream.receive_some(READ_CHUNK)
+                self.last_active = trio.current_time()
+                return data or None
+
+    def refresh_deadline(self) -> None:
+        """Its idle state changed: the read's deadline follows."""
+        self._read_scope.deadline = self._read_deadline()
+
     async def _read_loop(self) -> None:
         limit = self.server.config.max_request_bytes
+        budget = self.server.config.max_inflight_bytes
         pending = bytearray()
         discarding = False
         while True:
-            data = await self.stream.receive_some(READ_CHUNK)
-            if not data:
+            data = await self._receive()
+            if data is None:
                 return
             start = 0
             lines = 0
@@ -208,16 +304,38 @@ class Connection:
                 newline = data.find(b"\n", start)
                 if newline < 0:
                     if not discarding:
+                        added = len(data) - start
                         pending += data[start:]
                         if len(pending) > limit:
                             pending.clear()
+                            self._release_pending()
                             discarding = True
                             await self._too_large(limit)
+                        elif self.server.bytes_inflight + added > budget:
+                            # Partial lines count: idle clients holding unfinished lines
+                            # cannot pin more than the budget.
+                            pending.clear()
+                            self._release_pending()
+                            discarding = True
+                            await self.send_line(_overloaded(
+                                None, "too many bytes in flight; the line was discarded",
+                                "max_inflight_bytes", budget))
+                        else:
+                            self._pending_bytes += added
+                            self._hold(added)
+                    if discarding or start < len(data):
+                        if not self._line_open:
+                            self._line_open = True
+                            self._partial_since = trio.current_time()
+                    else:
+                        self._line_open = False
                     break
+                self._line_open = False
                 if discarding:
                     discarding = False
                 elif pending:
                     pending += data[start:newline]
+                    self._release_pending()
                     if len(pending) > limit:
                         await self._too_large(limit)
                     else:
@@ -270,12 +388,21 @@ class Connection:
                 ended = perf_counter()
                 self.server.record(ended - started, ended)
                 return
-        if self.inflight >= self.server.config.max_inflight_per_connection:
+        config = self.server.config
+        if self.inflight >= config.max_inflight_per_connection:
             await self.send_line(_overloaded(
                 salvage_id(line), "too many requests in flight on this connection",
-                "max_inflight_per_connection", self.server.config.max_inflight_per_connection))
+                "max_inflight_per_connection", config.max_inflight_per_connection))
             return
+        if self.server.bytes_inflight + len(line) > config.max_inflight_bytes:
+            await self.send_line(_overloaded(
+                salvage_id(line), "too many bytes in flight", "max_inflight_bytes",
+                config.max_inflight_bytes))
+            return
+        self._hold(len(line))
         self.inflight += 1
+        if self.inflight == 1:
+            self.refresh_deadline()
         self._idle = trio.Event() if self.inflight == 1 else self._idle
         assert self._nursery is not None
         previous, self._last_started = self._last_started, trio.Event()
@@ -289,25 +416,54 @@ class Connection:
         try:
             if not previous.is_set():
                 await previous.wait()
-            if envelope is None:
-                # A batch runs its items one after the other; the next request starts
-                # once the whole batch is done, so nothing lands between its items.
-                try:
-                    reply = await dispatcher.answer_batch(line, self)
-                finally:
+            await self._wait_to_start()
+            self._starting += 1
+            try:
+                if envelope is None:
+                    # A batch runs its items one after the other; the next request starts
+                    # once the whole batch is done, so nothing lands between its items.
+                    try:
+                        reply = await dispatcher.answer_batch(line, self)
+                    finally:
+                        started_event.set()
+                else:
+                    # No checkpoint from here until the request is queued at its session's
+                    # actor, so the next request's task cannot overtake this one.
                     started_event.set()
-            else:
-                # No checkpoint from here until the request is queued at its session's
-                # actor, so the next request's task cannot overtake this one.
-                started_event.set()
-                reply = await dispatcher.answer(envelope, self)
+                    reply = await dispatcher.answer(envelope, self)
+            finally:
+                self._starting -= 1
+                self._wake()
             if reply is not None:
+                self._reply_sizes.append(len(reply))
                 await self.send_line(reply)
         finally:
+            self._hold(-len(line))
             self.inflight -= 1
             if self.inflight == 0:
                 self._idle.set()
+                self.last_active = trio.current_time()
+                self.refresh_deadline()
             self.server.end_request(perf_counter() - started)
+
+    async def _wait_to_start(self) -> None:
+        """Wait until the client has read enough of its answers for one more request.
+
+        A request starts when the unsent answers plus what the requests already started
+        are expected to answer (each as large as the largest of the last answers) fit in
+        the outbox limit, or when nothing is started and the outbox has room: a client
+        that pipelines large renders without reading holds one answer in the outbox and
+        one being built, not all of them (docs/security.md, "Resource limits").
+        """
+        while True:
+            unsent = self._outbox_bytes + self._sending_bytes
+            estimate = max(self._reply_sizes, default=REPLY_ESTIMATE)
+            if unsent + self._starting * estimate < OUTBOX_LIMIT:
+                return
+            if self._outbox and not self._sending:
+                await self.flush()
+            else:
+                await self._room.wait()
 
 
 class Server:
@@ -319,10 +475,15 @@ class Server:
         config: limits (connections, in-flight requests, line size) and ``allow_root``.
     """
 
-    def __init__(self, dispatcher: Dispatcher, bus: EventBus, config: Config):
+    def __init__(self, dispatcher: Dispatcher, bus: EventBus, config: Config,
+                 max_connections: int | None = None):
         self.dispatcher = dispatcher
         self.bus = bus
         self.config = config
+        self.max_connections = max_connections or config.max_connections
+        """``max_connections``, or fewer when the open files allow fewer."""
+        self.bytes_inflight = 0
+        """Bytes held for clients: partial lines, request lines at work, unsent answers."""
         self.connections: set[Connection] = set()
         self.inflight = 0
         self.requests_total = 0
@@ -335,6 +496,7 @@ class Server:
         self._drained = trio.Event()
         self._drained.set()
         self._own_uid = os.getuid()
+        self._descriptor_warning = -math.inf
 
     async def run(self, sock: socket.socket, *,
                   task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -350,7 +512,16 @@ class Server:
             with self._accept_scope:
                 task_status.started()
                 while True:
-                    stream = await listener.accept()
+                    try:
+                        stream = await listener.accept()
+                    except OSError as exc:
+                        if exc.errno not in _OUT_OF_DESCRIPTORS:
+                            raise
+                        # Out of descriptors: the open connections go on; newcomers wait
+                        # in the listen backlog until some close.
+                        self._warn_out_of_descriptors(exc)
+                        await trio.sleep(ACCEPT_BACKOFF_S)
+                        continue
                     connections.start_soon(self._serve, stream)
             await listener.aclose()
             with trio.move_on_after(self.config.shutdown_timeout_s) as deadline:
@@ -364,6 +535,14 @@ class Server:
                             "were cancelled unanswered (a store write already under way "
                             "still commits)", self.config.shutdown_timeout_s, self.inflight)
             connections.cancel_scope.cancel()
+
+    def _warn_out_of_descriptors(self, exc: OSError) -> None:
+        now = trio.current_time()
+        if now - self._descriptor_warning >= 60:
+            self._descriptor_warning = now
+            log.warning("cannot accept a connection: %s (%d connections open); new "
+                        "connections wait until some close; raise LimitNOFILE / ulimit -n "
+                        "or lower max_connections", exc.strerror, len(self.connections))
 
     def stop_accepting(self) -> None:
         """Begin shutdown: no new connections, and no new requests on open ones."""
@@ -380,12 +559,12 @@ class Server:
             log.warning("refused a connection from uid %d", uid)
             await stream.aclose()
             return
-        if len(self.connections) >= self.config.max_connections:
+        if len(self.connections) >= self.max_connections and not self._evict_idle():
             with trio.move_on_after(1):
                 try:
                     await stream.send_all(_overloaded(
                         None, "too many connections", "max_connections",
-                        self.config.max_connections) + b"\n")
+                        self.max_connections) + b"\n")
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
             await stream.aclose()
@@ -400,6 +579,16 @@ class Server:
             log.exception("connection failed; it was closed")
         finally:
             self.connections.discard(connection)
+
+    def _evict_idle(self) -> bool:
+        """Close the connection idle for longest to make room; False when none is idle."""
+        idle = [connection for connection in self.connections if connection.idle]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda connection: connection.last_active)
+        self.connections.discard(oldest)  # its slot is free now; it closes on its own
+        oldest.evict()
+        return True
 
     def begin_request(self) -> None:
         if self.inflight == 0:
@@ -432,4 +621,5 @@ class Server:
             connections=len(self.connections), requests_inflight=self.inflight,
             requests_total=self.requests_total,
             requests_per_s=(self.requests_total - total_then) / elapsed if elapsed else 0.0,
-            latency_p50_ms=percentile(0.50), latency_p99_ms=percentile(0.99))
+            latency_p50_ms=percentile(0.50), latency_p99_ms=percentile(0.99),
+            bytes_inflight=self.bytes_inflight, max_connections=self.max_connections)

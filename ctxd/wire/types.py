@@ -53,7 +53,9 @@ class BudgetParams(Params, frozen=True):
     caution: Ratio | None = None
 
 
-ContextWindow = Annotated[int, Meta(ge=1024, le=100_000_000)]
+ContextWindow = Annotated[int, Meta(ge=1024, le=10_000_000)]
+"""At most 10M tokens: a window no model has would only let one session grow without
+bound (docs/security.md, "Resource limits")."""
 OutputTokens = Annotated[int, Meta(ge=0, le=10_000_000)]
 BranchBudget = Annotated[int, Meta(ge=1, le=32_768)]
 BranchTimeout = Annotated[float, Meta(gt=0, le=600)]
@@ -151,6 +153,11 @@ class DaemonStatus(Result, frozen=True):
     requests_per_s: float
     latency_p50_ms: float
     latency_p99_ms: float
+    bytes_inflight: int
+    """Bytes held for clients: partial lines, requests at work, unread answers."""
+    max_connections: int
+    """Connections served at once: the configured number, or fewer when the open-files
+    limit leaves room for fewer."""
 
 
 class ShutdownResult(Result, frozen=True):

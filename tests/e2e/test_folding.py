@@ -685,7 +685,7 @@ def test_an_append_that_committed_is_acknowledged_when_the_forced_return_fails(
                                            "messages": [assistant(hello_text(
                                                2000 - created["budget_used"] - 4 - 12))]})
             client.call("session.open", {"session_id": sid + "f",
-                                         "budget": {"context_window": 100_000_000}})
+                                         "budget": {"context_window": 10_000_000}})
             for size in (20_000, 3_000, 1_000):  # fill the database up to its cap
                 codes: list[int] = []
                 while not codes:

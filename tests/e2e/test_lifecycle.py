@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import json
 import os
 import random
+import resource
 import signal
 import socket
 import stat
@@ -123,7 +126,7 @@ def test_sigterm_lets_an_in_flight_request_finish(daemon_root: Path) -> None:
     process = DaemonProcess(daemon_root).start()
     with process.client() as client:
         client.call("session.open", {"session_id": "s", "budget": {
-            "context_window": 100_000_000}})
+            "context_window": 10_000_000}})
         big = [{"role": "user", "content": hello_text(2000) + f" {i}"} for i in range(400)]
         pending = client.submit("message.append", {"session_id": "s", "messages": big})
         with process.client() as observer:
@@ -345,7 +348,7 @@ def test_shutdown_under_load_answers_everything_it_ran(daemon_root: Path) -> Non
     refused_codes: set[int] = set()
     with process.client(timeout=60) as client:
         client.call("session.open", {"session_id": "busy", "budget": {
-            "context_window": 100_000_000}})
+            "context_window": 10_000_000}})
         pending: dict[str, object] = {}
         n = 0
         deadline = time.monotonic() + 30
@@ -414,3 +417,64 @@ def test_closed_sessions_expire_after_their_ttl(daemon_root: Path) -> None:
             assert client.call("daemon.status")["sessions_open"] == 1
     finally:
         assert process.stop() == 0
+
+
+NOFILE = 64
+"""The open-files limit of the daemon that runs out of descriptors."""
+
+
+def test_running_out_of_descriptors_keeps_the_daemon_serving(daemon_root: Path) -> None:
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
+
+    process = DaemonProcess(daemon_root).start(preexec_fn=low_limit)
+    try:
+        with process.client() as client:
+            fitting = client.call("daemon.status")["max_connections"]
+        assert 1 <= fitting < NOFILE
+        assert (f"max_connections is 256 but the open-files limit ({NOFILE}"
+                in process.log())
+        refused = {"jsonrpc": "2.0", "id": None, "error": {
+            "code": -32007, "message": "overloaded: too many connections; retry later",
+            "data": {"limit": "max_connections", "max": fitting,
+                     "fix": "retry after a moment with fewer requests"}}}
+        subscribed: list[socket.socket] = []
+        refusals = 0
+        try:
+            # Subscribers, so that none is dropped as idle: more than the process could hold.
+            for _ in range(NOFILE * 2):
+                conn = socket.socket(socket.AF_UNIX)
+                conn.settimeout(10)
+                conn.connect(str(process.socket))
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    # (a refused connection may be closed already: its answer is read below)
+                    conn.sendall(b'{"jsonrpc":"2.0","id":1,"method":"events.subscribe",'
+                                 b'"params":{"session_id":"nobody"}}\n')
+                reply = json.loads(conn.makefile("rb").readline())
+                if "result" in reply:
+                    subscribed.append(conn)
+                else:
+                    assert reply == refused
+                    refusals += 1
+                    conn.close()
+            assert (len(subscribed), refusals) == (fitting, NOFILE * 2 - fitting)
+            assert process.proc is not None
+            assert process.proc.poll() is None
+            for conn in subscribed:  # the open connections still answer
+                conn.sendall(b'{"jsonrpc":"2.0","id":2,"method":"daemon.ping"}\n')
+                assert json.loads(conn.makefile("rb").readline())["result"]["pong"] is True
+        finally:
+            for conn in subscribed:
+                conn.close()
+        # Once they are gone, newcomers are served again.
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with process.client(timeout=5) as client:
+                    assert client.call("daemon.ping")["pong"] is True
+                    break
+            except (DaemonUnavailable, OSError):
+                assert time.monotonic() < deadline, "no new connection was served"
+                time.sleep(0.05)
+    finally:
+        process.stop()

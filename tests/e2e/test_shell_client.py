@@ -230,15 +230,16 @@ def test_raw_newlines_between_tokens_are_whitespace(shared_daemon: DaemonProcess
 
 
 def test_error_without_an_id(daemon_root: Path, transport: str) -> None:
-    # max_connections = 1 and one connection held: ctxd answers the next with -32007
-    # (id null, sent before anything is read) and closes it.
+    # max_connections = 1 and one connection held (a subscriber: never dropped as idle):
+    # ctxd answers the next with -32007 (id null, sent before anything is read) and
+    # closes it.
     process = DaemonProcess(daemon_root, extra_args=["--max-connections", "1"]).start()
     try:
         deadline = time.monotonic() + 10
         while True:  # the start-up check's connection may not be gone yet
             held = process.client()
             try:
-                held.call("daemon.ping")
+                held.call("events.subscribe", {"session_id": "nobody"})
                 break
             except DaemonUnavailable:
                 held.close()

@@ -209,12 +209,16 @@ def test_service_unit() -> None:
     assert {key: service[key] for key in (
         "Type", "NotifyAccess", "WatchdogSec", "Restart", "KillSignal", "TimeoutStopSec",
         "NoNewPrivileges", "ProtectSystem", "PrivateTmp", "PrivateUsers", "ReadWritePaths",
+        "LimitNOFILE",
     )} == {
         "Type": ["notify"], "NotifyAccess": ["main"], "WatchdogSec": ["30"],
         "Restart": ["on-failure"], "KillSignal": ["SIGTERM"], "TimeoutStopSec": ["20"],
         "NoNewPrivileges": ["yes"], "ProtectSystem": ["strict"], "PrivateTmp": ["yes"],
         "PrivateUsers": ["yes"], "ReadWritePaths": ["%h/.local/share/ctxd %t/ctxd"],
+        "LimitNOFILE": ["65536"],
     }
+    # Every connection the daemon serves by default fits, with room to spare.
+    assert int(service["LimitNOFILE"][0]) > 4 * Config().max_connections
     # Room for the graceful shutdown (in-flight requests get shutdown_timeout_s).
     assert int(service["TimeoutStopSec"][0]) > Config().shutdown_timeout_s
     [exec_start] = service["ExecStart"]

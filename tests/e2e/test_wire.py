@@ -781,14 +781,22 @@ def test_pipelined_requests_are_each_answered_once(wire_daemon: DaemonProcess,
 
 # ---- limits -------------------------------------------------------------------------
 
+def subscribe(wire: Wire) -> None:
+    """Make ``wire`` a subscriber (a connection that is never dropped for being idle)."""
+    reply = wire.call(request("events.subscribe", {"session_id": "nobody"}, "sub"))
+    assert "result" in reply, reply
+
+
 def test_connections_over_the_limit_are_refused(daemon_root: Path) -> None:
     process = DaemonProcess(daemon_root, extra_args=["--max-connections", "3"]).start()
     try:
         with Wire(process.socket) as first:
             wait_for_connections(first, 1)  # the start-up probe's connection is gone
+            subscribe(first)
             with Wire(process.socket) as second, Wire(process.socket) as third:
-                assert second.ping() == []
-                assert third.ping() == []
+                subscribe(second)
+                subscribe(third)
+                # None of the three is idle: the fourth is refused.
                 with Wire(process.socket) as fourth:
                     assert fourth.read_until_eof() == [overloaded(
                         None, "too many connections", "max_connections", 3)]
@@ -808,6 +816,69 @@ def test_connections_over_the_limit_are_refused(daemon_root: Path) -> None:
                         return False
 
             wait_until(a_new_connection_is_served)
+        assert_alive(process)
+    finally:
+        process.stop()
+
+
+def test_the_oldest_idle_connection_makes_room(daemon_root: Path) -> None:
+    process = DaemonProcess(daemon_root, extra_args=["--max-connections", "3"]).start()
+    try:
+        with Wire(process.socket) as subscriber:
+            wait_for_connections(subscriber, 1)
+            subscribe(subscriber)
+            with Wire(process.socket) as older, Wire(process.socket) as newer:
+                older.send(b"{")  # idle with half a line: droppable as well
+                assert newer.ping() == []
+                with Wire(process.socket) as newcomer:
+                    assert newcomer.ping() == []
+                    assert older.read_until_eof() == []  # dropped: the oldest idle one
+                    assert newer.ping() == []
+                    assert subscriber.ping() == []
+                    assert status(newcomer)["connections"] == 3
+        assert_alive(process)
+    finally:
+        process.stop()
+
+
+IDLE_CLIENTS = 8
+
+
+def test_connections_that_send_half_a_line_do_not_lock_others_out(daemon_root: Path) -> None:
+    process = DaemonProcess(daemon_root, extra_args=[
+        "--max-connections", str(IDLE_CLIENTS)]).start()
+    try:
+        stuck = [Wire(process.socket) for _ in range(IDLE_CLIENTS * 2)]
+        try:
+            for wire in stuck:
+                wire.send(b"{")
+            for _ in range(3):
+                with Wire(process.socket) as newcomer:
+                    assert newcomer.ping() == []
+            with Wire(process.socket) as probe:
+                assert status(probe)["connections"] <= IDLE_CLIENTS
+        finally:
+            for wire in stuck:
+                wire.close()
+        assert_alive(process)
+    finally:
+        process.stop()
+
+
+def test_idle_and_partial_line_timeouts(daemon_root: Path) -> None:
+    process = DaemonProcess(daemon_root, extra_args=[
+        "--idle-timeout-s", "0.5", "--partial-line-timeout-s", "0.5"]).start()
+    try:
+        with Wire(process.socket) as idle, Wire(process.socket) as subscriber, \
+                Wire(process.socket) as partial:
+            subscribe(subscriber)
+            assert idle.ping() == []
+            partial.send(b'{"jsonrpc":"2.0","id":1,')
+            assert idle.read_until_eof() == []  # closed after 0.5 s of silence
+            assert partial.read_until_eof() == []  # its line took too long
+            # The subscriber stayed longer than the idle timeout and is still served.
+            assert subscriber.ping() == []
+            assert status(subscriber)["connections"] == 1
         assert_alive(process)
     finally:
         process.stop()
@@ -840,6 +911,113 @@ def test_inflight_limit_per_connection(daemon_root: Path) -> None:
         assert_alive(process)
     finally:
         process.stop()
+
+
+BUDGET = 4 * 1024 * 1024
+"""``--max-inflight-bytes`` of the daemon that tests the daemon-wide byte budget."""
+HELD_LINE = 1_000_000
+
+
+def held_line(request_id: str) -> bytes:
+    """A daemon.ping of HELD_LINE bytes, without its closing brace and newline."""
+    return padded_ping(request_id, HELD_LINE + 1)[:-1]
+
+
+def test_partial_lines_count_against_the_byte_budget(daemon_root: Path) -> None:
+    process = DaemonProcess(daemon_root, extra_args=[
+        "--max-inflight-bytes", str(BUDGET)]).start()
+    try:
+        holders = [Wire(process.socket) for _ in range(4)]
+        try:
+            with Wire(process.socket) as probe:
+                for i, holder in enumerate(holders):
+                    holder.send(held_line(f"h{i}"))
+                wait_until(lambda: status(probe)["bytes_inflight"] == 4 * HELD_LINE)
+                # One more large line does not fit: refused, discarded up to its newline.
+                with Wire(process.socket) as late:
+                    late.send(held_line("late"))
+                    assert late.read() == overloaded(
+                        None, "too many bytes in flight; the line was discarded",
+                        "max_inflight_bytes", BUDGET)
+                    late.send(b"}\n")
+                    assert late.ping() == []
+                assert probe.ping() == []
+                wait_until(lambda: status(probe)["bytes_inflight"] == 4 * HELD_LINE)
+                # A holder finishes its line: it is answered, its bytes are free again.
+                holders[0].send(b"}\n")
+                assert_pong(holders[0].read(), "h0")
+                # (its pong leaves the count once the daemon sees it sent)
+                wait_until(lambda: status(probe)["bytes_inflight"] == 3 * HELD_LINE)
+                with Wire(process.socket) as again:
+                    again.send(held_line("again") + b"}\n")
+                    assert_pong(again.read(), "again")
+        finally:
+            for holder in holders:
+                holder.close()
+        with Wire(process.socket) as probe:
+            wait_until(lambda: status(probe)["bytes_inflight"] == 0)
+        assert_alive(process)
+    finally:
+        process.stop()
+
+
+PIPELINED_RENDERS = 32
+
+
+def test_pipelined_renders_without_reading_hold_few_answers(daemon: DaemonProcess) -> None:
+    with daemon.client() as client:
+        client.call("session.open", {"session_id": "amp", "budget": {
+            "context_window": 10_000_000}})
+        client.call("message.append", {"session_id": "amp", "messages": [
+            {"role": "user", "content": "x " * 1_000_000}]})
+    lines = [encode(request("ctxd.render", {"session_id": "amp"}, 10 + i))
+             for i in range(PIPELINED_RENDERS)]
+    with Wire(daemon.socket) as one:
+        one.send(lines[0] + b"\n")
+        answer_bytes = len(one.read_line() or b"") + 1  # every answer is as long
+    assert answer_bytes > 1024 * 1024  # over the outbox limit: one fills it
+    with socket.socket(socket.AF_UNIX) as raw, Wire(daemon.socket) as probe:
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        raw.connect(str(daemon.socket))
+        raw.sendall(b"".join(line + b"\n" for line in lines))
+        held_requests = sum(len(line) for line in lines)
+
+        def answers_held() -> int | None:
+            """Whole answers held (None while another client's answer is also counted)."""
+            held = status(probe)["bytes_inflight"] - held_requests
+            return held // answer_bytes if held % answer_bytes == 0 else None
+
+        def settled() -> int | None:
+            """Answers held once every render started has been through the session (a
+            request queued at it after them is answered after them)."""
+            with daemon.client() as client:
+                assert client.call("session.get", {"session_id": "amp"})["session"][
+                    "message_count"] == 1
+            wait_until(lambda: answers_held() is not None)
+            return answers_held()
+
+        wait_until(lambda: status(probe)["requests_inflight"] == PIPELINED_RENDERS
+                   and (answers_held() or 0) >= 1)
+        held = settled()
+        assert held is not None
+        assert 1 <= held <= 4
+        assert settled() == held  # and no more start while the client reads nothing
+        assert probe.ping() == []
+    with Wire(daemon.socket) as probe:
+        wait_until(lambda: status(probe)["bytes_inflight"] == 0
+                   and status(probe)["requests_inflight"] == 0)
+    assert_alive(daemon)
+
+
+def test_context_window_has_a_maximum(daemon: DaemonProcess) -> None:
+    with Wire(daemon.socket) as wire:
+        reply = wire.call(request("session.open", {"session_id": "huge", "budget": {
+            "context_window": 10_000_001}}, "huge"))
+        assert reply == invalid_params("huge", "$.budget.context_window",
+                                       "Expected `int` <= 10000000")
+        reply = wire.call(request("session.open", {"session_id": "largest", "budget": {
+            "context_window": 10_000_000}}, "largest"))
+        assert reply["result"]["session"]["budget"]["context_window"] == 10_000_000
 
 
 # ---- misbehaving clients do not affect others ---------------------------------------
@@ -1215,7 +1393,7 @@ def test_a_client_that_does_not_read_cannot_grow_the_daemon(daemon: DaemonProces
     # task of the same connection was blocked sending a large answer to a non-reader.
     with daemon.client() as client:
         client.call("session.open", {"session_id": "big", "budget": {
-            "context_window": 100_000_000}})
+            "context_window": 10_000_000}})
         client.call("message.append", {"session_id": "big", "messages": [
             {"role": "user", "content": "x " * 2_000_000}]})
     with socket.socket(socket.AF_UNIX) as raw:
