@@ -4,9 +4,12 @@ reported as such while serving (docs/security.md, Corruption and recovery)."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -280,3 +283,55 @@ def test_max_db_bytes_counts_the_wal(daemon_root: Path) -> None:
         assert database.stat().st_size + Path(f"{database}-wal").stat().st_size <= cap + (
             len(batch) * 6 * 1024)
         assert client.call("daemon.ping")["pong"] is True
+
+
+def ctxctl(socket: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ctxclient.cli", "--socket", str(socket),
+                           *args], capture_output=True, text=True, timeout=120, check=False,
+                          cwd=Path(__file__).resolve().parents[2])
+
+
+def test_doctor_asks_the_running_daemon(copied: DaemonProcess) -> None:
+    database = copied.data_dir / "ctxd.db"
+    with copied.running():
+        sound = ctxctl(copied.socket, "doctor")
+        assert (sound.returncode, sound.stderr) == (0, "")
+        assert re.fullmatch(rf"{re.escape(str(database))}: ok \(integrity_check, "
+                            r"\d+\.\d\d s\)\n", sound.stdout), sound.stdout
+        zero_page(database, page_of(database, "messages"))
+        corrupt = ctxctl(copied.socket, "doctor")
+        assert corrupt.returncode == 1
+        found = corrupt.stdout.splitlines()
+        assert found
+        assert all(line.startswith(f"{database}: ") for line in found)
+        assert corrupt.stderr == (f"ctxctl: the database {database} is corrupt; stop ctxd "
+                                  "and run `ctxd --recover`\n")
+        as_json = json.loads(ctxctl(copied.socket, "doctor", "--json").stdout)
+        assert (as_json["database"], as_json["ok"], as_json["problems"]) == (
+            str(database), False, [line.split(": ", 1)[1] for line in found])
+
+
+def test_doctor_without_a_daemon_points_to_ctxd_check(daemon_root: Path) -> None:
+    result = ctxctl(daemon_root / "none.sock", "doctor")
+    assert result.returncode == 2
+    assert result.stderr.startswith("ctxctl: doctor asks the running daemon; with none "
+                                    "running, check its files with `ctxd --check`\n")
+
+
+def test_an_unclean_shutdown_is_known_by_its_wal(daemon_root: Path) -> None:
+    process = DaemonProcess(daemon_root)
+    database = process.data_dir / "ctxd.db"
+    with process.running():
+        pass
+    assert not Path(f"{database}-wal").exists()  # a clean stop removes it
+    process.start()
+    process.kill()
+    assert Path(f"{database}-wal").exists()
+    with process.running():
+        pass
+    checks = [line.split(" ", 2)[2] for line in process.log().splitlines()
+              if "database checked" in line]
+    assert [check.split(": ok in ")[0] for check in checks] == [
+        "INFO ctxd.store: database checked (quick_check)",
+        "INFO ctxd.store: database checked (quick_check)",
+        "INFO ctxd.store: database checked (quick_check, after an unclean shutdown)"]
