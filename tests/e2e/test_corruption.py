@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -335,3 +336,43 @@ def test_an_unclean_shutdown_is_known_by_its_wal(daemon_root: Path) -> None:
         "INFO ctxd.store: database checked (quick_check)",
         "INFO ctxd.store: database checked (quick_check)",
         "INFO ctxd.store: database checked (quick_check, after an unclean shutdown)"]
+
+
+def test_a_database_that_cannot_be_opened_is_one_line(daemon_root: Path) -> None:
+    process = DaemonProcess(daemon_root)
+    database = process.data_dir / "ctxd.db"
+    process.data_dir.mkdir(mode=0o700)
+    database.mkdir()  # what no permission bits can make writable, even for root
+    result = run_ctxd(process)
+    lines = result.stderr.splitlines()
+    assert (result.returncode, result.stdout, len(lines)) == (1, "", 1), result.stderr
+    assert lines[0].split(" ", 2)[2] == (
+        f"CRITICAL ctxd: cannot open the database {database} for writing (unable to open "
+        "database file); ctxd needs a data directory it can write (check its permissions, "
+        "and that its file system is not mounted read-only), or choose another --data-dir")
+
+
+def read_only_mount_works(folder: Path) -> bool:
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind {folder} {folder} && "
+                            f"mount -o remount,bind,ro {folder}"],
+                           capture_output=True, timeout=30, check=False)
+    return probe.returncode == 0
+
+
+def test_a_read_only_file_system_is_one_line(daemon_root: Path) -> None:
+    process = DaemonProcess(daemon_root)
+    process.data_dir.mkdir(mode=0o700)
+    if shutil.which("unshare") is None or not read_only_mount_works(process.data_dir):
+        pytest.skip("a read-only bind mount needs root and unshare -m (mount namespaces)")
+    data = shlex.quote(str(process.data_dir))
+    command = shlex.join(process.command())
+    result = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f"mount --bind {data} {data} && "
+         f"mount -o remount,bind,ro {data} && exec {command}"],
+        capture_output=True, text=True, timeout=120, env=process.environment(), check=False,
+        cwd=Path(__file__).resolve().parents[2])
+    lock = process.data_dir / "ctxd.lock"
+    assert (result.returncode, result.stdout, result.stderr) == (1, "", (
+        f"ctxd: cannot open the lock file {lock} (Read-only file system); ctxd needs to "
+        f"write in {process.data_dir}: check its permissions and that its file system is "
+        "not mounted read-only, or choose another --socket/--data-dir\n"))
