@@ -117,6 +117,13 @@ def migrate(conn: apsw.Connection, target: int | None = None) -> int:
     return schema_version(conn)
 
 
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
 def quick_check(conn: apsw.Connection) -> list[str]:
     """What ``PRAGMA quick_check`` finds wrong (nothing: an empty list)."""
     found = [str(row[0]) for row in conn.execute("PRAGMA quick_check")]
@@ -524,11 +531,19 @@ class Store:
     def _leave_room_for_the_wal(self, conn: apsw.Connection) -> None:
         """``max_db_bytes`` counts the WAL too: the database may grow only into the room
         the WAL leaves under the cap (a write may pass it by its own pages in the WAL;
-        docs/decisions.md, Process)."""
-        try:
-            wal_bytes = os.stat(str(self.path) + "-wal").st_size
-        except FileNotFoundError:
-            wal_bytes = 0
+        docs/decisions.md, Process). A WAL past a quarter of the cap is copied back and
+        truncated first, here, in the writer's thread: `keep_wal_small` waits for 2,000
+        pages, which would leave a small cap no room at all."""
+        wal = str(self.path) + "-wal"
+        wal_bytes = _size(wal)
+        if wal_bytes > self._max_db_bytes // 4:
+            try:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            except apsw.BusyError:
+                pass  # a reader holds the WAL: what it leaves counts
+            wal_bytes = _size(wal)
+            if not wal_bytes:
+                self._wal_pages = 0  # the WAL starts again from its beginning
         pages = max(1, (self._max_db_bytes - wal_bytes) // self._page_size)
         conn.execute(f"PRAGMA max_page_count = {pages:d}")
 

@@ -278,11 +278,12 @@ def test_max_db_bytes_counts_the_wal(daemon_root: Path) -> None:
                 break
         assert failure is not None, "the store never filled up"
         assert failure.code == -32008
-        # Refused once the file and its WAL reached the cap, the file alone far below it.
-        assert sizes[0] < cap // 2
-        assert sizes[0] + sizes[1] <= cap
-        assert database.stat().st_size + Path(f"{database}-wal").stat().st_size <= cap + (
-            len(batch) * 6 * 1024)
+        # Refused while the file alone was below the cap, once the file and its WAL
+        # reached it (passed by at most the last accepted write's pages in the WAL; counted
+        # without the WAL, the refusal came with both at 1.4 times the cap).
+        assert sizes[0] < cap
+        total = database.stat().st_size + Path(f"{database}-wal").stat().st_size
+        assert total <= cap + len(batch) * 6 * 1024, total
         assert client.call("daemon.ping")["pong"] is True
 
 
