@@ -748,6 +748,20 @@ def _running(pid: int) -> bool:
         return True
 
 
+def cmd_doctor(client: Client, args: argparse.Namespace, out: Output) -> int:
+    client.timeout = None  # the whole database is read: seconds per GiB from disk
+    result = client.call("daemon.check")
+    if out.json:
+        _print_json(result)
+    elif result["ok"]:
+        out.lines([f"{result['database']}: ok (integrity_check, {result['seconds']:.2f} s)"])
+    else:
+        out.lines([f"{result['database']}: {problem}" for problem in result["problems"]])
+        print(f"ctxctl: the database {result['database']} is corrupt; stop ctxd and run "
+              "`ctxd --recover`", file=sys.stderr)
+    return 0 if result["ok"] else 1
+
+
 def cmd_stop(client: Client, args: argparse.Namespace, out: Output) -> int:
     pid = client.call("daemon.status")["pid"]
     client.call("daemon.shutdown")
@@ -1002,6 +1016,11 @@ def parser() -> argparse.ArgumentParser:
                       help='params as JSON, e.g. \'{"session_id": "s1"}\', or - to read '
                            "them from standard input")
     call.set_defaults(run=cmd_call)
+    doctor = commands.add_parser(
+        "doctor", parents=[common],
+        help="ask the daemon to check its whole database (integrity_check); exit 1 when "
+             "it is corrupt (with no daemon running: ctxd --check)")
+    doctor.set_defaults(run=cmd_doctor)
     stop = commands.add_parser("stop", parents=[common], help="shut the daemon down gracefully")
     stop.add_argument("--wait", type=seconds_to_wait, default=15.0, metavar="SECONDS",
                       help="seconds to wait for the exit (default 15)")
@@ -1143,6 +1162,9 @@ def main(argv: list[str] | None = None) -> int:
     except DaemonUnavailable as exc:
         if args.run is cmd_stop and not isinstance(exc, BadSocketPath):
             return _stop_when_not_running(out, exc.path)
+        if args.run is cmd_doctor:
+            print("ctxctl: doctor asks the running daemon; with none running, check its "
+                  "files with `ctxd --check`", file=sys.stderr)
         return _report_unavailable(exc, out)
     try:
         with client:

@@ -12,8 +12,15 @@ import trio
 
 from ctxd import __version__, config
 from ctxd.daemon._app import Daemon
-from ctxd.daemon._socket import PlacementError, check_socket_path
+from ctxd.daemon._socket import Lock, PlacementError, check_private_directory, check_socket_path
 from ctxd.errors import CtxdError
+from ctxd.store import DatabaseError, integrity_problems, recover
+
+log = logging.getLogger("ctxd")
+
+EX_CONFIG = 78
+"""sysexits.h: the daemon cannot run on its data as it is (a corrupt database); systemd's
+unit does not restart on it (RestartPreventExitStatus=78)."""
 
 _SYSLOG_PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3,
                     logging.CRITICAL: 2}
@@ -46,6 +53,14 @@ def parser() -> argparse.ArgumentParser:
                           "$CTXD_CONFIG must exist")
     cli.add_argument("--print-config", action="store_true",
                      help="print the effective configuration and exit")
+    once = cli.add_mutually_exclusive_group()
+    once.add_argument("--check", action="store_true",
+                      help="check the whole database (PRAGMA integrity_check), read-only, "
+                           "and exit: 0 when sound, 1 with what is wrong")
+    once.add_argument("--recover", action="store_true",
+                      help="salvage what can be read of a corrupt database into a new one "
+                           "(the corrupt file is kept aside, renamed .corrupt-<time>) and "
+                           "exit; the daemon must be stopped")
     config.add_flags(cli)
     return cli
 
@@ -64,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         sys.stdout.write(config.to_toml(cfg))
         return 0
+    database = Path(cfg.data_dir) / "ctxd.db"
+    if args.check:
+        return _check(database)
+    if args.recover:
+        return _recover(database)
     _setup_logging(cfg.log_level)
     # A thread that gets the GIL back after numpy or FAISS let it go waits for whoever
     # holds it to reach the switch interval: at the default 5 ms, a memory search's 600
@@ -80,6 +100,53 @@ def main(argv: list[str] | None = None) -> int:
     except PlacementError as error:
         print(f"ctxd: {error}", file=sys.stderr)
         return 1
+    except DatabaseError as error:
+        log.critical("%s", error)  # one line, no traceback: it says what to do
+        return EX_CONFIG if error.corrupt else 1
+    return 0
+
+
+def _check(database: Path) -> int:
+    """``ctxd --check``: the whole database checked, read-only (beside a running daemon too)."""
+    try:
+        problems = integrity_problems(database)
+    except DatabaseError as error:
+        print(f"ctxd: {error}", file=sys.stderr)
+        return 1
+    if not problems:
+        print(f"{database}: ok")
+        return 0
+    for problem in problems:
+        print(f"{database}: {problem}")
+    print(f"ctxd: the database {database} is corrupt; stop ctxd and run `ctxd --recover`",
+          file=sys.stderr)
+    return 1
+
+
+def _recover(database: Path) -> int:
+    """``ctxd --recover``: under the data directory's lock, so never beside a daemon."""
+    try:
+        check_private_directory(database.parent)
+        lock = Lock(database.parent / "ctxd.lock", f"data directory {database.parent}")
+    except PlacementError as error:
+        print(f"ctxd: {error}", file=sys.stderr)
+        return 1
+    try:
+        recovery = recover(database)
+    except DatabaseError as error:
+        print(f"ctxd: {error}", file=sys.stderr)
+        return 1
+    finally:
+        lock.release()
+    print(f"the corrupt database is kept at {recovery.aside}")
+    for table, rows in recovery.rows.items():
+        lost = recovery.unreadable.get(table, 0)
+        note = ("; unreadable" if lost < 0 else f"; {lost} unreadable range(s) skipped"
+                if lost else "")
+        print(f"{table}: {rows} row(s) recovered{note}")
+    if recovery.orphans:
+        print(f"{recovery.orphans} row(s) dropped whose session or branch was lost")
+    print(f"recovered into {database}; start ctxd again")
     return 0
 
 

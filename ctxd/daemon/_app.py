@@ -95,10 +95,14 @@ class Daemon:
         data_dir = Path(config.data_dir)
         check_private_directory(data_dir)
         data_lock = Lock(data_dir / "ctxd.lock", f"data directory {data_dir}")
+        try:
+            await trio.to_thread.run_sync(self.store.open)
+        except BaseException:
+            data_lock.release()  # nothing started: the store said why, in one line
+            raise
         sock: socket.socket | None = None
         socket_lock: Lock | None = None
         try:
-            await trio.to_thread.run_sync(self.store.open)
             counter = await trio.to_thread.run_sync(TokenCounter, config.encoding)
             sock = _systemd.activated_socket()
             activated = sock is not None

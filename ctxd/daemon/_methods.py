@@ -1,4 +1,4 @@
-"""daemon.ping, daemon.hello, daemon.status, daemon.shutdown."""
+"""daemon.ping, daemon.hello, daemon.status, daemon.check, daemon.shutdown."""
 
 from __future__ import annotations
 
@@ -7,10 +7,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import trio
+
 from ctxd import __version__
-from ctxd.errors import invalid_state
+from ctxd.errors import CtxdError, ErrorCode, invalid_state
+from ctxd.store import DatabaseError, integrity_problems
 from ctxd.wire import Call, Dispatcher
 from ctxd.wire.types import (
+    CheckResult,
     DaemonStatus,
     Empty,
     HelloParams,
@@ -64,6 +68,25 @@ def register(dispatcher: Dispatcher, daemon: Daemon, request_stop: Callable[[], 
             latency_p99_ms=round(server.latency_p99_ms, 3),
             bytes_inflight=server.bytes_inflight, max_connections=server.max_connections)
 
+    checking = trio.Lock()
+
+    async def check(call: Call, p: Empty) -> CheckResult:
+        # Its own read-only connection in a thread of its own: the writer goes on
+        # committing meanwhile (WAL). One check at a time: each reads the whole file.
+        if checking.locked():
+            raise CtxdError(ErrorCode.OVERLOADED, "a database check is already running",
+                            {"fix": "wait for its answer, then retry"})
+        async with checking:
+            started = time.monotonic()
+            try:
+                problems = await trio.to_thread.run_sync(
+                    integrity_problems, daemon.store.path, abandon_on_cancel=True)
+            except DatabaseError as error:
+                raise CtxdError(ErrorCode.STORAGE_ERROR, str(error),
+                                {"fix": "check the data directory"}) from None
+        return CheckResult(database=str(daemon.store.path), ok=not problems,
+                           problems=problems, seconds=round(time.monotonic() - started, 3))
+
     async def shutdown(call: Call, p: Empty) -> ShutdownResult:
         if call.peer.peer_uid != os.getuid():
             raise invalid_state("only the daemon's owner may shut it down",
@@ -75,4 +98,5 @@ def register(dispatcher: Dispatcher, daemon: Daemon, request_stop: Callable[[], 
     dispatcher.register_inline("daemon.ping", Empty, ping)
     dispatcher.register_inline("daemon.hello", HelloParams, hello)
     dispatcher.register_inline("daemon.status", Empty, status)
+    dispatcher.register("daemon.check", Empty, check)
     dispatcher.register("daemon.shutdown", Empty, shutdown)

@@ -39,8 +39,23 @@ def check_private_directory(directory: Path) -> None:
         raise PlacementError(f"{directory} belongs to uid {info.st_uid}, not to you "
                              f"(uid {os.getuid()}); choose a directory of your own")
     if info.st_mode & 0o077:
-        raise PlacementError(f"{directory} has mode {stat.S_IMODE(info.st_mode):04o}; "
+        mode = stat.S_IMODE(info.st_mode)
+        if _shared(directory, info):
+            # Never advise changing a directory others rely on (/tmp, /run, …).
+            raise PlacementError(f"{directory} has mode {mode:04o} and is shared; ctxd "
+                                 "needs a private directory (mode 0700) of your own: choose "
+                                 "one (a path inside a new directory) for --socket/--data-dir")
+        raise PlacementError(f"{directory} has mode {mode:04o}; "
                              f"it must be private: chmod 700 {directory}")
+
+
+def _shared(directory: Path, info: os.stat_result) -> bool:
+    """Whether a directory is there for others too: sticky or writable by others (like
+    /tmp, /dev/shm), or a system directory (/, /run, /var, /run/user: at the top)."""
+    if info.st_mode & (stat.S_ISVTX | 0o022):
+        return True
+    resolved = directory.resolve()
+    return len(resolved.parts) <= 2 or resolved == Path("/run/user")
 
 
 class Lock:
@@ -54,7 +69,14 @@ class Lock:
     def __init__(self, path: Path, what: str):
         self.path = path
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except OSError as exc:
+                raise PlacementError(
+                    f"cannot open the lock file {path} ({exc.strerror or exc}); ctxd needs "
+                    f"to write in {path.parent}: check its permissions and that its file "
+                    "system is not mounted read-only, or choose another --socket/--data-dir"
+                ) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

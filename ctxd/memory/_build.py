@@ -1,15 +1,17 @@
 """Making the memory index: its kind (exact, or IVF past ``ann_threshold``) and lists, a build
 from SQLite, the next index made while the one in place answers, and the index file.
 
-The file is saved atomically (temp file + rename) with the store's memory *generation* and
-the embedder's signature beside it, in a ``.json``; at start a file whose generation,
-signature or size does not match the store is not loaded (the owner rebuilds it). An
+The file is saved atomically (temp file + rename) with the store's memory *generation*, the
+embedder's signature and the file's SHA-256 beside it, in a ``.json``; at start a file whose
+generation, signature, checksum or size does not match is not loaded (the owner rebuilds it:
+faiss reads a file with damaged vectors without complaint, and searches with them). An
 approximate index is an IVF that keeps the ids in its inverted lists and its vectors as
 16-bit floats.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -43,6 +45,12 @@ def lists_for(count: int) -> int:
     """The inverted lists of an approximate index of ``count`` memories: about 4·√n, each
     trained with at least 39 points (what faiss asks), at least one."""
     return max(1, min(int(4 * math.sqrt(count)), count // 39))
+
+
+def file_digest(path: Path) -> str:
+    """The SHA-256 of a file, in hex (blocking)."""
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def describe(index: Any) -> str:
@@ -189,6 +197,12 @@ class Builder:
                     generation, self._embedder.signature):
                 log.info("memory index file is stale; rebuilding")
                 return None
+            digest = file_digest(self.path)
+            if digest != meta.get("sha256"):
+                log.warning("memory index file %s is corrupt (its checksum is %s, %s says "
+                            "%s); rebuilding", self.path, digest[:16], meta_path.name,
+                            str(meta.get("sha256"))[:16])
+                return None
             index = faiss.read_index(str(self.path))
         except FileNotFoundError:
             return None
@@ -215,11 +229,13 @@ class Builder:
         """
         temporary = self.path.with_suffix(".tmp")
         faiss.write_index(index, str(temporary))
+        digest = file_digest(temporary)
         os.replace(temporary, self.path)
         meta = self.path.with_suffix(".json")
         meta_temporary = meta.with_suffix(".json.tmp")
         meta_temporary.write_text(json.dumps({"generation": generation,
                                               "signature": self._embedder.signature,
                                               "count": int(index.ntotal),
-                                              "max_id": max_id}))
+                                              "max_id": max_id,
+                                              "sha256": digest}))
         os.replace(meta_temporary, meta)

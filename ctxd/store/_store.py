@@ -6,6 +6,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,6 +29,39 @@ memories took 0.33 ms at p50, mostly re-reading pages from the OS; at 64 MB, 0.1
 
 _STORAGE_FAILURES = (apsw.FullError, apsw.ReadOnlyError, apsw.IOError, apsw.CantOpenError,
                      apsw.CorruptError, apsw.NotADBError, apsw.BusyError)
+_CORRUPTION = (apsw.CorruptError, apsw.NotADBError)
+_UNREACHABLE = (apsw.CantOpenError, apsw.ReadOnlyError, apsw.IOError, apsw.PermissionsError,
+                apsw.AuthError, apsw.BusyError, apsw.FullError)
+
+QUICK_CHECK_UP_TO_BYTES = 128 << 20
+"""A database up to this size gets a full ``PRAGMA quick_check`` at every start; a larger
+one only after an unclean shutdown (docs/decisions.md, Process: at 1 GiB it took 0.9 s from
+the OS cache and 19 s from disk)."""
+
+MARKER = "ctxd.created"
+"""The file ctxd writes beside a database it creates: a database missing where this marker
+is was lost, not never made (docs/decisions.md, Process)."""
+
+
+class DatabaseError(Exception):
+    """The database cannot be used; the message names the file and says what to do.
+
+    Attributes:
+        corrupt: SQLite cannot read it as a database (``ctxd --recover`` may salvage it);
+            otherwise it could not be reached (permissions, a read-only file system).
+    """
+
+    def __init__(self, message: str, corrupt: bool):
+        super().__init__(message)
+        self.corrupt = corrupt
+
+
+def corrupt_message(path: Path, detail: str, running: bool = False) -> str:
+    """One sentence for a corrupt database: what is wrong and what to do (``running``: said
+    by a daemon that serves on it)."""
+    return (f"the database {path} is corrupt ({detail}); {'stop ctxd and ' if running else ''}"
+            "run `ctxd --recover` to salvage what can be read into a new file (the corrupt "
+            "one is kept aside)")
 
 
 def scalar_int(conn: apsw.Connection, sql: str, bindings: tuple[Any, ...] = ()) -> int:
@@ -38,9 +72,13 @@ def scalar_int(conn: apsw.Connection, sql: str, bindings: tuple[Any, ...] = ()) 
     return value
 
 
-def _storage_error(exc: Exception) -> CtxdError:
+def _storage_error(exc: Exception, path: Path) -> CtxdError:
+    if isinstance(exc, _CORRUPTION):
+        return CtxdError(ErrorCode.STORAGE_ERROR, corrupt_message(path, str(exc), running=True),
+                         {"sqlite_error": type(exc).__name__, "corrupt": True,
+                          "fix": "stop ctxd, run `ctxd --recover`, start ctxd again"})
     if isinstance(exc, apsw.FullError):
-        reason = "the disk or the configured max_db_bytes is full"
+        reason = "the disk or the configured max_db_bytes (the database and its WAL) is full"
     elif isinstance(exc, apsw.ReadOnlyError):
         reason = "the database is read-only"
     else:
@@ -56,8 +94,9 @@ def schema_version(conn: apsw.Connection) -> int:
     return scalar_int(conn, "PRAGMA user_version")
 
 
-def migrate(conn: apsw.Connection) -> int:
-    """Bring the schema to the newest version, each step in its own transaction.
+def migrate(conn: apsw.Connection, target: int | None = None) -> int:
+    """Bring the schema to the newest version (or to ``target``), each step in its own
+    transaction.
 
     Returns:
         The version the database is at afterwards.
@@ -70,12 +109,49 @@ def migrate(conn: apsw.Connection) -> int:
     if current > len(steps):
         raise RuntimeError(f"database schema version {current} is newer than this ctxd "
                            f"({len(steps)}); upgrade ctxd")
-    for version, module in steps[current:]:
+    for version, module in steps[current:target]:
         with conn:
             conn.execute(module.SQL)
             conn.execute(f"PRAGMA user_version = {version:d}")
         log.info("database migrated to schema version %d", version)
     return schema_version(conn)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
+def quick_check(conn: apsw.Connection) -> list[str]:
+    """What ``PRAGMA quick_check`` finds wrong (nothing: an empty list)."""
+    found = [str(row[0]) for row in conn.execute("PRAGMA quick_check")]
+    return [] if found == ["ok"] else found
+
+
+def integrity_problems(path: Path) -> list[str]:
+    """What ``PRAGMA integrity_check`` finds wrong in the database at ``path``, read-only
+    (nothing: an empty list); blocking, safe beside a running daemon.
+
+    Raises:
+        DatabaseError: there is no database at ``path``, or it cannot be read.
+    """
+    if not path.exists():
+        raise DatabaseError(f"there is no database at {path}", corrupt=False)
+    try:
+        conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    except _UNREACHABLE as exc:
+        raise DatabaseError(f"cannot read the database {path} ({exc})", corrupt=False) from None
+    try:
+        found = [str(row[0]) for row in conn.execute("PRAGMA integrity_check")]
+    except _CORRUPTION as exc:
+        return [str(exc)]
+    except _UNREACHABLE as exc:
+        raise DatabaseError(f"cannot read the database {path} ({exc})", corrupt=False) from None
+    finally:
+        conn.close()
+    return [] if found == ["ok"] else found
 
 
 def _checkpoint(conn: apsw.Connection, mode: int) -> int:
@@ -181,11 +257,16 @@ class Store:
     Args:
         path: the database file (its folder is created 0700).
         durability: ``normal`` (survives a killed daemon) or ``full`` (fsync each commit).
-        max_db_bytes: writes that would grow the file past this fail with -32008 (0 = no cap).
+        max_db_bytes: writes that would grow the file and its WAL past this fail with -32008
+            (0 = no cap).
+        quick_check_up_to_bytes: a database up to this size gets ``PRAGMA quick_check`` at
+            every `open`, a larger one only after an unclean shutdown.
     """
 
-    def __init__(self, path: Path, durability: str = "normal", max_db_bytes: int = 0):
+    def __init__(self, path: Path, durability: str = "normal", max_db_bytes: int = 0,
+                 quick_check_up_to_bytes: int = QUICK_CHECK_UP_TO_BYTES):
         self.path = path
+        self._quick_check_up_to_bytes = quick_check_up_to_bytes
         self._durability = durability
         self._max_db_bytes = max_db_bytes
         self._conn: apsw.Connection | None = None
@@ -199,14 +280,52 @@ class Store:
         """`_pages_written` when the last checkpoint started."""
         self._commits = 0
         """Transactions committed (the store's thread counts them)."""
+        self._page_size = 4096
+        self._corruption_logged = False
         self._jobs_running = 0
         self._last_job_at = 0.0
         """When the last job was submitted or finished (trio's clock)."""
 
-    def open(self) -> None:
-        """Open (creating if needed) and migrate; blocking, called once at start-up."""
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        conn = apsw.Connection(str(self.path))
+    def open(self, check: bool = True) -> None:
+        """Open (creating if needed), check and migrate; blocking, called once at start-up.
+
+        Args:
+            check: run ``PRAGMA quick_check`` first (docs/decisions.md, Process).
+
+        Raises:
+            DatabaseError: the database is corrupt (SQLite cannot read it, or the check
+                finds a problem), or it cannot be opened or written.
+        """
+        conn: apsw.Connection | None = None
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._warn_if_lost()
+            # SQLite removes the WAL when the last connection closes cleanly.
+            unclean = os.path.exists(str(self.path) + "-wal")
+            conn = apsw.Connection(str(self.path))
+            self._configure(conn)
+            if check:
+                self._check(conn, unclean)
+            migrate(conn)
+            os.chmod(self.path, 0o600)
+            self._write_marker()
+        except _CORRUPTION as exc:
+            if conn is not None:
+                conn.close()
+            raise DatabaseError(corrupt_message(self.path, str(exc)), corrupt=True) from None
+        except (*_UNREACHABLE, OSError) as exc:
+            if conn is not None:
+                conn.close()
+            detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise DatabaseError(
+                f"cannot open the database {self.path} for writing ({detail}); ctxd needs a "
+                "data directory it can write (check its permissions, and that its file "
+                "system is not mounted read-only), or choose another --data-dir",
+                corrupt=False) from None
+        self._conn = conn
+        self._worker = WorkerThread("ctxd-store")
+
+    def _configure(self, conn: apsw.Connection) -> None:
         conn.set_busy_timeout(5000)
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA foreign_keys = ON")
@@ -216,15 +335,58 @@ class Store:
         conn.execute(f"PRAGMA cache_size = -{CACHE_KIB:d}")
         conn.execute("PRAGMA synchronous = " + ("FULL" if self._durability == "full" else "NORMAL"))
         if self._max_db_bytes:
-            page_size = scalar_int(conn, "PRAGMA page_size")
-            conn.execute(f"PRAGMA max_page_count = {max(1, self._max_db_bytes // page_size):d}")
+            self._page_size = scalar_int(conn, "PRAGMA page_size")
+            self._leave_room_for_the_wal(conn)
         # Checkpoints run in `keep_wal_small`, between requests, not inside their commits:
         # this hook replaces SQLite's auto-checkpoint and only records the WAL's length.
         conn.set_wal_hook(self._on_commit)
-        migrate(conn)
-        os.chmod(self.path, 0o600)
-        self._conn = conn
-        self._worker = WorkerThread("ctxd-store")
+
+    def _check(self, conn: apsw.Connection, unclean: bool) -> None:
+        """The first page of every table (milliseconds), then the whole file with
+        ``PRAGMA quick_check`` when it is small or the last run did not stop cleanly.
+
+        Raises:
+            apsw.CorruptError: what is wrong.
+        """
+        names = [str(row[0]) for row in conn.execute(
+            "SELECT tbl_name FROM sqlite_schema WHERE type = 'table' AND rootpage > 0")]
+        for name in names:
+            # Every column: `SELECT 1` may read a covering index instead of the table.
+            conn.execute(f'SELECT * FROM "{name}" LIMIT 1').fetchall()
+        size = os.stat(self.path).st_size
+        if not unclean and size > self._quick_check_up_to_bytes:
+            return
+        started = time.perf_counter()
+        problems = quick_check(conn)
+        if problems:
+            raise apsw.CorruptError(problems[0])
+        log.info("database checked (quick_check%s): ok in %.2f s",
+                 ", after an unclean shutdown" if unclean else "",
+                 time.perf_counter() - started)
+
+    def _warn_if_lost(self) -> None:
+        """Say so, loudly, when the database is missing or empty where ctxd made one."""
+        marker = self.path.with_name(MARKER)
+        try:
+            created = marker.read_text().strip()
+        except FileNotFoundError:
+            return
+        try:
+            if os.stat(self.path).st_size:
+                return
+            what = "is empty (0 bytes)"
+        except FileNotFoundError:
+            what = "is missing"
+        log.error("the database %s %s, but ctxd created one there (%s, says %s): every "
+                  "session and memory it held is gone; starting with an empty database. To "
+                  "restore a backup instead, stop ctxd and put it at %s", self.path, what,
+                  created, marker, self.path)
+
+    def _write_marker(self) -> None:
+        marker = self.path.with_name(MARKER)
+        if not marker.exists():
+            marker.write_text(f"created {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n")
+            os.chmod(marker, 0o600)
 
     def close(self) -> None:
         """Checkpoint and close; blocking."""
@@ -348,6 +510,8 @@ class Store:
         try:
             if not transaction:
                 return fn(conn, *args)
+            if self._max_db_bytes:
+                self._leave_room_for_the_wal(conn)
             conn.execute("BEGIN IMMEDIATE")
             try:
                 result = fn(conn, *args)
@@ -362,7 +526,29 @@ class Store:
                 raise
             return result
         except _STORAGE_FAILURES as exc:
-            raise _storage_error(exc) from exc
+            if isinstance(exc, _CORRUPTION) and not self._corruption_logged:
+                self._corruption_logged = True  # once: every later request would repeat it
+                log.error("%s", corrupt_message(self.path, str(exc), running=True))
+            raise _storage_error(exc, self.path) from exc
+
+    def _leave_room_for_the_wal(self, conn: apsw.Connection) -> None:
+        """``max_db_bytes`` counts the WAL too: the database may grow only into the room
+        the WAL leaves under the cap (a write may pass it by its own pages in the WAL;
+        docs/decisions.md, Process). A WAL past a quarter of the cap is copied back and
+        truncated first, here, in the writer's thread: `keep_wal_small` waits for 2,000
+        pages, which would leave a small cap no room at all."""
+        wal = str(self.path) + "-wal"
+        wal_bytes = _size(wal)
+        if wal_bytes > self._max_db_bytes // 4:
+            try:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            except apsw.BusyError:
+                pass  # a reader holds the WAL: what it leaves counts
+            wal_bytes = _size(wal)
+            if not wal_bytes:
+                self._wal_pages = 0  # the WAL starts again from its beginning
+        pages = max(1, (self._max_db_bytes - wal_bytes) // self._page_size)
+        conn.execute(f"PRAGMA max_page_count = {pages:d}")
 
     def statistics(self) -> StoreStatistics:
         return StoreStatistics(commits=self._commits, jobs_running=self._jobs_running)

@@ -164,6 +164,14 @@ class ShutdownResult(Result, frozen=True):
     stopping: bool
 
 
+class CheckResult(Result, frozen=True):
+    database: str
+    ok: bool
+    problems: list[str]
+    """What ``PRAGMA integrity_check`` found wrong (empty when ``ok``)."""
+    seconds: float
+
+
 # ---- session.* ----------------------------------------------------------------------
 
 class SessionOpenParams(Params, frozen=True):

@@ -284,7 +284,7 @@ def test_a_lock_file_removed_by_its_holder_is_not_taken(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("problem", ["too-long", "parent-is-a-file", "uncreatable",
-                                     "a-directory", "open-mode"])
+                                     "a-directory", "open-mode", "shared-tmp"])
 def test_a_bad_socket_path_is_refused_before_the_data_dir_is_touched(
         daemon_root: Path, problem: str) -> None:
     process = DaemonProcess(daemon_root)
@@ -302,6 +302,12 @@ def test_a_bad_socket_path_is_refused_before_the_data_dir_is_touched(
     elif problem == "a-directory":
         socket_path = daemon_root
         expected = f"{daemon_root} exists and is not a socket; not removing it"
+    elif problem == "shared-tmp":
+        # Never the advice to chmod a directory every user relies on.
+        socket_path = Path("/tmp") / f"{daemon_root.name}.sock"
+        expected = ("/tmp has mode 1777 and is shared; ctxd needs a private directory (mode "
+                    "0700) of your own: choose one (a path inside a new directory) for "
+                    "--socket/--data-dir")
     else:
         (daemon_root / "open").mkdir(mode=0o755)
         os.chmod(daemon_root / "open", 0o755)

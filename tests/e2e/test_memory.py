@@ -3,6 +3,8 @@ restarts, a corrupt index, injection into branches, secrets."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -198,7 +200,7 @@ def test_a_corrupt_index_file_is_rebuilt(daemon: DaemonProcess) -> None:
         assert (index["state"], index["vectors"]) == ("ready", 4)
         assert search(client, "migration user_version", mode="dense", k=2) == expected
     log = daemon.log()
-    assert "memory index file unreadable" in log
+    assert f"memory index file {index_file} is corrupt (its checksum is " in log
     assert "memory index rebuilt: 4 vectors" in log
 
 
@@ -438,6 +440,11 @@ def test_an_approximate_index_keeps_16_bit_floats_and_replaces_an_older_kind(
         older.train(vectors)
         older.add_with_ids(vectors, np.asarray([row[0] for row in rows], dtype=np.int64))
         faiss.write_index(older, str(index_file))
+        # Saved whole, as that version did (its checksum beside it).
+        meta_file = process.data_dir / "memory.json"
+        meta = json.loads(meta_file.read_text())
+        meta_file.write_text(json.dumps(meta | {"sha256": hashlib.sha256(
+            index_file.read_bytes()).hexdigest()}))
         process.start()
         with process.client() as client:
             index = wait_index_ready(client)

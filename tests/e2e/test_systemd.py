@@ -207,13 +207,14 @@ def test_service_unit() -> None:
     unit = read_unit(UNITS / "ctxd.service")
     service = unit["Service"]
     assert {key: service[key] for key in (
-        "Type", "NotifyAccess", "WatchdogSec", "Restart", "KillSignal", "TimeoutStopSec",
-        "NoNewPrivileges", "ProtectSystem", "PrivateTmp", "PrivateUsers", "ReadWritePaths",
-        "LimitNOFILE",
+        "Type", "NotifyAccess", "WatchdogSec", "Restart", "RestartPreventExitStatus",
+        "KillSignal", "TimeoutStopSec", "NoNewPrivileges", "ProtectSystem", "PrivateTmp",
+        "PrivateUsers", "ReadWritePaths", "LimitNOFILE",
     )} == {
         "Type": ["notify"], "NotifyAccess": ["main"], "WatchdogSec": ["30"],
-        "Restart": ["on-failure"], "KillSignal": ["SIGTERM"], "TimeoutStopSec": ["20"],
-        "NoNewPrivileges": ["yes"], "ProtectSystem": ["strict"], "PrivateTmp": ["yes"],
+        "Restart": ["on-failure"], "RestartPreventExitStatus": ["78"],
+        "KillSignal": ["SIGTERM"], "TimeoutStopSec": ["20"], "NoNewPrivileges": ["yes"],
+        "ProtectSystem": ["strict"], "PrivateTmp": ["yes"],
         "PrivateUsers": ["yes"], "ReadWritePaths": ["%h/.local/share/ctxd %t/ctxd"],
         "LimitNOFILE": ["65536"],
     }

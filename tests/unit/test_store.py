@@ -7,7 +7,7 @@ import pytest
 import trio
 
 from ctxd.errors import CtxdError, ErrorCode
-from ctxd.store import Store, migrate, scalar_int, schema_version
+from ctxd.store import DatabaseError, Store, migrate, scalar_int, schema_version
 from ctxd.store.migrations import load_all
 
 LATEST = len(load_all())
@@ -194,3 +194,57 @@ async def test_a_busy_store_checkpoints_at_a_quiet_moment_or_once_the_wal_grows_
     assert restarts >= 2
     assert longest < 800
     store.close()
+
+
+def sessions_database(path: Path, sessions: int = 300) -> None:
+    """A database with enough sessions that their table has leaf pages under its root."""
+    store = Store(path)
+    store.open()
+    with store.connection as conn:
+        for n in range(sessions):
+            conn.execute("INSERT INTO sessions (id, context_window, max_output_tokens, "
+                         "compact_trigger, hard_block, warn, caution, created_at, updated_at) "
+                         "VALUES (?, 1000, 10, .95, .98, .7, .8, 0, 0)", (f"session {n}",))
+    store.close()
+
+
+def zero_page_of(path: Path, table: str, kind: str) -> None:
+    conn = apsw.Connection(str(path))
+    page = conn.execute("SELECT pageno FROM dbstat WHERE name = ? AND pagetype = ? "
+                        "ORDER BY pageno", (table, kind)).fetchall()[-1][0]
+    conn.close()
+    with path.open("r+b") as file:
+        file.seek((page - 1) * 4096)
+        file.write(bytes(4096))
+
+
+def test_a_large_database_after_a_clean_stop_reads_only_each_table_s_first_page(
+        tmp_path: Path) -> None:
+    path = tmp_path / "ctxd.db"
+    sessions_database(path)
+    zero_page_of(path, "sessions", "leaf")  # the last leaf: not on the first page's path
+    # As if the file were larger than the threshold: no quick_check, so the start goes on.
+    store = Store(path, quick_check_up_to_bytes=0)
+    store.open()
+    store.close()
+    # Small enough for the threshold: quick_check finds it.
+    with pytest.raises(DatabaseError) as caught:
+        Store(path).open()
+    assert caught.value.corrupt
+    # After an unclean shutdown (the WAL left behind), quick_check runs at any size.
+    Path(f"{path}-wal").touch()
+    with pytest.raises(DatabaseError) as caught:
+        Store(path, quick_check_up_to_bytes=0).open()
+    assert str(caught.value).startswith(f"the database {path} is corrupt (")
+
+
+def test_a_damaged_root_page_stops_even_a_large_database(tmp_path: Path) -> None:
+    path = tmp_path / "ctxd.db"
+    sessions_database(path)
+    zero_page_of(path, "sessions", "internal")  # its root
+    with pytest.raises(DatabaseError) as caught:
+        Store(path, quick_check_up_to_bytes=0).open()
+    assert (caught.value.corrupt, str(caught.value)) == (True, (
+        f"the database {path} is corrupt (database disk image is malformed); run "
+        "`ctxd --recover` to salvage what can be read into a new file (the corrupt one is "
+        "kept aside)"))
