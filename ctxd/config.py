@@ -71,7 +71,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     max_inflight_per_connection: Positive = 64
     max_inflight_bytes: Annotated[int, Meta(ge=1024 * 1024)] = 256 * 1024 * 1024
     partial_line_timeout_s: Annotated[float, Meta(gt=0)] = 60.0
-    idle_timeout_s: Annotated[float, Meta(ge=0)] = 3600.0
+    idle_timeout_s: Annotated[float, Meta(ge=0)] = 0.0
     max_open_sessions: Positive = 100_000
     max_db_bytes: NonNegative = 0
     session_idle_s: Annotated[float, Meta(gt=0)] = 600.0
