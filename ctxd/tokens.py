@@ -14,8 +14,8 @@ other part (an image reference, say), so a part is never free.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import msgspec
 import tiktoken
@@ -24,9 +24,21 @@ import trio
 MESSAGE_OVERHEAD = 3
 NAME_OVERHEAD = 1
 REPLY_PRIMING = 3
-OFF_LOOP_BYTES = 64 * 1024
-"""Texts (or batches) larger than this are counted in worker threads, never on the loop."""
+OFF_LOOP_BYTES = 16 * 1024
+"""The most text (in characters, summed over a request's texts) counted on the event loop
+in one go: 1.5 to 3.5 ms of tiktoken (English to CJK). A request with more is counted in
+worker threads, whatever the size of its items (docs/performance.md, A request does not
+hold the loop)."""
+CHUNK_CHARS = 1024 * 1024
+"""The most text one worker thread counts in one call: a batch is cut into chunks of whole
+items, so a cancelled request stops within one chunk and concurrent requests take turns."""
+LARGE_TEXT_CHARS = 1024 * 1024
+"""An item (a text, a message) over this is counted alone, one at a time in the daemon:
+tiktoken needs up to ~48 bytes per byte of a long run of letters without spaces
+(docs/performance.md, Large appends), so concurrent large appends must not add up."""
 LABEL_CACHE_SIZE = 4096
+
+T = TypeVar("T")
 
 _encode_json = msgspec.json.Encoder().encode
 
@@ -58,6 +70,7 @@ class TokenCounter:
         self._encoding = load_encoding(encoding)
         self._encode = self._encoding.encode_ordinary
         self._limiter = trio.CapacityLimiter(max(1, os.cpu_count() or 1))
+        self._large_limiter = trio.CapacityLimiter(1)
         self._label_tokens: dict[str, int] = {}
 
     def count(self, text: str) -> int:
@@ -102,43 +115,82 @@ class TokenCounter:
         return tokens
 
     async def count_async(self, text: str) -> int:
-        """`count`, in a worker thread when the text is over `OFF_LOOP_BYTES`."""
-        if len(text) <= OFF_LOOP_BYTES:
-            return self.count(text)
-        return await trio.to_thread.run_sync(self.count, text, limiter=self._limiter)
+        """`count`, bounded on the loop as `count_texts` is."""
+        [tokens] = await self.count_texts([text])
+        return tokens
 
     async def encode_async(self, text: str) -> list[int]:
         """`encode`, in a worker thread when the text is over `OFF_LOOP_BYTES`."""
         if len(text) <= OFF_LOOP_BYTES:
             return self.encode(text)
-        return await trio.to_thread.run_sync(self.encode, text, limiter=self._limiter)
+        limiter = self._large_limiter if len(text) > LARGE_TEXT_CHARS else self._limiter
+        return await trio.to_thread.run_sync(self.encode, text, limiter=limiter)
+
+    async def count_texts(self, texts: Sequence[str]) -> list[int]:
+        """Token counts of plain texts, with at most `OFF_LOOP_BYTES` counted on the loop.
+
+        Cancellation: between chunks; a chunk in a worker thread finishes first.
+        """
+        return await self._count_bounded(texts, len, self.count)
 
     async def count_messages(self, messages: Sequence[Any]) -> list[int]:
-        """Token counts of messages (objects with role/content/name/tool_call_id).
+        """Token counts of messages (objects with role/content/name/tool_call_id), with at
+        most `OFF_LOOP_BYTES` of content counted on the loop.
 
-        Small batches are counted on the event loop; a batch over `OFF_LOOP_BYTES` is split
-        over worker threads (tiktoken releases the GIL while it encodes).
+        Cancellation: between chunks; a chunk in a worker thread finishes first.
         """
 
-        def count_all(batch: Sequence[Any]) -> list[int]:
-            return [self.message_tokens(m.role, m.content, m.name, m.tool_call_id) for m in batch]
+        def count_one(m: Any) -> int:
+            return self.message_tokens(m.role, m.content, m.name, m.tool_call_id)
 
-        size = sum(_approx_bytes(m.content) for m in messages)
-        if size <= OFF_LOOP_BYTES:
-            return count_all(messages)
-        workers = min(int(self._limiter.total_tokens), len(messages))
-        chunk = -(-len(messages) // workers)
-        slices = [messages[i:i + chunk] for i in range(0, len(messages), chunk)]
-        results: list[list[int]] = [[] for _ in slices]
+        return await self._count_bounded(messages, lambda m: _approx_bytes(m.content),
+                                         count_one)
 
-        async def run(index: int) -> None:
-            results[index] = await trio.to_thread.run_sync(
-                count_all, slices[index], limiter=self._limiter)
+    async def _count_bounded(self, items: Sequence[T], size: Callable[[T], int],
+                             count: Callable[[T], int]) -> list[int]:
+        """``count`` of each item: on the loop when the items add up to at most
+        `OFF_LOOP_BYTES` characters, otherwise in worker threads, a chunk of whole items
+        (at most `CHUNK_CHARS`, and at least a share per thread) per call.
+
+        tiktoken releases the GIL while it encodes, so the loop runs between and during
+        the chunks; the counts are the same as on the loop, item by item.
+        """
+        sizes = [size(item) for item in items]
+        total = sum(sizes)
+        if total <= OFF_LOOP_BYTES:
+            return [count(item) for item in items]
+        workers = int(self._limiter.total_tokens)
+        target = min(CHUNK_CHARS, max(OFF_LOOP_BYTES, -(-total // workers)))
+        ordinary: list[list[int]] = []
+        large: list[list[int]] = []
+        filled = 0
+        for index, item_size in enumerate(sizes):
+            if item_size > LARGE_TEXT_CHARS:
+                large.append([index])
+                continue
+            if not ordinary or filled + item_size > target:
+                ordinary.append([])
+                filled = 0
+            ordinary[-1].append(index)
+            filled += item_size
+        counts = [0] * len(items)
+
+        def count_chunk(chunk: list[int]) -> None:
+            for index in chunk:
+                counts[index] = count(items[index])
+
+        async def work(queue: list[list[int]], limiter: trio.CapacityLimiter) -> None:
+            # One thread call per chunk, each taking the limiter anew: it is FIFO, so the
+            # chunks of concurrent requests interleave rather than queue behind each other.
+            while queue:
+                await trio.to_thread.run_sync(count_chunk, queue.pop(), limiter=limiter)
 
         async with trio.open_nursery() as nursery:
-            for index in range(len(slices)):
-                nursery.start_soon(run, index)
-        return [tokens for part in results for tokens in part]
+            for _ in range(min(workers, len(ordinary))):
+                nursery.start_soon(work, ordinary, self._limiter)
+            if large:
+                nursery.start_soon(work, large, self._large_limiter)
+        return counts
 
 
 def part_text(part: dict[str, Any]) -> str:
@@ -155,5 +207,5 @@ def _approx_bytes(content: str | Sequence[dict[str, Any]]) -> int:
     return sum(len(part_text(part)) for part in content)
 
 
-__all__ = ["MESSAGE_OVERHEAD", "NAME_OVERHEAD", "OFF_LOOP_BYTES", "REPLY_PRIMING",
-           "TokenCounter", "load_encoding", "part_text"]
+__all__ = ["CHUNK_CHARS", "LARGE_TEXT_CHARS", "MESSAGE_OVERHEAD", "NAME_OVERHEAD",
+           "OFF_LOOP_BYTES", "REPLY_PRIMING", "TokenCounter", "load_encoding", "part_text"]

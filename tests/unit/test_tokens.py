@@ -7,7 +7,7 @@ import trio
 import trio.lowlevel
 from tests_support import OPENAI_EXAMPLE, OPENAI_EXAMPLE_PROMPT_TOKENS
 
-from ctxd.tokens import OFF_LOOP_BYTES, REPLY_PRIMING, TokenCounter
+from ctxd.tokens import LARGE_TEXT_CHARS, OFF_LOOP_BYTES, REPLY_PRIMING, TokenCounter
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +69,65 @@ async def test_large_batches_are_counted_off_the_loop_with_the_same_result(
         nursery.start_soon(watch_loop)
         assert await counter.count_messages(messages) == expected
     assert loop_thread_busy
+
+
+SKILL = ("## Skill: release notes\nRead the changelog, group the entries by area, and write "
+         "one line per change in the imperative mood; cite the pull request. ")
+CJK = "上下文守护进程为每个会话保存完整的对话记录\uff0c并决定下一个提示中包含哪些内容。"
+
+
+def skill_prompts(count: int, size: int, text: str = SKILL) -> list[str]:
+    """``count`` different texts of ``size`` characters each."""
+    return [(f"{i}: " + text * (size // len(text) + 1))[:size] for i in range(count)]
+
+
+async def count_with_the_loop_watched(counter: TokenCounter, texts: list[str]) -> int:
+    """Count ``texts`` with `count_texts` while a task counts how often the loop ran it;
+    check the counts against `count`, item by item, and return the runs."""
+    expected = [counter.count(text) for text in texts]
+    runs = 0
+
+    async def watch_loop() -> None:
+        nonlocal runs
+        while True:
+            runs += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_loop)
+        assert await counter.count_texts(texts) == expected
+        nursery.cancel_scope.cancel()
+    return runs
+
+
+@pytest.mark.parametrize(("count", "size", "text"), [
+    (240, 64 * 1024, SKILL),  # 240 skill prompts of 64 KiB: 3.1 s on the loop before
+    (80, 64 * 1024, CJK),     # CJK costs about twice as much per character
+    (600, 4 * 1024, SKILL),   # many medium items
+])
+async def test_counting_a_large_request_leaves_the_loop_free(
+        counter: TokenCounter, count: int, size: int, text: str) -> None:
+    texts = skill_prompts(count, size, text)
+    runs = await count_with_the_loop_watched(counter, texts)
+    # Counted item by item on the loop, the watcher ran once or twice in all; at most
+    # OFF_LOOP_BYTES are counted between two of its runs.
+    assert runs > count * size // OFF_LOOP_BYTES
+
+
+async def test_a_small_request_is_counted_on_the_loop(counter: TokenCounter) -> None:
+    texts = skill_prompts(4, OFF_LOOP_BYTES // 4)
+    assert await count_with_the_loop_watched(counter, texts) == 1
+
+
+async def test_large_and_small_items_mixed_keep_their_order_and_counts(
+        counter: TokenCounter) -> None:
+    texts = [*skill_prompts(3, 5000), "x" * (LARGE_TEXT_CHARS + 1), *skill_prompts(2, 9000),
+             "", CJK * 40_000]
+    assert await counter.count_texts(texts) == [counter.count(text) for text in texts]
+    messages = [SimpleNamespace(role="user", content=text, name=None, tool_call_id=None)
+                for text in texts]
+    assert await counter.count_messages(messages) == [
+        counter.message_tokens("user", text) for text in texts]
 
 
 def test_unknown_encoding_is_a_clear_error() -> None:
