@@ -14,6 +14,7 @@ other part (an image reference, say), so a part is never free.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -32,11 +33,22 @@ hold the loop)."""
 CHUNK_CHARS = 1024 * 1024
 """The most text one worker thread counts in one call: a batch is cut into chunks of whole
 items, so a cancelled request stops within one chunk and concurrent requests take turns."""
-LARGE_TEXT_CHARS = 1024 * 1024
-"""An item (a text, a message) over this is counted alone, one at a time in the daemon:
-tiktoken needs up to ~48 bytes per byte of a long run of letters without spaces
-(docs/performance.md, Large appends), so concurrent large appends must not add up."""
+SPAN_CHARS = 64 * 1024
+"""A text longer than this is counted in spans of about this size, cut where the count is
+provably the sum of the spans' counts (see `TokenCounter._count_in_spans`): tiktoken's
+memory for one long run of letters is ~45 bytes per byte, a span's is bounded."""
 LABEL_CACHE_SIZE = 4096
+
+_CL100K_PATTERN = (r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+"
+                   r"| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s")
+"""The pre-split pattern the cuts below were worked out for (cl100k_base)."""
+_CUT_SEARCH_CHARS = 4096
+# Under _CL100K_PATTERN, a letter, a space and a letter: the space starts a new piece
+# whatever comes after, and the piece before it ends at the letter whatever came before.
+_PIECE_CUT = re.compile(r"(?<=[A-Za-z]) (?=[A-Za-z])")
+# Three letters (ASCII or CJK ideographs, letters in every Unicode version): a cut between
+# the last two falls inside one run of letters (not inside a contraction such as 'll).
+_RUN_CUT = re.compile(r"(?<=[A-Za-z\u4e00-\u9fff]{2})(?=[A-Za-z\u4e00-\u9fff])")
 
 T = TypeVar("T")
 
@@ -70,17 +82,69 @@ class TokenCounter:
         self._encoding = load_encoding(encoding)
         self._encode = self._encoding.encode_ordinary
         self._limiter = trio.CapacityLimiter(max(1, os.cpu_count() or 1))
-        self._large_limiter = trio.CapacityLimiter(1)
         self._label_tokens: dict[str, int] = {}
+        self._cuts = self._encoding._pat_str == _CL100K_PATTERN
 
     def count(self, text: str) -> int:
         """Tokens of a plain text (special tokens are counted as ordinary text)."""
+        if len(text) > SPAN_CHARS and self._cuts:
+            return self._count_in_spans(text, SPAN_CHARS)
         if len(text) > OFF_LOOP_BYTES:
             # The same tokens, as a numpy buffer: building a Python list of millions of
             # ints holds the GIL (and so the event loop) for ~100 ms per 15 MB; this ~5 ms.
             return len(self._encoding.encode_to_numpy(text, allowed_special=set(),
                                                       disallowed_special=()))
         return len(self._encode(text)) if text else 0
+
+    def _count_in_spans(self, text: str, span_chars: int) -> int:
+        """`count` of a long text, a span of about ``span_chars`` at a time.
+
+        tiktoken splits a text into pieces with its pattern, then merges the bytes of each
+        piece (BPE). A span ends either at a piece boundary (`_PIECE_CUT`: the counts add up
+        exactly), or inside a run of letters (`_RUN_CUT`). There the two spans' tokens are
+        the run's own exactly when the last token before the cut and the first after it
+        are a valid pair (BPE encodes their bytes together as those two tokens): a token
+        sequence is a BPE encoding if and only if each adjacent pair is (the property the
+        `bpe` crate of github/rust-gems is built on). Spans whose pair is not valid are
+        joined and counted again; if that grows past four times the text, the text is
+        counted whole.
+        """
+        spans: list[tuple[int, int, bool]] = []  # start, end, cut inside a run at start
+        start, inside = 0, False
+        while len(text) - start > span_chars:
+            cut = _find_cut(text, start + span_chars)
+            if cut is None:
+                break
+            spans.append((start, cut[0], inside))
+            start, inside = cut
+        spans.append((start, len(text), inside))
+        edges = [self._edges(text[first:last]) for first, last, _ in spans]
+        budget = 4 * len(text)
+        index = 1
+        while index < len(spans):
+            if spans[index][2] and not self._valid_pair(edges[index - 1][2], edges[index][1]):
+                first, last = spans[index - 1][0], spans[index][1]
+                budget -= last - first
+                if budget < 0:
+                    return len(self._encoding.encode_to_numpy(
+                        text, allowed_special=set(), disallowed_special=()))
+                spans[index - 1:index + 1] = [(first, last, spans[index - 1][2])]
+                edges[index - 1:index + 1] = [self._edges(text[first:last])]
+                index = max(1, index - 1)
+            else:
+                index += 1
+        return sum(count for count, _, _ in edges)
+
+    def _edges(self, span: str) -> tuple[int, int, int]:
+        """A span's token count, first and last token."""
+        tokens = self._encoding.encode_to_numpy(span, allowed_special=set(),
+                                                disallowed_special=())
+        return len(tokens), int(tokens[0]), int(tokens[-1])
+
+    def _valid_pair(self, left: int, right: int) -> bool:
+        joined = (self._encoding.decode_single_token_bytes(left)
+                  + self._encoding.decode_single_token_bytes(right))
+        return bool(self._encoding._core_bpe.encode_single_piece(joined) == [left, right])
 
     def encode(self, text: str) -> list[int]:
         """The tokens of a plain text (special tokens as ordinary text)."""
@@ -123,8 +187,7 @@ class TokenCounter:
         """`encode`, in a worker thread when the text is over `OFF_LOOP_BYTES`."""
         if len(text) <= OFF_LOOP_BYTES:
             return self.encode(text)
-        limiter = self._large_limiter if len(text) > LARGE_TEXT_CHARS else self._limiter
-        return await trio.to_thread.run_sync(self.encode, text, limiter=limiter)
+        return await trio.to_thread.run_sync(self.encode, text, limiter=self._limiter)
 
     async def count_texts(self, texts: Sequence[str]) -> list[int]:
         """Token counts of plain texts, with at most `OFF_LOOP_BYTES` counted on the loop.
@@ -161,17 +224,13 @@ class TokenCounter:
             return [count(item) for item in items]
         workers = int(self._limiter.total_tokens)
         target = min(CHUNK_CHARS, max(OFF_LOOP_BYTES, -(-total // workers)))
-        ordinary: list[list[int]] = []
-        large: list[list[int]] = []
+        chunks: list[list[int]] = []
         filled = 0
         for index, item_size in enumerate(sizes):
-            if item_size > LARGE_TEXT_CHARS:
-                large.append([index])
-                continue
-            if not ordinary or filled + item_size > target:
-                ordinary.append([])
+            if not chunks or filled + item_size > target:
+                chunks.append([])
                 filled = 0
-            ordinary[-1].append(index)
+            chunks[-1].append(index)
             filled += item_size
         counts = [0] * len(items)
 
@@ -179,17 +238,15 @@ class TokenCounter:
             for index in chunk:
                 counts[index] = count(items[index])
 
-        async def work(queue: list[list[int]], limiter: trio.CapacityLimiter) -> None:
+        async def work() -> None:
             # One thread call per chunk, each taking the limiter anew: it is FIFO, so the
             # chunks of concurrent requests interleave rather than queue behind each other.
-            while queue:
-                await trio.to_thread.run_sync(count_chunk, queue.pop(), limiter=limiter)
+            while chunks:
+                await trio.to_thread.run_sync(count_chunk, chunks.pop(), limiter=self._limiter)
 
         async with trio.open_nursery() as nursery:
-            for _ in range(min(workers, len(ordinary))):
-                nursery.start_soon(work, ordinary, self._limiter)
-            if large:
-                nursery.start_soon(work, large, self._large_limiter)
+            for _ in range(min(workers, len(chunks))):
+                nursery.start_soon(work)
         return counts
 
 
@@ -201,11 +258,24 @@ def part_text(part: dict[str, Any]) -> str:
     return _encode_json(part).decode()
 
 
+def _find_cut(text: str, at: int) -> tuple[int, bool] | None:
+    """Where to end a span near ``at``: a piece boundary if there is one within
+    `_CUT_SEARCH_CHARS`, else a cut inside a run of letters (``True``), else None."""
+    end = min(len(text) - 1, at + _CUT_SEARCH_CHARS)
+    found = _PIECE_CUT.search(text, at, end)
+    if found is not None:
+        return found.start(), False
+    found = _RUN_CUT.search(text, at, end)
+    if found is not None:
+        return found.start(), True
+    return None
+
+
 def _approx_bytes(content: str | Sequence[dict[str, Any]]) -> int:
     if isinstance(content, str):
         return len(content)
     return sum(len(part_text(part)) for part in content)
 
 
-__all__ = ["CHUNK_CHARS", "LARGE_TEXT_CHARS", "MESSAGE_OVERHEAD", "NAME_OVERHEAD",
-           "OFF_LOOP_BYTES", "REPLY_PRIMING", "TokenCounter", "load_encoding", "part_text"]
+__all__ = ["CHUNK_CHARS", "MESSAGE_OVERHEAD", "NAME_OVERHEAD", "OFF_LOOP_BYTES",
+           "REPLY_PRIMING", "SPAN_CHARS", "TokenCounter", "load_encoding", "part_text"]
