@@ -16,8 +16,8 @@ so the figure is its peak RSS during the request(s) (``VmHWM``) less its RSS jus
 over the request bytes. Each answer is checked (no error, one message counted). The
 script reports; it exits 0 once the daemons have started.
 
-Run: ``python bench/large_appends.py`` (a few minutes: 16 MiB of letters takes the
-tokenizer about 20 s).
+Run: ``python bench/large_appends.py`` (about five minutes: 16 MiB of letters takes
+main's tokenizer about 30 s).
 """
 
 from __future__ import annotations
