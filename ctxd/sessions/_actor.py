@@ -513,10 +513,13 @@ class SessionActor:
             # Counted as the system message it will be (the rule lives in TokenCounter).
             [extra["system_prompt"]] = await counter.count_messages(
                 [MessageIn(role="system", content=params.system_prompt)])
-        for prompt in params.skill_prompts or ():
-            extra["skill_prompts"] += await counter.count_async(prompt)
-        for tool in params.tool_definitions or ():
-            extra["tool_descriptions"] += await counter.count_async(_encode(tool).decode())
+        # One batch: its counting is bounded on the loop by total size, not item by item
+        # (docs/performance.md, A request does not hold the loop).
+        skills = list(params.skill_prompts or ())
+        tools = [_encode(tool).decode() for tool in params.tool_definitions or ()]
+        counts = await counter.count_texts(skills + tools)
+        extra["skill_prompts"] += sum(counts[:len(skills)])
+        extra["tool_descriptions"] += sum(counts[len(skills):])
         parts = {c: record.component_tokens[c] + extra[c] for c in COMPONENTS}
         message_total = sum(parts.values())
         used = message_total + REPLY_PRIMING if message_total else 0

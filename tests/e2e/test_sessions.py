@@ -5,9 +5,16 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import msgspec
 import pytest
 from conftest import DaemonProcess
-from tests_support import OPENAI_EXAMPLE, OPENAI_EXAMPLE_PROMPT_TOKENS, hello_text, rpc_error
+from tests_support import (
+    COUNTER,
+    OPENAI_EXAMPLE,
+    OPENAI_EXAMPLE_PROMPT_TOKENS,
+    hello_text,
+    rpc_error,
+)
 
 from ctxclient import Client, RpcError
 
@@ -145,6 +152,38 @@ def test_budget_measure_adds_what_the_harness_will_send(client: Client, sid: str
         "remaining": 9000 - 33, "used_pct": round(33 / 9000 * 100, 4),
         "should_compact": False, "is_blocked": False,
         "context_state": measured["context_state"]}
+
+
+PROSE = ("The daemon keeps each transcript, counts every message with the real tokenizer "
+         "and decides what goes into the next prompt; a fold keeps the lesson. ")
+
+
+def test_budget_measure_of_many_medium_prompts_is_exact(client: Client, sid: str) -> None:
+    # Counted in chunks off the loop (docs/performance.md, A request does not hold the
+    # loop): the totals are the tokenizer's, prompt by prompt.
+    client.call("session.open", {"session_id": sid})
+    prompts = [(f"{i}: " + PROSE * 600)[:64 * 1024] for i in range(40)]
+    tools = [{"name": f"tool_{i}", "description": PROSE * 50} for i in range(30)]
+    measured = client.call("budget.measure", {
+        "session_id": sid, "skill_prompts": prompts, "tool_definitions": tools})
+    assert measured["skill_prompts"] == sum(COUNTER.count(p) for p in prompts)
+    assert measured["tool_descriptions"] == sum(
+        COUNTER.count(msgspec.json.encode(tool).decode()) for tool in tools)
+
+
+def test_a_16_mib_append_is_counted_and_stored_exactly(client: Client, sid: str) -> None:
+    client.call("session.open", {"session_id": sid,
+                                 "budget": {"context_window": 10_000_000}})
+    # The request line stays within the default max_request_bytes (16 MiB).
+    content = (PROSE * (16 * 1024 * 1024 // len(PROSE)))[:16 * 1024 * 1024 - 4096]
+    appended = client.call("message.append", {
+        "session_id": sid, "messages": [{"role": "user", "content": content}],
+        "allow_over": True}, timeout=120)
+    tokens = COUNTER.message_tokens("user", content)
+    assert appended["tokens_appended"] == tokens
+    assert appended["appended"] == [{"seq": 1, "tokens": tokens, "component": "conversation"}]
+    [stored] = client.call("message.list", {"session_id": sid}, timeout=120)["messages"]
+    assert (stored["content"] == content, stored["tokens"]) == (True, tokens)
 
 
 def test_health_thresholds_and_the_hard_block(client: Client, sid: str) -> None:

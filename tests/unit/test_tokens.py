@@ -1,5 +1,6 @@
 """Exact cl100k_base counts, offline, and the per-message overhead rule."""
 
+import random
 from types import SimpleNamespace
 
 import pytest
@@ -7,7 +8,7 @@ import trio
 import trio.lowlevel
 from tests_support import OPENAI_EXAMPLE, OPENAI_EXAMPLE_PROMPT_TOKENS
 
-from ctxd.tokens import OFF_LOOP_BYTES, REPLY_PRIMING, TokenCounter
+from ctxd.tokens import OFF_LOOP_BYTES, REPLY_PRIMING, SPAN_CHARS, TokenCounter
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +70,98 @@ async def test_large_batches_are_counted_off_the_loop_with_the_same_result(
         nursery.start_soon(watch_loop)
         assert await counter.count_messages(messages) == expected
     assert loop_thread_busy
+
+
+SKILL = ("## Skill: release notes\nRead the changelog, group the entries by area, and write "
+         "one line per change in the imperative mood; cite the pull request. ")
+CJK = "上下文守护进程为每个会话保存完整的对话记录\uff0c并决定下一个提示中包含哪些内容。"
+
+
+def skill_prompts(count: int, size: int, text: str = SKILL) -> list[str]:
+    """``count`` different texts of ``size`` characters each."""
+    return [(f"{i}: " + text * (size // len(text) + 1))[:size] for i in range(count)]
+
+
+async def count_with_the_loop_watched(counter: TokenCounter, texts: list[str]) -> int:
+    """Count ``texts`` with `count_texts` while a task counts how often the loop ran it;
+    check the counts against `count`, item by item, and return the runs."""
+    expected = [counter.count(text) for text in texts]
+    runs = 0
+
+    async def watch_loop() -> None:
+        nonlocal runs
+        while True:
+            runs += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_loop)
+        assert await counter.count_texts(texts) == expected
+        nursery.cancel_scope.cancel()
+    return runs
+
+
+@pytest.mark.parametrize(("count", "size", "text"), [
+    (240, 64 * 1024, SKILL),  # 240 skill prompts of 64 KiB: 3.1 s on the loop before
+    (80, 64 * 1024, CJK),     # CJK costs about twice as much per character
+    (600, 4 * 1024, SKILL),   # many medium items
+])
+async def test_counting_a_large_request_leaves_the_loop_free(
+        counter: TokenCounter, count: int, size: int, text: str) -> None:
+    texts = skill_prompts(count, size, text)
+    runs = await count_with_the_loop_watched(counter, texts)
+    # Counted item by item on the loop, the watcher ran once or twice in all; at most
+    # OFF_LOOP_BYTES are counted between two of its runs.
+    assert runs > count * size // OFF_LOOP_BYTES
+
+
+async def test_a_small_request_is_counted_on_the_loop(counter: TokenCounter) -> None:
+    texts = skill_prompts(4, OFF_LOOP_BYTES // 4)
+    assert await count_with_the_loop_watched(counter, texts) == 1
+
+
+async def test_large_and_small_items_mixed_keep_their_order_and_counts(
+        counter: TokenCounter) -> None:
+    texts = [*skill_prompts(3, 5000), "x" * (SPAN_CHARS + 1), *skill_prompts(2, 9000),
+             "", CJK * 40_000]
+    assert await counter.count_texts(texts) == [counter.count(text) for text in texts]
+    messages = [SimpleNamespace(role="user", content=text, name=None, tool_call_id=None)
+                for text in texts]
+    assert await counter.count_messages(messages) == [
+        counter.message_tokens("user", text) for text in texts]
+
+
+def letters(count: int, alphabet: str, seed: int) -> str:
+    return "".join(random.Random(seed).choices(alphabet, k=count))
+
+
+@pytest.mark.parametrize("text", [
+    letters(3 * SPAN_CHARS, "abcdefghijklmnopqrstuvwxyz", 1),  # one piece: cut in the run
+    letters(3 * SPAN_CHARS, "ab", 2),
+    "a" * (3 * SPAN_CHARS),
+    letters(SPAN_CHARS + 5000, CJK, 3),
+    (SKILL * (3 * SPAN_CHARS // len(SKILL))),                 # prose: cut between words
+    "\n".join(letters(SPAN_CHARS // 2, "xyz 'll.,0123", i) for i in range(5)),
+], ids=["letters", "ab", "a", "cjk", "prose", "mixed"])
+def test_long_texts_are_counted_in_spans_exactly(counter: TokenCounter, text: str) -> None:
+    assert counter.count(text) == len(counter._encoding.encode_ordinary(text))
+
+
+def test_span_cuts_add_up_exactly(counter: TokenCounter) -> None:
+    # Short spans put many cuts, inside runs and between pieces, into varied texts.
+    rng = random.Random(7)
+    alphabets = ["abcdefghijklmnopqrstuvwxyz", "aaaab", "ABCabc", CJK[:20], "ab" + CJK[:3]]
+    between = [[" ", "'ll ", "'s", ", ", "\n", "  ", "123", "", "-"],
+               ["'ll", "'s", "'S", "'re", ",", "123", "", "-"]]  # no space: cuts in runs
+    for trial in range(400):
+        parts = []
+        for _ in range(rng.randint(1, 6)):
+            parts.append("".join(rng.choices(rng.choice(alphabets), k=rng.randint(1, 400))))
+            parts.append(rng.choice(between[trial % 2]))
+        text = "".join(parts)
+        expected = len(counter._encoding.encode_ordinary(text))
+        assert [counter._count_in_spans(text, span) for span in (3, 8, 17, 50)] == [
+            expected] * 4, text
 
 
 def test_unknown_encoding_is_a_clear_error() -> None:
