@@ -673,6 +673,19 @@ def test_session_list_counts_live_branches(shared_daemon: DaemonProcess, sid: st
 def test_an_append_that_committed_is_acknowledged_when_the_forced_return_fails(
         daemon_root: Path, sid: str) -> None:
     process = DaemonProcess(daemon_root, ["--max-db-bytes", "1000000"]).start()
+
+    def fill(client: Client) -> None:
+        """Append to another session until not even 1,000 bytes fit."""
+        for size in (20_000, 3_000, 1_000):
+            codes: list[int] = []
+            while not codes:
+                try:
+                    client.call("message.append", {"session_id": sid + "f",
+                                                   "messages": [user("y" * size)]})
+                except RpcError as error:
+                    codes.append(error.code)
+            assert codes == [-32008]
+
     try:
         with process.client() as client:
             start_session(client, sid)
@@ -680,21 +693,20 @@ def test_an_append_that_committed_is_acknowledged_when_the_forced_return_fails(
                                                     "prompt": "p", "budget": 2000})
             branch_id = created["branch_id"]
             # A long last answer: the forced return's fold message (its partial result, cut
-            # to 4,000 characters) needs far more room than the small append below.
+            # to max_fold_tokens, here a quarter of the budget) needs far more room than the
+            # small append below.
             client.call("message.append", {"session_id": sid, "branch_id": branch_id,
                                            "messages": [assistant(hello_text(
                                                2000 - created["budget_used"] - 4 - 12))]})
             client.call("session.open", {"session_id": sid + "f",
                                          "budget": {"context_window": 10_000_000}})
-            for size in (20_000, 3_000, 1_000):  # fill the database up to its cap
-                codes: list[int] = []
-                while not codes:
-                    try:
-                        client.call("message.append", {"session_id": sid + "f",
-                                                       "messages": [user("y" * size)]})
-                    except RpcError as error:
-                        codes.append(error.code)
-                assert codes == [-32008]
+            fill(client)
+        # The cap counts the WAL, and truncating a large WAL gives its room back: a clean
+        # stop leaves none, so that what is filled after the restart stays full.
+        process.stop()
+        process.start()
+        with process.client() as client:
+            fill(client)
             result = client.call("message.append", {"session_id": sid, "branch_id": branch_id,
                                                     "messages": [user(hello_text(8))]})
             # It committed: the answer says so, although the forced return (a second write)
