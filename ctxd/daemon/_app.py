@@ -12,7 +12,7 @@ from pathlib import Path
 
 import trio
 
-from ctxd import __version__, hub, memory, sessions
+from ctxd import __version__, hub, hygiene, memory, sessions
 from ctxd.config import Config
 from ctxd.daemon import _methods, _systemd
 from ctxd.daemon._server import Server
@@ -139,6 +139,10 @@ class Daemon:
         _methods.register(dispatcher, self, self.request_stop)
         sessions.register(dispatcher, self.supervisor)
         memory.register(dispatcher, self.memory)
+        hygiene.register_prompt(dispatcher, counter,
+                                lambda session_id: self.supervisor.call(
+                                    session_id, lambda actor: actor.get()),
+                                self.memory)
         hub.register(dispatcher, self.bus, self.config.max_subscriptions_per_connection)
         async with trio.open_nursery() as root:
             root.start_soon(self._watch_signals)

@@ -589,6 +589,65 @@ class MemoryIndexStatus(Result, frozen=True):
     lexical: Literal["loading", "ready"]
 
 
+# ---- prompt.build (docs/protocol.md, Prompt builder) -----------------------------------
+
+SectionName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z",
+                                  description="1-64 of A-Z a-z 0-9 . _ - (first alphanumeric)")]
+PROMPT_FORMATS = ("openai", "anthropic")
+"""What ``prompt.build`` can return besides the text (checked by the method, which names
+them in its error)."""
+
+
+class PromptSection(Params, frozen=True):
+    name: SectionName
+    content: Annotated[str, Meta(min_length=1, max_length=1_048_576)]
+    cacheable: bool | None = None
+    """Unset: the default of a known name (docs/protocol.md, Prompt builder); else false."""
+
+
+class PromptBuildParams(Params, frozen=True):
+    session_id: SessionId | None = None
+    sections: Annotated[list[PromptSection], Meta(min_length=1, max_length=32)] | None = None
+    format: Annotated[str, Meta(max_length=64)] = "openai"
+
+
+class PromptSectionInfo(Result, frozen=True):
+    name: str
+    cacheable: bool
+    tokens: int
+    """Exact tokens of the section's content alone (what its ``system`` block costs)."""
+    offset: int
+    """Where the content starts in ``text``, in characters (Unicode code points)."""
+    length: int
+
+
+class CacheBreakpoint(Result, frozen=True):
+    section: str
+    """The cacheable section the breakpoint follows."""
+    index: int
+    offset: int
+    """The end of that section's content in ``text``, in characters: ``text[:offset]`` is
+    the prefix cached there."""
+    prefix_tokens: int
+
+
+class SystemBlock(Result, frozen=True, omit_defaults=True):
+    type: Literal["text"]
+    text: str
+    cache_control: dict[str, str] | None = None
+
+
+class PromptBuildResult(Result, frozen=True):
+    format: str
+    text: str
+    tokens: int
+    sections: list[PromptSectionInfo]
+    cache_breakpoints: list[CacheBreakpoint]
+    system: list[SystemBlock] | None
+    """The ``system`` blocks of an Anthropic Messages request (format ``anthropic``),
+    else null."""
+
+
 # ---- events.* -----------------------------------------------------------------------
 
 class EventsSubscribeParams(Params, frozen=True):
