@@ -1,0 +1,23 @@
+"""Context hygiene: what keeps a session's context small without losing a byte — tool
+results offloaded to ``tool_result_blobs`` (docs/architecture.md). The session actor calls
+it and stages its rows in its own transactions."""
+
+from ctxd.hygiene._offload import (
+    HEAD_CHARS,
+    LINE_CHARS,
+    BlobInfo,
+    ToolResultBlob,
+    compile_pattern,
+    grep,
+    is_error_result,
+    load_blob,
+    offload,
+    originals,
+    page,
+    stage_blobs,
+    stub_text,
+)
+
+__all__ = ["HEAD_CHARS", "LINE_CHARS", "BlobInfo", "ToolResultBlob", "compile_pattern", "grep",
+           "is_error_result", "load_blob", "offload", "originals", "page", "stage_blobs",
+           "stub_text"]
