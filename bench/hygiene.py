@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import re
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 from _common import Connection, request_line
 from daemon_process import DaemonProcess
 
-from ctxd.hygiene import grep
+from ctxd.hygiene import compile_pattern, grep
 
 MB = 1_000_000
 
@@ -137,11 +136,11 @@ def main() -> int:
         answer = conn.call("result.read", {"session_id": "search", "ref_id": ref_id,
                                            "pattern": pattern, "max_matches": 100})
         reads = [timed(conn, read) for _ in range(args.reads)]
-        compiled = re.compile(pattern, re.MULTILINE)
+        compiled = compile_pattern(pattern, literal=False)
         local = []
         for _ in range(args.reads):
             start = time.perf_counter()
-            _, found = grep(ten, compiled, 100)
+            _, found = grep(ten, compiled, 100, 60.0)
             local.append(time.perf_counter() - start)
         assert found == answer["matched_lines"], (found, answer["matched_lines"])
         print(f"result.read with a pattern over 10 MB ({answer['matched_lines']:,} matching "

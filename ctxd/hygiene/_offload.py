@@ -5,14 +5,15 @@ results")."""
 from __future__ import annotations
 
 import dataclasses
-import re
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import apsw
 import msgspec
+import regex
 
 from ctxd.errors import params_error
 from ctxd.store import Transaction
@@ -154,34 +155,46 @@ def page(text: str, offset: int, limit: int) -> tuple[str, int | None]:
     return text[offset:end], end if end < len(text) else None
 
 
-def compile_pattern(pattern: str, literal: bool) -> re.Pattern[str]:
+def compile_pattern(pattern: str, literal: bool) -> regex.Pattern[str]:
     """``pattern`` as a regular expression (``literal``: matched as plain text).
+
+    The `regex` module (tiktoken's own dependency), not `re`: its searches take a timeout
+    and release the GIL, where a pattern that backtracks without end in `re` would hold
+    every thread of the daemon, the event loop's too (docs/decisions.md, Hygiene). Its
+    default syntax (``V0``) is `re`'s.
 
     Raises:
         CtxdError: -32602 when it is not a valid regular expression.
     """
     try:
-        return re.compile(re.escape(pattern) if literal else pattern, re.MULTILINE)
-    except re.error as exc:
+        return regex.compile(regex.escape(pattern) if literal else pattern, regex.MULTILINE)
+    except regex.error as exc:
         raise params_error("$.pattern", f"not a valid regular expression ({exc}); fix it, "
                                         "or pass literal=true to search for the text as "
                                         "it is") from exc
 
 
-def grep(text: str, pattern: re.Pattern[str], max_matches: int) -> tuple[list[LineMatch], int]:
+def grep(text: str, pattern: regex.Pattern[str], max_matches: int,
+         timeout_s: float) -> tuple[list[LineMatch], int]:
     """The lines of ``text`` that ``pattern`` matches, numbered from 1 like ``grep -n``
     (at most ``max_matches``, each cut at `LINE_CHARS`), and how many lines match in all.
 
     One scan of the whole text (a match is on the line where it starts), skipping to the
-    next line after each match: linear in the text, whatever the number of lines.
+    next line after each match: linear in the text, whatever the number of lines. Runs
+    without the GIL (call it in a worker thread).
+
+    Raises:
+        TimeoutError: the search took more than ``timeout_s`` in all.
     """
+    deadline = time.monotonic() + timeout_s
     matches: list[LineMatch] = []
     matched = 0
     line = 1
     counted_to = 0
     position = 0
     while position < len(text):
-        found = pattern.search(text, position)
+        found = pattern.search(text, position, concurrent=True,
+                               timeout=max(0.0, deadline - time.monotonic()))
         if found is None:
             break
         start = text.rfind("\n", 0, found.start()) + 1

@@ -103,6 +103,8 @@ Op = Callable[["SessionActor"], Awaitable[Any]]
 
 _encode = msgspec.json.Encoder().encode
 MAILBOX_SIZE = 32
+SEARCH_TIMEOUT_S = 5.0
+"""How long `result.read`'s pattern search may run (10 MB take about 15 ms)."""
 DEFAULT_PAGE_CHARS = 8_000
 """Characters `result.read` returns when it is given no ``limit``."""
 UNSCRUBBABLE = "(the partial result was withheld: it could not be checked for secrets)"
@@ -542,8 +544,14 @@ class SessionActor:
             return msgspec.structs.replace(shape, offset=offset, content=content,
                                            next_offset=next_offset)
         # Off the loop: a search of a large blob takes milliseconds.
-        matches, matched = await trio.to_thread.run_sync(grep, blob.text, pattern,
-                                                         p.max_matches)
+        try:
+            matches, matched = await trio.to_thread.run_sync(
+                grep, blob.text, pattern, p.max_matches, SEARCH_TIMEOUT_S)
+        except TimeoutError:
+            raise params_error(
+                "$.pattern", f"the search did not end within {SEARCH_TIMEOUT_S:g} s (a "
+                             "pattern with nested repetition can backtrack without end); "
+                             "simplify it, or pass literal=true") from None
         return msgspec.structs.replace(shape, matches=matches, matched_lines=matched,
                                        more_matches=matched - len(matches))
 

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import apsw
+import pytest
 from conftest import DaemonProcess
 from tests_support import COUNTER, next_event, rpc_error
 
-from ctxclient import Client
+from ctxclient import Client, RpcError
 
 SYSTEM = {"role": "system", "content": "You are a careful coding agent."}
 TASK = {"role": "user", "content": "Run the test suite and fix what fails."}
@@ -186,13 +187,32 @@ def test_pattern_returns_the_lines_grep_n_finds(shared_daemon: DaemonProcess, si
         error = rpc_error(client, "result.read", {"session_id": sid, "ref_id": ref_id,
                                                   "pattern": "FAILED(("})
         assert error.code == -32602
-        assert error.message == ("invalid params: not a valid regular expression (missing ), "
-                                 "unterminated subpattern at position 7); fix it, or pass "
-                                 "literal=true to search for the text as it is (at $.pattern)")
+        assert error.message == ("invalid params: not a valid regular expression (missing ) at "
+                                 "position 8); fix it, or pass literal=true to search for the "
+                                 "text as it is (at $.pattern)")
         assert error.data["path"] == "$.pattern"
         error = rpc_error(client, "result.read", {"session_id": sid, "ref_id": ref_id,
                                                   "pattern": "x", "offset": 10})
         assert (error.code, error.data["path"]) == (-32602, "$.offset")
+
+
+def test_a_search_that_backtracks_without_end_is_stopped(daemon: DaemonProcess,
+                                                          sid: str) -> None:
+    with daemon.client() as client, daemon.client() as other:
+        start(client, sid)
+        client.call("message.append", {"session_id": sid, "messages": [tool("a" * 5000)]})
+        ref_id = listed(client, sid)[-1]["ref_id"]
+        pending = client.submit("result.read", {"session_id": sid, "ref_id": ref_id,
+                                                "pattern": "(a+)+b"})
+        # The search holds no lock the daemon needs: other sessions are served meanwhile.
+        assert other.call("session.open", {"session_id": sid + "_2"})["created"] is True
+        with pytest.raises(RpcError) as caught:
+            pending.result()
+        assert (caught.value.code, caught.value.data["path"]) == (-32602, "$.pattern")
+        assert caught.value.message.startswith(
+            "invalid params: the search did not end within 5 s")
+        assert client.call("result.read", {"session_id": sid, "ref_id": ref_id,
+                                           "pattern": "a{5000}"})["matched_lines"] == 1
 
 
 def test_long_matching_lines_are_cut(shared_daemon: DaemonProcess, sid: str) -> None:
