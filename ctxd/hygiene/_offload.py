@@ -131,7 +131,7 @@ def originals(conn: apsw.Connection, session_id: str,
     found: dict[int, tuple[str, Content]] = {}
     for seq, ref_id, text, parts in conn.execute(
             "SELECT seq, ref_id, text, parts FROM tool_result_blobs WHERE session_id = ? "
-            "AND seq BETWEEN ? AND ?", (session_id, min(seqs), max(seqs))):
+            "AND seq IN (SELECT value FROM json_each(?))", (session_id, _encode(list(seqs)))):
         found[seq] = (ref_id, text if parts is None else _decode_content(parts))
     return found
 
