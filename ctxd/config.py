@@ -88,6 +88,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     max_live_branches_per_session: Positive = 10
     max_live_branches: Positive = 10_000
     max_fold_tokens: Annotated[int, Meta(ge=16, le=32_768)] = 1_000
+    offload_threshold_bytes: Annotated[int, Meta(ge=256, le=1 << 30)] = 4_096
     budget: Budget = Budget()
     memory: MemoryConfig = MemoryConfig()
 
@@ -119,6 +120,8 @@ _HELP = {
     "max_fold_tokens": "tokens a fold message may take in its parent (never more than a "
                        "quarter of the branch's budget); a longer result is cut, head and "
                        "tail kept",
+    "offload_threshold_bytes": "a tool result longer than this (UTF-8 bytes) is stored aside "
+                               "and rendered as a stub that result.read reads back",
     "embedder": "how memories are embedded: hashing (built in, no model), "
                 "sentence-transformers (model_path) or http (embedding_url)",
     "model_path": "folder of a local sentence-transformers model (empty: the all-MiniLM-L6-v2 "

@@ -517,6 +517,37 @@ def cmd_session_messages(client: Client, args: argparse.Namespace, out: Output) 
     return 0
 
 
+def cmd_result(client: Client, args: argparse.Namespace, out: Output) -> int:
+    """An offloaded tool result (result.read): a page of it, or its lines that match."""
+    params: dict[str, Any] = {"session_id": args.session, "ref_id": args.ref}
+    if args.grep is not None:
+        if args.offset is not None or args.limit is not None:
+            print("ctxctl: --grep searches the whole result: leave out --offset and --limit",
+                  file=sys.stderr)
+            return 2
+        params |= {"pattern": args.grep, "literal": args.fixed_strings}
+        if args.max_matches is not None:
+            params["max_matches"] = args.max_matches
+    else:
+        params |= {key: value for key, value in (("offset", args.offset),
+                                                 ("limit", args.limit)) if value is not None}
+    result = client.call("result.read", params)
+    if out.json:
+        _print_json(result)
+        return 0
+    if args.grep is None:
+        sys.stdout.write(result["content"])
+        sys.stdout.flush()
+        if result["next_offset"] is not None:
+            out.note(f"(characters {result['offset']:,} to {result['next_offset']:,} of "
+                     f"{result['total_chars']:,}: --offset {result['next_offset']} for more)")
+        return 0
+    out.lines([f"{m['line']}:{m['text']}" for m in result["matches"]])
+    if result["more_matches"]:
+        out.note(f"({result['more_matches']:,} more matching lines: --max-matches)")
+    return 0 if result["matched_lines"] else 1
+
+
 def cmd_branches(client: Client, args: argparse.Namespace, out: Output) -> int:
     params: dict[str, Any] = {"session_id": args.session}
     if args.status:
@@ -1000,6 +1031,24 @@ def parser() -> argparse.ArgumentParser:
     branches.add_argument("--status", choices=get_args(wire.BranchStatus),
                           help="only the branches with this status")
     branches.set_defaults(run=cmd_branches)
+    result = commands.add_parser("result", parents=[common],
+                                 help="read an offloaded tool result (result.read)")
+    result.add_argument("ref", metavar="REF", type=_matching("ref id", wire.RefId),
+                        help='the ref_id its stub names, e.g. res_5f0c1d9e2a7b3c48')
+    result.add_argument("--session", type=session_id, metavar="ID", required=True,
+                        help="the session the result belongs to")
+    result.add_argument("--grep", type=_text_of(wire.ResultReadParams, "pattern", "PATTERN"),
+                        metavar="PATTERN",
+                        help="only the lines that match this regular expression, numbered")
+    result.add_argument("-F", "--fixed-strings", action="store_true",
+                        help="--grep's pattern is plain text")
+    result.add_argument("--max-matches", type=number_in(wire.ResultReadParams, "max_matches"),
+                        metavar="N", help="matching lines shown at most (default 100)")
+    result.add_argument("--offset", type=number_in(wire.ResultReadParams, "offset"),
+                        metavar="N", help="the first character to show (default 0)")
+    result.add_argument("--limit", type=number_in(wire.ResultReadParams, "limit"),
+                        metavar="N", help="characters to show (default 8000)")
+    result.set_defaults(run=cmd_result)
     events = commands.add_parser("events", parents=[common],
                                  help="follow the daemon's events until Ctrl-C")
     events.add_argument("-f", "--follow", action="store_true",

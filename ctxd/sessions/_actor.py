@@ -34,6 +34,16 @@ from ctxd.folding import (
     partial_result,
     rendered_tokens,
 )
+from ctxd.hygiene import (
+    ToolResultBlob,
+    compile_pattern,
+    grep,
+    load_blob,
+    offload,
+    originals,
+    page,
+    stage_blobs,
+)
 from ctxd.jobs import Slot
 from ctxd.memory import INJECT_SHARE, Injected, Memory, MemoryCandidate, project_scope
 from ctxd.scrub import ScrubError, scrub
@@ -76,6 +86,8 @@ from ctxd.wire.types import (
     RenderParams,
     RenderResult,
     RenderStats,
+    ResultReadParams,
+    ResultReadResult,
     SessionDeleteResult,
     SessionOpenParams,
     SessionOpenResult,
@@ -91,6 +103,10 @@ Op = Callable[["SessionActor"], Awaitable[Any]]
 
 _encode = msgspec.json.Encoder().encode
 MAILBOX_SIZE = 32
+SEARCH_TIMEOUT_S = 5.0
+"""How long `result.read`'s pattern search may run (10 MB take about 15 ms)."""
+DEFAULT_PAGE_CHARS = 8_000
+"""Characters `result.read` returns when it is given no ``limit``."""
 UNSCRUBBABLE = "(the partial result was withheld: it could not be checked for secrets)"
 
 
@@ -409,9 +425,22 @@ class SessionActor:
         branch = None
         if params.branch_id is not None:
             branch = await self._live_branch(params.branch_id, for_append=True)
+        threshold = self.supervisor.config.offload_threshold_bytes
+        return await self._append(params, branch, messages,
+                                  [offload(message, threshold) for message in messages])
+
+    async def _append(self, params: MessageAppendParams, branch: Branch | None,
+                      messages: list[MessageIn],
+                      offloads: list[tuple[MessageIn, ToolResultBlob] | None]
+                      ) -> MessageAppendResult:
+        """Store ``messages``, the large tool results among them as their stubs (``offloads``)
+        with their blobs, in one transaction. Should that commit fail with blobs in it, the
+        append is made again with every result inline (docs/decisions.md, Hygiene)."""
         record = self.require()
         health_before = self.context_state().health
-        counts = await self.supervisor.counter.count_messages(messages)
+        shown = [message if offloaded is None else offloaded[0]
+                 for message, offloaded in zip(messages, offloads, strict=True)]
+        counts = await self.supervisor.counter.count_messages(shown)
         tokens_appended = sum(counts)
         thread_before = (record.main_message_tokens if branch is None
                          else rendered_tokens(branch))
@@ -424,18 +453,24 @@ class SessionActor:
                                       updated_at=now,
                                       component_tokens=dict(record.component_tokens))
         stored: list[StoredMessage] = []
-        for offset, (message, tokens) in enumerate(zip(messages, counts, strict=True)):
+        blobs: list[ToolResultBlob] = []
+        for offset, (message, offloaded, tokens) in enumerate(
+                zip(shown, offloads, counts, strict=True)):
             component: Component = message.component or (
                 "system_prompt" if message.role == "system" else "conversation")
             if branch is None:
                 updated.component_tokens[component] += tokens
+            seq = record.last_seq + offset + 1
             stored.append(StoredMessage(
-                seq=record.last_seq + offset + 1, role=message.role, content=message.content,
+                seq=seq, role=message.role, content=message.content,
                 component=component, tokens=tokens, created_at=now, name=message.name,
                 tool_call_id=message.tool_call_id, meta=message.meta,
                 branch_id=params.branch_id))
+            if offloaded is not None:
+                blobs.append(offloaded[1].placed(seq, params.branch_id, now))
         transaction = Transaction()
         transaction.add(q.insert_messages, self.session_id, stored)
+        stage_blobs(transaction, self.session_id, blobs)
         grown = None
         if branch is None:
             updated.message_count += len(messages)
@@ -444,12 +479,28 @@ class SessionActor:
                                          sum(m.role == "assistant" for m in messages))
             self.branches.stage_meter(transaction, grown)
         transaction.add(q.save_counters, updated)
-        await self.supervisor.store.commit(transaction)
+        bus = self.supervisor.bus
+        try:
+            await self.supervisor.store.commit(transaction)
+        except Exception as exc:
+            if not blobs:
+                raise
+            log.warning("session %s: %d tool result(s) could not be offloaded, appended "
+                        "inline instead: %s: %s", self.session_id, len(blobs),
+                        type(exc).__name__, exc)
+            bus.publish(self.session_id, "result.offload_failed",
+                        {"branch_id": params.branch_id, "count": len(blobs),
+                         "error": f"{type(exc).__name__}: {exc}"})
+            return await self._append(params, branch, messages, [None] * len(messages))
         self.record = updated
         if branch is not None and grown is not None:
             self.branches.charged(branch, grown)
         state = self.context_state()
-        bus = self.supervisor.bus
+        for blob in blobs:
+            bus.publish(self.session_id, "result.offloaded",
+                        {"branch_id": blob.branch_id, "seq": blob.seq, "ref_id": blob.ref_id,
+                         "tool_name": blob.tool_name, "size_bytes": blob.size_bytes,
+                         "tokens": counts[blob.seq - stored[0].seq]})
         bus.publish(self.session_id, "message.appended",
                     {"branch_id": params.branch_id, "first_seq": stored[0].seq,
                      "last_seq": stored[-1].seq, "count": len(stored),
@@ -468,18 +519,64 @@ class SessionActor:
                       for m in stored],
             tokens_appended=tokens_appended, forced_returns=forced, context_state=state)
 
+    async def read_result(self, p: ResultReadParams) -> ResultReadResult:
+        """result.read: a page of an offloaded tool result of this session, or its lines
+        that match ``pattern`` (docs/protocol.md, "Offloaded tool results")."""
+        self.require()
+        pattern = None
+        if p.pattern is not None:
+            if p.offset is not msgspec.UNSET or p.limit is not msgspec.UNSET:
+                raise params_error("$.offset" if p.offset is not msgspec.UNSET else "$.limit",
+                                   "offset and limit page the text; a pattern searches all "
+                                   "of it: leave them out (max_matches bounds the lines)")
+            pattern = compile_pattern(p.pattern, p.literal)
+        blob = await self.supervisor.store.read(load_blob, self.session_id, p.ref_id)
+        if blob is None:
+            raise not_found("ref", p.ref_id, "use a ref_id from a stub in this session's "
+                                             "ctxd.render or message.list")
+        shape = ResultReadResult(ref_id=p.ref_id, tool_name=blob.tool_name,
+                                 size_bytes=blob.size_bytes, total_chars=len(blob.text),
+                                 seq=blob.seq, branch_id=blob.branch_id)
+        if pattern is None:
+            offset = 0 if p.offset is msgspec.UNSET else p.offset
+            limit = DEFAULT_PAGE_CHARS if p.limit is msgspec.UNSET else p.limit
+            content, next_offset = page(blob.text, offset, limit)
+            return msgspec.structs.replace(shape, offset=offset, content=content,
+                                           next_offset=next_offset)
+        # Off the loop: a search of a large blob takes milliseconds.
+        try:
+            matches, matched = await trio.to_thread.run_sync(
+                grep, blob.text, pattern, p.max_matches, SEARCH_TIMEOUT_S)
+        except TimeoutError:
+            raise params_error(
+                "$.pattern", f"the search did not end within {SEARCH_TIMEOUT_S:g} s (a "
+                             "pattern with nested repetition can backtrack without end); "
+                             "simplify it, or pass literal=true") from None
+        return msgspec.structs.replace(shape, matches=matches, matched_lines=matched,
+                                       more_matches=matched - len(matches))
+
     async def list_messages(self, params: MessageListParams) -> MessageListResult:
         self.require()
         if params.branch_id is not None:
             await self.branches.stored(params.branch_id)
         after = int(params.cursor) if params.cursor else 0
-        messages = await self.supervisor.store.read(q.list_messages, self.session_id,
-                                                    params.branch_id, after, params.limit + 1)
+        messages = await self.supervisor.store.read(self._whole_messages, params.branch_id,
+                                                    after, params.limit + 1)
         more = len(messages) > params.limit
         messages = messages[:params.limit]
         return MessageListResult(messages=messages,
                                  next_cursor=str(messages[-1].seq) if more else None,
                                  context_state=self.context_state())
+
+    def _whole_messages(self, conn: Any, branch_id: str | None, after: int,
+                        limit: int) -> list[StoredMessage]:
+        """A page of the archive, each offloaded tool result whole with its ``ref_id``
+        (in the store's thread)."""
+        messages = q.list_messages(conn, self.session_id, branch_id, after, limit)
+        whole = originals(conn, self.session_id,
+                          [m.seq for m in messages if m.role == "tool"])
+        return [m if m.seq not in whole else msgspec.structs.replace(
+                    m, content=whole[m.seq][1], ref_id=whole[m.seq][0]) for m in messages]
 
     async def render(self, params: RenderParams) -> RenderResult:
         if params.branch_id is msgspec.UNSET:

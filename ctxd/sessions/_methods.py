@@ -27,6 +27,8 @@ from ctxd.wire.types import (
     MessageListResult,
     RenderParams,
     RenderResult,
+    ResultReadParams,
+    ResultReadResult,
     SessionDeleteResult,
     SessionIdParams,
     SessionListParams,
@@ -75,6 +77,9 @@ def register(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
     async def render(call: Call, p: RenderParams) -> RenderResult:
         return await supervisor.call(p.session_id, lambda a: a.render(p))
 
+    async def result_read(call: Call, p: ResultReadParams) -> ResultReadResult:
+        return await supervisor.call(p.session_id, lambda a: a.read_result(p))
+
     async def budget_measure(call: Call, p: BudgetMeasureParams) -> BudgetMeasureResult:
         return await supervisor.call(p.session_id, lambda a: a.measure(p))
 
@@ -103,6 +108,7 @@ def register(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
     dispatcher.register("message.append", MessageAppendParams, message_append)
     dispatcher.register("message.list", MessageListParams, message_list)
     dispatcher.register("ctxd.render", RenderParams, render)
+    dispatcher.register("result.read", ResultReadParams, result_read)
     dispatcher.register("budget.measure", BudgetMeasureParams, budget_measure)
     dispatcher.register("branch.create", BranchCreateParams, branch_create)
     dispatcher.register("branch.return", BranchReturnParams, branch_return)

@@ -276,12 +276,64 @@ class StoredMessage(Result, frozen=True, omit_defaults=True):
     meta: dict[str, Any] | None = None
     branch_id: str | None = None
     discarded: bool = False
+    ref_id: str | None = None
+    """An offloaded tool result's ref (`result.read`): ``ctxd.render`` shows its stub, and
+    ``message.list`` its whole content."""
 
 
 class MessageListResult(Result, frozen=True):
     messages: list[StoredMessage]
     next_cursor: str | None
     context_state: ContextState
+
+
+# ---- result.read ------------------------------------------------------------------
+
+RefId = Annotated[str, Meta(pattern=r"^res_[0-9a-f]{16}\Z",
+                            description='"res_" and 16 lower-case hex digits')]
+
+
+class ResultReadParams(Params, frozen=True):
+    """Read an offloaded tool result: a page of ``limit`` characters from ``offset``, or
+    with ``pattern`` its matching lines (at most ``max_matches``)."""
+
+    session_id: SessionId
+    ref_id: RefId
+    offset: Annotated[int, Meta(ge=0)] | msgspec.UnsetType = msgspec.UNSET
+    """Unset: 0."""
+    limit: Annotated[int, Meta(ge=1, le=1_048_576)] | msgspec.UnsetType = msgspec.UNSET
+    """Unset: 8,000 characters."""
+    pattern: Annotated[str, Meta(min_length=1, max_length=1_000)] | None = None
+    literal: bool = False
+    """``pattern`` is plain text, not a regular expression."""
+    max_matches: Annotated[int, Meta(ge=1, le=1_000)] = 100
+
+
+class LineMatch(Result, frozen=True):
+    line: int
+    """1-based, as ``grep -n`` numbers lines."""
+    text: str
+    truncated: bool
+    """The line was longer than what is shown of it."""
+
+
+class ResultReadResult(Result, frozen=True):
+    ref_id: str
+    tool_name: str | None
+    size_bytes: int
+    total_chars: int
+    seq: int
+    branch_id: str | None
+    offset: int = 0
+    content: str | None = None
+    """The page (without ``pattern``)."""
+    next_offset: int | None = None
+    """Where the next page starts; absent at the end."""
+    matches: list[LineMatch] | None = None
+    """The matching lines (with ``pattern``), in order."""
+    matched_lines: int = 0
+    more_matches: int = 0
+    """Matching lines beyond ``max_matches``, not returned."""
 
 
 # ---- ctxd.render / budget.measure ---------------------------------------------------

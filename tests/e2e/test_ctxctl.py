@@ -940,3 +940,37 @@ def test_memory_show_and_reindex(daemon: DaemonProcess) -> None:
     assert terminal.returncode == 0, terminal.stderr
     assert terminal.stdout.strip().splitlines()[-1].startswith(
         "memory index ready: 2 vectors, 2 memories (hashing-v1-1024); rebuilt in ")
+
+
+def test_result_pages_and_greps_an_offloaded_tool_result(shared_daemon: DaemonProcess,
+                                                         sid: str) -> None:
+    text = "".join(f"line {i} {'ERROR disk' if i % 50 == 0 else 'ok'} ü\n"
+                   for i in range(1, 1001))
+    with shared_daemon.client() as client:
+        client.call("session.open", {"session_id": sid})
+        client.call("message.append", {"session_id": sid, "messages": [
+            {"role": "tool", "name": "bash", "tool_call_id": "c1", "content": text}]})
+        ref = client.call("message.list", {"session_id": sid})["messages"][0]["ref_id"]
+    page = ctxctl(shared_daemon.socket, "result", ref, "--session", sid, "--offset", "10",
+                  "--limit", "100")
+    assert (page.returncode, page.stdout) == (0, text[10:110])
+    assert page.stderr == f"(characters 10 to 110 of {len(text):,}: --offset 110 for more)\n"
+    whole = ctxctl(shared_daemon.socket, "result", ref, "--session", sid, "--limit", "1000000")
+    assert (whole.returncode, whole.stdout, whole.stderr) == (0, text, "")
+    found = ctxctl(shared_daemon.socket, "result", ref, "--session", sid, "--grep",
+                   r"ERROR \w+", "--max-matches", "3")
+    assert (found.returncode, found.stdout, found.stderr) == (
+        0, "50:line 50 ERROR disk ü\n100:line 100 ERROR disk ü\n150:line 150 ERROR disk ü\n",
+        "(17 more matching lines: --max-matches)\n")
+    none = ctxctl(shared_daemon.socket, "result", ref, "--session", sid, "--grep", "ERROR (",
+                  "-F")
+    assert (none.returncode, none.stdout, none.stderr) == (1, "", "")
+    both = ctxctl(shared_daemon.socket, "result", ref, "--session", sid, "--grep", "x",
+                  "--offset", "5")
+    assert (both.returncode, both.stderr) == (
+        2, "ctxctl: --grep searches the whole result: leave out --offset and --limit\n")
+    with shared_daemon.client() as client:
+        client.call("session.open", {"session_id": sid + "x"})
+    other = ctxctl(shared_daemon.socket, "result", ref, "--session", sid + "x")
+    assert (other.returncode, other.stderr.splitlines()[0]) == (
+        1, f"ctxctl: error -32004: unknown ref '{ref}'")

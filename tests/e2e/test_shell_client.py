@@ -158,7 +158,8 @@ def test_large_params_from_stdin(shared_daemon: DaemonProcess, transport: str,
                                  sid: str) -> None:
     content = "line {x} \"quoted\" ünï\n" * 50_000  # 1.2 MB
     budget = {"context_window": 10_000_000}
-    messages = [{"role": "tool", "content": content, "tool_call_id": "c1"}]
+    # A user message: a tool result this large is offloaded, its stub naming a ref of its own.
+    messages = [{"role": "user", "content": content}]
     ok(call(shared_daemon, transport, "session.open",
             json.dumps({"session_id": sid, "budget": budget})))
     stdin = json.dumps({"session_id": sid, "messages": messages}).encode()

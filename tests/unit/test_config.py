@@ -110,6 +110,8 @@ def test_daemon_refuses_to_start_with_an_unknown_key(tmp_path: Path) -> None:
     ({"CTXD_BUDGET_MAX_OUTPUT_TOKENS": "300000"},
      "CTXD_BUDGET_MAX_OUTPUT_TOKENS: budget.max_output_tokens (300000) must be smaller than "
      "budget.context_window (200000, from the default)"),
+    ({"CTXD_OFFLOAD_THRESHOLD_BYTES": "255"},
+     "CTXD_OFFLOAD_THRESHOLD_BYTES: expected an integer from 256 to 1073741824, got '255'"),
     ({"CTXD_LOG_LEVEL": "loud"},
      "CTXD_LOG_LEVEL: invalid choice 'loud' (choose from debug, info, warning, error)"),
 ])

@@ -1,0 +1,211 @@
+"""Offloaded tool results: the ``tool_result_blobs`` table, the stub a large tool result
+renders as, and `result.read`'s pages and line search (docs/protocol.md, "Offloaded tool
+results")."""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+import msgspec
+import regex
+
+from ctxd.errors import params_error
+from ctxd.store import Transaction
+from ctxd.wire.types import Content, LineMatch, MessageIn
+
+HEAD_CHARS = 200
+"""Characters of the result the stub shows."""
+LINE_CHARS = 1_000
+"""Characters shown of one matching line: `result.read`'s output stays bounded however
+long the blob's lines are."""
+
+_encode = msgspec.json.Encoder().encode
+_decode_content = msgspec.json.Decoder(Content).decode
+
+
+@dataclass(frozen=True)
+class ToolResultBlob:
+    """A tool result stored whole; the message at ``seq`` carries its stub."""
+
+    ref_id: str
+    tool_name: str | None
+    size_bytes: int
+    text: str
+    """What `result.read` serves: the content, or its text parts joined by newlines."""
+    parts: list[dict[str, Any]] | None
+    """The content as given when it was a list of parts (``message.list`` shows it)."""
+    seq: int = 0
+    branch_id: str | None = None
+    created_at: float = 0.0
+
+    def placed(self, seq: int, branch_id: str | None, created_at: float) -> ToolResultBlob:
+        """The blob of the message stored at ``seq``."""
+        return dataclasses.replace(self, seq=seq, branch_id=branch_id, created_at=created_at)
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    """A stored blob as `result.read` reads it."""
+
+    tool_name: str | None
+    size_bytes: int
+    text: str
+    seq: int
+    branch_id: str | None
+
+
+def is_error_result(message: MessageIn) -> bool:
+    """Whether a tool message reports an error: ``meta.is_error`` is true, or one of its
+    content parts has ``is_error: true`` (as Anthropic's ``tool_result`` blocks do). Error
+    results stay inline (docs/decisions.md, Hygiene)."""
+    if message.meta is not None and message.meta.get("is_error") is True:
+        return True
+    return not isinstance(message.content, str) and any(
+        part.get("is_error") is True for part in message.content)
+
+
+def _result_text(content: Content) -> str | None:
+    """The text of a tool result, or None when a part is not text (kept inline)."""
+    if isinstance(content, str):
+        return content
+    if all(part.get("type") == "text" and isinstance(part.get("text"), str)
+           for part in content):
+        return "\n".join(part["text"] for part in content)
+    return None
+
+
+def stub_text(size_bytes: int, tool_name: str | None, head: str, ref_id: str) -> str:
+    """What an offloaded result renders as (docs/protocol.md, "Offloaded tool results")."""
+    source = f' from "{tool_name}"' if tool_name else ""
+    return (f"[Tool result stored — {size_bytes:,} bytes{source}. First {HEAD_CHARS} chars: "
+            f"{head}] Use read_result with ref_id=\"{ref_id}\" to read more.")
+
+
+def offload(message: MessageIn, threshold_bytes: int) -> tuple[MessageIn, ToolResultBlob] | None:
+    """The stub message and the blob that replace a tool result over ``threshold_bytes``
+    (UTF-8 bytes of its text); None when it stays inline (not a tool message, small, an
+    error result, or with parts that are not text)."""
+    if message.role != "tool" or is_error_result(message):
+        return None
+    text = _result_text(message.content)
+    # A character takes 1 to 4 bytes: most texts are decided without encoding them.
+    if text is None or len(text) * 4 <= threshold_bytes:
+        return None
+    size = len(text.encode())
+    if size <= threshold_bytes:
+        return None
+    ref_id = "res_" + secrets.token_hex(8)
+    stub = msgspec.structs.replace(
+        message, content=stub_text(size, message.name, text[:HEAD_CHARS], ref_id))
+    return stub, ToolResultBlob(ref_id=ref_id, tool_name=message.name, size_bytes=size,
+                                text=text, parts=None if isinstance(message.content, str)
+                                else message.content)
+
+
+def stage_blobs(transaction: Transaction, session_id: str,
+                blobs: Sequence[ToolResultBlob]) -> None:
+    """Add the blobs' insert to a transaction, after the messages that carry their stubs."""
+    transaction.add(insert_blobs, session_id, list(blobs))
+
+
+def insert_blobs(conn: apsw.Connection, session_id: str,
+                 blobs: Sequence[ToolResultBlob]) -> None:
+    conn.executemany(
+        "INSERT INTO tool_result_blobs (ref_id, session_id, seq, branch_id, tool_name, "
+        "size_bytes, text, parts, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [(b.ref_id, session_id, b.seq, b.branch_id, b.tool_name, b.size_bytes, b.text,
+          None if b.parts is None else _encode(b.parts), b.created_at) for b in blobs])
+
+
+def originals(conn: apsw.Connection, session_id: str,
+              seqs: Sequence[int]) -> dict[int, tuple[str, Content]]:
+    """The ref and whole content of the offloaded results among messages ``seqs``."""
+    if not seqs:
+        return {}
+    found: dict[int, tuple[str, Content]] = {}
+    for seq, ref_id, text, parts in conn.execute(
+            "SELECT seq, ref_id, text, parts FROM tool_result_blobs WHERE session_id = ? "
+            "AND seq IN (SELECT value FROM json_each(?))", (session_id, _encode(list(seqs)))):
+        found[seq] = (ref_id, text if parts is None else _decode_content(parts))
+    return found
+
+
+def load_blob(conn: apsw.Connection, session_id: str, ref_id: str) -> BlobInfo | None:
+    """The blob ``ref_id`` of the session (None when it has none of that ref)."""
+    rows = conn.execute(
+        "SELECT tool_name, size_bytes, text, seq, branch_id FROM tool_result_blobs "
+        "WHERE ref_id = ? AND session_id = ?", (ref_id, session_id)).fetchall()
+    if not rows:
+        return None
+    row: Any = rows[0]
+    return BlobInfo(tool_name=row[0], size_bytes=row[1], text=row[2], seq=row[3],
+                    branch_id=row[4])
+
+
+def page(text: str, offset: int, limit: int) -> tuple[str, int | None]:
+    """``limit`` characters from ``offset`` (code points: a page never splits one) and
+    where the next page starts (None at the end)."""
+    end = offset + limit
+    return text[offset:end], end if end < len(text) else None
+
+
+def compile_pattern(pattern: str, literal: bool) -> regex.Pattern[str]:
+    """``pattern`` as a regular expression (``literal``: matched as plain text).
+
+    The `regex` module (tiktoken's own dependency), not `re`: its searches take a timeout
+    and release the GIL, where a pattern that backtracks without end in `re` would hold
+    every thread of the daemon, the event loop's too (docs/decisions.md, Hygiene). Its
+    default syntax (``V0``) is `re`'s.
+
+    Raises:
+        CtxdError: -32602 when it is not a valid regular expression.
+    """
+    try:
+        return regex.compile(regex.escape(pattern) if literal else pattern, regex.MULTILINE)
+    except regex.error as exc:
+        raise params_error("$.pattern", f"not a valid regular expression ({exc}); fix it, "
+                                        "or pass literal=true to search for the text as "
+                                        "it is") from exc
+
+
+def grep(text: str, pattern: regex.Pattern[str], max_matches: int,
+         timeout_s: float) -> tuple[list[LineMatch], int]:
+    """The lines of ``text`` that ``pattern`` matches, numbered from 1 like ``grep -n``
+    (at most ``max_matches``, each cut at `LINE_CHARS`), and how many lines match in all.
+
+    One scan of the whole text (a match is on the line where it starts), skipping to the
+    next line after each match: linear in the text, whatever the number of lines. Runs
+    without the GIL (call it in a worker thread).
+
+    Raises:
+        TimeoutError: the search took more than ``timeout_s`` in all.
+    """
+    deadline = time.monotonic() + timeout_s
+    matches: list[LineMatch] = []
+    matched = 0
+    line = 1
+    counted_to = 0
+    position = 0
+    while position < len(text):
+        found = pattern.search(text, position, concurrent=True,
+                               timeout=max(0.0, deadline - time.monotonic()))
+        if found is None:
+            break
+        start = text.rfind("\n", 0, found.start()) + 1
+        end = text.find("\n", found.start())
+        if end < 0:
+            end = len(text)
+        line += text.count("\n", counted_to, start)
+        counted_to = start
+        matched += 1
+        if len(matches) < max_matches:
+            matches.append(LineMatch(line=line, text=text[start:min(end, start + LINE_CHARS)],
+                                     truncated=end - start > LINE_CHARS))
+        position = end + 1
+    return matches, matched
