@@ -175,3 +175,6 @@ def test_bad_params_are_named(shared_daemon: DaemonProcess, sid: str) -> None:
         assert (error.code, error.data["path"]) == (-32602, "$.query")
         error = rpc_error(client, "tools.search", {"session_id": "no-such", "query": "x"})
         assert (error.code, error.data["session_id"]) == (-32004, "no-such")
+        client.call("session.close", {"session_id": sid})
+        error = rpc_error(client, "tools.register", {"session_id": sid, "tools": TOOLS[:1]})
+        assert (error.code, error.data["state"]) == (-32003, "closed")
