@@ -89,6 +89,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     max_live_branches: Positive = 10_000
     max_fold_tokens: Annotated[int, Meta(ge=16, le=32_768)] = 1_000
     offload_threshold_bytes: Annotated[int, Meta(ge=256, le=1 << 30)] = 4_096
+    tool_deferral_threshold: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.10
     budget: Budget = Budget()
     memory: MemoryConfig = MemoryConfig()
 
@@ -122,6 +123,9 @@ _HELP = {
                        "tail kept",
     "offload_threshold_bytes": "a tool result longer than this (UTF-8 bytes) is stored aside "
                                "and rendered as a stub that result.read reads back",
+    "tool_deferral_threshold": "share of the effective window a session's registered tool "
+                               "definitions may take before some are deferred (tools.search "
+                               "finds them)",
     "embedder": "how memories are embedded: hashing (built in, no model), "
                 "sentence-transformers (model_path) or http (embedding_url)",
     "model_path": "folder of a local sentence-transformers model (empty: the all-MiniLM-L6-v2 "

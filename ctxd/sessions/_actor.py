@@ -35,14 +35,25 @@ from ctxd.folding import (
     rendered_tokens,
 )
 from ctxd.hygiene import (
+    SessionTool,
     ToolResultBlob,
+    called_tools,
+    check_tools,
     compile_pattern,
+    counted_form,
+    defer,
+    deferred_note,
     grep,
     load_blob,
+    load_tools,
     offload,
     originals,
     page,
+    rank,
     stage_blobs,
+    stage_promote,
+    stage_register,
+    stage_use,
 )
 from ctxd.jobs import Slot
 from ctxd.memory import INJECT_SHARE, Injected, Memory, MemoryCandidate, project_scope
@@ -83,6 +94,7 @@ from ctxd.wire.types import (
     MessageIn,
     MessageListParams,
     MessageListResult,
+    RegisteredTool,
     RenderParams,
     RenderResult,
     RenderStats,
@@ -93,6 +105,11 @@ from ctxd.wire.types import (
     SessionOpenResult,
     SessionResult,
     StoredMessage,
+    ToolMatch,
+    ToolsRegisterParams,
+    ToolsRegisterResult,
+    ToolsSearchParams,
+    ToolsSearchResult,
 )
 
 if TYPE_CHECKING:
@@ -193,6 +210,8 @@ class SessionActor:
         self._expiries_queued = 0
         """Deadline expiries waiting in the mailbox (see `expire`)."""
         self._stale = True
+        self._deferred: tuple[str, ...] = ()
+        """The tools deferred when `tools.deferred` was last published."""
         self._send, self._receive = trio.open_memory_channel[tuple[Op, Slot[Any]]](MAILBOX_SIZE)
 
     async def submit(self, op: Op) -> Any:
@@ -471,6 +490,10 @@ class SessionActor:
         transaction = Transaction()
         transaction.add(q.insert_messages, self.session_id, stored)
         stage_blobs(transaction, self.session_id, blobs)
+        if any(m.role == "assistant" for m in messages):
+            stage_use(transaction, self.session_id,
+                      {name: seq for seq, m in enumerate(messages, record.last_seq + 1)
+                       for name in called_tools(m)})
         grown = None
         if branch is None:
             updated.message_count += len(messages)
@@ -595,12 +618,81 @@ class SessionActor:
         messages, message_tokens = await self.supervisor.store.read(
             q.render_rows, self.session_id, branch_id)
         tokens = thread_tokens(message_tokens, len(messages))
+        shown, deferred = await self._tool_view()
         return RenderResult(
             branch_id=branch_id, messages=messages, tokens=tokens,
             context_state=self.context_state(),
             stats=RenderStats(message_count=len(messages), stored_messages=record.last_seq,
                               message_tokens=message_tokens,
-                              reply_priming_tokens=tokens - message_tokens))
+                              reply_priming_tokens=tokens - message_tokens),
+            tools=[tool.definition() for tool in shown],
+            tool_tokens=sum(tool.tokens for tool in shown),
+            tools_note=deferred_note(len(deferred)) if deferred else None)
+
+    # ---- tool deferral (docs/protocol.md, "Tool deferral") ------------------------------
+
+    def _tool_threshold(self) -> int:
+        return math.floor(self.supervisor.config.tool_deferral_threshold
+                          * effective_window(self.require().budget))
+
+    async def _tool_view(self) -> tuple[list[SessionTool], list[SessionTool]]:
+        """The session's active and deferred tools. Should the deferral fail, every tool is
+        active: it costs context, never the request (docs/decisions.md, Hygiene)."""
+        tools = await self.supervisor.store.read(load_tools, self.session_id)
+        try:
+            active, deferred = defer(tools, self._tool_threshold())
+        except Exception as exc:
+            log.exception("session %s: tool deferral failed; every tool is rendered",
+                          self.session_id)
+            self.supervisor.bus.publish(self.session_id, "tools.deferral_failed",
+                                        {"tools": len(tools),
+                                         "error": f"{type(exc).__name__}: {exc}"})
+            return tools, []
+        names = tuple(tool.name for tool in deferred)
+        if names != self._deferred:
+            self._deferred = names
+            self.supervisor.bus.publish(self.session_id, "tools.deferred", {
+                "count": len(names), "names": list(names),
+                "active_tokens": sum(tool.tokens for tool in active),
+                "deferred_tokens": sum(tool.tokens for tool in deferred),
+                "threshold_tokens": self._tool_threshold()})
+        return active, deferred
+
+    async def register_tools(self, p: ToolsRegisterParams) -> ToolsRegisterResult:
+        self.require_open()
+        check_tools(p.tools)
+        counts = await self.supervisor.counter.count_texts([counted_form(t) for t in p.tools])
+        before = {tool.name for tool in
+                  await self.supervisor.store.read(load_tools, self.session_id)}
+        transaction = Transaction()
+        stage_register(transaction, self.session_id, list(zip(p.tools, counts, strict=True)),
+                       time.time())
+        await self.supervisor.store.commit(transaction)
+        active, deferred = await self._tool_view()
+        return ToolsRegisterResult(
+            registered=[RegisteredTool(name=tool.name, tokens=tokens,
+                                       replaced=tool.name in before)
+                        for tool, tokens in zip(p.tools, counts, strict=True)],
+            total_tools=len(active) + len(deferred),
+            total_tokens=sum(tool.tokens for tool in [*active, *deferred]),
+            threshold_tokens=self._tool_threshold(),
+            deferred=[tool.name for tool in deferred])
+
+    async def search_tools(self, p: ToolsSearchParams) -> ToolsSearchResult:
+        self.require()
+        _, deferred = await self._tool_view()
+        found = rank(deferred, p.query)[:p.limit]
+        if found:
+            transaction = Transaction()
+            stage_promote(transaction, self.session_id, [tool.name for tool, _ in found])
+            await self.supervisor.store.commit(transaction)
+            # The promoted tools may push others out, to stay under the threshold.
+            _, deferred = await self._tool_view()
+        return ToolsSearchResult(
+            matches=[ToolMatch(name=tool.name, source=tool.source,
+                               description=tool.description, score=score, tokens=tool.tokens)
+                     for tool, score in found],
+            deferred=len(deferred))
 
     async def measure(self, params: BudgetMeasureParams) -> BudgetMeasureResult:
         record = self.require()
@@ -617,6 +709,8 @@ class SessionActor:
         counts = await counter.count_texts(skills + tools)
         extra["skill_prompts"] += sum(counts[:len(skills)])
         extra["tool_descriptions"] += sum(counts[len(skills):])
+        active, _ = await self._tool_view()
+        extra["tool_descriptions"] += sum(tool.tokens for tool in active)
         parts = {c: record.component_tokens[c] + extra[c] for c in COMPONENTS}
         message_total = sum(parts.values())
         used = message_total + REPLY_PRIMING if message_total else 0

@@ -1,5 +1,5 @@
-"""The session-scoped methods: session.*, message.*, ctxd.render, budget.measure, branch.*;
-each runs on its session's actor."""
+"""The session-scoped methods: session.*, message.*, ctxd.render, budget.measure, tools.*,
+branch.*; each runs on its session's actor."""
 
 from __future__ import annotations
 
@@ -36,6 +36,10 @@ from ctxd.wire.types import (
     SessionOpenParams,
     SessionOpenResult,
     SessionResult,
+    ToolsRegisterParams,
+    ToolsRegisterResult,
+    ToolsSearchParams,
+    ToolsSearchResult,
 )
 
 
@@ -83,6 +87,12 @@ def register(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
     async def budget_measure(call: Call, p: BudgetMeasureParams) -> BudgetMeasureResult:
         return await supervisor.call(p.session_id, lambda a: a.measure(p))
 
+    async def tools_register(call: Call, p: ToolsRegisterParams) -> ToolsRegisterResult:
+        return await supervisor.call(p.session_id, lambda a: a.register_tools(p))
+
+    async def tools_search(call: Call, p: ToolsSearchParams) -> ToolsSearchResult:
+        return await supervisor.call(p.session_id, lambda a: a.search_tools(p))
+
     async def branch_create(call: Call, p: BranchCreateParams) -> BranchCreateResult:
         return await supervisor.call(p.session_id, lambda a: a.create_branch(p))
 
@@ -110,6 +120,8 @@ def register(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
     dispatcher.register("ctxd.render", RenderParams, render)
     dispatcher.register("result.read", ResultReadParams, result_read)
     dispatcher.register("budget.measure", BudgetMeasureParams, budget_measure)
+    dispatcher.register("tools.register", ToolsRegisterParams, tools_register)
+    dispatcher.register("tools.search", ToolsSearchParams, tools_search)
     dispatcher.register("branch.create", BranchCreateParams, branch_create)
     dispatcher.register("branch.return", BranchReturnParams, branch_return)
     dispatcher.register("branch.status", BranchIdParams, branch_status)

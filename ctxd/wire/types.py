@@ -365,6 +365,13 @@ class RenderResult(Result, frozen=True):
     tokens: int
     context_state: ContextState
     stats: RenderStats
+    tools: list[ToolDefinition] = []
+    """The session's active tool definitions (all registered ones but the deferred), in
+    registration order (docs/protocol.md, "Tool deferral")."""
+    tool_tokens: int = 0
+    """Exact tokens of ``tools``, counted as budget.measure's ``tool_descriptions``."""
+    tools_note: str | None = None
+    """``[N tools deferred to save context. Use tool_search to find them.]`` when some are."""
 
 
 class BudgetMeasureParams(Params, frozen=True):
@@ -698,6 +705,64 @@ class PromptBuildResult(Result, frozen=True):
     system: list[SystemBlock] | None
     """The ``system`` blocks of an Anthropic Messages request (format ``anthropic``),
     else null."""
+
+
+# ---- tools.* (tool deferral) --------------------------------------------------------
+
+ToolSource = Literal["builtin", "mcp", "skill"]
+TOOL_SOURCES: tuple[ToolSource, ...] = ("builtin", "mcp", "skill")
+
+
+class ToolDefinition(Params, frozen=True):
+    """A tool definition as the model sees it (``source`` aside: what deferral ranks by)."""
+
+    name: Annotated[str, Meta(min_length=1, max_length=256)]
+    description: Annotated[str, Meta(max_length=65_536)]
+    input_schema: dict[str, Any]
+    source: ToolSource
+
+
+class ToolsRegisterParams(Params, frozen=True):
+    session_id: SessionId
+    tools: Annotated[list[ToolDefinition], Meta(min_length=1, max_length=2_000)]
+
+
+class RegisteredTool(Result, frozen=True):
+    name: str
+    tokens: int
+    replaced: bool
+
+
+class ToolsRegisterResult(Result, frozen=True):
+    registered: list[RegisteredTool]
+    total_tools: int
+    total_tokens: int
+    threshold_tokens: int
+    """Above this many tokens of definitions, tools are deferred."""
+    deferred: list[str]
+    """The tools the next render leaves out."""
+
+
+class ToolsSearchParams(Params, frozen=True):
+    session_id: SessionId
+    query: Annotated[str, Meta(min_length=1, max_length=1_000)]
+    limit: Annotated[int, Meta(ge=1, le=50)] = 5
+
+
+class ToolMatch(Result, frozen=True):
+    name: str
+    source: ToolSource
+    description: str
+    score: float
+    tokens: int
+
+
+class ToolsSearchResult(Result, frozen=True):
+    matches: list[ToolMatch]
+    """Deferred tools that match, best first; each is promoted into the next render."""
+    deferred: int
+    """How many tools are deferred after the promotion (promoted tools stay in, and may
+    push out others to keep under the threshold)."""
 
 
 # ---- events.* -----------------------------------------------------------------------

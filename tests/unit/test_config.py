@@ -30,6 +30,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert cfg.max_connections == 256
     assert cfg.session_idle_s == 600.0
     assert cfg.budget.context_window == 200_000
+    assert cfg.tool_deferral_threshold == 0.10
     assert cfg.data_dir == str(tmp_path / ".local" / "share" / "ctxd")
 
 
@@ -112,6 +113,10 @@ def test_daemon_refuses_to_start_with_an_unknown_key(tmp_path: Path) -> None:
      "budget.context_window (200000, from the default)"),
     ({"CTXD_OFFLOAD_THRESHOLD_BYTES": "255"},
      "CTXD_OFFLOAD_THRESHOLD_BYTES: expected an integer from 256 to 1073741824, got '255'"),
+    ({"CTXD_TOOL_DEFERRAL_THRESHOLD": "0"},
+     "CTXD_TOOL_DEFERRAL_THRESHOLD: expected a number > 0.0 and <= 1.0, got '0'"),
+    ({"CTXD_TOOL_DEFERRAL_THRESHOLD": "1.5"},
+     "CTXD_TOOL_DEFERRAL_THRESHOLD: expected a number > 0.0 and <= 1.0, got '1.5'"),
     ({"CTXD_LOG_LEVEL": "loud"},
      "CTXD_LOG_LEVEL: invalid choice 'loud' (choose from debug, info, warning, error)"),
 ])
