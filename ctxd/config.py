@@ -11,6 +11,7 @@ import difflib
 import itertools
 import os
 import re
+import shlex
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -58,6 +59,29 @@ class MemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     nprobe: Annotated[int, Meta(ge=1, le=4_096)] = 64
 
 
+DEFAULT_CONTEXT_NOTE = ("[Context: {percent}% used. Call compact_context to free space "
+                        "before large operations.]")
+
+
+class HygieneConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The ``[hygiene]`` table: offload, the compaction chain and its summarizer, the
+    context note, tool deferral (docs/protocol.md)."""
+
+    offload_threshold_bytes: Annotated[int, Meta(ge=256, le=1 << 30)] = 4_096
+    keep_tool_results: Annotated[int, Meta(ge=0, le=1_000)] = 5
+    auto_compact: bool = True
+    compact_target: Annotated[float, Meta(ge=0.05, le=0.95)] = 0.60
+    summarizer: Literal["extractive", "command", "http"] = "extractive"
+    summarizer_command: str = ""
+    summarizer_url: str = ""
+    summarizer_model: str = ""
+    summarizer_api_key_env: str = ""
+    summarizer_timeout_s: Annotated[float, Meta(gt=0, le=600)] = 30.0
+    summary_max_tokens: Annotated[int, Meta(ge=64, le=32_768)] = 2_000
+    context_note: str = DEFAULT_CONTEXT_NOTE
+    tool_deferral_threshold: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.10
+
+
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The daemon's effective configuration."""
 
@@ -88,13 +112,13 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     max_live_branches_per_session: Positive = 10
     max_live_branches: Positive = 10_000
     max_fold_tokens: Annotated[int, Meta(ge=16, le=32_768)] = 1_000
-    offload_threshold_bytes: Annotated[int, Meta(ge=256, le=1 << 30)] = 4_096
-    tool_deferral_threshold: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.10
     budget: Budget = Budget()
     memory: MemoryConfig = MemoryConfig()
+    hygiene: HygieneConfig = HygieneConfig()
 
 
-TABLES: dict[str, type[msgspec.Struct]] = {"budget": Budget, "memory": MemoryConfig}
+TABLES: dict[str, type[msgspec.Struct]] = {"budget": Budget, "memory": MemoryConfig,
+                                           "hygiene": HygieneConfig}
 """The TOML tables of the configuration, by name."""
 
 _HELP = {
@@ -126,6 +150,26 @@ _HELP = {
     "tool_deferral_threshold": "share of the effective window a session's registered tool "
                                "definitions may take before some are deferred (tools.search "
                                "finds them)",
+    "keep_tool_results": "newest tool results that compaction never clears (error results "
+                         "are never cleared either)",
+    "auto_compact": "compact a thread by itself when it reaches budget.compact_trigger (or "
+                    "an append would pass budget.hard_block)",
+    "compact_target": "share of the effective window compaction brings a thread under "
+                      "(never above the session's compact_trigger)",
+    "summarizer": "what summarises the oldest span: extractive (built in, no model), command "
+                  "(summarizer_command) or http (summarizer_url)",
+    "summarizer_command": "program run for summarizer = command: the span as JSON on stdin, "
+                          "the summary on stdout (split like a shell command line)",
+    "summarizer_url": "base URL of an OpenAI-compatible API (…/v1) that serves "
+                      "/chat/completions, for summarizer = http",
+    "summarizer_model": "the model name sent to summarizer_url",
+    "summarizer_api_key_env": "name of the environment variable that holds the summarizer's "
+                              "API key",
+    "summarizer_timeout_s": "seconds a summarizer may take; then compaction goes on to "
+                            "truncation",
+    "summary_max_tokens": "tokens a summary may take in the thread (a longer one is cut)",
+    "context_note": "note ctxd.render adds above budget.warn; {percent} is the usage "
+                    "(empty: no note)",
     "embedder": "how memories are embedded: hashing (built in, no model), "
                 "sentence-transformers (model_path) or http (embedding_url)",
     "model_path": "folder of a local sentence-transformers model (empty: the all-MiniLM-L6-v2 "
@@ -400,6 +444,27 @@ def load(flags: argparse.Namespace | None = None, environ: Mapping[str, str] | N
                      f"budget.max_output_tokens ({budget.max_output_tokens}) must be smaller "
                      f"than budget.context_window ({budget.context_window}, from "
                      f"{named('budget', 'context_window')})")
+    hygiene = config.hygiene
+    if hygiene.summarizer == "command" and not hygiene.summarizer_command.strip():
+        raise _error(named("hygiene", "summarizer"),
+                     "hygiene.summarizer = command needs hygiene.summarizer_command (the "
+                     "program to run)")
+    if hygiene.summarizer == "command":
+        try:
+            shlex.split(hygiene.summarizer_command)
+        except ValueError as exc:
+            raise _error(named("hygiene", "summarizer_command"),
+                         f"cannot be split into a command line: {exc}") from None
+    if hygiene.summarizer == "http" and not (hygiene.summarizer_url and hygiene.summarizer_model):
+        raise _error(named("hygiene", "summarizer"),
+                     "hygiene.summarizer = http needs hygiene.summarizer_url and "
+                     "hygiene.summarizer_model")
+    try:
+        hygiene.context_note.format(percent=0)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise _error(named("hygiene", "context_note"),
+                     f"the only placeholder it may hold is {{percent}} ({exc!r}); write "
+                     "{{ and }} for literal braces") from None
     known = set(tiktoken.list_encoding_names())
     if config.encoding not in known and config.encoding + "_offline" not in known:
         raise _error(named("encoding"), f"unknown encoding {config.encoding!r}; "

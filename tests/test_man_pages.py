@@ -172,7 +172,9 @@ def test_toml_page_documents_every_key_with_its_default() -> None:
         if (table, key) in ((None, "socket"), (None, "data_dir")):
             continue  # resolved from the environment; the page says how
         if isinstance(value, str):
-            default = f'default " \\(dq{value}\\(dq )'
+            # A value with spaces is one quoted roff argument (so that it may break).
+            default = (f'default " "\\(dq{value}\\(dq )"' if " " in value
+                       else f'default " \\(dq{value}\\(dq )')
         else:
             default = f"default {literals[table, key]})\""
         if not heading.startswith(f"{kind}, {default}"):

@@ -20,6 +20,7 @@ from ctxd.hygiene._offload import (
     stub_text,
 )
 from ctxd.hygiene._prompt import register as register_prompt
+from ctxd.hygiene._summarize import Summarizer, SummarizerError, make_summarizer
 from ctxd.hygiene._tools import (
     SessionTool,
     called_tools,
@@ -34,8 +35,33 @@ from ctxd.hygiene._tools import (
     stage_use,
 )
 
-__all__ = ["HEAD_CHARS", "LINE_CHARS", "BlobInfo", "SessionTool", "ToolResultBlob",
-           "called_tools", "check_tools", "compile_pattern", "counted_form", "defer",
-           "deferred_note", "grep", "is_error_result", "load_blob", "load_tools", "offload",
-           "originals", "page", "rank", "register_prompt", "stage_blobs", "stage_promote",
-           "stage_register", "stage_use", "stub_text"]
+__all__ = [
+    "HEAD_CHARS",
+    "LINE_CHARS",
+    "BlobInfo",
+    "SessionTool",
+    "Summarizer",
+    "SummarizerError",
+    "ToolResultBlob",
+    "called_tools",
+    "check_tools",
+    "compile_pattern",
+    "counted_form",
+    "defer",
+    "deferred_note",
+    "grep",
+    "is_error_result",
+    "load_blob",
+    "load_tools",
+    "make_summarizer",
+    "offload",
+    "originals",
+    "page",
+    "rank",
+    "register_prompt",
+    "stage_blobs",
+    "stage_promote",
+    "stage_register",
+    "stage_use",
+    "stub_text",
+]

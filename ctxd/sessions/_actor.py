@@ -444,7 +444,7 @@ class SessionActor:
         branch = None
         if params.branch_id is not None:
             branch = await self._live_branch(params.branch_id, for_append=True)
-        threshold = self.supervisor.config.offload_threshold_bytes
+        threshold = self.supervisor.config.hygiene.offload_threshold_bytes
         return await self._append(params, branch, messages,
                                   [offload(message, threshold) for message in messages])
 
@@ -632,7 +632,7 @@ class SessionActor:
     # ---- tool deferral (docs/protocol.md, "Tool deferral") ------------------------------
 
     def _tool_threshold(self) -> int:
-        return math.floor(self.supervisor.config.tool_deferral_threshold
+        return math.floor(self.supervisor.config.hygiene.tool_deferral_threshold
                           * effective_window(self.require().budget))
 
     async def _tool_view(self) -> tuple[list[SessionTool], list[SessionTool]]:

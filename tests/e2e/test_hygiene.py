@@ -272,7 +272,7 @@ def test_offloaded_in_a_branch(shared_daemon: DaemonProcess, sid: str) -> None:
 
 def test_threshold_is_configured_and_a_failed_offload_stays_inline(
         daemon_root: Path, sid: str) -> None:
-    process = DaemonProcess(daemon_root, extra_args=["--offload-threshold-bytes", "256"])
+    process = DaemonProcess(daemon_root, extra_args=["--hygiene-offload-threshold-bytes", "256"])
     text = "z" * 300
     with process.running(), process.client() as client:
         start(client, sid)

@@ -30,7 +30,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert cfg.max_connections == 256
     assert cfg.session_idle_s == 600.0
     assert cfg.budget.context_window == 200_000
-    assert cfg.tool_deferral_threshold == 0.10
+    assert cfg.hygiene.tool_deferral_threshold == 0.10
     assert cfg.data_dir == str(tmp_path / ".local" / "share" / "ctxd")
 
 
@@ -111,12 +111,26 @@ def test_daemon_refuses_to_start_with_an_unknown_key(tmp_path: Path) -> None:
     ({"CTXD_BUDGET_MAX_OUTPUT_TOKENS": "300000"},
      "CTXD_BUDGET_MAX_OUTPUT_TOKENS: budget.max_output_tokens (300000) must be smaller than "
      "budget.context_window (200000, from the default)"),
-    ({"CTXD_OFFLOAD_THRESHOLD_BYTES": "255"},
-     "CTXD_OFFLOAD_THRESHOLD_BYTES: expected an integer from 256 to 1073741824, got '255'"),
-    ({"CTXD_TOOL_DEFERRAL_THRESHOLD": "0"},
-     "CTXD_TOOL_DEFERRAL_THRESHOLD: expected a number > 0.0 and <= 1.0, got '0'"),
-    ({"CTXD_TOOL_DEFERRAL_THRESHOLD": "1.5"},
-     "CTXD_TOOL_DEFERRAL_THRESHOLD: expected a number > 0.0 and <= 1.0, got '1.5'"),
+    ({"CTXD_HYGIENE_OFFLOAD_THRESHOLD_BYTES": "255"},
+     "CTXD_HYGIENE_OFFLOAD_THRESHOLD_BYTES: expected an integer from 256 to 1073741824, got '255'"),
+    ({"CTXD_HYGIENE_TOOL_DEFERRAL_THRESHOLD": "0"},
+     "CTXD_HYGIENE_TOOL_DEFERRAL_THRESHOLD: expected a number > 0.0 and <= 1.0, got '0'"),
+    ({"CTXD_HYGIENE_TOOL_DEFERRAL_THRESHOLD": "1.5"},
+     "CTXD_HYGIENE_TOOL_DEFERRAL_THRESHOLD: expected a number > 0.0 and <= 1.0, got '1.5'"),
+    ({"CTXD_HYGIENE_COMPACT_TARGET": "0.99"},
+     "CTXD_HYGIENE_COMPACT_TARGET: expected a number from 0.05 to 0.95, got '0.99'"),
+    ({"CTXD_HYGIENE_SUMMARIZER": "command"},
+     "CTXD_HYGIENE_SUMMARIZER: hygiene.summarizer = command needs "
+     "hygiene.summarizer_command (the program to run)"),
+    ({"CTXD_HYGIENE_SUMMARIZER": "command", "CTXD_HYGIENE_SUMMARIZER_COMMAND": "sum 'x"},
+     "CTXD_HYGIENE_SUMMARIZER_COMMAND: cannot be split into a command line: No closing "
+     "quotation"),
+    ({"CTXD_HYGIENE_SUMMARIZER": "http", "CTXD_HYGIENE_SUMMARIZER_URL": "http://h/v1"},
+     "CTXD_HYGIENE_SUMMARIZER: hygiene.summarizer = http needs hygiene.summarizer_url and "
+     "hygiene.summarizer_model"),
+    ({"CTXD_HYGIENE_CONTEXT_NOTE": "used {pct}"},
+     "CTXD_HYGIENE_CONTEXT_NOTE: the only placeholder it may hold is {percent} "
+     "(KeyError('pct')); write {{ and }} for literal braces"),
     ({"CTXD_LOG_LEVEL": "loud"},
      "CTXD_LOG_LEVEL: invalid choice 'loud' (choose from debug, info, warning, error)"),
 ])
