@@ -9,7 +9,7 @@ import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import apsw
 import msgspec
@@ -60,7 +60,17 @@ class BlobInfo:
     branch_id: str | None
 
 
-def is_error_result(message: MessageIn) -> bool:
+class ToolResultLike(Protocol):
+    """A message as `is_error_result` reads it."""
+
+    @property
+    def meta(self) -> dict[str, Any] | None: ...
+
+    @property
+    def content(self) -> Content: ...
+
+
+def is_error_result(message: ToolResultLike) -> bool:
     """Whether a tool message reports an error: ``meta.is_error`` is true, or one of its
     content parts has ``is_error: true`` (as Anthropic's ``tool_result`` blocks do). Error
     results stay inline (docs/decisions.md, Hygiene)."""
@@ -78,6 +88,12 @@ def _result_text(content: Content) -> str | None:
            for part in content):
         return "\n".join(part["text"] for part in content)
     return None
+
+
+def result_size(content: Content) -> int:
+    """UTF-8 bytes of a tool result as it was given (its text, or its parts' JSON)."""
+    text = _result_text(content)
+    return len((text if text is not None else _encode(content).decode()).encode())
 
 
 def stub_text(size_bytes: int, tool_name: str | None, head: str, ref_id: str) -> str:
@@ -134,6 +150,16 @@ def originals(conn: apsw.Connection, session_id: str,
             "AND seq IN (SELECT value FROM json_each(?))", (session_id, _encode(list(seqs)))):
         found[seq] = (ref_id, text if parts is None else _decode_content(parts))
     return found
+
+
+def blob_refs(conn: apsw.Connection, session_id: str,
+              seqs: Sequence[int]) -> dict[int, tuple[str, int]]:
+    """The ref and size of the offloaded results among messages ``seqs``."""
+    if not seqs:
+        return {}
+    return {seq: (ref_id, size) for seq, ref_id, size in conn.execute(
+        "SELECT seq, ref_id, size_bytes FROM tool_result_blobs WHERE session_id = ? "
+        "AND seq IN (SELECT value FROM json_each(?))", (session_id, _encode(list(seqs))))}
 
 
 def load_blob(conn: apsw.Connection, session_id: str, ref_id: str) -> BlobInfo | None:

@@ -36,6 +36,7 @@ from ctxd.folding import (
 )
 from ctxd.hygiene import (
     SessionTool,
+    Snapshot,
     ToolResultBlob,
     called_tools,
     check_tools,
@@ -43,13 +44,16 @@ from ctxd.hygiene import (
     counted_form,
     defer,
     deferred_note,
+    drop_snapshot_after,
     grep,
     load_blob,
+    load_snapshot,
     load_tools,
     offload,
     originals,
     page,
     rank,
+    save_snapshot,
     stage_blobs,
     stage_promote,
     stage_register,
@@ -59,7 +63,9 @@ from ctxd.jobs import Slot
 from ctxd.memory import INJECT_SHARE, Injected, Memory, MemoryCandidate, project_scope
 from ctxd.scrub import ScrubError, scrub
 from ctxd.sessions import _queries as q
+from ctxd.sessions._compaction import STRATEGIES, Plan, thread_view
 from ctxd.sessions._state import (
+    COMPACT_BREAKER,
     SessionRecord,
     effective_window,
     health_of,
@@ -83,8 +89,11 @@ from ctxd.wire.types import (
     BranchStatusResult,
     BudgetMeasureParams,
     BudgetMeasureResult,
+    CompactResult,
     Component,
     Content,
+    ContextCompactParams,
+    ContextCompactResult,
     ContextState,
     FoldSummary,
     ForcedReturn,
@@ -104,7 +113,9 @@ from ctxd.wire.types import (
     SessionOpenParams,
     SessionOpenResult,
     SessionResult,
+    SessionResumeResult,
     StoredMessage,
+    Strategy,
     ToolMatch,
     ToolsRegisterParams,
     ToolsRegisterResult,
@@ -446,27 +457,41 @@ class SessionActor:
             branch = await self._live_branch(params.branch_id, for_append=True)
         threshold = self.supervisor.config.hygiene.offload_threshold_bytes
         return await self._append(params, branch, messages,
-                                  [offload(message, threshold) for message in messages])
+                                  [offload(message, threshold) for message in messages], [])
 
     async def _append(self, params: MessageAppendParams, branch: Branch | None,
                       messages: list[MessageIn],
-                      offloads: list[tuple[MessageIn, ToolResultBlob] | None]
-                      ) -> MessageAppendResult:
+                      offloads: list[tuple[MessageIn, ToolResultBlob] | None],
+                      compactions: list[CompactResult]) -> MessageAppendResult:
         """Store ``messages``, the large tool results among them as their stubs (``offloads``)
         with their blobs, in one transaction. Should that commit fail with blobs in it, the
-        append is made again with every result inline (docs/decisions.md, Hygiene)."""
+        append is made again with every result inline (docs/decisions.md, Hygiene).
+
+        An append that would pass the hard block first has the thread compacted (when
+        ``auto_compact`` is on); one that brings it to the compact trigger is followed by a
+        compaction (``compactions``: those run, docs/protocol.md, "Compaction")."""
         record = self.require()
-        health_before = self.context_state().health
         shown = [message if offloaded is None else offloaded[0]
                  for message, offloaded in zip(messages, offloads, strict=True)]
         counts = await self.supervisor.counter.count_messages(shown)
         tokens_appended = sum(counts)
-        thread_before = (record.main_message_tokens if branch is None
-                         else rendered_tokens(branch))
-        would_use = thread_before + tokens_appended + REPLY_PRIMING
-        if would_use / effective_window(record.budget) >= record.budget.hard_block \
-                and not params.allow_over:
-            raise self._over_hard_block(would_use, tokens_appended)
+
+        def would_use() -> int:
+            thread_before = (self.require().main_message_tokens if branch is None
+                             else rendered_tokens(branch))
+            return thread_before + tokens_appended + REPLY_PRIMING
+
+        window = effective_window(record.budget)
+        if would_use() / window >= record.budget.hard_block and not params.allow_over:
+            done = await self._auto_compact(branch, room=tokens_appended, before_append=True)
+            if done is not None:
+                compactions.append(done)
+                record = self.require()
+                if branch is not None:
+                    branch = self.branches.live[branch.branch_id]
+            if would_use() / window >= record.budget.hard_block:
+                raise self._over_hard_block(would_use(), tokens_appended)
+        health_before = self.context_state().health
         now = time.time()
         updated = dataclasses.replace(record, last_seq=record.last_seq + len(messages),
                                       updated_at=now,
@@ -514,7 +539,8 @@ class SessionActor:
             bus.publish(self.session_id, "result.offload_failed",
                         {"branch_id": params.branch_id, "count": len(blobs),
                          "error": f"{type(exc).__name__}: {exc}"})
-            return await self._append(params, branch, messages, [None] * len(messages))
+            return await self._append(params, branch, messages, [None] * len(messages),
+                                      compactions)
         self.record = updated
         if branch is not None and grown is not None:
             self.branches.charged(branch, grown)
@@ -536,11 +562,16 @@ class SessionActor:
             # The append has committed: a failure of the forced return is retried when the
             # branch is next touched, and does not turn this answer into an error.
             forced = await self._enforce(grown)
-            state = self.context_state()
+        thread = None if branch is None else self.branches.live.get(branch.branch_id)
+        if branch is None or thread is not None:
+            done = await self._auto_compact(thread)
+            if done is not None:
+                compactions.append(done)
         return MessageAppendResult(
             appended=[AppendedMessage(seq=m.seq, tokens=m.tokens, component=m.component)
                       for m in stored],
-            tokens_appended=tokens_appended, forced_returns=forced, context_state=state)
+            tokens_appended=tokens_appended, forced_returns=forced,
+            context_state=self.context_state(), compactions=compactions)
 
     async def read_result(self, p: ResultReadParams) -> ResultReadResult:
         """result.read: a page of an offloaded tool result of this session, or its lines
@@ -619,7 +650,11 @@ class SessionActor:
             q.render_rows, self.session_id, branch_id)
         tokens = thread_tokens(message_tokens, len(messages))
         shown, deferred = await self._tool_view()
+        usage = tokens / effective_window(record.budget)
+        note = self.supervisor.config.hygiene.context_note
         return RenderResult(
+            context_note=note.format(percent=round(usage * 100))
+            if note and usage >= record.budget.warn else None,
             branch_id=branch_id, messages=messages, tokens=tokens,
             context_state=self.context_state(),
             stats=RenderStats(message_count=len(messages), stored_messages=record.last_seq,
@@ -628,6 +663,174 @@ class SessionActor:
             tools=[tool.definition() for tool in shown],
             tool_tokens=sum(tool.tokens for tool in shown),
             tools_note=deferred_note(len(deferred)) if deferred else None)
+
+    # ---- compaction (docs/protocol.md, "Compaction") -----------------------------------
+
+    def _thread_used(self, branch: Branch | None) -> int:
+        """Rendered tokens of a thread: the main thread, or a branch with its prefix."""
+        if branch is None:
+            return self.require().main_thread_tokens
+        return rendered_tokens(branch) + REPLY_PRIMING
+
+    def _live_children(self, thread: str | None) -> list[str]:
+        return [b.branch_id for b in self.branches.live.values()
+                if b.parent_branch_id == thread]
+
+    async def compact(self, p: ContextCompactParams) -> ContextCompactResult:
+        """context.compact: run the chain on the main thread or on a live branch."""
+        self.require_open()
+        branch = None
+        if p.branch_id is None:
+            await self._enforce_all()
+        else:
+            branch = await self._live_branch(p.branch_id, for_append=False)
+        children = self._live_children(p.branch_id)
+        if children:
+            raise invalid_state(
+                f"the thread has live branches that started from its context "
+                f"({', '.join(children)}); compacting it would change what they see",
+                "return them first (branch.return), or compact one of them with its branch_id",
+                session_id=self.session_id, branch_id=p.branch_id, live_branches=children)
+        strategies = tuple(p.strategies) if p.strategies else STRATEGIES
+        done = await self._compact(branch, strategies, automatic=False)
+        return ContextCompactResult(**msgspec.structs.asdict(done),
+                                    context_state=self.context_state())
+
+    async def _auto_compact(self, branch: Branch | None, room: int = 0,
+                            before_append: bool = False) -> CompactResult | None:
+        """Compact a thread that reached the compact trigger (``before_append``: that an
+        append of ``room`` tokens would bring past the hard block), when ``auto_compact``
+        is on, the breaker has not tripped, and no live branch started from it. A storage
+        failure is logged: the request that triggered it stands."""
+        record = self.require()
+        if not self.supervisor.config.hygiene.auto_compact or record.auto_compact_paused \
+                or record.state != "open":
+            return None
+        thread = None if branch is None else branch.branch_id
+        if self._live_children(thread):
+            return None
+        limit = record.budget.hard_block if before_append else record.budget.compact_trigger
+        if (self._thread_used(branch) + room) / effective_window(record.budget) < limit:
+            return None
+        try:
+            return await self._compact(branch, STRATEGIES, automatic=True, room=room)
+        except CtxdError as error:
+            if error.code != ErrorCode.STORAGE_ERROR:
+                raise
+            log.warning("session %s: automatic compaction not written: %s", self.session_id,
+                        error.message)
+            return None
+
+    async def _compact(self, branch: Branch | None, strategies: tuple[Strategy, ...], *,
+                       automatic: bool, room: int = 0) -> CompactResult:
+        """Plan the chain on the thread, then write it in one transaction with the
+        session's counters (or the branch's meter) and the breaker; then the snapshot."""
+        sup = self.supervisor
+        record = self.require()
+        health_before = self.context_state().health
+        thread = None if branch is None else branch.branch_id
+        window = effective_window(record.budget)
+        target = math.floor(window * min(sup.config.hygiene.compact_target,
+                                         record.budget.compact_trigger))
+        before = self._thread_used(branch)
+        view = await sup.store.read(thread_view, self.session_id, thread, OPENING_META)
+        now = time.time()
+        plan = Plan(thread=thread, next_seq=record.last_seq + 1, now=now, used=before)
+        after = await sup.compactor.plan(view, plan, target - room, strategies)
+        needed = before > target - room
+        shrank = plan.used < before
+        updated = dataclasses.replace(record, component_tokens=dict(record.component_tokens))
+        transaction = Transaction()
+        grown = None
+        if shrank:
+            updated.last_seq, updated.updated_at = plan.next_seq - 1, now
+            updated.compact_failures = 0
+            transaction.add(q.insert_messages, self.session_id, plan.replacements)
+            transaction.add(q.mark_compacted, self.session_id, plan.marks)
+            stage_blobs(transaction, self.session_id, plan.blobs)
+            if branch is None:
+                updated.compactions, updated.compacted_at = record.compactions + 1, now
+                for component, tokens in plan.removed.items():
+                    updated.component_tokens[component] -= tokens
+                updated.component_tokens["conversation"] += plan.added
+                updated.message_count += len(plan.replacements) - len(plan.marks)
+            else:
+                grown = self.branches.charge(branch, plan.used - before, 0)
+                self.branches.stage_meter(transaction, grown)
+        elif needed:
+            updated.compact_failures += 1
+        if updated != record:
+            transaction.add(q.save_counters, updated)
+            await sup.store.commit(transaction)
+            self.record = updated
+            if branch is not None and grown is not None:
+                self.branches.charged(branch, grown)
+        snapshot_saved = shrank and branch is None and await self._snapshot(updated)
+        result = CompactResult(
+            branch_id=thread, before_tokens=before, after_tokens=plan.used,
+            tokens_recovered=before - plan.used, target_tokens=target - room,
+            before_msgs=len(view), after_msgs=len(after), strategies_run=plan.strategies_run,
+            cleared=plan.counts["cleared"], summarized=plan.counts["summarized"],
+            truncated=plan.counts["truncated"], summarizer=plan.summarizer,
+            summarizer_error=plan.summarizer_error, snapshot_saved=snapshot_saved,
+            automatic=automatic)
+        bus = sup.bus
+        if needed or shrank:
+            bus.publish(self.session_id, "context.compacted",
+                        msgspec.structs.asdict(result) | {
+                            "compact_failures": updated.compact_failures})
+        if updated.compact_failures == COMPACT_BREAKER > record.compact_failures:
+            log.warning("session %s: %d compactions in a row did not shrink the context; "
+                        "automatic compaction is paused", self.session_id, COMPACT_BREAKER)
+            bus.publish(self.session_id, "context.auto_compact_paused",
+                        {"branch_id": thread, "compact_failures": updated.compact_failures})
+        state = self.context_state()
+        if state.health != health_before:
+            bus.publish(self.session_id, "context.health",
+                        {"from": health_before, "to": state.health, "usage": state.usage})
+        return result
+
+    async def _snapshot(self, record: SessionRecord) -> bool:
+        """Save the compacted main thread as the session's snapshot. A failure is logged
+        and published, and leaves `session.resume` on the thread itself (docs/decisions.md,
+        Hygiene)."""
+        store = self.supervisor.store
+        try:
+            messages, message_tokens = await store.read(q.render_rows, self.session_id, None)
+            assert record.compacted_at is not None
+            await store.write(save_snapshot, self.session_id, Snapshot(
+                compaction=record.compactions, through_seq=record.last_seq,
+                compacted_at=record.compacted_at, message_tokens=message_tokens,
+                messages=messages))
+        except Exception as exc:
+            log.warning("session %s: the snapshot of its compaction could not be saved "
+                        "(session.resume gives the thread instead): %s: %s", self.session_id,
+                        type(exc).__name__, exc)
+            self.supervisor.bus.publish(self.session_id, "snapshot.failed",
+                                        {"error": f"{type(exc).__name__}: {exc}"})
+            return False
+        return True
+
+    async def resume(self) -> SessionResumeResult:
+        """session.resume: the latest snapshot and what came after it; the main thread
+        when there is no current snapshot."""
+        record = self.require()
+        store = self.supervisor.store
+        snapshot = await store.read(load_snapshot, self.session_id)
+        if snapshot is not None and snapshot.compaction == record.compactions:
+            later, later_tokens = await store.read(q.main_rows_after, self.session_id,
+                                                   snapshot.through_seq)
+            messages = snapshot.messages + later
+            return SessionResumeResult(
+                session_id=self.session_id, source="snapshot",
+                compacted_at=snapshot.compacted_at, messages=messages,
+                tokens=thread_tokens(snapshot.message_tokens + later_tokens, len(messages)),
+                context_state=self.context_state())
+        messages, message_tokens = await store.read(q.render_rows, self.session_id, None)
+        return SessionResumeResult(
+            session_id=self.session_id, source="thread", compacted_at=None, messages=messages,
+            tokens=thread_tokens(message_tokens, len(messages)),
+            context_state=self.context_state())
 
     # ---- tool deferral (docs/protocol.md, "Tool deferral") ------------------------------
 
@@ -900,6 +1103,10 @@ class SessionActor:
             branch, None, (scrubbed.text, scrubbed.total), p.extract_memory)])
         fold = folds[-1]
         forced += await self._enforce_all(self._charge_parents([fold]))
+        parent = fold.branch.parent_branch_id
+        if parent is None or parent in self.branches.live:
+            # The fold grew its parent thread (docs/protocol.md, "Compaction").
+            await self._auto_compact(None if parent is None else self.branches.live[parent])
         return BranchReturnResult(
             success=True, branch_id=branch.branch_id, parent_branch_id=branch.parent_branch_id,
             folded_at=fold.message.created_at, fold_seq=fold.message.seq,
@@ -1056,6 +1263,9 @@ class SessionActor:
                 for component, tokens in gone.thread_tokens.items():
                     updated.component_tokens[component] -= tokens
             q.save_counters(conn, updated)
+            if thread is None:
+                # A snapshot with messages after the fork no longer is the thread's.
+                drop_snapshot_after(conn, session_id, info.fork_seq)
             return gone, updated
 
         gone, updated = await self.supervisor.store.write(roll_back)

@@ -21,6 +21,8 @@ from ctxd.wire.types import (
     BranchStatusResult,
     BudgetMeasureParams,
     BudgetMeasureResult,
+    ContextCompactParams,
+    ContextCompactResult,
     MessageAppendParams,
     MessageAppendResult,
     MessageListParams,
@@ -36,6 +38,7 @@ from ctxd.wire.types import (
     SessionOpenParams,
     SessionOpenResult,
     SessionResult,
+    SessionResumeResult,
     ToolsRegisterParams,
     ToolsRegisterResult,
     ToolsSearchParams,
@@ -71,6 +74,12 @@ def register(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
         return SessionListResult(sessions=[supervisor.info(record, live)
                                            for _, record, live in rows],
                                  next_cursor=str(rows[-1][0]) if more else None)
+
+    async def session_resume(call: Call, p: SessionIdParams) -> SessionResumeResult:
+        return await supervisor.call(p.session_id, lambda a: a.resume())
+
+    async def context_compact(call: Call, p: ContextCompactParams) -> ContextCompactResult:
+        return await supervisor.call(p.session_id, lambda a: a.compact(p))
 
     async def message_append(call: Call, p: MessageAppendParams) -> MessageAppendResult:
         return await supervisor.call(p.session_id, lambda a: a.append(p))
@@ -115,6 +124,8 @@ def register(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
     dispatcher.register("session.close", SessionIdParams, session_close)
     dispatcher.register("session.delete", SessionIdParams, session_delete)
     dispatcher.register("session.list", SessionListParams, session_list)
+    dispatcher.register("session.resume", SessionIdParams, session_resume)
+    dispatcher.register("context.compact", ContextCompactParams, context_compact)
     dispatcher.register("message.append", MessageAppendParams, message_append)
     dispatcher.register("message.list", MessageListParams, message_list)
     dispatcher.register("ctxd.render", RenderParams, render)

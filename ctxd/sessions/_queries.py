@@ -16,7 +16,7 @@ from ctxd.wire.types import COMPONENTS, Budget, Component, Content, RenderedMess
 _SESSION_COLUMNS = (
     "id", "project", "title", "state", *Budget.__struct_fields__, "message_count",
     *(f"tokens_{component}" for component in COMPONENTS), "created_at", "updated_at",
-    "closed_at", "last_seq", "folded_tokens")
+    "closed_at", "last_seq", "folded_tokens", "compactions", "compact_failures", "compacted_at")
 _encode = msgspec.json.Encoder().encode
 _decode_content = msgspec.json.Decoder(Content).decode
 _decode_meta = msgspec.json.Decoder(dict[str, Any]).decode
@@ -43,7 +43,8 @@ def _record(row: Sequence[Any]) -> SessionRecord:
         component_tokens={c: values[f"tokens_{c}"] for c in COMPONENTS},
         created_at=values["created_at"], updated_at=values["updated_at"],
         closed_at=values["closed_at"], last_seq=values["last_seq"],
-        folded_tokens=values["folded_tokens"])
+        folded_tokens=values["folded_tokens"], compactions=values["compactions"],
+        compact_failures=values["compact_failures"], compacted_at=values["compacted_at"])
 
 
 def load_session(conn: apsw.Connection, session_id: str) -> SessionRecord | None:
@@ -70,11 +71,13 @@ def save_session(conn: apsw.Connection, record: SessionRecord) -> None:
          *(getattr(b, name) for name in Budget.__struct_fields__), record.message_count,
          *(record.component_tokens[c] for c in COMPONENTS),
          record.created_at, record.updated_at, record.closed_at, record.last_seq,
-         record.folded_tokens))
+         record.folded_tokens, record.compactions, record.compact_failures,
+         record.compacted_at))
 
 
 _MESSAGE_COLUMNS = ("seq", "role", "content", "name", "tool_call_id", "component", "meta",
-                    "tokens", "created_at", "branch_id", "discarded")
+                    "tokens", "created_at", "branch_id", "discarded", "compaction",
+                    "replaced_by", "at_seq")
 
 
 def insert_messages(conn: apsw.Connection, session_id: str,
@@ -85,7 +88,7 @@ def insert_messages(conn: apsw.Connection, session_id: str,
         f"VALUES (?, {', '.join('?' * len(_MESSAGE_COLUMNS))})",
         [(session_id, m.seq, m.role, _encode(m.content), m.name, m.tool_call_id, m.component,
           None if m.meta is None else _encode(m.meta), m.tokens, m.created_at, m.branch_id,
-          int(m.discarded)) for m in messages])
+          int(m.discarded), m.compaction, m.replaced_by, m.at_seq) for m in messages])
 
 
 def _stored(row: Sequence[Any]) -> StoredMessage:
@@ -104,9 +107,11 @@ def save_counters(conn: apsw.Connection, record: SessionRecord) -> None:
     conn.execute(
         "UPDATE sessions SET message_count = ?, tokens_system_prompt = ?, "
         "tokens_skill_prompts = ?, tokens_tool_descriptions = ?, tokens_conversation = ?, "
-        "last_seq = ?, folded_tokens = ?, updated_at = ? WHERE id = ?",
+        "last_seq = ?, folded_tokens = ?, updated_at = ?, compactions = ?, "
+        "compact_failures = ?, compacted_at = ? WHERE id = ?",
         (record.message_count, *(record.component_tokens[c] for c in COMPONENTS),
-         record.last_seq, record.folded_tokens, record.updated_at, record.session_id))
+         record.last_seq, record.folded_tokens, record.updated_at, record.compactions,
+         record.compact_failures, record.compacted_at, record.session_id))
 
 
 def list_messages(conn: apsw.Connection, session_id: str, branch_id: str | None,
@@ -125,6 +130,12 @@ def list_messages(conn: apsw.Connection, session_id: str, branch_id: str | None,
     return [_stored(row) for row in rows]
 
 
+KEPT = "discarded = 0 AND compaction IS NULL"
+"""The messages of a thread that it renders: neither rolled back nor compacted away."""
+POSITION = "coalesce(at_seq, seq)"
+"""Where a message sits in its thread (docs/protocol.md, "Compaction")."""
+
+
 def render_rows(conn: apsw.Connection, session_id: str,
                 branch_id: str | None) -> tuple[list[RenderedMessage], int]:
     """The messages ``ctxd.render`` sends for a thread, and the sum of their tokens: for
@@ -134,12 +145,45 @@ def render_rows(conn: apsw.Connection, session_id: str,
     tokens = 0
     for thread, through in thread_chain(conn, branch_id):
         for role, content, name, tool_call_id, count in conn.execute(
-                "SELECT role, content, name, tool_call_id, tokens FROM messages "
-                "WHERE session_id = ? AND branch_id IS ? AND discarded = 0 AND seq <= ? "
-                "ORDER BY seq", (session_id, thread, through)):
+                f"SELECT role, content, name, tool_call_id, tokens FROM messages "
+                f"WHERE session_id = ? AND branch_id IS ? AND {KEPT} "
+                f"AND {POSITION} <= ? ORDER BY {POSITION}, seq",
+                (session_id, thread, through)):
             messages.append(RenderedMessage(role=role, content=_decode_content(content),
                                             name=name, tool_call_id=tool_call_id))
             tokens += count
+    return messages, tokens
+
+
+def thread_rows(conn: apsw.Connection, session_id: str,
+                thread: str | None) -> list[StoredMessage]:
+    """The kept messages of one thread (a branch: its own), in thread order."""
+    return [_stored(row) for row in conn.execute(
+        f"SELECT {', '.join(_MESSAGE_COLUMNS)} FROM messages WHERE session_id = ? "
+        f"AND branch_id IS ? AND {KEPT} ORDER BY {POSITION}, seq", (session_id, thread))]
+
+
+def mark_compacted(conn: apsw.Connection, session_id: str,
+                   marks: Sequence[tuple[int, str, int]]) -> None:
+    """Take messages out of their thread: (seq, what compaction did, the seq of the
+    message that stands for it); the caller's transaction."""
+    conn.executemany("UPDATE messages SET compaction = ?, replaced_by = ? "
+                     "WHERE session_id = ? AND seq = ?",
+                     [(what, by, session_id, seq) for seq, what, by in marks])
+
+
+def main_rows_after(conn: apsw.Connection, session_id: str,
+                    after_seq: int) -> tuple[list[RenderedMessage], int]:
+    """The main thread's kept messages that sit after ``after_seq``, and their tokens."""
+    messages: list[RenderedMessage] = []
+    tokens = 0
+    for role, content, name, tool_call_id, count in conn.execute(
+            f"SELECT role, content, name, tool_call_id, tokens FROM messages "
+            f"WHERE session_id = ? AND branch_id IS NULL AND {KEPT} AND {POSITION} > ? "
+            f"ORDER BY {POSITION}, seq", (session_id, after_seq)):
+        messages.append(RenderedMessage(role=role, content=_decode_content(content),
+                                        name=name, tool_call_id=tool_call_id))
+        tokens += count
     return messages, tokens
 
 
@@ -149,11 +193,11 @@ def recent_work(conn: apsw.Connection, branch_id: str, opening_meta: dict[str, A
     client (oldest first; not those with ``opening_meta``): what a forced return builds its
     partial result from."""
     last = conn.execute(
-        "SELECT content FROM messages WHERE branch_id = ? AND role = 'assistant' "
-        "AND discarded = 0 ORDER BY seq DESC LIMIT 1", (branch_id,)).fetchall()
+        f"SELECT content FROM messages WHERE branch_id = ? AND role = 'assistant' "
+        f"AND {KEPT} ORDER BY {POSITION} DESC, seq DESC LIMIT 1", (branch_id,)).fetchall()
     rows = conn.execute(
-        "SELECT role, content FROM messages WHERE branch_id = ? AND discarded = 0 "
-        "AND meta IS NOT ? ORDER BY seq DESC LIMIT ?",
+        f"SELECT role, content FROM messages WHERE branch_id = ? AND {KEPT} "
+        f"AND meta IS NOT ? ORDER BY {POSITION} DESC, seq DESC LIMIT ?",
         (branch_id, _encode(opening_meta), recent)).fetchall()
     return (_decode_content(_text(last[0][0])) if last else None,
             [(role, _decode_content(content)) for role, content in reversed(rows)])
@@ -169,22 +213,33 @@ def recent_works(conn: apsw.Connection, branch_ids: Sequence[str],
 def discard_messages(conn: apsw.Connection, session_id: str, thread: str | None,
                      fork_seq: int, branch_ids: Sequence[str]) -> MessagesDiscarded:
     """Mark discarded a thread's messages after ``fork_seq`` and every message of the
-    given branches (kept in the archive); the caller's transaction."""
+    given branches (kept in the archive), and bring back the thread's messages that a
+    compaction after ``fork_seq`` had taken out; the caller's transaction. The thread's
+    figures are net: discarded minus brought back."""
     by_component: dict[Component, int] = dict.fromkeys(COMPONENTS, 0)
     thread_messages = thread_operations = 0
     for component, role, tokens in conn.execute(
-            "SELECT component, role, tokens FROM messages WHERE session_id = ? "
-            "AND branch_id IS ? AND seq > ? AND discarded = 0", (session_id, thread, fork_seq)):
+            f"SELECT component, role, tokens FROM messages WHERE session_id = ? "
+            f"AND branch_id IS ? AND seq > ? AND {KEPT}", (session_id, thread, fork_seq)):
         by_component[component] += tokens
         thread_messages += 1
         thread_operations += role == "assistant"
+    restore = ("FROM messages WHERE session_id = ? AND branch_id IS ? AND seq <= ? "
+               "AND discarded = 0 AND replaced_by > ?")
+    for component, tokens in conn.execute(f"SELECT component, tokens {restore}",
+                                          (session_id, thread, fork_seq, fork_seq)):
+        by_component[component] -= tokens
+        thread_messages -= 1
+    conn.execute(f"UPDATE messages SET compaction = NULL, replaced_by = NULL "
+                 f"WHERE rowid IN (SELECT rowid {restore})",
+                 (session_id, thread, fork_seq, fork_seq))
     branch_tokens: dict[str, int] = {}
     branch_messages: dict[str, int] = {}
     for chunk in chunks(branch_ids):
         marks = ",".join("?" * len(chunk))
         for branch_id, count, tokens in conn.execute(
                 f"SELECT branch_id, count(*), coalesce(sum(tokens), 0) FROM messages "
-                f"WHERE discarded = 0 AND branch_id IN ({marks}) GROUP BY branch_id", chunk):
+                f"WHERE {KEPT} AND branch_id IN ({marks}) GROUP BY branch_id", chunk):
             branch_messages[branch_id], branch_tokens[branch_id] = count, tokens
         conn.execute(f"UPDATE messages SET discarded = 1 WHERE branch_id IN ({marks})", chunk)
     conn.execute("UPDATE messages SET discarded = 1 WHERE session_id = ? AND branch_id IS ? "

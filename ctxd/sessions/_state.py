@@ -61,6 +61,11 @@ def health_of(usage: float, budget: Budget) -> Health:
     return "ok"
 
 
+COMPACT_BREAKER = 3
+"""Compactions in a row that do not shrink the context before ctxd stops compacting the
+session by itself (docs/protocol.md, "Compaction")."""
+
+
 def thread_tokens(message_tokens: int, message_count: int) -> int:
     """Tokens of a rendered thread: its messages plus the reply priming (none when empty)."""
     return message_tokens + REPLY_PRIMING if message_count else 0
@@ -88,6 +93,16 @@ class SessionRecord:
     """The newest message's seq in any thread (seqs are never reused)."""
     folded_tokens: int = 0
     """Tokens of every branch that folded (and was not rolled back)."""
+    compactions: int = 0
+    """Compactions that shrank a thread of the session."""
+    compact_failures: int = 0
+    """Compactions in a row that did not shrink the thread they were run on."""
+    compacted_at: float | None = None
+    """When a compaction last shrank a thread of the session."""
+
+    @property
+    def auto_compact_paused(self) -> bool:
+        return self.compact_failures >= COMPACT_BREAKER
 
     @property
     def main_message_tokens(self) -> int:
@@ -123,7 +138,8 @@ class SessionRecord:
             current_branch_tokens=0 if branch is None else branch.budget_used,
             current_branch_budget=0 if branch is None else branch.budget,
             folded_tokens=self.folded_tokens, effective_window=effective_window(self.budget),
-            usage=round(usage, 6), health=health)
+            usage=round(usage, 6), health=health, compact_failures=self.compact_failures,
+            auto_compact_paused=self.auto_compact_paused)
 
     def info(self, branches: Branches | None = None, live_branches: int = 0) -> SessionInfo:
         """The session as listed: with its actor's branches, or (read from the store

@@ -14,9 +14,11 @@ from ctxd.config import Config
 from ctxd.errors import CtxdError, limit_reached, shutting_down
 from ctxd.folding import Registry
 from ctxd.hub import EventBus
+from ctxd.hygiene import make_summarizer
 from ctxd.memory import Memory
 from ctxd.sessions import _queries as q
 from ctxd.sessions._actor import ActorGone, SessionActor
+from ctxd.sessions._compaction import Compactor
 from ctxd.sessions._state import SessionRecord
 from ctxd.store import Store
 from ctxd.tokens import TokenCounter
@@ -48,6 +50,9 @@ class Supervisor:
         self.config = config
         self.sessions_open = 0
         self.sessions_total = 0
+        self.compactor = Compactor(counter, config.hygiene, make_summarizer(config.hygiene))
+        """Plans compactions with the configured summarizer (docs/protocol.md,
+        "Compaction")."""
         self.registry = Registry(store, config.max_live_branches)
         """Every live branch of the daemon, and the session that holds it."""
         self._actors: dict[str, SessionActor] = {}

@@ -33,6 +33,11 @@ COMPONENTS: tuple[Component, ...] = ("system_prompt", "skill_prompts", "tool_des
                                      "conversation")
 Health = Literal["ok", "warn", "caution", "compact", "blocked"]
 SessionStateName = Literal["open", "closed"]
+Compaction = Literal["cleared", "summarized", "truncated"]
+"""What compaction did to a message it took out of its thread (docs/protocol.md,
+"Compaction")."""
+Strategy = Literal["clear", "summarize", "truncate"]
+"""The compaction chain's strategies, in the order they run."""
 Text = Annotated[str, Meta(max_length=256)]
 BranchId = Annotated[str, Meta(pattern=r"^br_[0-9a-f]{12}\Z",
                                description='"br_" and 12 lower-case hex digits')]
@@ -89,6 +94,11 @@ class ContextState(Result, frozen=True):
     effective_window: int
     usage: float
     health: Health
+    compact_failures: int = 0
+    """Compactions in a row that did not shrink the context."""
+    auto_compact_paused: bool = False
+    """Three compactions in a row did not shrink it: ctxd no longer compacts this session by
+    itself until a ``context.compact`` shrinks it (docs/protocol.md, "Compaction")."""
 
 
 class SessionInfo(Result, frozen=True):
@@ -255,6 +265,9 @@ class MessageAppendResult(Result, frozen=True):
     tokens_appended: int
     forced_returns: list[ForcedReturn]
     context_state: ContextState
+    compactions: list[CompactResult] = []
+    """Compactions ctxd ran by itself: before the append (it would have passed the hard
+    block) and after it (it reached the compact trigger)."""
 
 
 class MessageListParams(Params, frozen=True):
@@ -279,6 +292,13 @@ class StoredMessage(Result, frozen=True, omit_defaults=True):
     ref_id: str | None = None
     """An offloaded tool result's ref (`result.read`): ``ctxd.render`` shows its stub, and
     ``message.list`` its whole content."""
+    compaction: Compaction | None = None
+    """Set when compaction took the message out of its thread (it stays here)."""
+    replaced_by: int | None = None
+    """The seq of the message that stands for it in the thread since (with ``compaction``)."""
+    at_seq: int | None = None
+    """Where a message that compaction wrote sits in its thread: the seq of the first
+    message it stands for."""
 
 
 class MessageListResult(Result, frozen=True):
@@ -372,6 +392,59 @@ class RenderResult(Result, frozen=True):
     """Exact tokens of ``tools``, counted as budget.measure's ``tool_descriptions``."""
     tools_note: str | None = None
     """``[N tools deferred to save context. Use tool_search to find them.]`` when some are."""
+    context_note: str | None = None
+    """``[Context: 83% used. …]`` above the session's ``warn`` threshold (``[hygiene]
+    context_note``): not a message, so that a cached prefix stays as it is."""
+
+
+# ---- context.compact, session.resume (docs/protocol.md, "Compaction") ------------------
+
+class ContextCompactParams(Params, frozen=True):
+    session_id: SessionId
+    branch_id: BranchId | None = None
+    """The thread to compact: a live branch's own messages, or (null) the main thread."""
+    strategies: Annotated[list[Strategy], Meta(min_length=1, max_length=3)] | None = None
+    """Which strategies may run (always in the chain's order); null: all three."""
+
+
+class CompactResult(Result, frozen=True):
+    """What one compaction did (``context.compact``, and the automatic one an append or a
+    fold may run)."""
+
+    branch_id: str | None
+    before_tokens: int
+    after_tokens: int
+    tokens_recovered: int
+    target_tokens: int
+    """Tokens the chain aimed to bring the rendered thread under."""
+    before_msgs: int
+    after_msgs: int
+    """Messages of the thread (a branch: its own), before and after."""
+    strategies_run: list[Strategy]
+    cleared: int = 0
+    summarized: int = 0
+    truncated: int = 0
+    summarizer: str | None = None
+    summarizer_error: str | None = None
+    """Why the summarizer failed (the chain went on to truncation)."""
+    snapshot_saved: bool = False
+    automatic: bool = False
+
+
+class ContextCompactResult(CompactResult, frozen=True, kw_only=True):
+    context_state: ContextState
+
+
+class SessionResumeResult(Result, frozen=True):
+    session_id: str
+    source: Literal["snapshot", "thread"]
+    """``snapshot``: the thread as the latest compaction left it, then what came after;
+    ``thread``: the main thread as it is (the session was never compacted, or its latest
+    snapshot could not be saved)."""
+    compacted_at: float | None
+    messages: list[RenderedMessage]
+    tokens: int
+    context_state: ContextState
 
 
 class BudgetMeasureParams(Params, frozen=True):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -39,7 +40,8 @@ def test_open_is_idempotent_and_generates_ids(client: Client, sid: str) -> None:
         "session_id": generated["session"]["session_id"], "active_branch_id": None,
         "branch_depth": 0, "branch_path": [], "total_tokens": 0, "main_thread_tokens": 0,
         "current_branch_tokens": 0, "current_branch_budget": 0, "folded_tokens": 0,
-        "effective_window": 191_808, "usage": 0.0, "health": "ok"}
+        "effective_window": 191_808, "usage": 0.0, "health": "ok",
+        "compact_failures": 0, "auto_compact_paused": False}
 
 
 def test_open_updates_budget_of_an_existing_session(client: Client, sid: str) -> None:
@@ -186,7 +188,14 @@ def test_a_16_mib_append_is_counted_and_stored_exactly(client: Client, sid: str)
     assert (stored["content"] == content, stored["tokens"]) == (True, tokens)
 
 
-def test_health_thresholds_and_the_hard_block(client: Client, sid: str) -> None:
+def test_health_thresholds_and_the_hard_block(daemon_root: Path, sid: str) -> None:
+    # The thresholds as such: nothing compacts the thread (test_compaction.py does).
+    process = DaemonProcess(daemon_root, extra_args=["--hygiene-auto-compact", "false"])
+    with process.running(), process.client() as client:
+        _thresholds(client, sid)
+
+
+def _thresholds(client: Client, sid: str) -> None:
     # effective window 1000: warn 700, caution 800, compact 950, blocked 980.
     client.call("session.open", {"session_id": sid, "budget": {
         "context_window": 1100, "max_output_tokens": 100}})

@@ -1,0 +1,379 @@
+"""The compaction chain against a real daemon: clearing old tool results, summarising the
+oldest span, truncating, the circuit breaker, snapshots and session.resume, the context
+note, branches and rollbacks (docs/protocol.md, "Compaction")."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import apsw
+import pytest
+from conftest import DaemonProcess, kill_leftovers, short_root
+from tests_support import COUNTER, next_event, rpc_error
+
+from ctxclient import Client
+from ctxd.tokens import REPLY_PRIMING
+
+SYSTEM = {"role": "system", "content": "You are a careful coding agent."}
+TASK = {"role": "user", "content": "Fix the failing tests. Never edit the migrations."}
+WINDOW = {"context_window": 6000, "max_output_tokens": 0}
+"""An effective window of 6,000 tokens: target 3,600 (0.60), trigger 5,700 (0.95)."""
+
+
+def call(step: int, name: str = "bash") -> dict[str, Any]:
+    return {"role": "assistant", "content": f"Step {step}: running {name}.",
+            "meta": {"tool_calls": [{"id": f"call_{step}", "name": name}]}}
+
+
+def output(step: int, lines: int = 24) -> str:
+    """A tool's output of ``lines`` numbered lines (24 lines: 1,228 bytes at step 5; with
+    its call, 405 tokens)."""
+    return "".join(f"step {step} line {i}: collected test case {i} of the suite\n"
+                   for i in range(lines))
+
+
+def result(step: int, content: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {"role": "tool", "name": "bash", "tool_call_id": f"call_{step}",
+            "content": output(step) if content is None else content, **extra}
+
+
+def tokens_of(message: dict[str, Any]) -> int:
+    return COUNTER.message_tokens(message["role"], message["content"], message.get("name"),
+                                  message.get("tool_call_id"))
+
+
+def rendered_tokens(messages: list[dict[str, Any]]) -> int:
+    return sum(tokens_of(m) for m in messages) + REPLY_PRIMING if messages else 0
+
+
+def cleared(ref_id: str) -> str:
+    return f'[Old tool result content cleared — read it with read_result ref_id="{ref_id}"]'
+
+
+def listed(client: Client, sid: str) -> list[dict[str, Any]]:
+    return client.call("message.list", {"session_id": sid, "limit": 1000})["messages"]  # type: ignore[no-any-return]
+
+
+def render(client: Client, sid: str, **extra: Any) -> dict[str, Any]:
+    return client.call("ctxd.render", {"session_id": sid, **extra})  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def manual_daemon() -> Iterator[DaemonProcess]:
+    """A daemon that compacts only when asked."""
+    root = short_root()
+    process = DaemonProcess(root, extra_args=["--hygiene-auto-compact", "false"]).start()
+    yield process
+    process.stop()
+    kill_leftovers(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def work(client: Client, sid: str, steps: range, **extra: Any) -> None:
+    for step in steps:
+        client.call("message.append", {"session_id": sid,
+                                       "messages": [call(step), result(step, **extra)]})
+
+
+def test_clearing_replaces_the_oldest_results_until_the_target(
+        manual_daemon: DaemonProcess, sid: str) -> None:
+    with manual_daemon.client() as client:
+        client.call("session.open", {"session_id": sid, "budget": WINDOW})
+        client.call("message.append", {"session_id": sid, "messages": [SYSTEM, TASK]})
+        work(client, sid, range(0, 1))
+        # An old error result: never cleared.
+        client.call("message.append", {"session_id": sid, "messages": [
+            call(1), result(1, output(1), meta={"is_error": True})]})
+        work(client, sid, range(2, 11))
+        before = render(client, sid)
+        archive = listed(client, sid)
+        assert before["tokens"] == rendered_tokens(before["messages"])
+        assert before["tokens"] > 3_600
+
+        done = client.call("context.compact", {"session_id": sid, "strategies": ["clear"]})
+
+        after = render(client, sid)
+        archive_after = listed(client, sid)
+    by_seq = {m["seq"]: m for m in archive_after}
+    gone = [m for m in archive_after if m.get("compaction") == "cleared"]
+    # Oldest first, the error result (seq 6) and the newest five (steps 6-10) kept.
+    candidates = [m["seq"] for m in archive if m["role"] == "tool" and m["seq"] != 6][:-5]
+    assert [m["seq"] for m in gone] == candidates[:len(gone)]
+    gains = []
+    for original in gone:
+        marker = by_seq[original["replaced_by"]]
+        ref_id = marker["content"].split('ref_id="')[1].rstrip('"]')
+        assert marker["content"] == cleared(ref_id)
+        assert (marker["at_seq"], marker["tool_call_id"], marker["meta"]) == (
+            original["seq"], original["tool_call_id"], {"compaction": "cleared",
+                                                         "seq": original["seq"]})
+        assert marker["tokens"] == tokens_of(marker)
+        # The original, byte for byte, is where the marker says.
+        with manual_daemon.client() as client:
+            read = client.call("result.read", {"session_id": sid, "ref_id": ref_id})
+        assert read["content"] == original["content"] == output((original["seq"] - 4) // 2)
+        gains.append(original["tokens"] - marker["tokens"])
+    # As few as bring it under the target.
+    assert sum(gains[:-1]) < before["tokens"] - 3_600 <= sum(gains)
+    assert done["strategies_run"] == ["clear"]
+    assert (done["before_tokens"], done["after_tokens"], done["target_tokens"]) == (
+        before["tokens"], before["tokens"] - sum(gains), 3_600)
+    assert (done["before_msgs"], done["after_msgs"], done["cleared"]) == (24, 24, len(gone))
+    assert done["tokens_recovered"] == sum(gains)
+    assert after["tokens"] == rendered_tokens(after["messages"]) == done["after_tokens"]
+    assert [m["content"] for m in after["messages"]] == [
+        by_seq[m["replaced_by"]]["content"] if m.get("compaction") else m["content"]
+        for m in archive_after if m.get("at_seq") is None]
+    assert done["context_state"]["main_thread_tokens"] == after["tokens"]
+
+
+def test_summary_keeps_tool_calls_with_their_results_and_the_latest_request(
+        manual_daemon: DaemonProcess, sid: str) -> None:
+    with manual_daemon.client() as client:
+        client.call("session.open", {"session_id": sid, "budget": WINDOW})
+        client.call("message.append", {"session_id": sid, "messages": [SYSTEM, TASK]})
+        work(client, sid, range(0, 5))
+        later = {"role": "user", "content": "Now also update the changelog."}
+        client.call("message.append", {"session_id": sid, "messages": [later]})
+        work(client, sid, range(5, 10))
+        before = render(client, sid)
+        done = client.call("context.compact", {"session_id": sid,
+                                               "strategies": ["summarize"]})
+        after = render(client, sid)
+        archive = listed(client, sid)
+    summaries = [m for m in archive if (m.get("meta") or {}).get("compaction") == "summary"]
+    assert len(summaries) == 1
+    summary = summaries[0]
+    span = [m["seq"] for m in archive if m.get("replaced_by") == summary["seq"]]
+    # From the task (the first message that is not pinned), whole call/result pairs, as
+    # many as free what the target needs and as much again for the summary's own room.
+    needed = before["tokens"] - 3_600
+    ends = [end for end in range(3, 13) if archive[end]["role"] != "tool"]
+    end = next(end for end in ends if sum(m["tokens"] for m in archive[1:end]) >= 2 * needed)
+    assert span == list(range(2, end + 1))
+    assert summary["meta"] == {"compaction": "summary", "summarizer": "extractive",
+                               "first_seq": 2, "last_seq": end}
+    assert summary["content"].startswith(
+        f"[Summary of {len(span)} earlier messages, written by the extractive summarizer when "
+        "ctxd compacted the context; message.list keeps the originals.]\n\n")
+    assert [m["content"] for m in after["messages"][:3]] == [
+        SYSTEM["content"], summary["content"], archive[end]["content"]]
+    assert after["messages"][2]["role"] == "assistant"
+    assert later in after["messages"]
+    assert done["summarized"] == len(span)
+    assert done["summarizer"] == "extractive"
+    assert done["after_tokens"] == after["tokens"] == rendered_tokens(after["messages"])
+    assert done["tokens_recovered"] == before["tokens"] - after["tokens"] > 0
+
+
+def test_truncation_keeps_the_newest_group(manual_daemon: DaemonProcess, sid: str) -> None:
+    with manual_daemon.client() as client:
+        client.call("session.open", {"session_id": sid, "budget": WINDOW})
+        client.call("message.append", {"session_id": sid, "messages": [SYSTEM, TASK]})
+        work(client, sid, range(0, 10))
+        done = client.call("context.compact", {"session_id": sid, "strategies": ["truncate"]})
+        after = render(client, sid)
+        archive = listed(client, sid)
+    truncated = [m["seq"] for m in archive if m.get("compaction") == "truncated"]
+    marker = archive[-1]
+    assert marker["content"] == (f"[{len(truncated)} earlier messages were truncated to free "
+                                 "context; message.list keeps them.]")
+    # Whole call/result pairs, oldest first, after the (kept) latest request.
+    assert truncated == list(range(3, 3 + len(truncated)))
+    assert len(truncated) % 2 == 0
+    assert after["messages"][:3] == [SYSTEM, TASK, {"role": "user",
+                                                    "content": marker["content"]}]
+    assert done["after_tokens"] <= 3_600 < done["after_tokens"] + tokens_of(
+        archive[len(truncated)]) + tokens_of(archive[len(truncated) + 1])
+
+
+def test_the_chain_runs_by_itself_at_the_trigger(shared_daemon: DaemonProcess,
+                                                  sid: str) -> None:
+    with shared_daemon.client() as client, shared_daemon.client() as watcher:
+        client.call("session.open", {"session_id": sid, "budget": WINDOW})
+        watcher.call("events.subscribe", {"session_id": sid, "types": ["context.compacted"]})
+        client.call("message.append", {"session_id": sid, "messages": [SYSTEM, TASK]})
+        runs = []
+        for step in range(20):
+            appended = client.call("message.append", {"session_id": sid, "messages": [
+                call(step), result(step)]})
+            runs += appended["compactions"]
+            assert appended["context_state"]["usage"] < 0.95
+        event = next_event(watcher)
+        final = render(client, sid)
+    assert runs, "20 steps of 500 tokens pass the trigger of a 6,000-token window"
+    first = runs[0]
+    assert first["automatic"] is True
+    assert first["strategies_run"][0] == "clear"
+    assert first["after_tokens"] <= first["target_tokens"] < first["before_tokens"]
+    assert event["data"]["after_tokens"] == first["after_tokens"]
+    assert event["data"]["automatic"] is True
+    assert final["tokens"] == rendered_tokens(final["messages"])
+
+
+def test_a_compaction_that_cannot_shrink_trips_the_breaker(
+        shared_daemon: DaemonProcess, sid: str) -> None:
+    system = {"role": "system", "content": "Follow the rules. " * 1438}
+    assert 0.95 * 6000 <= tokens_of(system) < 0.98 * 6000
+    with shared_daemon.client() as client, shared_daemon.client() as watcher:
+        client.call("session.open", {"session_id": sid, "budget": WINDOW})
+        watcher.call("events.subscribe", {"session_id": sid})
+        first = client.call("message.append", {"session_id": sid, "messages": [system]})
+        assert first["compactions"][0] | {"before_tokens": 0, "after_tokens": 0} == {
+            "branch_id": None, "before_tokens": 0, "after_tokens": 0, "tokens_recovered": 0,
+            "target_tokens": 3_600, "before_msgs": 1, "after_msgs": 1,
+            "strategies_run": ["clear", "summarize", "truncate"], "cleared": 0,
+            "summarized": 0, "truncated": 0, "summarizer": None, "summarizer_error": None,
+            "snapshot_saved": False, "automatic": True}
+        assert first["context_state"]["compact_failures"] == 1
+        for failures in (2, 3):
+            appended = client.call("message.append", {"session_id": sid, "allow_over": True,
+                                                      "messages": [{"role": "user",
+                                                                    "content": "go on"}]})
+            assert appended["context_state"]["compact_failures"] == failures
+        assert appended["context_state"]["auto_compact_paused"] is True
+        # Paused: no more attempts.
+        appended = client.call("message.append", {"session_id": sid, "allow_over": True,
+                                                  "messages": [{"role": "user",
+                                                                "content": "go on"}]})
+        assert appended["compactions"] == []
+        assert appended["context_state"]["compact_failures"] == 3
+        types = []
+        while (event := next_event(watcher))["type"] != "context.auto_compact_paused":
+            types.append(event["type"])
+        assert types.count("context.compacted") == 3
+        assert event["data"] == {"branch_id": None, "compact_failures": 3}
+
+
+def test_snapshot_survives_a_restart_and_resume_starts_from_it(
+        daemon_root: Path, sid: str) -> None:
+    process = DaemonProcess(daemon_root, extra_args=["--hygiene-auto-compact", "false"])
+    with process.running(), process.client() as client:
+        client.call("session.open", {"session_id": sid, "budget": WINDOW})
+        client.call("message.append", {"session_id": sid, "messages": [SYSTEM, TASK]})
+        work(client, sid, range(0, 10))
+        never = client.call("session.resume", {"session_id": sid})
+        assert (never["source"], never["compacted_at"]) == ("thread", None)
+        assert never["messages"] == render(client, sid)["messages"]
+        done = client.call("context.compact", {"session_id": sid})
+        assert done["snapshot_saved"] is True
+        work(client, sid, range(10, 11))
+        rendered = render(client, sid)
+    with process.running(), process.client() as client:
+        resumed = client.call("session.resume", {"session_id": sid})
+    assert resumed["source"] == "snapshot"
+    assert resumed["messages"] == rendered["messages"]
+    assert resumed["tokens"] == rendered["tokens"] == rendered_tokens(resumed["messages"])
+    assert resumed["compacted_at"] > 0
+
+    database = apsw.Connection(str(process.data_dir / "ctxd.db"))
+    database.execute("CREATE TRIGGER refuse_snapshots BEFORE UPDATE ON session_snapshots "
+                     "BEGIN SELECT RAISE(ABORT, 'no room for snapshots'); END")
+    database.close()
+    with process.running(), process.client() as client, process.client() as watcher:
+        watcher.call("events.subscribe", {"session_id": sid, "types": ["snapshot.failed"]})
+        work(client, sid, range(11, 16))
+        done = client.call("context.compact", {"session_id": sid})
+        assert done["tokens_recovered"] > 0
+        assert done["snapshot_saved"] is False
+        assert next_event(watcher)["data"] == {
+            "error": "ConstraintError: no room for snapshots"}
+        resumed = client.call("session.resume", {"session_id": sid})
+        assert (resumed["source"], resumed["compacted_at"]) == ("thread", None)
+        assert resumed["messages"] == render(client, sid)["messages"]
+    assert process.log().count("could not be saved") == 1
+
+
+def test_the_context_note_above_warn(manual_daemon: DaemonProcess, sid: str) -> None:
+    with manual_daemon.client() as client:
+        client.call("session.open", {"session_id": sid, "budget": WINDOW})
+        client.call("message.append", {"session_id": sid, "messages": [SYSTEM, TASK]})
+        work(client, sid, range(0, 6))
+        below = render(client, sid)
+        work(client, sid, range(6, 11))
+        above = render(client, sid)
+    assert below["tokens"] < 0.7 * 6_000 <= above["tokens"]
+    assert below["context_note"] is None
+    assert above["context_note"] == (
+        f"[Context: {round(above['tokens'] / 60)}% used. Call compact_context to free space "
+        "before large operations.]")
+
+
+def test_a_branch_compacts_its_own_messages_and_its_parent_waits(
+        manual_daemon: DaemonProcess, sid: str) -> None:
+    with manual_daemon.client() as client:
+        client.call("session.open", {"session_id": sid, "budget": {
+            "context_window": 20_000, "max_output_tokens": 0}})
+        client.call("message.append", {"session_id": sid, "messages": [SYSTEM, TASK]})
+        branch = client.call("branch.create", {"session_id": sid, "description": "dig",
+                                               "prompt": "Find the flaky test.",
+                                               "budget": 16_000, "inject_memories": False})
+        branch_id = branch["branch_id"]
+        for step in range(32):
+            client.call("message.append", {"session_id": sid, "branch_id": branch_id,
+                                           "messages": [call(step), result(step)]})
+        refused = rpc_error(client, "context.compact", {"session_id": sid})
+        assert refused.code == -32003
+        assert refused.data["live_branches"] == [branch_id]
+        status = client.call("branch.status", {"branch_id": branch_id})["branch"]
+        done = client.call("context.compact", {"session_id": sid, "branch_id": branch_id,
+                                               "strategies": ["clear"]})
+        after = client.call("branch.status", {"branch_id": branch_id})["branch"]
+        shown = render(client, sid, branch_id=branch_id)
+    assert done["branch_id"] == branch_id
+    assert done["cleared"] > 0
+    assert after["budget_used"] == status["budget_used"] - done["tokens_recovered"]
+    assert shown["tokens"] == done["after_tokens"] == rendered_tokens(shown["messages"])
+    assert done["after_tokens"] <= 12_000
+
+
+def test_a_rollback_brings_back_what_a_later_compaction_took(
+        manual_daemon: DaemonProcess, sid: str) -> None:
+    with manual_daemon.client() as client:
+        client.call("session.open", {"session_id": sid, "budget": WINDOW})
+        client.call("message.append", {"session_id": sid, "messages": [SYSTEM, TASK]})
+        work(client, sid, range(0, 3))
+        branch_id = client.call("branch.create", {
+            "session_id": sid, "description": "try", "prompt": "Try a fix.",
+            "inject_memories": False})["branch_id"]
+        client.call("branch.return", {"branch_id": branch_id, "message": "It did not work."})
+        work(client, sid, range(3, 10))
+        before = render(client, sid)
+        client.call("context.compact", {"session_id": sid})
+        assert render(client, sid)["tokens"] < before["tokens"]
+        rolled = client.call("branch.rollback", {"session_id": sid, "branch_id": branch_id})
+        after = render(client, sid)
+        assert client.call("session.resume", {"session_id": sid})["source"] == "thread"
+    kept = [m for m in before["messages"]][:2 + 2 * 3]
+    assert after["messages"] == kept
+    assert after["tokens"] == rendered_tokens(kept) == rolled["context_state"][
+        "main_thread_tokens"]
+
+
+@pytest.mark.parametrize(("params", "code", "path"), [
+    ({"strategies": ["squash"]}, -32602, "$.strategies[0]"),
+    ({"strategies": []}, -32602, "$.strategies"),
+    ({"branch_id": "br_000000000000"}, -32004, None),
+])
+def test_compact_params_are_checked(manual_daemon: DaemonProcess, sid: str,
+                                    params: dict[str, Any], code: int,
+                                    path: str | None) -> None:
+    with manual_daemon.client() as client:
+        client.call("session.open", {"session_id": sid})
+        error = rpc_error(client, "context.compact", {"session_id": sid, **params})
+    assert error.code == code
+    if path is not None:
+        assert error.data["path"] == path
+
+
+def test_a_closed_session_is_not_compacted(manual_daemon: DaemonProcess, sid: str) -> None:
+    with manual_daemon.client() as client:
+        client.call("session.open", {"session_id": sid})
+        client.call("session.close", {"session_id": sid})
+        error = rpc_error(client, "context.compact", {"session_id": sid})
+        resumed = client.call("session.resume", {"session_id": sid})
+    assert error.code == -32003
+    assert (resumed["source"], resumed["messages"], resumed["tokens"]) == ("thread", [], 0)
