@@ -49,8 +49,11 @@ class Summarizer(Protocol):
 
 # ---- extractive ----------------------------------------------------------------------------
 
-CHARS_PER_TOKEN = 4
-"""The extractive summary's budget: ``max_tokens`` times this many characters."""
+CHARS_PER_TOKEN = 3.5
+"""The extractive summary's budget: ``max_tokens`` times this many characters. Paths,
+commands and log lines take more tokens per character than prose (a 300 KB session's
+summary measured 3.6 characters a token; docs/performance.md, "Summarizers"), and a summary
+over the bound loses its end to the caller's cut."""
 ITEM_CHARS = 300
 """A rule, a decision or an error line is cut to this many characters."""
 COMMAND_CHARS = 200
@@ -75,13 +78,25 @@ _DECISION = re.compile(
     r"\b(?:decided|decide to|I'll use|I will use|we'll|we will|going with|go with|"
     r"instead of|chose|choose|switch(?:ed)? to|let's use|settled on|opted)\b", re.IGNORECASE)
 _ERROR = re.compile(
-    r"Traceback \(most recent call last\)|\b[A-Z]\w*(?:Error|Exception)\b|\berror\b|"
-    r"\bERROR\b|\bFAILED\b|(?<!\b0 )\bfailed\b|\bfatal:|\bpanic:|command not found|"
-    r"No such file or directory", re.IGNORECASE)
+    r"Traceback \(most recent call last\)|(?:Error|Exception)\b|"
+    r"\b(?:error|ERROR|FAILED|Failed|fatal:|panic:)|(?<!\b0 )\bfailed\b|command not found|"
+    r"No such file or directory")
+"""What shows that a tool result is an error (one that is not flagged ``is_error``)."""
+ERROR_WORDS = ("Traceback", "Error", "Exception", "error", "ERROR", "FAILED", "Failed",
+               "fatal:", "panic:", "failed", "command not found", "No such file or directory")
+"""The literal start of each of `_ERROR`'s alternatives: found with ``str.find``, which
+scans a log at memory speed, where the regular expression alone ran at 16 MB/s (most
+results have none; docs/performance.md, "Summarizers")."""
 _PATH = re.compile(
     r"(?<![\w/.:~-])(?:~|\.{1,2})?/?(?:[\w@+-][\w.@+-]*/)+[\w@+-][\w.@+-]*"
     r"|(?<![\w/.-])[\w-]+\.(?:py|pyi|js|mjs|ts|tsx|jsx|rs|go|c|h|cc|cpp|hpp|java|kt|rb|php|"
     r"cs|swift|md|rst|txt|toml|ya?ml|json|cfg|ini|sh|sql|html|css|lock|xml|csv)\b")
+
+
+def _error(text: str) -> re.Match[str] | None:
+    """The first match of `_ERROR` in ``text``, searched from the first of `ERROR_WORDS`."""
+    starts = [at for word in ERROR_WORDS if (at := text.find(word)) >= 0]
+    return _ERROR.search(text, min(starts)) if starts else None
 
 
 def _cut(text: str, limit: int) -> str:
@@ -201,7 +216,7 @@ class _Extract:
         tool = tool or (call.tool if call else None)
         index = self.results
         self.results += 1
-        match = _ERROR.search(text)
+        match = _error(text)
         if not flagged and match is None:
             self.last_success[tool] = index
             return
@@ -274,7 +289,7 @@ def extract_summary(span: Sequence[RenderedMessage], max_tokens: int) -> str:
     errors and how they ended, decisions, files and commands (the newest of each kept when
     they do not all fit), each section deduplicated. Deterministic, linear in the span."""
     found = _extract(span)
-    budget = max_tokens * CHARS_PER_TOKEN
+    budget = int(max_tokens * CHARS_PER_TOKEN)
     header = f"[Summary of {len(span)} earlier messages]"
     room = budget - len(header)
     sections: dict[str, str] = {}

@@ -152,22 +152,36 @@ async def test_extractive_reads_openai_shapes() -> None:
 
 
 def test_extractive_drops_the_least_important_first_to_fit_the_bound() -> None:
-    # 64 tokens: 256 characters. The requests come first (each cut to a quarter of the
-    # budget), then the newest rule that fits; files, commands and the rest are dropped.
-    summary = extract_summary(ANTHROPIC_SPAN, 64)
+    # 80 tokens: 280 characters. The requests come first (each cut to a quarter of the
+    # budget, at least 80 characters), then the newest rule that fits; the rest is dropped.
+    cut_first = ("First request:\nAdd a --json flag to `ctxctl status`. Tests must pass with "
+                 "pyt … [45 more chars]")
+    summary = extract_summary(ANTHROPIC_SPAN, 80)
     assert summary == (
-        "[Summary of 13 earlier messages]\n\n"
-        "First request:\nAdd a --json flag to `ctxctl status`. Tests must pass with pyt"
-        " … [45 more chars]\n\n"
+        f"[Summary of 13 earlier messages]\n\n{cut_first}\n\n"
         f"Latest request:\n{LATEST}\n\n"
         "Rules the user stated:\n- Don't add a dependency for this.")
-    assert len(summary) <= 64 * 4
+    assert len(summary) <= 80 * 3.5
+    # 100 tokens: both rules stated after the cut request; the error and the decision do
+    # not fit, the newest file does.
+    summary = extract_summary(ANTHROPIC_SPAN, 100)
+    assert summary == (
+        "[Summary of 13 earlier messages]\n\nFirst request:\nAdd a --json flag to "
+        "`ctxctl status`. Tests must pass with pytest -x, … [38 more chars]\n\n"
+        f"Latest request:\n{LATEST}\n\n"
+        "Rules the user stated:\n- Keep the human output unchanged.\n"
+        "- Don't add a dependency for this.\n\n"
+        "Files touched or named:\n- man/ctxctl.1")
+    assert len(summary) <= 100 * 3.5
+    # 64 tokens: the requests alone.
+    assert extract_summary(ANTHROPIC_SPAN, 64) == (
+        f"[Summary of 13 earlier messages]\n\n{cut_first}\n\nLatest request:\n{LATEST}")
 
 
 def test_extractive_bound_holds_on_a_large_span_and_dedupes() -> None:
     span = [m for _ in range(200) for m in ANTHROPIC_SPAN]
     for max_tokens in (64, 100, 500, 2_000):
-        assert len(extract_summary(span, max_tokens)) <= max_tokens * 4
+        assert len(extract_summary(span, max_tokens)) <= max_tokens * 3.5
     # 200 copies give the sections of one copy: each rule, error, file, command once (the
     # error of each copy is resolved by the next bash call).
     summary = extract_summary(span, 2_000)
@@ -184,8 +198,8 @@ def test_extractive_cuts_an_enormous_request_and_keeps_its_rules() -> None:
     huge = "Refactor the parser. " * 2_000 + "You must keep the public API stable."
     summary = extract_summary([M(role="user", content=huge)], 200)
     assert summary == (
-        "[Summary of 1 earlier messages]\n\nFirst request:\n" + huge[:178]
-        + " … [41,836 more chars]\n\nRules the user stated:\n"
+        "[Summary of 1 earlier messages]\n\nFirst request:\n" + huge[:153]
+        + " … [41,861 more chars]\n\nRules the user stated:\n"
         "- You must keep the public API stable.")
 
 
