@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "scrub": 0,
     "paths": 0,
     "jobs": 0,
+    "remote": 0,
     "__init__": 0,
 }
 """The layer of each package (and top-level module) of ctxd: higher imports lower."""

@@ -15,14 +15,10 @@ a `gil_bound` embedder's query in the store's thread, before the lexical ranking
 from __future__ import annotations
 
 import hashlib
-import http.client
 import itertools
-import json
 import math
 import os
 import re
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -32,6 +28,7 @@ import numpy.typing as npt
 import trio
 
 from ctxd.config import MemoryConfig
+from ctxd.remote import RemoteError, post_json
 
 Vectors = npt.NDArray[np.float32]
 
@@ -239,18 +236,6 @@ class SentenceTransformerEmbedder:
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
 
-def _detail(error: urllib.error.HTTPError) -> str:
-    """The start of an error answer's body, e.g. the server's reason; closes the
-    connection the error holds (else it stays open until garbage collection)."""
-    try:
-        detail = error.read(200).decode(errors="replace").strip()
-    except (OSError, http.client.HTTPException):
-        detail = ""
-    finally:
-        error.close()
-    return f" ({detail})" if detail else ""
-
-
 class HttpEmbedder:
     """An OpenAI-compatible ``POST {base_url}/embeddings`` endpoint.
 
@@ -284,20 +269,12 @@ class HttpEmbedder:
         return False
 
     def _post(self, texts: Sequence[str]) -> Vectors:
-        body = json.dumps({"model": self._model, "input": list(texts)}).encode()
-        headers = {"Content-Type": "application/json"}
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
         try:
-            request = urllib.request.Request(self._url, body, headers, method="POST")
-            with urllib.request.urlopen(request, timeout=self._timeout_s) as response:
-                answer = json.loads(response.read())
+            answer = post_json(self._url, {"model": self._model, "input": list(texts)},
+                               self._api_key, self._timeout_s)
             rows = sorted(answer["data"], key=lambda item: item["index"])
             vectors = np.asarray([row["embedding"] for row in rows], dtype=np.float32)
-        except urllib.error.HTTPError as exc:
-            raise EmbedderError(f"embedding endpoint {self._url}: {exc}{_detail(exc)}"
-                                ) from exc
-        except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError) as exc:
+        except (RemoteError, ValueError, KeyError, TypeError) as exc:
             raise EmbedderError(f"embedding endpoint {self._url}: {exc}") from exc
         if vectors.ndim != 2 or len(vectors) != len(texts):
             raise EmbedderError(f"embedding endpoint {self._url} answered {len(vectors)} "
