@@ -548,6 +548,65 @@ def cmd_result(client: Client, args: argparse.Namespace, out: Output) -> int:
     return 0 if result["matched_lines"] else 1
 
 
+COMPACT_COLUMNS = (Column(""), Column("before", right=True), Column("after", right=True),
+                   Column("change", right=True))
+
+
+def cmd_compact(client: Client, args: argparse.Namespace, out: Output) -> int:
+    """context.compact: the thread before and after, and what the chain did."""
+    params: dict[str, Any] = {"session_id": args.session}
+    if args.branch is not None:
+        params["branch_id"] = args.branch
+    if args.strategy:
+        params["strategies"] = [s for s in get_args(wire.Strategy) if s in args.strategy]
+    # A summarizer may take up to 600 s (hygiene.summarizer_timeout_s at its maximum).
+    result = client.call("context.compact", params, timeout=660.0)
+    if out.json:
+        _print_json(result)
+        return 0
+    window = result["context_state"]["effective_window"]
+    before, after = result["before_tokens"], result["after_tokens"]
+    listing = Listing(COMPACT_COLUMNS, title=f"session {args.session}" + (
+        f", branch {args.branch}" if args.branch else ""))
+    listing.rows += [
+        [cell("tokens"), cell(f"{before:,}"), cell(f"{after:,}"),
+         cell(f"{after - before:+,}")],
+        [cell("usage"), cell(_percent(before / window)), cell(_percent(after / window)),
+         cell(f"{(after - before) / window * 100:+.1f} pts")],
+        [cell("messages"), cell(f"{result['before_msgs']:,}"), cell(f"{result['after_msgs']:,}"),
+         cell(f"{result['after_msgs'] - result['before_msgs']:+,}")]]
+    out.listing(listing, "")
+    done = [f"{result[what]} {what}" for what in ("cleared", "summarized", "truncated")
+            if result[what]]
+    if not result["strategies_run"]:
+        out.note(f"(already under the target of {result['target_tokens']:,} tokens: nothing "
+                 "to do)")
+    else:
+        out.note(f"(ran {', '.join(result['strategies_run'])}: "
+                 f"{', '.join(done) or 'nothing could go'}; target "
+                 f"{result['target_tokens']:,} tokens)")
+    if result["summarizer_error"]:
+        out.note(f"the {result['summarizer']} summarizer failed: {result['summarizer_error']}",
+                 style="yellow")
+    return 0
+
+
+def cmd_session_resume(client: Client, args: argparse.Namespace, out: Output) -> int:
+    result = client.call("session.resume", {"session_id": args.session})
+    if out.json:
+        _print_json(result)
+        return 0
+    blocks = []
+    for message in result["messages"]:
+        who = message["role"] + (f" ({message['name']})" if message.get("name") else "")
+        blocks.append(f"[{who}]\n{_content_text(message['content'])}")
+    out.lines(["\n\n".join(blocks)] if blocks else [])
+    source = (f"from the snapshot of {_timestamp(result['compacted_at'])}"
+              if result["source"] == "snapshot" else "the thread: never compacted")
+    out.note(f"({len(result['messages'])} messages, {result['tokens']:,} tokens, {source})")
+    return 0
+
+
 def cmd_branches(client: Client, args: argparse.Namespace, out: Output) -> int:
     params: dict[str, Any] = {"session_id": args.session}
     if args.status:
@@ -1049,6 +1108,18 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument("--limit", type=number_in(wire.ResultReadParams, "limit"),
                         metavar="N", help="characters to show (default 8000)")
     result.set_defaults(run=cmd_result)
+    compact = commands.add_parser(
+        "compact", parents=[common],
+        help="compact a session's context now (context.compact): clear old tool results, "
+             "summarise the oldest span, truncate, until it is under the target")
+    compact.add_argument("session", metavar="SESSION", type=session_id, help="the session's id")
+    compact.add_argument("--branch", type=branch_id, metavar="BRANCH",
+                         help="compact this live branch's own messages (default: the main "
+                              "thread)")
+    compact.add_argument("--strategy", action="append", choices=get_args(wire.Strategy),
+                         help="only this strategy (repeat for more; they run in the chain's "
+                              "order: clear, summarize, truncate)")
+    compact.set_defaults(run=cmd_compact)
     events = commands.add_parser("events", parents=[common],
                                  help="follow the daemon's events until Ctrl-C")
     events.add_argument("-f", "--follow", action="store_true",
@@ -1084,7 +1155,7 @@ def parser() -> argparse.ArgumentParser:
 
 def _session_commands(commands: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
     actions = _group(commands, "session", common,
-                     "show, close, delete, render a session or list its messages")
+                     "show, close, delete, render, resume a session or list its messages")
     for name, run, help_text in (
             ("show", cmd_session_show, "a session's state, tokens and budget"),
             ("close", cmd_session_close, "close a session (it can no longer grow)"),
@@ -1098,6 +1169,11 @@ def _session_commands(commands: argparse._SubParsersAction[_Parser], common: _Pa
     render.add_argument("--branch", type=branch_id, metavar="BRANCH",
                         help="render this branch's context (default: the active one)")
     render.set_defaults(run=cmd_session_render)
+    resume = actions.add_parser("resume", parents=[common],
+                                help="the context to resume a session from (session.resume): "
+                                     "its latest snapshot and what came after")
+    resume.add_argument("session", metavar="ID", type=session_id, help="the session's id")
+    resume.set_defaults(run=cmd_session_resume)
     messages = actions.add_parser("messages", parents=[common],
                                   help="the stored messages of a session, oldest first")
     messages.add_argument("session", metavar="ID", type=session_id, help="the session's id")

@@ -974,3 +974,49 @@ def test_result_pages_and_greps_an_offloaded_tool_result(shared_daemon: DaemonPr
     other = ctxctl(shared_daemon.socket, "result", ref, "--session", sid + "x")
     assert (other.returncode, other.stderr.splitlines()[0]) == (
         1, f"ctxctl: error -32004: unknown ref '{ref}'")
+
+
+def test_compact_shows_before_and_after_and_resume_the_snapshot(
+        daemon_root: Path, sid: str) -> None:
+    process = DaemonProcess(daemon_root, extra_args=["--hygiene-auto-compact", "false"])
+    with process.running():
+        with process.client() as client:
+            client.call("session.open", {"session_id": sid, "budget": {
+                "context_window": 4000, "max_output_tokens": 0}})
+            client.call("message.append", {"session_id": sid, "messages": [
+                {"role": "system", "content": "You are careful."},
+                {"role": "user", "content": "Fix it."}]})
+            for step in range(5):
+                client.call("message.append", {"session_id": sid, "messages": [
+                    {"role": "assistant", "content": f"Step {step}."},
+                    {"role": "tool", "name": "bash", "tool_call_id": f"c{step}",
+                     "content": "".join(f"line {i} of output {step}\n" for i in range(80))}]})
+            before = client.call("ctxd.render", {"session_id": sid})
+        compacted = ctxctl(process.socket, "compact", sid, "--strategy", "truncate")
+        with process.client() as client:
+            after = client.call("ctxd.render", {"session_id": sid})
+            [marker] = [m for m in client.call("message.list", {"session_id": sid})["messages"]
+                        if (m.get("meta") or {}).get("compaction") == "truncated"]
+        again = ctxctl(process.socket, "compact", sid, "--json")
+        resumed = ctxctl(process.socket, "session", "resume", sid)
+        unknown = ctxctl(process.socket, "compact", "nobody")
+    b, a = before["tokens"], after["tokens"]
+    assert compacted.returncode == 0, compacted.stderr
+    # Plain output: columns aligned with spaces.
+    assert [line.split() for line in compacted.stdout.splitlines()] == [
+        ["BEFORE", "AFTER", "CHANGE"],
+        ["tokens", f"{b:,}", f"{a:,}", f"{a - b:+,}"],
+        ["usage", f"{b / 40:.1f}%", f"{a / 40:.1f}%", f"{(a - b) / 40:+.1f}", "pts"],
+        ["messages", "12", str(len(after["messages"])), f"{len(after['messages']) - 12:+}"]]
+    assert compacted.stderr == (f"(ran truncate: {marker['content'].split()[0][1:]} "
+                                "truncated; target 2,400 tokens)\n")
+    result = json.loads(again.stdout)
+    assert (result["strategies_run"], result["before_tokens"], result["after_tokens"]) == (
+        [], a, a)
+    assert resumed.returncode == 0
+    assert resumed.stderr.startswith(f"({len(after['messages'])} messages, {a:,} tokens, "
+                                     "from the snapshot of ")
+    assert resumed.stdout.startswith("[system]\nYou are careful.\n\n[user]\nFix it.\n\n[user]\n"
+                                     + marker["content"])
+    assert (unknown.returncode, unknown.stderr.splitlines()[0]) == (
+        1, "ctxctl: error -32004: unknown session 'nobody'")
