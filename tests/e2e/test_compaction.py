@@ -5,6 +5,7 @@ note, branches and rollbacks (docs/protocol.md, "Compaction")."""
 from __future__ import annotations
 
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import apsw
 import pytest
 from conftest import DaemonProcess, kill_leftovers, short_root
 from tests_support import COUNTER, next_event, rpc_error
+from unit.test_summarize import ChatServer
 
 from ctxclient import Client
 from ctxd.tokens import REPLY_PRIMING
@@ -377,3 +379,52 @@ def test_a_closed_session_is_not_compacted(manual_daemon: DaemonProcess, sid: st
         resumed = client.call("session.resume", {"session_id": sid})
     assert error.code == -32003
     assert (resumed["source"], resumed["messages"], resumed["tokens"]) == ("thread", [], 0)
+
+
+def summarizing_daemon(root: Path, *args: str) -> DaemonProcess:
+    return DaemonProcess(root, extra_args=["--hygiene-auto-compact", "false", *args])
+
+
+def test_an_http_summarizer_writes_the_summary(daemon_root: Path, sid: str) -> None:
+    with ChatServer() as server:
+        server.summary = "The user wants the failing tests fixed; steps 0-2 ran bash."
+        process = summarizing_daemon(daemon_root, "--hygiene-summarizer", "http",
+                                     "--hygiene-summarizer-url", server.url,
+                                     "--hygiene-summarizer-model", "small-model")
+        with process.running(), process.client() as client:
+            client.call("session.open", {"session_id": sid, "budget": WINDOW})
+            client.call("message.append", {"session_id": sid, "messages": [SYSTEM, TASK]})
+            work(client, sid, range(0, 10))
+            done = client.call("context.compact", {"session_id": sid,
+                                                   "strategies": ["summarize"]})
+            rendered = render(client, sid)
+    [request] = server.requests
+    assert request.body["model"] == "small-model"
+    assert (done["summarizer"], done["summarizer_error"]) == ("http", None)
+    assert rendered["messages"][2]["content"] == (
+        f"[Summary of {done['summarized']} earlier messages, written by the http summarizer "
+        "when ctxd compacted the context; message.list keeps the originals.]\n\n"
+        "The user wants the failing tests fixed; steps 0-2 ran bash.")
+
+
+def test_a_failing_summarizer_falls_back_to_truncation_and_says_so(
+        daemon_root: Path, sid: str) -> None:
+    failing = f"{sys.executable} -c \"import sys; sys.stderr.write('out of memory'); sys.exit(3)\""
+    process = summarizing_daemon(daemon_root, "--hygiene-summarizer", "command",
+                                 "--hygiene-summarizer-command", failing)
+    with process.running(), process.client() as client, process.client() as watcher:
+        client.call("session.open", {"session_id": sid, "budget": WINDOW})
+        watcher.call("events.subscribe", {"session_id": sid, "types": ["context.compacted"]})
+        client.call("message.append", {"session_id": sid, "messages": [SYSTEM, TASK]})
+        work(client, sid, range(0, 10))
+        done = client.call("context.compact", {"session_id": sid,
+                                               "strategies": ["summarize", "truncate"]})
+        event = next_event(watcher)
+    assert done["strategies_run"] == ["summarize", "truncate"]
+    assert (done["summarized"], done["summarizer"]) == (0, "command")
+    assert done["summarizer_error"] == (f"summarizer command {sys.executable!r} exited with "
+                                        "status 3: out of memory")
+    assert done["truncated"] > 0
+    assert done["after_tokens"] <= 3_600
+    assert event["data"]["summarizer_error"] == done["summarizer_error"]
+    assert process.log().count("the command summarizer failed") == 1
