@@ -345,8 +345,9 @@ class SessionActor:
             {"session_id": self.session_id, "would_use": would_use,
              "hard_block_tokens": limit, "effective_window": window,
              "tokens_appended": tokens_appended,
-             "suggestion": "fold finished sub-tasks (branch.return), or go on in a new "
-                           "session (session.open) with a larger context_window"
+             "suggestion": "compact the context (context.compact), fold finished sub-tasks "
+                           "(branch.return), or go on in a new session (session.open) "
+                           "with a larger context_window"
                            + ("; pass allow_over=true to append anyway" if allow_over
                               else "")})
 

@@ -768,9 +768,10 @@ def test_a_branch_past_the_hard_block_is_refused_without_allow_over(
         error = rpc_error(client, "branch.create", {"session_id": sid, "description": "d",
                                                     "prompt": "p"})
         assert error.code == -32001
-        assert error.data["suggestion"] == ("fold finished sub-tasks (branch.return), or "
-                                            "go on in a new session (session.open) with a "
-                                            "larger context_window")
+        assert error.data["suggestion"] == ("compact the context (context.compact), fold "
+                                            "finished sub-tasks (branch.return), or go on in "
+                                            "a new session (session.open) with a larger "
+                                            "context_window")
 
 
 def _cut_fold(content: str, prefix: str) -> tuple[str, int, str]:

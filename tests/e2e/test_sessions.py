@@ -214,7 +214,7 @@ def _thresholds(client: Client, sid: str) -> None:
                                        "tokens_appended")} == {
         "would_use": 980, "hard_block_tokens": 980, "effective_window": 1000,
         "tokens_appended": 30}
-    assert "branch.return" in error.data["suggestion"]
+    assert error.data["suggestion"].startswith("compact the context (context.compact), fold ")
     state = append(29)
     assert (state["main_thread_tokens"], state["health"]) == (979, "compact")
     over = append(100, allow_over=True)
