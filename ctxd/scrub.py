@@ -19,7 +19,7 @@ import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class ScrubError(Exception):
@@ -317,6 +317,22 @@ def scrub(text: str, rules: tuple[Rule, ...] = RULES) -> Scrubbed:
         return Scrubbed(text, dict(counts))
     except Exception as exc:
         raise ScrubError(f"could not scrub secrets: {type(exc).__name__}: {exc}") from exc
+
+
+def scrub_value(value: Any) -> Any:
+    """A JSON value (a message's content: a string, or parts) with every string in it
+    scrubbed, keys kept.
+
+    Raises:
+        ScrubError: as `scrub`.
+    """
+    if isinstance(value, str):
+        return scrub(value).text
+    if isinstance(value, list):
+        return [scrub_value(item) for item in value]
+    if isinstance(value, dict):
+        return {key: scrub_value(item) for key, item in value.items()}
+    return value
 
 
 _MARKER = "[REDACTED:"

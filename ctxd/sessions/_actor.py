@@ -61,7 +61,7 @@ from ctxd.hygiene import (
 )
 from ctxd.jobs import Slot
 from ctxd.memory import INJECT_SHARE, Injected, Memory, MemoryCandidate, project_scope
-from ctxd.scrub import ScrubError, scrub
+from ctxd.scrub import ScrubError, scrub, scrub_value
 from ctxd.sessions import _queries as q
 from ctxd.sessions._compaction import STRATEGIES, Plan, thread_view
 from ctxd.sessions._state import (
@@ -91,7 +91,6 @@ from ctxd.wire.types import (
     BudgetMeasureResult,
     CompactResult,
     Component,
-    Content,
     ContextCompactParams,
     ContextCompactResult,
     ContextState,
@@ -166,15 +165,6 @@ def _shown(title: str | None) -> str | None:
     except ScrubError:
         log.exception("a session title could not be scrubbed; its event leaves it out")
         return None
-
-
-def _scrub_content(content: Content) -> Content:
-    """A message's content with its text scrubbed (a string, or the ``text`` of its text
-    parts; other parts as they are)."""
-    if isinstance(content, str):
-        return scrub(content).text
-    return [part | {"text": scrub(part["text"]).text} if part.get("type") == "text" else part
-            for part in content]
 
 
 @dataclass(frozen=True)
@@ -435,7 +425,7 @@ class SessionActor:
         if not self.supervisor.config.scrub_at_rest:
             return messages
         try:
-            return [msgspec.structs.replace(message, content=_scrub_content(message.content))
+            return [msgspec.structs.replace(message, content=scrub_value(message.content))
                     for message in messages]
         except ScrubError as exc:
             raise scrub_failed("a message", exc, consequence) from exc

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import apsw
+import msgspec
 import trio
 
 from ctxd.config import HygieneConfig
@@ -29,6 +30,7 @@ from ctxd.hygiene import (
     summary_text,
     truncated_text,
 )
+from ctxd.scrub import ScrubError, scrub_value
 from ctxd.sessions import _queries as q
 from ctxd.tokens import TokenCounter
 from ctxd.wire.types import (
@@ -222,10 +224,19 @@ async def _summarize_within(summarizer: Summarizer, span: Sequence[ThreadMessage
                             max_tokens: int, timeout_s: float) -> str:
     """The summarizer's summary of ``span``, or `SummarizerError` (its own failures, an
     empty summary, an unexpected exception, or no answer within ``timeout_s``)."""
+    rendered = [m.rendered() for m in span]
+    if summarizer.name != "extractive":
+        # The span leaves the daemon: scrubbed, fail closed (docs/security.md).
+        try:
+            rendered = [msgspec.structs.replace(m, content=scrub_value(m.content))
+                        for m in rendered]
+        except ScrubError as exc:
+            raise SummarizerError(f"the span could not be checked for secrets ({exc}); it "
+                                  "was not sent") from exc
     started = time.monotonic()
     with trio.move_on_after(timeout_s) as scope:
         try:
-            summary = await summarizer.summarize([m.rendered() for m in span], max_tokens)
+            summary = await summarizer.summarize(rendered, max_tokens)
         except SummarizerError:
             raise
         except Exception as exc:

@@ -428,3 +428,27 @@ def test_a_failing_summarizer_falls_back_to_truncation_and_says_so(
     assert done["after_tokens"] <= 3_600
     assert event["data"]["summarizer_error"] == done["summarizer_error"]
     assert process.log().count("the command summarizer failed") == 1
+
+
+def test_a_span_leaving_the_daemon_is_scrubbed(daemon_root: Path, sid: str) -> None:
+    token = "ghp_" + "".join("abcdefghijklmnopqrstuvwxyz0123456789"[i * 7 % 36]
+                             for i in range(36))
+    seen = daemon_root / "seen.json"
+    script = daemon_root / "summarize.py"
+    script.write_text(f"import sys\nopen({str(seen)!r}, 'w').write(sys.stdin.read())\n"
+                      "print('Pushed the fix.')\n")
+    process = summarizing_daemon(daemon_root, "--hygiene-summarizer", "command",
+                                 "--hygiene-summarizer-command", f"{sys.executable} {script}")
+    with process.running(), process.client() as client:
+        client.call("session.open", {"session_id": sid, "budget": WINDOW})
+        client.call("message.append", {"session_id": sid, "messages": [
+            SYSTEM, {"role": "user", "content": f"Push with {token} when done."}]})
+        work(client, sid, range(0, 10))
+        client.call("message.append", {"session_id": sid, "messages": [
+            {"role": "user", "content": "Go on."}]})
+        done = client.call("context.compact", {"session_id": sid,
+                                               "strategies": ["summarize"]})
+    assert (done["summarizer"], done["summarizer_error"]) == ("command", None)
+    sent = seen.read_text()
+    assert token not in sent
+    assert '"content":"Push with [REDACTED:github_token] when done."' in sent
