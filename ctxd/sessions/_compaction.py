@@ -4,10 +4,12 @@ truncate the oldest messages, until the thread is under its target (docs/protoco
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import apsw
@@ -110,8 +112,19 @@ class Plan:
                                  content=message.content, tokens=tokens,
                                  component="conversation", name=message.name,
                                  tool_call_id=message.tool_call_id, meta=meta)
-        first = view.index(gone[0])
+        first = _index_of(view, gone[0])
         return [*view[:first], stand_in, *view[first + len(gone):]]
+
+
+def _index_of(view: list[ThreadMessage], message: ThreadMessage) -> int:
+    """Where ``message`` (this very object) is in ``view``. By identity, found by its
+    position (``view`` is in thread order): ``list.index`` compared the dataclasses field
+    by field, 27 of the 30 ms that clearing 154 results of a 674-message thread took
+    (docs/performance.md, "Context hygiene")."""
+    at = bisect.bisect_left(view, message.position, key=attrgetter("position"))
+    if at < len(view) and view[at] is message:
+        return at
+    return next(i for i, kept in enumerate(view) if kept is message)
 
 
 class Compactor:
