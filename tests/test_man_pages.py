@@ -102,7 +102,7 @@ def test_ctxctl_page_shows_the_shell_clients_usage() -> None:
     assert usage.removeprefix("usage: ") in render("ctxctl.1").stdout
 
 
-KIND = {int: "integer", float: "float", bool: "boolean", str: "string"}
+KIND = {int: "integer", float: "float", bool: "boolean", str: "string", dict: "table"}
 RATIOS = {("budget", "compact_trigger"), ("budget", "hard_block"), ("budget", "warn"),
           ("budget", "caution")}
 
