@@ -155,7 +155,7 @@ def set_tool_state(conn: apsw.Connection, p: ToolStateParams, now: float
                                (p.session_id, p.tool_call_id))
         conn.execute("UPDATE tool_calls SET state = ?, updated_at = ?, tool_name = ? "
                      "WHERE session_id = ? AND tool_call_id = ?",
-                     (p.state, now, p.tool_name or tool_name, p.session_id, p.tool_call_id))
+                     (p.state, now, tool_name or p.tool_name, p.session_id, p.tool_call_id))
     conn.execute("INSERT INTO tool_call_states (session_id, tool_call_id, seq, state, detail, "
                  "entered_at) VALUES (?, ?, ?, ?, ?, ?)",
                  (p.session_id, p.tool_call_id, seq, p.state, p.detail, now))

@@ -49,7 +49,7 @@ def test_a_full_lifecycle_with_events_and_times(shared_daemon: DaemonProcess, si
         assert created["previous_state"] is None
         assert created["tool_call"]["state"] == "pending"
         set_state(client, sid, "call_1", "awaiting_approval", detail="rm -rf build/")
-        set_state(client, sid, "call_1", "running")
+        set_state(client, sid, "call_1", "running", tool_name="not-bash")  # the first stands
         done = set_state(client, sid, "call_1", "completed", detail="exit 0")
         call = done["tool_call"]
         assert done["previous_state"] == "running"
