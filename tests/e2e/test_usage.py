@@ -193,3 +193,16 @@ def test_a_closed_session_still_takes_records(shared_daemon: DaemonProcess, sid:
         assert record(client, sid, output_tokens=9)["duplicate"] is False
         assert client.call("usage.get", {"session_id": sid})["totals"] == totals(
             1, output_tokens=9)
+
+
+def test_deleting_a_session_deletes_its_records_and_tool_calls(shared_daemon: DaemonProcess,
+                                                               sid: str) -> None:
+    with shared_daemon.client() as client:
+        client.call("session.open", {"session_id": sid})
+        record(client, sid, input_tokens=3, idempotency_key="k")
+        client.call("tool.state", {"session_id": sid, "tool_call_id": "t", "state": "running"})
+        client.call("session.delete", {"session_id": sid})
+        client.call("session.open", {"session_id": sid})
+        assert client.call("usage.get", {"session_id": sid})["totals"] == totals(0)
+        assert client.call("tool.list", {"session_id": sid}) == {"tool_calls": []}
+        assert record(client, sid, input_tokens=3, idempotency_key="k")["duplicate"] is False
