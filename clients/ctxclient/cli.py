@@ -659,7 +659,8 @@ USAGE_COUNTER_HEADERS = (("input_tokens", "input"), ("output_tokens", "output"),
                          ("cache_read_tokens", "cache read"),
                          ("cache_write_tokens", "cache write"), ("thinking_tokens", "thinking"))
 USAGE_SESSIONS = 100
-"""Sessions `usage` without a session looks at (the newest first page)."""
+"""Sessions `usage` without a session looks at: the first page of `session.list`, in the
+order the sessions were created."""
 
 
 def _cost(cost: dict[str, Any] | None) -> str:
