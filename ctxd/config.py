@@ -82,6 +82,26 @@ class HygieneConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     tool_deferral_threshold: Annotated[float, Meta(gt=0.0, le=1.0)] = 0.10
 
 
+PerMillion = Annotated[float, Meta(ge=0.0, le=1_000_000.0)]
+
+
+class ModelPrice(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One model's prices in ``[usage.prices."<model>"]``: per million tokens of each
+    counter (docs/protocol.md, "Usage")."""
+
+    input: PerMillion = 0.0
+    output: PerMillion = 0.0
+    cache_read: PerMillion = 0.0
+    cache_write: PerMillion = 0.0
+    thinking: PerMillion = 0.0
+
+
+class UsageConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The ``[usage]`` table: the price table that turns usage totals into cost."""
+
+    prices: dict[str, ModelPrice] = msgspec.field(default_factory=dict)
+
+
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The daemon's effective configuration."""
 
@@ -115,11 +135,16 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     budget: Budget = Budget()
     memory: MemoryConfig = MemoryConfig()
     hygiene: HygieneConfig = HygieneConfig()
+    usage: UsageConfig = UsageConfig()
 
 
 TABLES: dict[str, type[msgspec.Struct]] = {"budget": Budget, "memory": MemoryConfig,
-                                           "hygiene": HygieneConfig}
+                                           "hygiene": HygieneConfig, "usage": UsageConfig}
 """The TOML tables of the configuration, by name."""
+
+FILE_ONLY = frozenset({("usage", "prices")})
+"""Keys that only the file can set: a table of models has no flag or variable (its keys
+are model names, unknown in advance)."""
 
 _HELP = {
     "socket": "Unix socket path "
@@ -178,15 +203,19 @@ _HELP = {
     "embedding_model": "the model name sent to embedding_url",
     "api_key_env": "name of the environment variable that holds the embedding API key",
     "dense_min_score": "cosine similarity below which the dense leg does not propose a memory",
+    "prices": "per model, the price per million tokens of each counter (input, output, "
+              "cache_read, cache_write, thinking); file only",
 }
 
 
 def _keys() -> list[tuple[str, ...]]:
-    """Every configurable key as a path: ("socket",), ("budget", "warn"), …"""
+    """Every key a flag or a variable can set, as a path: ("socket",), ("budget", "warn"),
+    … (not the `FILE_ONLY` ones)."""
     paths: list[tuple[str, ...]] = []
     for name in Config.__struct_fields__:
         if name in TABLES:
-            paths.extend((name, sub) for sub in TABLES[name].__struct_fields__)
+            paths.extend((name, sub) for sub in TABLES[name].__struct_fields__
+                         if (name, sub) not in FILE_ONLY)
         else:
             paths.append((name,))
     return paths
@@ -237,6 +266,8 @@ def describe(path: tuple[str, ...]) -> str:
         return "an integer" + _bounds(info)
     if isinstance(info, msgspec.inspect.FloatType):
         return "a number" + _bounds(info)
+    if isinstance(info, msgspec.inspect.DictType):
+        return "a table of tables"
     return "text"
 
 
@@ -268,13 +299,31 @@ def _convert(path: tuple[str, ...], value: Any, source: Source) -> Any:
     """``value`` as the key's type, or an error that names its source and what it accepts."""
     try:
         return msgspec.convert(value, _field(path).type, strict=False)
-    except msgspec.ValidationError:
+    except msgspec.ValidationError as exc:
+        if isinstance(value, dict):
+            # A table of tables (usage.prices): name the entry that is wrong.
+            _, item_type = get_args(_field(path).type)
+            for name, item in value.items():
+                try:
+                    msgspec.convert(item, item_type, strict=False)
+                except msgspec.ValidationError as item_exc:
+                    where = f"{'.'.join(path)}.{json_key(name)}"
+                    text = str(item_exc)
+                    text = (text.replace("`$", f"`{where}") if " - at `$" in text
+                            else f"{text} - in `{where}`")
+                    raise _error(source, text) from None
+            raise _error(source, str(exc)) from None
         shown = value if isinstance(value, str) else msgspec.json.encode(value).decode()
         options = choices(path)
         if options is not None:
             raise _error(source, f"invalid choice {shown!r} (choose from "
                                  f"{', '.join(options)})") from None
         raise _error(source, f"expected {describe(path)}, got {shown!r}") from None
+
+
+def json_key(name: str) -> str:
+    """A TOML key as written in a dotted path: bare when it can be, else quoted."""
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else msgspec.json.encode(name).decode()
 
 
 def _suggest(name: str, known: list[str]) -> str:
@@ -484,6 +533,12 @@ def to_toml(config: Config) -> str:
             return "true" if value else "false"
         if isinstance(value, str):
             return msgspec.json.encode(value).decode()
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{literal(name)} = {literal(item)}"
+                                   for name, item in value.items()) + "}"
+        if isinstance(value, msgspec.Struct):
+            return "{" + ", ".join(f"{name} = {literal(getattr(value, name))}"
+                                   for name in value.__struct_fields__) + "}"
         return repr(value)
 
     lines = [f"{key} = {literal(getattr(config, key))}"
@@ -495,10 +550,13 @@ def to_toml(config: Config) -> str:
 
 
 __all__ = [
+    "FILE_ONLY",
     "TABLES",
     "Config",
     "MemoryConfig",
+    "ModelPrice",
     "Source",
+    "UsageConfig",
     "add_flags",
     "choices",
     "default_config_path",

@@ -84,7 +84,7 @@ def test_ctxctl_page_documents_every_command_and_option() -> None:
     text = source("ctxctl.1")
     cli = ctxctl_parser()
     commands = subcommands(cli)
-    assert len(commands) == 25
+    assert len(commands) == 27
     missing = [flag for flag in long_options(cli) if roff(flag) not in text]
     for name, command in commands.items():
         # An entry of its own: `.B events`, `.BI branches " SESSION"`, `.BI "memory show " ID`.
@@ -102,7 +102,7 @@ def test_ctxctl_page_shows_the_shell_clients_usage() -> None:
     assert usage.removeprefix("usage: ") in render("ctxctl.1").stdout
 
 
-KIND = {int: "integer", float: "float", bool: "boolean", str: "string"}
+KIND = {int: "integer", float: "float", bool: "boolean", str: "string", dict: "table"}
 RATIOS = {("budget", "compact_trigger"), ("budget", "hard_block"), ("budget", "warn"),
           ("budget", "caution")}
 

@@ -350,7 +350,31 @@ def _status_snapshot(client: Client, limit: int) -> tuple[dict[str, Any],
     branches, budgets = live_branches(client, status, sessions)
     return {"daemon": status, "sessions": sessions["sessions"],
             "more_sessions": sessions["next_cursor"] is not None,
-            "live_branches": branches}, budgets
+            "live_branches": branches,
+            "usage": sessions_usage(client, sessions["sessions"])}, budgets
+
+
+def sessions_usage(client: Client, sessions: list[dict[str, Any]]) -> dict[str, Any]:
+    """The usage totals (and cost) of each session that reported any, by session id."""
+    found = {}
+    for session in sessions:
+        try:
+            got = client.call("usage.get", {"session_id": session["session_id"]})
+        except RpcError as exc:
+            if exc.code != ErrorCode.NOT_FOUND:  # deleted meanwhile
+                raise
+            continue
+        if got["totals"]["calls"]:
+            found[session["session_id"]] = {"totals": got["totals"], "cost": got["cost"]}
+    return found
+
+
+def _status_usage(snapshot: dict[str, Any]) -> Listing:
+    used = snapshot["usage"]
+    return usage_listing("session", [(sid, got["totals"], got["cost"])
+                                     for sid, got in used.items()],
+                         "usage of open sessions",
+                         any(got["cost"] is not None for got in used.values()))
 
 
 def _status_listings(snapshot: dict[str, Any], budgets: dict[str, dict[str, Any]]
@@ -363,8 +387,10 @@ def _status_listings(snapshot: dict[str, Any], budgets: dict[str, dict[str, Any]
 def _status_view(snapshot: dict[str, Any], budgets: dict[str, dict[str, Any]],
                  width: int) -> Group:
     sessions, branches = _status_listings(snapshot, budgets)
+    usage = _status_usage(snapshot)
     return Group(daemon_line(snapshot["daemon"]), table(sessions, width),
-                 table(branches, width) if branches.rows else Text("no live branches"))
+                 table(branches, width) if branches.rows else Text("no live branches"),
+                 *([table(usage, width)] if usage.rows else []))
 
 
 def _print_status(out: Output, snapshot: dict[str, Any],
@@ -383,6 +409,10 @@ def _print_status(out: Output, snapshot: dict[str, Any],
     if branches.rows:
         out.lines([""])
         out.listing(branches, "")
+    usage = _status_usage(snapshot)
+    if usage.rows:
+        out.lines([""])
+        out.listing(usage, "")
 
 
 def cmd_status(client: Client, args: argparse.Namespace, out: Output) -> int:
@@ -620,6 +650,128 @@ def cmd_branches(client: Client, args: argparse.Namespace, out: Output) -> int:
         result["branches"], f"{what} of session {args.session}  ({result['total']} in all: "
                             f"{result['active']} active, {result['folded']} folded)"),
         f"no {what} in session {args.session}")
+    return 0
+
+
+# ---- usage, tool calls ---------------------------------------------------------------
+
+USAGE_COUNTER_HEADERS = (("input_tokens", "input"), ("output_tokens", "output"),
+                         ("cache_read_tokens", "cache read"),
+                         ("cache_write_tokens", "cache write"), ("thinking_tokens", "thinking"))
+USAGE_SESSIONS = 100
+"""Sessions `usage` without a session looks at: the first page of `session.list`, in the
+order the sessions were created."""
+
+
+def _cost(cost: dict[str, Any] | None) -> str:
+    return "-" if cost is None else f"{cost['total']:.4f}"
+
+
+def usage_listing(key: str, rows: list[tuple[str, dict[str, Any], dict[str, Any] | None]],
+                  title: str, priced: bool) -> Listing:
+    """One row per (key, totals, cost): its calls and counters, and its cost when any call
+    was priced."""
+    columns = [Column(key), Column("calls", right=True),
+               *(Column(header, keep=40, right=True) for _, header in USAGE_COUNTER_HEADERS)]
+    if priced:
+        columns.append(Column("cost", right=True))
+    listing = Listing(columns, title=title)
+    for name, totals, cost in rows:
+        listing.rows.append([cell(name), cell(f"{totals['calls']:,}"),
+                             *(cell(f"{totals[counter]:,}")
+                               for counter, _ in USAGE_COUNTER_HEADERS),
+                             *([cell(_cost(cost))] if priced else [])])
+    return listing
+
+
+def _calibration_note(calibration: dict[str, Any] | None) -> str | None:
+    if calibration is None or not calibration["input_tokens"]:
+        return None
+    ratio = calibration["ratio"]
+    return (f"latest call: {calibration['input_tokens']:,} input tokens reported, ctxd "
+            f"counted {calibration['local_input_tokens']:,}"
+            + (f" (ratio {ratio:.4f})" if ratio is not None else ""))
+
+
+def cmd_usage(client: Client, args: argparse.Namespace, out: Output) -> int:
+    if args.session is None:
+        return _usage_of_sessions(client, out)
+    params: dict[str, Any] = {"session_id": args.session}
+    if args.by:
+        params["group_by"] = args.by
+    result = client.call("usage.get", params)
+    if out.json:
+        _print_json(result)
+        return 0
+    rows = [(g["key"] or ("main thread" if args.by == "branch" else "-"), g["totals"],
+             g["cost"]) for g in result["groups"] or ()]
+    rows.append(("total", result["totals"], result["cost"]))
+    out.listing(usage_listing(args.by or "scope", rows, f"usage of session {args.session}"
+                              + (f" by {args.by}" if args.by else ""),
+                              result["cost"] is not None), "")
+    note = _calibration_note(result["calibration"])
+    if result["cost"] is not None and result["cost"]["unpriced_calls"]:
+        unpriced = result["cost"]["unpriced_calls"]
+        out.note(f"{unpriced} {'call has' if unpriced == 1 else 'calls have'} no price "
+                 "(not in [usage] prices)")
+    if note:
+        out.note(note)
+    return 0
+
+
+def _usage_of_sessions(client: Client, out: Output) -> int:
+    sessions = client.call("session.list", {"limit": USAGE_SESSIONS})["sessions"]
+    found = {}
+    for session in sessions:
+        try:
+            found[session["session_id"]] = client.call(
+                "usage.get", {"session_id": session["session_id"]})
+        except RpcError as exc:
+            if exc.code != ErrorCode.NOT_FOUND:  # deleted meanwhile
+                raise
+    used = {sid: got for sid, got in found.items() if got["totals"]["calls"]}
+    if out.json:
+        _print_json({"sessions": [used[sid] for sid in used]})
+        return 0
+    out.listing(usage_listing("session", [(sid, got["totals"], got["cost"])
+                                          for sid, got in used.items()],
+                              "usage by session",
+                              any(got["cost"] is not None for got in used.values())),
+                "no session has reported usage")
+    return 0
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f}s" if value < 60 else _duration(value)
+
+
+def tool_calls_listing(calls: list[dict[str, Any]], title: str) -> Listing:
+    listing = Listing((Column("tool call"), Column("tool", keep=50), Column("state"),
+                       Column("in state", keep=40, right=True),
+                       Column("history", keep=30, wrap=True)), title=title)
+    for call in calls:
+        current = ("-" if call["terminal"]
+                   else _seconds(call["seconds_in_state"].get(call["state"], 0.0)))
+        history = " > ".join(
+            entry["state"] + (f" {_seconds(entry['seconds'])}" if entry["seconds"] is not None
+                              else "")
+            for entry in call["history"])
+        listing.rows.append([cell(call["tool_call_id"]), cell(call["tool_name"] or ""),
+                             cell(call["state"]), cell(current), cell(history)])
+    return listing
+
+
+def cmd_tools(client: Client, args: argparse.Namespace, out: Output) -> int:
+    params: dict[str, Any] = {"session_id": args.session}
+    if args.state:
+        params["state"] = args.state
+    result = client.call("tool.list", params)
+    if out.json:
+        _print_json(result)
+        return 0
+    what = f"{args.state} tool calls" if args.state else "tool calls"
+    out.listing(tool_calls_listing(result["tool_calls"], f"{what} of session {args.session}"),
+                f"no {what} in session {args.session}")
     return 0
 
 
@@ -1090,6 +1242,7 @@ def parser() -> argparse.ArgumentParser:
     branches.add_argument("--status", choices=get_args(wire.BranchStatus),
                           help="only the branches with this status")
     branches.set_defaults(run=cmd_branches)
+    _usage_commands(commands, common)
     result = commands.add_parser("result", parents=[common],
                                  help="read an offloaded tool result (result.read)")
     result.add_argument("ref", metavar="REF", type=_matching("ref id", wire.RefId),
@@ -1151,6 +1304,25 @@ def parser() -> argparse.ArgumentParser:
                             help="bash, zsh or fish")
     completion.set_defaults(run=cmd_completion, offline=True)
     return cli
+
+
+def _usage_commands(commands: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
+    usage = commands.add_parser(
+        "usage", parents=[common],
+        help="the LLM usage agents reported (usage.record): totals, with cost when "
+             "[usage] prices are set")
+    usage.add_argument("session", metavar="SESSION", type=session_id, nargs="?",
+                       help="the session's id (default: every session that reported usage)")
+    usage.add_argument("--by", choices=get_args(wire.UsageGroupBy),
+                       help="one row per model, branch or day (UTC)")
+    usage.set_defaults(run=cmd_usage)
+    tools = commands.add_parser("tools", parents=[common],
+                                help="a session's tool calls, their states and the time in "
+                                     "each")
+    tools.add_argument("session", metavar="SESSION", type=session_id, help="the session's id")
+    tools.add_argument("--state", choices=wire.TOOL_CALL_STATES,
+                       help="only the tool calls in this state")
+    tools.set_defaults(run=cmd_tools)
 
 
 def _session_commands(commands: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
@@ -1303,3 +1475,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+

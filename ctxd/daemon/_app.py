@@ -138,6 +138,7 @@ class Daemon:
         self.server = Server(dispatcher, self.bus, self.config, max_connections)
         _methods.register(dispatcher, self, self.request_stop)
         sessions.register(dispatcher, self.supervisor)
+        sessions.register_hub(dispatcher, self.supervisor)
         memory.register(dispatcher, self.memory)
         hygiene.register_prompt(dispatcher, counter,
                                 lambda session_id: self.supervisor.call(

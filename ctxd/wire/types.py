@@ -867,3 +867,169 @@ class Event(Result, frozen=True):
     session_id: str | None
     type: str
     data: dict[str, Any]
+
+
+# ---- usage.* and tool.* (docs/protocol.md, "Usage" and "Tool states") ----------------
+
+Tokens = Annotated[int, Meta(ge=0, le=1 << 40)]
+USAGE_COUNTERS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens",
+                  "thinking_tokens")
+"""The counters of a usage record, in the order they are shown."""
+UsageGroupBy = Literal["model", "branch", "day"]
+
+
+class UsageRecordParams(Params, frozen=True):
+    session_id: SessionId
+    branch_id: BranchId | None = None
+    request_id: Text | None = None
+    model: Text | None = None
+    input_tokens: Tokens | None = None
+    output_tokens: Tokens | None = None
+    cache_read_tokens: Tokens | None = None
+    cache_write_tokens: Tokens | None = None
+    thinking_tokens: Tokens | None = None
+    idempotency_key: Text | None = None
+
+
+class UsageEntry(Result, frozen=True):
+    """One recorded LLM call (counters not given are 0)."""
+
+    usage_id: int
+    session_id: str
+    branch_id: str | None
+    request_id: str | None
+    model: str | None
+    idempotency_key: str | None
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    thinking_tokens: int
+    local_input_tokens: int
+    """ctxd's count of the thread's rendered tokens when the call was recorded."""
+    recorded_at: float
+
+
+class UsageRecordResult(Result, frozen=True):
+    record: UsageEntry
+    duplicate: bool
+    """The idempotency key was recorded before: ``record`` is that first record."""
+
+
+class UsageGetParams(Params, frozen=True):
+    session_id: SessionId
+    branch_id: BranchId | None = None
+    group_by: UsageGroupBy | None = None
+
+
+class UsageTotals(Result, frozen=True):
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    thinking_tokens: int
+    calls: int
+
+
+class UsageCost(Result, frozen=True):
+    """Cost in the price table's currency, per counter and in total (of the priced calls)."""
+
+    input_tokens: float
+    output_tokens: float
+    cache_read_tokens: float
+    cache_write_tokens: float
+    thinking_tokens: float
+    total: float
+    unpriced_calls: int
+    """Calls whose model has no price (not in the cost)."""
+
+
+class UsageGroup(Result, frozen=True):
+    key: str | None
+    """The model, the branch (None: the main thread) or the UTC day (YYYY-MM-DD)."""
+    totals: UsageTotals
+    cost: UsageCost | None
+
+
+class Calibration(Result, frozen=True):
+    """The latest call's reported input tokens beside ctxd's own count at that time."""
+
+    usage_id: int
+    input_tokens: int
+    local_input_tokens: int
+    ratio: float | None
+    """``input_tokens / local_input_tokens`` rounded to 4 places (None when either is 0)."""
+
+
+class UsageGetResult(Result, frozen=True):
+    session_id: str
+    branch_id: str | None
+    totals: UsageTotals
+    cost: UsageCost | None
+    """None when no call's model has a price in ``[usage] prices``."""
+    group_by: UsageGroupBy | None
+    groups: list[UsageGroup] | None
+    calibration: Calibration | None
+
+
+ToolCallState = Literal["pending", "awaiting_approval", "running", "completed", "failed",
+                        "denied", "timeout", "cancelled"]
+TOOL_CALL_STATES: tuple[ToolCallState, ...] = (
+    "pending", "awaiting_approval", "running", "completed", "failed", "denied", "timeout",
+    "cancelled")
+TERMINAL_TOOL_STATES = frozenset({"completed", "failed", "denied", "timeout", "cancelled"})
+ToolCallId = Annotated[str, Meta(min_length=1, max_length=256)]
+
+
+class ToolStateParams(Params, frozen=True):
+    session_id: SessionId
+    tool_call_id: ToolCallId
+    state: ToolCallState
+    detail: Annotated[str, Meta(max_length=4_096)] | None = None
+    tool_name: Text | None = None
+
+
+class ToolStateEntry(Result, frozen=True):
+    """One state a tool call entered, and how long it stayed (None: it is still in it)."""
+
+    state: ToolCallState
+    entered_at: float
+    detail: str | None
+    seconds: float | None
+
+
+class ToolCall(Result, frozen=True):
+    tool_call_id: str
+    tool_name: str | None
+    state: ToolCallState
+    terminal: bool
+    created_at: float
+    updated_at: float
+    history: list[ToolStateEntry]
+    seconds_in_state: dict[str, float]
+    """Seconds spent in each state entered (the current one up to now, unless final)."""
+
+
+class ToolStateResult(Result, frozen=True):
+    tool_call: ToolCall
+    previous_state: ToolCallState | None
+    """None: this call created the tool call."""
+
+
+class ToolGetParams(Params, frozen=True):
+    session_id: SessionId
+    tool_call_id: ToolCallId
+
+
+class ToolGetResult(Result, frozen=True):
+    tool_call: ToolCall
+
+
+class ToolListParams(Params, frozen=True):
+    session_id: SessionId
+    state: ToolCallState | None = None
+
+
+class ToolListResult(Result, frozen=True):
+    tool_calls: list[ToolCall]
+    """Oldest first."""

@@ -683,7 +683,8 @@ def test_status_watch_json_streams_one_object_a_line(shared_daemon: DaemonProces
             client.call("session.open", {"session_id": sid})
         while True:  # every line is one whole snapshot, until the new session shows
             snapshot = json.loads(stream.stdout.readline())
-            assert set(snapshot) == {"daemon", "sessions", "more_sessions", "live_branches"}
+            assert set(snapshot) == {"daemon", "sessions", "more_sessions", "live_branches",
+                                         "usage"}
             if sid in [s["session_id"] for s in snapshot["sessions"]]:
                 break
     finally:
@@ -1020,3 +1021,64 @@ def test_compact_shows_before_and_after_and_resume_the_snapshot(
                                      + marker["content"])
     assert (unknown.returncode, unknown.stderr.splitlines()[0]) == (
         1, "ctxctl: error -32004: unknown session 'nobody'")
+
+
+def test_usage_by_model_with_cost_and_in_status(daemon_root: Path, sid: str) -> None:
+    config = daemon_root / "prices.toml"
+    config.write_text('[usage.prices.big]\ninput = 3.0\noutput = 15.0\n', encoding="utf-8")
+    with DaemonProcess(daemon_root, extra_args=["--config", str(config)]).running() as daemon:
+        with daemon.client() as client:
+            client.call("session.open", {"session_id": sid})
+            client.call("usage.record", {"session_id": sid, "model": "big",
+                                         "input_tokens": 1_000_000, "output_tokens": 20_000})
+            client.call("usage.record", {"session_id": sid, "model": "free",
+                                         "input_tokens": 1_500, "thinking_tokens": 7})
+        result = ctxctl(daemon.socket, "usage", sid, "--by", "model", "--format", "tsv")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines() == [
+            "model\tcalls\tinput\toutput\tcache_read\tcache_write\tthinking\tcost",
+            "big\t1\t1,000,000\t20,000\t0\t0\t0\t3.3000",
+            "free\t1\t1,500\t0\t0\t0\t7\t-",
+            "total\t2\t1,001,500\t20,000\t0\t0\t7\t3.3000"]
+        assert result.stderr.splitlines() == [
+            "1 call has no price (not in [usage] prices)",
+            "latest call: 1,500 input tokens reported, ctxd counted 0"]
+        every = ctxctl(daemon.socket, "usage", "--format", "tsv", "--no-headers")
+        assert every.stdout.splitlines() == [f"{sid}\t2\t1,001,500\t20,000\t0\t0\t7\t3.3000"]
+        as_json = json.loads(ctxctl(daemon.socket, "usage", sid, "--json").stdout)
+        assert as_json["totals"]["calls"] == 2
+        assert as_json["cost"]["total"] == 3.3
+        status = ctxctl(daemon.socket, "status", "--format", "plain")
+        assert status.stdout.splitlines()[-2:] == [
+            "SESSION         CALLS      INPUT  OUTPUT  CACHE_READ  CACHE_WRITE  THINKING    COST",
+            f"{sid}      2  1,001,500  20,000           0            0         7  3.3000"]
+        status_json = json.loads(ctxctl(daemon.socket, "status", "--json").stdout)
+        assert status_json["usage"][sid]["totals"] == {
+            "input_tokens": 1_001_500, "output_tokens": 20_000, "cache_read_tokens": 0,
+            "cache_write_tokens": 0, "thinking_tokens": 7, "calls": 2}
+        assert ctxctl(daemon.socket, "usage", "nope").returncode == 1
+
+
+def test_tools_lists_tool_calls_and_their_states(shared_daemon: DaemonProcess,
+                                                 sid: str) -> None:
+    with shared_daemon.client() as client:
+        client.call("session.open", {"session_id": sid})
+        for call_id, state in (("call_a", "pending"), ("call_a", "running"),
+                               ("call_a", "completed"), ("call_b", "awaiting_approval")):
+            client.call("tool.state", {"session_id": sid, "tool_call_id": call_id,
+                                       "state": state, "tool_name": "bash"})
+        calls = client.call("tool.list", {"session_id": sid})["tool_calls"]
+    result = ctxctl(shared_daemon.socket, "tools", sid, "--format", "tsv")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "tool_call\ttool\tstate\tin_state\thistory"
+    a_history = calls[0]["history"]
+    assert lines[1] == (f"call_a\tbash\tcompleted\t-\tpending {a_history[0]['seconds']:.1f}s > "
+                        f"running {a_history[1]['seconds']:.1f}s > completed")
+    assert lines[2].startswith("call_b\tbash\tawaiting_approval\t")
+    assert lines[2].endswith("s\tawaiting_approval")
+    only = ctxctl(shared_daemon.socket, "tools", sid, "--state", "completed", "--json")
+    assert [c["tool_call_id"] for c in json.loads(only.stdout)["tool_calls"]] == ["call_a"]
+    none = ctxctl(shared_daemon.socket, "tools", sid, "--state", "denied")
+    assert (none.returncode, none.stdout, none.stderr.strip()) == (
+        0, "", f"no denied tool calls in session {sid}")

@@ -324,9 +324,9 @@ def test_a_bad_socket_path_is_refused_before_the_data_dir_is_touched(
 def test_hello_negotiates_features(shared_daemon: DaemonProcess) -> None:
     with shared_daemon.client() as client:
         hello = client.call("daemon.hello", {"client": "test", "protocol_features": [
-            "events", "time-travel"]})
-        assert hello["features"] == ["folding", "memory", "events"]
-        assert hello["agreed_features"] == ["events"]
+            "events", "tools", "time-travel"]})
+        assert hello["features"] == ["folding", "memory", "events", "usage", "tools"]
+        assert hello["agreed_features"] == ["events", "tools"]
         with pytest.raises(RpcError) as caught:
             client.call("daemon.hello", {"client": 5})
         assert caught.value.data["path"] == "$.client"

@@ -234,3 +234,35 @@ def test_help_shows_each_keys_type_default_and_choices() -> None:
             accepts = "choices: " if config.choices(path) else config.describe(path)
             assert f"{accepts}" in helps[config.flag_name(path)][1], path
             assert "; default " in helps[config.flag_name(path)][1], path
+
+
+def test_usage_prices_come_from_the_file_only(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('[usage.prices."claude-sonnet-4"]\ninput = 3\noutput = 15.0\n'
+                    '[usage.prices.small]\ncache_read = 0.01\n')
+    cfg = config.load(environ={"HOME": str(tmp_path)}, config_path=path)
+    assert cfg.usage.prices == {
+        "claude-sonnet-4": config.ModelPrice(input=3.0, output=15.0),
+        "small": config.ModelPrice(cache_read=0.01)}
+    assert tomllib.loads(config.to_toml(cfg))["usage"] == {"prices": {
+        "claude-sonnet-4": {"input": 3.0, "output": 15.0, "cache_read": 0.0,
+                            "cache_write": 0.0, "thinking": 0.0},
+        "small": {"input": 0.0, "output": 0.0, "cache_read": 0.01, "cache_write": 0.0,
+                  "thinking": 0.0}}}
+    with pytest.raises(CtxdError, match="unknown environment variable"):
+        config.load(environ={"HOME": str(tmp_path), "CTXD_USAGE_PRICES": "{}"})
+    with pytest.raises(SystemExit):
+        _flags("--usage-prices", "{}")
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ('[usage.prices.m]\ninptu = 1.0\n', "Object contains unknown field `inptu` - in "
+                                        "`usage.prices.m`"),
+    ('[usage.prices."a.b"]\ninput = -1.0\n', 'Expected `float` >= 0.0 - at '
+                                             '`usage.prices."a.b".input`')])
+def test_a_bad_price_is_named(tmp_path: Path, text: str, problem: str) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    with pytest.raises(CtxdError) as caught:
+        config.load(environ={"HOME": str(tmp_path)}, config_path=path)
+    assert caught.value.message == f"{path}: usage.prices: {problem}"
