@@ -4,6 +4,7 @@ actor calls them in order with the session's other requests."""
 
 from __future__ import annotations
 
+import heapq
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -78,16 +79,25 @@ def pull_injections(conn: apsw.Connection, session_id: str, max_priority: Inject
     Returns:
         The injections as delivered now, and how many of the session's are still waiting.
     """
-    rows = list(conn.execute(
-        f"SELECT {_COLUMNS} FROM injections WHERE session_id = ? AND priority <= ? "
-        "AND (state = 'pending' OR (state = 'delivered' AND delivered_at <= ?)) "
-        "ORDER BY priority, id LIMIT ?",
-        (session_id, INJECT_PRIORITIES.index(max_priority), redeliver_before, limit)))
+    rank = INJECT_PRIORITIES.index(max_priority)
+    pending = conn.execute(
+        f"SELECT {_COLUMNS}, id FROM injections WHERE session_id = ? AND state = 'pending' "
+        "AND priority <= ? ORDER BY priority, id LIMIT ?", (session_id, rank, limit))
+    overdue = conn.execute(
+        f"SELECT {_COLUMNS}, id FROM injections WHERE session_id = ? AND state = 'delivered' "
+        "AND delivered_at <= ? AND priority <= ? ORDER BY priority, id LIMIT ?",
+        (session_id, redeliver_before, rank, limit))
+    # Both are in (priority, arrival) order: merged, the first ``limit`` of either.
+    rows = [row[:-1] for row in heapq.merge(pending, overdue,
+                                             key=lambda row: (row[2], row[-1]))][:limit]
     ids = [row[0] for row in rows]
     conn.executemany("UPDATE injections SET state = 'delivered', deliveries = deliveries + 1, "
                      "delivered_at = ? WHERE injection_id = ?", [(now, i) for i in ids])
-    waiting = scalar_int(conn, "SELECT count(*) FROM injections WHERE session_id = ? "
-                               "AND state IN ('pending', 'delivered')", (session_id,))
+    # The states are literals, so that each count reads its partial index.
+    waiting = scalar_int(
+        conn, "SELECT (SELECT count(*) FROM injections WHERE session_id = ?1 "
+              "AND state = 'pending') + (SELECT count(*) FROM injections "
+              "WHERE session_id = ?1 AND state = 'delivered')", (session_id,))
     return [msgspec.structs.replace(_info(row), state="delivered",
                                     deliveries=row[8] + 1, delivered_at=now)
             for row in rows], waiting

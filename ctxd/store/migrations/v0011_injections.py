@@ -4,7 +4,9 @@ One row per injection pushed into a session, in arrival order (``id``). ``state`
 ``pending`` → ``delivered`` (handed out by inject.pull; ``deliveries`` counts the times) →
 ``accepted`` or ``rejected`` (inject.ack). ``priority`` is stored as its rank (0 immediate,
 1 normal, 2 deferred) so that the queue is read in one index order. A retried push is
-found by its ``idempotency_key``, unique within the session.
+found by its ``idempotency_key``, unique within the session. Two partial indexes keep
+inject.pull's reads short however many injections wait unanswered: the pending ones in the
+order they are handed out, the delivered ones by when.
 """
 
 SQL = """
@@ -28,6 +30,8 @@ CREATE TABLE injections (
     UNIQUE (session_id, idempotency_key)
 ) STRICT;
 
-CREATE INDEX injections_waiting ON injections (session_id, priority, id)
-    WHERE state IN ('pending', 'delivered');
+CREATE INDEX injections_pending ON injections (session_id, priority, id)
+    WHERE state = 'pending';
+CREATE INDEX injections_delivered ON injections (session_id, delivered_at)
+    WHERE state = 'delivered';
 """
