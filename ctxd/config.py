@@ -132,6 +132,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     max_live_branches_per_session: Positive = 10
     max_live_branches: Positive = 10_000
     max_fold_tokens: Annotated[int, Meta(ge=16, le=32_768)] = 1_000
+    inject_redeliver_s: Annotated[float, Meta(gt=0, le=86_400)] = 60.0
     budget: Budget = Budget()
     memory: MemoryConfig = MemoryConfig()
     hygiene: HygieneConfig = HygieneConfig()
@@ -170,6 +171,8 @@ _HELP = {
     "max_fold_tokens": "tokens a fold message may take in its parent (never more than a "
                        "quarter of the branch's budget); a longer result is cut, head and "
                        "tail kept",
+    "inject_redeliver_s": "seconds an injection handed out by inject.pull may wait for its "
+                          "inject.ack; then the next inject.pull hands it out again",
     "offload_threshold_bytes": "a tool result longer than this (UTF-8 bytes) is stored aside "
                                "and rendered as a stub that result.read reads back",
     "tool_deferral_threshold": "share of the effective window a session's registered tool "

@@ -343,11 +343,45 @@ def live_branches(client: Client, status: dict[str, Any], first_page: dict[str, 
     return branches, {s["session_id"]: s["budget"] for s in holding}
 
 
+def waiting_injections(client: Client, sessions: list[dict[str, Any]]) -> None:
+    """Add each session's injections by state (``injections``: inject.list's counts) to its
+    entry; one pipelined inject.list per session, a session deleted meanwhile counts none.
+
+    Raises:
+        RpcError: the daemon answered an inject.list with an error other than -32004.
+    """
+    pending = [client.submit("inject.list", {"session_id": s["session_id"], "limit": 1})
+               for s in sessions]
+    for session, future in zip(sessions, pending, strict=True):
+        try:
+            session["injections"] = future.result(client.timeout)["counts"]
+        except RpcError as exc:
+            if exc.code != ErrorCode.NOT_FOUND:
+                raise
+            session["injections"] = {}
+
+
+INJECTION_COLUMNS = (Column("session"), Column("pending", right=True),
+                     Column("delivered, not acknowledged", right=True))
+
+
+def injections_listing(sessions: list[dict[str, Any]]) -> Listing:
+    """The sessions with injections waiting for their agent."""
+    listing = Listing(INJECTION_COLUMNS, title="pending injections")
+    for s in sessions:
+        counts = s.get("injections", {})
+        if counts.get("pending", 0) or counts.get("delivered", 0):
+            listing.rows.append([cell(s["session_id"]), cell(str(counts["pending"])),
+                                 cell(str(counts["delivered"]))])
+    return listing
+
+
 def _status_snapshot(client: Client, limit: int) -> tuple[dict[str, Any],
                                                           dict[str, dict[str, Any]]]:
     status = client.call("daemon.status")
     sessions = client.call("session.list", {"state": "open", "limit": limit})
     branches, budgets = live_branches(client, status, sessions)
+    waiting_injections(client, sessions["sessions"])
     return {"daemon": status, "sessions": sessions["sessions"],
             "more_sessions": sessions["next_cursor"] is not None,
             "live_branches": branches,
@@ -388,7 +422,9 @@ def _status_view(snapshot: dict[str, Any], budgets: dict[str, dict[str, Any]],
                  width: int) -> Group:
     sessions, branches = _status_listings(snapshot, budgets)
     usage = _status_usage(snapshot)
+    injections = injections_listing(snapshot["sessions"])
     return Group(daemon_line(snapshot["daemon"]), table(sessions, width),
+                 *([table(injections, width)] if injections.rows else []),
                  table(branches, width) if branches.rows else Text("no live branches"),
                  *([table(usage, width)] if usage.rows else []))
 
@@ -406,6 +442,10 @@ def _print_status(out: Output, snapshot: dict[str, Any],
     if sessions.rows:
         out.lines([""])
         out.listing(sessions, "")
+    injections = injections_listing(snapshot["sessions"])
+    if injections.rows:
+        out.lines([""])
+        out.listing(injections, "")
     if branches.rows:
         out.lines([""])
         out.listing(branches, "")
@@ -838,6 +878,32 @@ def _read_stdin() -> str | None:
     except UnicodeDecodeError as exc:
         print(f"ctxctl: standard input is not UTF-8 text: {exc}", file=sys.stderr)
         return None
+
+
+def cmd_inject(client: Client, args: argparse.Namespace, out: Output) -> int:
+    content = _read_stdin() if args.text == "-" else args.text
+    if content is None:
+        return 2
+    problem = _length_problem(wire.InjectPushParams, "content", content)
+    if problem:
+        print(f"ctxctl: {'standard input' if args.text == '-' else 'TEXT'} {problem}",
+              file=sys.stderr)
+        return 2
+    params: dict[str, Any] = {"session_id": args.session, "content": content,
+                              "priority": args.priority, "source": "ctxctl"}
+    if args.key is not None:
+        params["idempotency_key"] = args.key
+    result = client.call("inject.push", params)
+    if out.json:
+        _print_json(result)
+        return 0
+    scrubbed = result["secrets_scrubbed"]
+    out.lines([f"injection {result['injection_id']} "
+               + ("was already queued" if result["duplicate"] else "queued")
+               + f" for {args.session} ({result['priority']}, {result['tokens']:,} tokens)"
+               + (f"; {scrubbed} secret{'s' if scrubbed > 1 else ''} scrubbed"
+                  if scrubbed else "")])
+    return 0
 
 
 def cmd_memory_add(client: Client, args: argparse.Namespace, out: Output) -> int:
@@ -1273,6 +1339,17 @@ def parser() -> argparse.ArgumentParser:
                          help="only this strategy (repeat for more; they run in the chain's "
                               "order: clear, summarize, truncate)")
     compact.set_defaults(run=cmd_compact)
+    inject = commands.add_parser(
+        "inject", parents=[common],
+        help="push a text into a session for its agent to pick up (inject.push)")
+    inject.add_argument("session", metavar="SESSION", type=session_id, help="the session's id")
+    inject.add_argument("text", metavar="TEXT", help="the text, or - to read standard input")
+    inject.add_argument("--priority", choices=get_args(wire.InjectPriority), default="normal",
+                        help="how soon the agent should take it (default normal)")
+    inject.add_argument("--key", metavar="KEY",
+                        type=_text_of(wire.InjectPushParams, "idempotency_key", "KEY"),
+                        help="an idempotency key: a retried push with it queues nothing new")
+    inject.set_defaults(run=cmd_inject)
     events = commands.add_parser("events", parents=[common],
                                  help="follow the daemon's events until Ctrl-C")
     events.add_argument("-f", "--follow", action="store_true",

@@ -1,7 +1,16 @@
-"""The local hub between agents and their UIs: the event stream, the usage ledger and the
-tool-call lifecycle."""
+"""The local hub between agents and their UIs: the event stream, the usage ledger, the
+tool-call lifecycle and the injection queue."""
 
 from ctxd.hub._events import EventBus, Subscription
+from ctxd.hub._injections import (
+    NewInjection,
+    ack_injection,
+    find_by_key,
+    insert_injection,
+    list_injections,
+    load_injection,
+    pull_injections,
+)
 from ctxd.hub._methods import register
 from ctxd.hub._tools_state import (
     allowed_next,
@@ -11,6 +20,8 @@ from ctxd.hub._tools_state import (
 )
 from ctxd.hub._usage import counters_of, find_usage, insert_usage, usage_summary
 
-__all__ = ["EventBus", "Subscription", "allowed_next", "counters_of", "find_usage",
-           "insert_usage", "list_tool_calls", "load_tool_call", "register", "set_tool_state",
+__all__ = ["EventBus", "NewInjection", "Subscription", "ack_injection", "allowed_next",
+           "counters_of", "find_by_key", "find_usage", "insert_injection",
+           "insert_usage", "list_injections", "list_tool_calls", "load_injection",
+           "load_tool_call", "pull_injections", "register", "set_tool_state",
            "usage_summary"]

@@ -1033,3 +1033,86 @@ class ToolListParams(Params, frozen=True):
 class ToolListResult(Result, frozen=True):
     tool_calls: list[ToolCall]
     """Oldest first."""
+# ---- inject.* (docs/protocol.md, "Injection") ---------------------------------------
+
+InjectPriority = Literal["immediate", "normal", "deferred"]
+"""Priorities of an injection, most urgent first: inject.pull hands them out in this order."""
+INJECT_PRIORITIES: tuple[InjectPriority, ...] = ("immediate", "normal", "deferred")
+InjectState = Literal["pending", "delivered", "accepted", "rejected"]
+IdempotencyKey = Annotated[str, Meta(min_length=1, max_length=128)]
+
+
+class InjectPushParams(Params, frozen=True):
+    session_id: SessionId
+    content: Annotated[str, Meta(min_length=1, max_length=1_000_000)]
+    priority: InjectPriority = "normal"
+    source: Text | None = None
+    idempotency_key: IdempotencyKey | None = None
+
+
+class InjectPushResult(Result, frozen=True):
+    injection_id: str
+    duplicate: bool
+    """True: a push with this idempotency_key was already taken; this is its injection."""
+    state: InjectState
+    priority: InjectPriority
+    tokens: int
+    """Exact tokens of the (scrubbed) content as a user message."""
+    secrets_scrubbed: int
+
+
+class InjectPullParams(Params, frozen=True):
+    session_id: SessionId
+    max_priority: InjectPriority = "deferred"
+    """The least urgent priority handed out (``normal``: immediate and normal only)."""
+    limit: Annotated[int, Meta(ge=1, le=1_000)] = 100
+
+
+class InjectionInfo(Result, frozen=True):
+    """An injection as inject.pull and inject.list show it."""
+
+    injection_id: str
+    session_id: str
+    priority: InjectPriority
+    content: str
+    source: str | None
+    tokens: int
+    state: InjectState
+    created_at: float
+    deliveries: int
+    delivered_at: float | None
+    acked_at: float | None
+    reason: str | None
+
+
+class InjectPullResult(Result, frozen=True):
+    injections: list[InjectionInfo]
+    """Delivered now, priority then arrival order; ``deliveries`` > 1 is a redelivery."""
+    waiting: int
+    """Injections of the session still waiting (pending or delivered, not acknowledged)."""
+
+
+class InjectAckParams(Params, frozen=True):
+    injection_id: Annotated[str, Meta(pattern=r"^inj_[0-9a-f]{16}\Z",
+                                      description='"inj_" and 16 lower-case hex digits')]
+    accepted: bool
+    reason: Annotated[str, Meta(max_length=4_096)] | None = None
+
+
+class InjectAckResult(Result, frozen=True):
+    injection: InjectionInfo
+    already_acked: bool
+    """True: this answer had been recorded before (the ack was repeated)."""
+
+
+class InjectListParams(Params, frozen=True):
+    session_id: SessionId
+    state: InjectState | None = None
+    limit: Annotated[int, Meta(ge=1, le=1_000)] = 100
+
+
+class InjectListResult(Result, frozen=True):
+    injections: list[InjectionInfo]
+    """Oldest first (the ``state`` given, or every state)."""
+    counts: dict[str, int]
+    """The session's injections by state (every state, whatever ``state`` filters)."""

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from conftest import DaemonProcess
-from tests_support import hello_text, needs
+from tests_support import COUNTER, hello_text, needs
 
 from ctxclient import Client
 
@@ -1082,3 +1082,57 @@ def test_tools_lists_tool_calls_and_their_states(shared_daemon: DaemonProcess,
     none = ctxctl(shared_daemon.socket, "tools", sid, "--state", "denied")
     assert (none.returncode, none.stdout, none.stderr.strip()) == (
         0, "", f"no denied tool calls in session {sid}")
+# ---- inject ----------------------------------------------------------------------------
+
+def test_inject_queues_a_text_and_status_counts_what_waits(shared_daemon: DaemonProcess,
+                                                           sid: str) -> None:
+    github_token = "ghp_" + "aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3zA5"
+    with shared_daemon.client() as client:
+        client.call("session.open", {"session_id": sid})
+    queued = ctxctl(shared_daemon.socket, "inject", sid, "the user says: stop refactoring",
+                    "--priority", "immediate", "--key", "stop-1")
+    again = ctxctl(shared_daemon.socket, "inject", sid, "the user says: stop refactoring",
+                   "--key", "stop-1", "--json")
+    piped = ctxctl(shared_daemon.socket, "inject", sid, "-",
+                   stdin=f"deploy key {github_token}\n")
+    assert queued.returncode == 0, queued.stderr
+    injection_id = queued.stdout.split()[1]
+    tokens = COUNTER.message_tokens("user", "the user says: stop refactoring", None, None)
+    assert queued.stdout == (f"injection {injection_id} queued for {sid} (immediate, "
+                             f"{tokens} tokens)\n")
+    assert json.loads(again.stdout) == {
+        "injection_id": injection_id, "duplicate": True, "state": "pending",
+        "priority": "immediate", "tokens": tokens, "secrets_scrubbed": 0}
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout.endswith("(normal, " + str(COUNTER.message_tokens(
+        "user", "deploy key [REDACTED:github_token]\n", None, None))
+        + " tokens); 1 secret scrubbed\n")
+    with shared_daemon.client() as client:
+        pulled = client.call("inject.pull", {"session_id": sid, "limit": 1})["injections"]
+        assert [(i["injection_id"], i["source"]) for i in pulled] == [(injection_id, "ctxctl")]
+    status = ctxctl(shared_daemon.socket, "status")
+    assert status.returncode == 0, status.stderr
+    assert [line.split() for line in status.stdout.splitlines() if line.startswith(sid)][
+        1:] == [[sid, "1", "1"]]
+    as_json = json.loads(ctxctl(shared_daemon.socket, "status", "--json").stdout)
+    [session] = [s for s in as_json["sessions"] if s["session_id"] == sid]
+    assert session["injections"] == {"pending": 1, "delivered": 1, "accepted": 0,
+                                     "rejected": 0}
+
+
+def test_inject_errors(shared_daemon: DaemonProcess, sid: str) -> None:
+    unknown = ctxctl(shared_daemon.socket, "inject", sid, "hello")
+    assert (unknown.returncode, unknown.stderr.splitlines()[0]) == (
+        1, f"ctxctl: error -32004: unknown session '{sid}'")
+    empty = ctxctl(shared_daemon.socket, "inject", sid, "-", stdin="")
+    assert (empty.returncode, empty.stderr) == (2, "ctxctl: standard input is empty\n")
+    bad = ctxctl(shared_daemon.socket, "inject", sid, "x", "--priority", "urgent")
+    assert bad.returncode == 2
+    assert "invalid choice: 'urgent'" in bad.stderr
+    with shared_daemon.client() as client:
+        client.call("session.open", {"session_id": sid, "budget": {
+            "context_window": 1_100, "max_output_tokens": 100}})
+    over = ctxctl(shared_daemon.socket, "inject", sid, hello_text(1_000))
+    assert (over.returncode, over.stderr.splitlines()[0]) == (
+        1, "ctxctl: error -32001: appending 1004 tokens would bring the context to 1007 of "
+           "1000 tokens, past the hard block at 980")
