@@ -128,6 +128,20 @@ class Subscription:
                 return self._marker()
         return await self._receive.receive()
 
+    def receive_nowait(self) -> Event | None:
+        """The next event if one is waiting (None while a replay needs its next page, or
+        once the subscription is closed)."""
+        if self._closed:
+            return None
+        if self.replay_after is not None:
+            if self.dropped:
+                return self._marker()
+            return self._page.popleft() if self._page else None
+        try:
+            return self._receive.receive_nowait()
+        except (trio.WouldBlock, trio.EndOfChannel):
+            return None
+
     def replayed(self, events: list[Event]) -> None:
         """Events read from the table, to be received before anything else."""
         self._page.extend(events)
