@@ -125,7 +125,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     scrub_at_rest: bool = False
     max_subscriptions_per_connection: Positive = 16
     event_buffer: Positive = 1024
-    event_history: Positive = 10_000
+    events_keep: Positive = 100_000
+    events_retention_days: Annotated[float, Meta(gt=0)] = 7.0
     branch_budget: BranchBudget = 8_192
     branch_timeout_s: BranchTimeout = 300.0
     max_branch_depth: Annotated[int, Meta(ge=1, le=16)] = 3

@@ -831,6 +831,8 @@ def cmd_events(client: Client, args: argparse.Namespace, out: Output) -> int:
         params["session_id"] = args.session
     if args.type:
         params["types"] = args.type
+    if args.since is not None:
+        params["since_seq"] = args.since
     client.call("events.subscribe", params)
     try:
         while True:
@@ -1187,6 +1189,12 @@ def interval(text: str) -> float:
     return seconds
 
 
+def seq_number(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a seq (0 or a positive integer), got {text!r}")
+    return int(text)
+
+
 def seconds_to_wait(text: str) -> float:
     try:
         seconds = float(text)
@@ -1358,6 +1366,9 @@ def parser() -> argparse.ArgumentParser:
                         help="only the events of this session")
     events.add_argument("--type", action="append", metavar="TYPE",
                         help="only events of this type, e.g. branch.created (repeat for more)")
+    events.add_argument("--since", type=seq_number, metavar="SEQ",
+                        help="first the kept events after this seq (0: all of them), from "
+                             "the daemon's events table, then the new ones")
     events.set_defaults(run=cmd_events)
     _memory_commands(commands, common)
     call = commands.add_parser("call", parents=[common], help="call any method")

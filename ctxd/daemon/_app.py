@@ -72,9 +72,10 @@ class Daemon:
     def __init__(self, config: Config):
         self.config = config
         self.started = time.monotonic()
-        self.bus = EventBus(config.event_buffer, config.event_history)
         self.store = Store(Path(config.data_dir) / "ctxd.db", config.durability,
                            config.max_db_bytes)
+        self.bus = EventBus(config.event_buffer, self.store, config.events_keep,
+                            config.events_retention_days)
         self._stop = trio.Event()
         self.socket_path = config.socket
         """Where clients reach us: the configured path, or the activated socket's address."""
@@ -148,6 +149,7 @@ class Daemon:
         async with trio.open_nursery() as root:
             root.start_soon(self._watch_signals)
             root.start_soon(self.store.keep_wal_small)
+            await root.start(self.bus.run)
             await root.start(self.memory.run)
             await root.start(self.supervisor.run)
             await root.start(self.server.run, sock)

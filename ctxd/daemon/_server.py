@@ -252,7 +252,13 @@ class Connection:
                 event = await subscription.receive()
             except trio.EndOfChannel:
                 return
-            await self.send_line(notification("event", event), EVENT_OUTBOX_LIMIT)
+            self.queue_line(notification("event", event))
+            # The events already waiting go out in the same write (a replay comes in pages).
+            while (self._outbox_bytes < EVENT_OUTBOX_LIMIT
+                   and (waiting := subscription.receive_nowait()) is not None):
+                self.queue_line(notification("event", waiting))
+            await self.wait_for_room(EVENT_OUTBOX_LIMIT)
+            await self.flush()
 
     def _read_deadline(self) -> float:
         """When the read gives up: the partial-line timeout while a line is unfinished,

@@ -1,41 +1,69 @@
-"""The EventBus: fan-out of session events to subscribers, lossy per subscriber, never blocking.
+"""The EventBus: the `events` table and the fan-out of events to subscribers.
 
-Every event gets a ``seq`` that grows by one per event for the daemon's lifetime; the last
-``history`` events are kept so a subscriber can resume with ``since_seq``. A subscriber
-whose buffer is full loses events; as soon as it can take one again (its buffer drained,
-or the next event arrives) it receives a ``dropped`` event that says how many it lost and
-the seq of the last one lost, so a client always knows.
+`publish` never blocks: it queues the event. The bus's writer task (`EventBus.run`) takes
+every queued event at once, numbers them (``seq`` continues from the table's high-water
+mark, so it survives restarts), writes them in one transaction through the store's writer,
+and only then fans them out. So every ``seq`` a subscriber sees is in the table, and the
+table's seqs have no gap and no duplicate, even after a SIGKILL: an event still queued at
+the kill never got a seq (docs/decisions.md, Events).
+
+A subscription with ``since_seq`` first replays from the table, page by page, then turns
+live in the same step that finds it has caught up with the last written seq, so there is
+no gap and no duplicate at the seam. Events pruned (``events_keep``,
+``events_retention_days``) before a subscriber read them, or lost because its buffer was
+full, are announced by a ``dropped`` event that says how many and the seq of the last one.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+import apsw
 import msgspec
 import trio
 
+from ctxd.errors import CtxdError
+from ctxd.store import Store
 from ctxd.wire.types import Event
+
+log = logging.getLogger("ctxd.hub")
+
+REPLAY_PAGE = 2_000
+"""Events read from the table per store job while a subscription replays."""
+
+MAX_QUEUED = 100_000
+"""Events waiting for the writer beyond which `publish` drops them (the store is stuck)."""
+
+RETENTION_CHECK_S = 60.0
+"""How often the writer removes the events older than the retention."""
+
+_decode_data = msgspec.json.Decoder(dict[str, Any]).decode
+_encode = msgspec.json.Encoder().encode
 
 
 class BusStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """What `EventBus.statistics` reports."""
 
     seq: int
-    """The last event's seq."""
+    """The last event written (and sent to the live subscribers)."""
     subscribers: int
-    history: int
-    """Events kept for ``since_seq``."""
+    queued: int
+    """Events published and not yet written."""
+    lost: int
+    """Events the store could not write since the daemon started (logged)."""
 
 
 class Subscription:
     """One subscriber's bounded view of the bus. Iterate it with `receive`."""
 
-    def __init__(self, subscription_id: str, session_id: str | None,
-                 types: Iterable[str] | None, buffer: int):
+    def __init__(self, bus: EventBus, subscription_id: str, session_id: str | None,
+                 types: Iterable[str] | None, buffer: int, replay_after: int | None):
+        self._bus = bus
         self.subscription_id = subscription_id
         self.session_id = session_id
         self.types = frozenset(types) if types else None
@@ -43,6 +71,10 @@ class Subscription:
         self._dropped_through = 0
         self._max_buffer = buffer
         self._send, self._receive = trio.open_memory_channel[Event](buffer)
+        self.replay_after = replay_after
+        """While replaying: the seq up to which the table has been read (None: live)."""
+        self._page: deque[Event] = deque()
+        self._closed = False
 
     def wants(self, event: Event) -> bool:
         if self.session_id is not None and event.session_id != self.session_id:
@@ -74,11 +106,20 @@ class Subscription:
             pass
 
     async def receive(self) -> Event:
-        """The next event (a ``dropped`` marker once the backlog is drained after losses).
+        """The next event: replayed from the table first, then live (a ``dropped`` marker
+        before events it will never see).
 
         Raises:
             trio.EndOfChannel: the subscription was closed.
         """
+        while self.replay_after is not None:
+            if self._closed:
+                raise trio.EndOfChannel
+            if self.dropped:
+                return self._marker()
+            if self._page:
+                return self._page.popleft()
+            await self._bus.replay_page(self)
         try:
             return self._receive.receive_nowait()
         except trio.WouldBlock:
@@ -87,8 +128,76 @@ class Subscription:
                 return self._marker()
         return await self._receive.receive()
 
+    def receive_nowait(self) -> Event | None:
+        """The next event if one is waiting (None while a replay needs its next page, or
+        once the subscription is closed)."""
+        if self._closed:
+            return None
+        if self.replay_after is not None:
+            if self.dropped:
+                return self._marker()
+            return self._page.popleft() if self._page else None
+        try:
+            return self._receive.receive_nowait()
+        except (trio.WouldBlock, trio.EndOfChannel):
+            return None
+
+    def replayed(self, events: list[Event]) -> None:
+        """Events read from the table, to be received before anything else."""
+        self._page.extend(events)
+
     def close(self) -> None:
+        self._closed = True
         self._send.close()
+
+
+def _start(conn: apsw.Connection, retention_before: float) -> tuple[int, int]:
+    """The high-water seq and the last seq pruned, after the retention's pruning."""
+    _prune_by_age(conn, retention_before)
+    row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
+    high = int(row[0]) if row else 0
+    oldest = conn.execute("SELECT min(seq) FROM events").fetchall()[0][0]
+    return high, (high if oldest is None else int(oldest) - 1)
+
+
+def _prune_by_age(conn: apsw.Connection, before: float) -> None:
+    # Seq order is time order: the scan stops at the first event young enough to keep.
+    row = conn.execute("SELECT seq FROM events WHERE ts >= ? ORDER BY seq LIMIT 1",
+                       (before,)).fetchone()
+    if row is None:
+        conn.execute("DELETE FROM events")
+    else:
+        conn.execute("DELETE FROM events WHERE seq < ?", (row[0],))
+
+
+def _write(conn: apsw.Connection, rows: list[tuple[int, float, str | None, str, bytes]],
+           prune_through: int, retention_before: float | None) -> None:
+    conn.executemany("INSERT INTO events (seq, ts, session_id, type, data) "
+                     "VALUES (?, ?, ?, ?, ?)", rows)
+    if prune_through:
+        conn.execute("DELETE FROM events WHERE seq <= ?", (prune_through,))
+    if retention_before is not None:
+        _prune_by_age(conn, retention_before)
+
+
+def _read_page(conn: apsw.Connection, after: int, upto: int, session_id: str | None,
+               types: frozenset[str] | None, limit: int) -> tuple[int, list[Event]]:
+    """The oldest seq kept (``upto + 1`` when none is) and the wanted events after
+    ``after``, up to ``upto``, in seq order."""
+    oldest = conn.execute("SELECT min(seq) FROM events").fetchall()[0][0]
+    sql = "SELECT seq, ts, session_id, type, data FROM events WHERE seq > ? AND seq <= ?"
+    bindings: list[Any] = [after, upto]
+    if session_id is not None:
+        sql += " AND session_id = ?"
+        bindings.append(session_id)
+    if types is not None:
+        sql += f" AND type IN ({', '.join('?' * len(types))})"
+        bindings.extend(sorted(types))
+    bindings.append(limit)
+    events = [Event(seq=seq, ts=ts, session_id=sid, type=type, data=_decode_data(data))
+              for seq, ts, sid, type, data in conn.execute(sql + " ORDER BY seq LIMIT ?",
+                                                           bindings)]
+    return (upto + 1 if oldest is None else int(oldest)), events
 
 
 class EventBus:
@@ -96,48 +205,137 @@ class EventBus:
 
     Args:
         buffer: events queued per subscriber before it starts losing them.
-        history: events kept for `since_seq` resumption.
+        store: where the events are kept; without one (a test's supervisor) events are
+            numbered and sent at once, kept nowhere, and `since_seq` replays nothing.
+        keep: events kept in the table (it holds up to ``keep + keep // 100`` between
+            two prunings, which come every ``keep // 100`` events).
+        retention_days: events older than this are removed (at start-up, then every
+            minute).
     """
 
-    def __init__(self, buffer: int = 1024, history: int = 10_000):
+    def __init__(self, buffer: int = 1024, store: Store | None = None, keep: int = 100_000,
+                 retention_days: float = 7.0):
         self._buffer = buffer
-        self._history: deque[Event] = deque(maxlen=history)
+        self._store = store
+        self._keep = keep
+        self._prune_step = max(1, keep // 100)
+        self._retention_s = retention_days * 86_400
         self._subscriptions: dict[str, Subscription] = {}
         self._seq = 0
+        self._pruned_through = 0
+        self._retention_checked = 0.0
+        self._queued: list[tuple[float, str | None, str, dict[str, Any]]] = []
+        self._wake = trio.Event()
+        self._lost = 0
         self._ids = itertools.count(1)
 
     @property
     def seq(self) -> int:
-        """The seq of the newest event (0 before the first)."""
+        """The seq of the newest event written and sent (0 before the first)."""
         return self._seq
 
-    def publish(self, session_id: str | None, type: str, data: dict[str, Any]) -> Event:
-        """Stamp and fan out one event; never blocks."""
-        self._seq += 1
-        event = Event(seq=self._seq, ts=time.time(), session_id=session_id, type=type, data=data)
-        self._history.append(event)
+    def publish(self, session_id: str | None, type: str, data: dict[str, Any]) -> None:
+        """Queue one event for the writer (or, without a store, send it); never blocks."""
+        if self._store is None:
+            self._seq += 1
+            self._send(Event(seq=self._seq, ts=time.time(), session_id=session_id,
+                             type=type, data=data))
+            return
+        if len(self._queued) >= MAX_QUEUED:
+            self._lost += 1
+            return
+        self._queued.append((time.time(), session_id, type, data))
+        self._wake.set()
+
+    def _send(self, event: Event) -> None:
         for subscription in self._subscriptions.values():
-            if subscription.wants(event):
+            if subscription.replay_after is None and subscription.wants(event):
                 subscription.offer_nowait(event)
-        return event
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """The writer: prunes by age, learns the high-water seq, then writes what is
+        published, one transaction per batch, for the daemon's lifetime.
+
+        Cancellation: what is queued is written first (shielded), so a graceful stop
+        loses no event.
+        """
+        if self._store is None:
+            raise RuntimeError("an EventBus without a store has no writer")
+        self._retention_checked = time.time()
+        self._seq, self._pruned_through = await self._store.write(
+            _start, self._retention_checked - self._retention_s)
+        task_status.started()
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                await self._flush(self._store)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._flush(self._store)
+
+    async def _flush(self, store: Store) -> None:
+        batch, self._queued = self._queued, []
+        if not batch:
+            return
+        first = self._seq + 1
+        last = first + len(batch) - 1
+        rows = [(first + n, ts, session_id, type, _encode(data))
+                for n, (ts, session_id, type, data) in enumerate(batch)]
+        prune_through = (last - self._keep) // self._prune_step * self._prune_step
+        if prune_through <= self._pruned_through:
+            prune_through = 0
+        now = time.time()
+        retention_before = None
+        if now - self._retention_checked >= RETENTION_CHECK_S:
+            retention_before = now - self._retention_s
+        try:
+            await store.write(_write, rows, prune_through, retention_before)
+        except CtxdError as exc:
+            # Nobody has seen these events and none got a seq: the stream has no gap.
+            self._lost += len(batch)
+            log.error("could not write %d events, they are lost: %s", len(batch), exc)
+            return
+        if prune_through:
+            self._pruned_through = prune_through
+        if retention_before is not None:
+            self._retention_checked = now
+        self._seq = last
+        for seq, ts, session_id, type, _ in rows:
+            self._send(Event(seq=seq, ts=ts, session_id=session_id, type=type,
+                             data=batch[seq - first][3]))
 
     def subscribe(self, session_id: str | None = None, types: Iterable[str] | None = None,
                   since_seq: int | None = None) -> Subscription:
-        """A new subscription, primed with the kept events after ``since_seq``.
-
-        When events after ``since_seq`` have already left the history, the subscription
-        starts with a ``dropped`` event counting them.
-        """
-        subscription = Subscription(f"sub_{next(self._ids)}", session_id, types, self._buffer)
-        if since_seq is not None and since_seq < self._seq:
-            oldest = self._history[0].seq if self._history else self._seq + 1
-            if oldest - since_seq - 1 > 0:
-                subscription.lose(oldest - 1, oldest - since_seq - 1)
-            for event in self._history:
-                if event.seq > since_seq and subscription.wants(event):
-                    subscription.offer_nowait(event)
+        """A new subscription; with ``since_seq`` (and a store) it first replays the
+        kept events after ``since_seq``, starting with a ``dropped`` event counting
+        those no longer kept."""
+        replay = (self._store is not None and since_seq is not None
+                  and since_seq < self._seq)
+        subscription = Subscription(self, f"sub_{next(self._ids)}", session_id, types,
+                                    self._buffer, since_seq if replay else None)
         self._subscriptions[subscription.subscription_id] = subscription
         return subscription
+
+    async def replay_page(self, subscription: Subscription) -> None:
+        """Read the next page of ``subscription``'s replay, or turn it live when it has
+        caught up with the last written seq (in one step with that check: no event
+        written meanwhile can fall between the two)."""
+        after = subscription.replay_after
+        if after is None or self._store is None:
+            return
+        upto = self._seq
+        if after >= upto:
+            subscription.replay_after = None
+            return
+        oldest, events = await self._store.read(
+            _read_page, after, upto, subscription.session_id, subscription.types,
+            REPLAY_PAGE)
+        if oldest > after + 1:
+            subscription.lose(min(oldest, upto + 1) - 1, min(oldest, upto + 1) - 1 - after)
+        subscription.replay_after = events[-1].seq if len(events) == REPLAY_PAGE else upto
+        subscription.replayed(events)
 
     def unsubscribe(self, subscription_id: str) -> bool:
         subscription = self._subscriptions.pop(subscription_id, None)
@@ -148,4 +346,4 @@ class EventBus:
 
     def statistics(self) -> BusStatistics:
         return BusStatistics(seq=self._seq, subscribers=len(self._subscriptions),
-                             history=len(self._history))
+                             queued=len(self._queued), lost=self._lost)

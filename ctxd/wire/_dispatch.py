@@ -32,6 +32,10 @@ class EventSource(Protocol):
         """The next event; raises ``trio.EndOfChannel`` once unsubscribed."""
         ...
 
+    def receive_nowait(self) -> Event | None:
+        """The next event if one is waiting, else None."""
+        ...
+
 
 class Peer(Protocol):
     """The connection a request arrived on, as a handler may use it (the server's
