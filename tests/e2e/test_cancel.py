@@ -4,6 +4,9 @@ their turn.cancel_requested event (docs/protocol.md, "Cancellation")."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -14,6 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import DaemonProcess
+from e2e.test_ctxctl import ctxctl
 from tests_support import hello_text, next_event, rpc_error
 
 import ctxclient
@@ -246,3 +250,29 @@ def test_a_turn_cancelled_reaches_the_agent_which_records_its_answer(
     assert (no_session.code, no_session.message) == (-32004, f"unknown session '{sid}x'")
     assert (bad_id.code, bad_id.data["path"]) == (-32602, "$.turn_id")
 
+
+
+def test_ctxctl_cancels_a_ctxctl_call_by_its_id(gated: Gated, sid: str) -> None:
+    socket = gated.process.socket
+    with gated.process.client() as client:
+        client.call("session.open", {"session_id": sid, "budget": WINDOW})
+        client.call("message.append", {"session_id": sid, "messages": chat(10, 450)})
+    environ = {**os.environ, "NO_COLOR": "1"}
+    environ.pop("CTXD_SOCKET", None)
+    calling = subprocess.Popen(
+        [sys.executable, "-m", "ctxclient.cli", "--socket", str(socket), "call",
+         "--id", "compact-9", "context.compact",
+         json.dumps({"session_id": sid, "strategies": ["summarize"]})],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ)
+    gated.wait_started()
+    cancelled = ctxctl(socket, "cancel", "compact-9", "--reason", "user stop")
+    out, err = calling.communicate(timeout=60)
+    unknown = ctxctl(socket, "cancel", "compact-9")
+    assert (cancelled.returncode, cancelled.stdout) == (0, "request 'compact-9': 1 cancelled\n")
+    assert (calling.returncode, out) == (1, "")
+    assert err == ("ctxctl: error -32006: request 'compact-9' was cancelled: user stop\n"
+                   "ctxctl: fix: nothing was written; send the request again if still "
+                   "wanted\n")
+    assert unknown.returncode == 1
+    assert unknown.stderr.startswith(
+        "ctxctl: error -32004: no request with id 'compact-9' is in flight\n")
