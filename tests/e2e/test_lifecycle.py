@@ -325,7 +325,7 @@ def test_hello_negotiates_features(shared_daemon: DaemonProcess) -> None:
     with shared_daemon.client() as client:
         hello = client.call("daemon.hello", {"client": "test", "protocol_features": [
             "events", "time-travel"]})
-        assert hello["features"] == ["folding", "memory", "events"]
+        assert hello["features"] == ["folding", "memory", "events", "cancel"]
         assert hello["agreed_features"] == ["events"]
         with pytest.raises(RpcError) as caught:
             client.call("daemon.hello", {"client": 5})
