@@ -563,8 +563,8 @@ class SessionActor:
         try:
             await self.supervisor.store.commit(transaction)
         except Exception as exc:
-            if not blobs:
-                raise
+            if not blobs or (isinstance(exc, CtxdError) and exc.code == ErrorCode.CANCELLED):
+                raise  # a cancelled request writes nothing, inline or not
             log.warning("session %s: %d tool result(s) could not be offloaded, appended "
                         "inline instead: %s: %s", self.session_id, len(blobs),
                         type(exc).__name__, exc)
