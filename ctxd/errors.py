@@ -82,10 +82,18 @@ def scrub_failed(what: str, exc: Exception, consequence: str,
                      (data or {}) | {"fix": "retry; report the error if it persists"})
 
 
+def cancelled(request_id: Any, reason: str | None) -> CtxdError:
+    """-32006: the request was cancelled (request.cancel) before it wrote anything."""
+    because = f": {reason}" if reason else ""
+    return CtxdError(ErrorCode.CANCELLED, f"request {request_id!r} was cancelled{because}",
+                     {"request_id": request_id, "reason": reason,
+                      "fix": "nothing was written; send the request again if still wanted"})
+
+
 def internal_error(message: str, data: dict[str, Any] | None = None) -> CtxdError:
     """-32603: a bug, reported to the caller instead of taking the daemon down."""
     return CtxdError(ErrorCode.INTERNAL_ERROR, message, data)
 
 
-__all__ = ["CtxdError", "ErrorCode", "internal_error", "invalid_state", "limit_reached",
-           "not_found", "params_error", "scrub_failed", "shutting_down"]
+__all__ = ["CtxdError", "ErrorCode", "cancelled", "internal_error", "invalid_state",
+           "limit_reached", "not_found", "params_error", "scrub_failed", "shutting_down"]

@@ -1,10 +1,13 @@
 """Jobs and their results: a `Slot` that a task or another thread fulfils once and trio tasks
-wait for, and the `JobQueue` of an owner task that runs its callers' jobs one at a time."""
+wait for, the `JobQueue` of an owner task that runs its callers' jobs one at a time, and the
+`Request` a client may cancel (docs/protocol.md, "Cancellation")."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Generic, TypeVar, cast
 
 import trio
@@ -158,4 +161,125 @@ class JobQueue:
         self._receive.close()
 
 
-__all__ = ["Job", "JobQueue", "Slot"]
+class Request:
+    """One in-flight request that `request.cancel` may stop, and where it stands.
+
+    Cancellation lands only where nothing is half-done (docs/protocol.md, "Cancellation"):
+    while the request waits in a session actor's mailbox (`queued`), at a
+    `cancellation_point` (a wait before anything is written: the summarizer), or when a
+    session actor's operation ends without having written. Its first store write is its
+    commit point (`commit_point`): from then on it is answered as done.
+
+    Args:
+        request_id: the JSON-RPC id it was sent with.
+        stopped_error: the error it is answered with once cancelled, given the reason.
+    """
+
+    __slots__ = ("_queued", "_scopes", "_stopped_error", "actor_op", "committed", "finished",
+                 "reason", "request_id", "stopped")
+
+    def __init__(self, request_id: str | int,
+                 stopped_error: Callable[[str | int, str | None], Exception]):
+        self.request_id = request_id
+        self._stopped_error = stopped_error
+        self.stopped = False
+        """`cancel` took effect: it is answered -32006 (`reason` says why)."""
+        self.reason: str | None = None
+        self.committed = False
+        """It passed its commit point: it will be answered as done."""
+        self.finished = False
+        """Answered (a task it started may still hold it: it no longer counts)."""
+        self.actor_op = False
+        """A session actor runs it and answers -32006 if it ends without writing."""
+        self._queued: Slot[Any] | None = None
+        self._scopes: set[trio.CancelScope] = set()
+
+    @property
+    def cancellable(self) -> bool:
+        """Whether `cancel` would stop it now."""
+        return not (self.finished or self.committed or self.stopped) and bool(
+            self._queued is not None or self.actor_op or self._scopes)
+
+    def error(self) -> Exception:
+        """What it is answered with once cancelled."""
+        return self._stopped_error(self.request_id, self.reason)
+
+    def cancel(self, reason: str | None) -> bool:
+        """Stop it where it waits; False when it cannot be stopped any more (it committed,
+        or is at no point where it may stop: it is answered as done)."""
+        if not self.cancellable:
+            return False
+        self.stopped, self.reason = True, reason
+        if self._queued is not None and not self._queued.done:
+            self._queued.fail(self.error())
+        for scope in self._scopes:
+            scope.cancel()
+        return True
+
+    def queued(self, reply: Slot[Any] | None) -> None:
+        """It waits in a mailbox for ``reply`` (None: its owner took it up)."""
+        self._queued = reply
+
+
+_current: contextvars.ContextVar[Request | None] = contextvars.ContextVar(
+    "ctxd_request", default=None)
+
+
+def current_request() -> Request | None:
+    """The cancellable request this task works for, if any (not one already answered)."""
+    request = _current.get()
+    return None if request is None or request.finished else request
+
+
+@contextlib.contextmanager
+def working_for(request: Request | None) -> Iterator[None]:
+    """Run the block on behalf of ``request`` (its commit point and cancellation points)."""
+    token = _current.set(request)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+@contextlib.contextmanager
+def cancellation_point() -> Iterator[None]:
+    """A block (waits, nothing written, nothing changed in memory) where `Request.cancel`
+    may land: it is cancelled, and the request's -32006 is raised after it.
+
+    Raises:
+        CtxdError: -32006 when the request was cancelled.
+    """
+    request = current_request()
+    if request is None or request.committed:
+        yield
+        return
+    scope = trio.CancelScope()
+    if request.stopped:
+        scope.cancel()
+    request._scopes.add(scope)
+    try:
+        with scope:
+            yield
+    finally:
+        request._scopes.discard(scope)
+    if scope.cancelled_caught or request.stopped:
+        raise request.error()
+
+
+def commit_point() -> None:
+    """Called (without a checkpoint before the write starts) by the store before it writes
+    for a request: one cancelled is refused, otherwise it is answered as done from now on.
+
+    Raises:
+        CtxdError: -32006 when the request was cancelled.
+    """
+    request = current_request()
+    if request is None:
+        return
+    if request.stopped:
+        raise request.error()
+    request.committed = True
+
+
+__all__ = ["Job", "JobQueue", "Request", "Slot", "cancellation_point", "commit_point",
+           "current_request", "working_for"]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -25,19 +25,25 @@ class AsyncClient:
     def __init__(self, stream: trio.SocketStream, path: str):
         self.path = path
         self._stream = stream
-        self._ids = itertools.count(1)
         self._send_lock = trio.Lock()
-        self._pending: dict[int, trio.MemorySendChannel[dict[str, Any]]] = {}
+        self._pending: dict[str, trio.MemorySendChannel[dict[str, Any]]] = {}
         self._notify_send, self.notifications = trio.open_memory_channel[dict[str, Any]](1024)
 
-    async def call(self, method: str, params: dict[str, Any] | None = None) -> Any:
+    async def call(self, method: str, params: dict[str, Any] | None = None,
+                   request_id: str | None = None) -> Any:
         """Call a method and wait for its result.
 
+        Args:
+            request_id: the request's id (default: a new UUID); `cancel` takes it.
+
         Raises:
-            RpcError: the daemon answered with an error.
+            RpcError: the daemon answered with an error (`Cancelled` once cancelled).
             DaemonUnavailable: the connection was lost.
         """
-        request_id = next(self._ids)
+        # Unique string ids: any connection may name this request to cancel it.
+        request_id = request_id or str(uuid.uuid4())
+        if request_id in self._pending:
+            raise ValueError(f"request id {request_id!r} is already in flight")
         send, receive = trio.open_memory_channel[dict[str, Any]](1)
         self._pending[request_id] = send
         message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
@@ -52,6 +58,18 @@ class AsyncClient:
         finally:
             self._pending.pop(request_id, None)
         return outcome(answer)
+
+    async def cancel(self, request_id: str, reason: str | None = None) -> Any:
+        """Cancel the requests in flight with this id, from this or any other connection
+        (request.cancel): how many were cancelled.
+
+        Raises:
+            NotFound: no request with this id is in flight.
+        """
+        params: dict[str, Any] = {"request_id": request_id}
+        if reason is not None:
+            params["reason"] = reason
+        return await self.call("request.cancel", params)
 
     async def send_raw(self, line: bytes) -> None:
         """Send one line as is (a newline is added)."""

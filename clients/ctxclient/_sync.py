@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 import queue
 import socket
 import threading
+import uuid
 from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
@@ -43,9 +43,8 @@ class Client:
         except OSError as exc:
             self._sock.close()
             raise DaemonUnavailable(self.path, exc.strerror or str(exc)) from None
-        self._ids = itertools.count(1)
         self._send_lock = threading.Lock()
-        self._pending: dict[int, Future[Any]] = {}
+        self._pending: dict[str, Future[Any]] = {}
         self._pending_lock = threading.Lock()
         self.notifications: queue.Queue[dict[str, Any]] = queue.Queue()
         self._reader = threading.Thread(target=self._read_loop, name="ctxclient-reader",
@@ -73,20 +72,41 @@ class Client:
         self._sock.close()
 
     def call(self, method: str, params: dict[str, Any] | None = None,
-             timeout: float | None = None) -> Any:
+             timeout: float | None = None, request_id: str | None = None) -> Any:
         """Call a method and wait for its result.
 
+        Args:
+            request_id: the request's id (default: a new UUID); `cancel` takes it.
+
         Raises:
-            RpcError: the daemon answered with an error.
+            RpcError: the daemon answered with an error (`Cancelled` once cancelled).
             DaemonUnavailable: the connection was lost.
         """
-        return self.submit(method, params).result(self.timeout if timeout is None else timeout)
+        return self.submit(method, params, request_id).result(
+            self.timeout if timeout is None else timeout)
 
-    def submit(self, method: str, params: dict[str, Any] | None = None) -> Future[Any]:
-        """Send a request without waiting; the future resolves to its result."""
-        request_id, future = self._register()
+    def submit(self, method: str, params: dict[str, Any] | None = None,
+               request_id: str | None = None) -> Future[Any]:
+        """Send a request without waiting; the future resolves to its result.
+
+        Args:
+            request_id: the request's id (default: a new UUID); `cancel` takes it.
+        """
+        request_id, future = self._register(request_id)
         self.send_raw(_encode(_request(request_id, method, params)))
         return future
+
+    def cancel(self, request_id: str, reason: str | None = None) -> Any:
+        """Cancel the requests in flight with this id, from this or any other connection
+        (request.cancel): how many were cancelled.
+
+        Raises:
+            NotFound: no request with this id is in flight.
+        """
+        params: dict[str, Any] = {"request_id": request_id}
+        if reason is not None:
+            params["reason"] = reason
+        return self.call("request.cancel", params)
 
     def batch(self, calls: Iterable[tuple[str, dict[str, Any] | None]]) -> list[Future[Any]]:
         """Send calls as one JSON-RPC batch; one future per call, in order."""
@@ -109,10 +129,13 @@ class Client:
             except OSError as exc:
                 raise DaemonUnavailable(self.path, str(exc)) from None
 
-    def _register(self) -> tuple[int, Future[Any]]:
-        request_id = next(self._ids)
+    def _register(self, request_id: str | None = None) -> tuple[str, Future[Any]]:
+        # Unique string ids: any connection may name this request to cancel it.
+        request_id = request_id or str(uuid.uuid4())
         future: Future[Any] = Future()
         with self._pending_lock:
+            if request_id in self._pending:
+                raise ValueError(f"request id {request_id!r} is already in flight")
             self._pending[request_id] = future
         return request_id, future
 
@@ -146,7 +169,7 @@ class Client:
             future.set_exception(exc)
 
 
-def _request(request_id: int, method: str, params: dict[str, Any] | None) -> dict[str, Any]:
+def _request(request_id: str, method: str, params: dict[str, Any] | None) -> dict[str, Any]:
     message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
     if params is not None:
         message["params"] = params

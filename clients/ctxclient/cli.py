@@ -1039,7 +1039,19 @@ def cmd_call(client: Client, args: argparse.Namespace, out: Output) -> int:
         source = "standard input" if args.params == "-" else "PARAMS"
         print(f"ctxctl: {source} is not valid JSON: {exc}", file=sys.stderr)
         return 2
-    _print_json(client.call(args.method, params))
+    _print_json(client.call(args.method, params, request_id=args.id))
+    return 0
+
+
+def cmd_cancel(client: Client, args: argparse.Namespace, out: Output) -> int:
+    result = client.cancel(args.request_id, args.reason)
+    if out.json:
+        _print_json(result)
+        return 0
+    lines = [f"request {args.request_id!r}: {result['cancelled']} cancelled"]
+    if result["finishing"]:
+        lines.append(f"{result['finishing']} past its commit point: answered as done")
+    out.lines(lines)
     return 0
 
 
@@ -1376,7 +1388,16 @@ def parser() -> argparse.ArgumentParser:
     call.add_argument("params", metavar="PARAMS", nargs="?",
                       help='params as JSON, e.g. \'{"session_id": "s1"}\', or - to read '
                            "them from standard input")
+    call.add_argument("--id", metavar="ID",
+                      help="the request's id (default: a new UUID), for ctxctl cancel ID")
     call.set_defaults(run=cmd_call)
+    cancel = commands.add_parser(
+        "cancel", parents=[common],
+        help="cancel the requests in flight with this JSON-RPC id (request.cancel)")
+    cancel.add_argument("request_id", metavar="REQUEST_ID",
+                        help="the id the request was sent with")
+    cancel.add_argument("--reason", metavar="R", help="why, as its caller will be told")
+    cancel.set_defaults(run=cmd_cancel)
     doctor = commands.add_parser(
         "doctor", parents=[common],
         help="ask the daemon to check its whole database (integrity_check); exit 1 when "

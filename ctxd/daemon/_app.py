@@ -9,6 +9,7 @@ import signal
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -56,6 +57,11 @@ def fitting_connections(wanted: int, limit: int) -> int:
                 "for %d: serving at most %d connections; raise LimitNOFILE / ulimit -n to "
                 "allow more", wanted, limit, open_now, fitting, fitting)
     return fitting
+
+
+async def _require_open(actor: Any) -> None:
+    """A session operation that raises unless the session exists and is open."""
+    actor.require_open()
 
 
 class Daemon:
@@ -136,7 +142,8 @@ class Daemon:
                                     Path(self.config.data_dir) / "memory.faiss",
                                     self.config.memory, self.bus, counter)
         self.supervisor = Supervisor(self.store, counter, self.bus, self.config, self.memory)
-        self.server = Server(dispatcher, self.bus, self.config, max_connections)
+        requests = hub.Requests()
+        self.server = Server(dispatcher, self.bus, self.config, max_connections, requests)
         _methods.register(dispatcher, self, self.request_stop)
         sessions.register(dispatcher, self.supervisor)
         sessions.register_hub(dispatcher, self.supervisor)
@@ -146,6 +153,8 @@ class Daemon:
                                     session_id, lambda actor: actor.get()),
                                 self.memory)
         hub.register(dispatcher, self.bus, self.config.max_subscriptions_per_connection)
+        hub.register_cancel(dispatcher, requests, hub.Turns(self.bus),
+                            lambda session_id: self.supervisor.call(session_id, _require_open))
         async with trio.open_nursery() as root:
             root.start_soon(self._watch_signals)
             root.start_soon(self.store.keep_wal_small)

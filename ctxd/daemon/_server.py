@@ -16,8 +16,9 @@ import trio
 
 from ctxd.config import Config
 from ctxd.daemon._socket import peer_uid
-from ctxd.errors import CtxdError, ErrorCode, shutting_down
-from ctxd.hub import EventBus
+from ctxd.errors import CtxdError, ErrorCode, cancelled, shutting_down
+from ctxd.hub import EventBus, Requests
+from ctxd.jobs import Request, working_for
 from ctxd.wire import (
     NOT_INLINE,
     Dispatcher,
@@ -436,7 +437,7 @@ class Connection:
                     # No checkpoint from here until the request is queued at its session's
                     # actor, so the next request's task cannot overtake this one.
                     started_event.set()
-                    reply = await dispatcher.answer(envelope, self)
+                    reply = await self._answer(envelope)
             finally:
                 self._starting -= 1
                 self._wake()
@@ -451,6 +452,21 @@ class Connection:
                 self.last_active = trio.current_time()
                 self.refresh_deadline()
             self.server.end_request(perf_counter() - started)
+
+    async def _answer(self, envelope: Envelope) -> bytes | None:
+        """Answer one request; one with an id may be cancelled by request.cancel while it
+        runs (docs/protocol.md, "Cancellation")."""
+        request_id = envelope.id
+        if request_id is msgspec.UNSET or request_id is None:
+            return await self._dispatcher.answer(envelope, self)
+        request = Request(request_id, cancelled)
+        requests = self.server.requests
+        requests.add(request)
+        try:
+            with working_for(request):
+                return await self._dispatcher.answer(envelope, self)
+        finally:
+            requests.discard(request)
 
     async def _wait_to_start(self) -> None:
         """Wait until the client has read enough of its answers for one more request.
@@ -479,12 +495,15 @@ class Server:
         dispatcher: answers request lines.
         bus: the event bus (subscriptions end with their connection).
         config: limits (connections, in-flight requests, line size) and ``allow_root``.
+        requests: where requests in flight are registered for request.cancel.
     """
 
     def __init__(self, dispatcher: Dispatcher, bus: EventBus, config: Config,
-                 max_connections: int | None = None):
+                 max_connections: int | None = None, requests: Requests | None = None):
         self.dispatcher = dispatcher
         self.bus = bus
+        self.requests = requests or Requests()
+        """The requests in flight that request.cancel may stop."""
         self.config = config
         self.max_connections = max_connections or config.max_connections
         """``max_connections``, or fewer when the open files allow fewer."""

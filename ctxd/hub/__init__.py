@@ -1,6 +1,7 @@
 """The local hub between agents and their UIs: the event stream, the usage ledger, the
-tool-call lifecycle and the injection queue."""
+tool-call lifecycle, the injection queue, and cancellation of requests and turns."""
 
+from ctxd.hub._cancel import Requests
 from ctxd.hub._events import EventBus, Subscription
 from ctxd.hub._injections import (
     NewInjection,
@@ -18,10 +19,12 @@ from ctxd.hub._tools_state import (
     load_tool_call,
     set_tool_state,
 )
+from ctxd.hub._turns import Turns
+from ctxd.hub._turns import register as register_cancel
 from ctxd.hub._usage import counters_of, find_usage, insert_usage, usage_summary
 
-__all__ = ["EventBus", "NewInjection", "Subscription", "ack_injection", "allowed_next",
-           "counters_of", "find_by_key", "find_usage", "insert_injection",
-           "insert_usage", "list_injections", "list_tool_calls", "load_injection",
-           "load_tool_call", "pull_injections", "register", "set_tool_state",
-           "usage_summary"]
+__all__ = ["EventBus", "NewInjection", "Requests", "Subscription", "Turns", "ack_injection",
+           "allowed_next", "counters_of", "find_by_key", "find_usage",
+           "insert_injection", "insert_usage", "list_injections", "list_tool_calls",
+           "load_injection", "load_tool_call", "pull_injections", "register",
+           "register_cancel", "set_tool_state", "usage_summary"]

@@ -59,7 +59,7 @@ from ctxd.hygiene import (
     stage_register,
     stage_use,
 )
-from ctxd.jobs import Slot
+from ctxd.jobs import Request, Slot, cancellation_point, current_request, working_for
 from ctxd.memory import INJECT_SHARE, Injected, Memory, MemoryCandidate, project_scope
 from ctxd.scrub import ScrubError, scrub, scrub_value
 from ctxd.sessions import _queries as q
@@ -127,6 +127,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ctxd.sessions")
 Op = Callable[["SessionActor"], Awaitable[Any]]
+Queued = tuple[Op, Slot[Any], Request | None]
+"""An operation in a mailbox, its caller's reply, and the request it works for."""
 
 _encode = msgspec.json.Encoder().encode
 MAILBOX_SIZE = 32
@@ -213,13 +215,21 @@ class SessionActor:
         self._stale = True
         self._deferred: tuple[str, ...] = ()
         """The tools deferred when `tools.deferred` was last published."""
-        self._send, self._receive = trio.open_memory_channel[tuple[Op, Slot[Any]]](MAILBOX_SIZE)
+        self._send, self._receive = trio.open_memory_channel[Queued](MAILBOX_SIZE)
 
     async def submit(self, op: Op) -> Any:
-        """Queue ``op`` and wait for its result. Raises `ActorGone` if the actor retired."""
+        """Queue ``op`` and wait for its result. Raises `ActorGone` if the actor retired.
+
+        Cancellation: the request it works for (`ctxd.jobs.current_request`) may be
+        cancelled while ``op`` waits in the mailbox: its caller has -32006 at once and the
+        actor skips it; once the actor runs it, see `_process`.
+        """
         reply: Slot[Any] = Slot()
+        request = current_request()
+        if request is not None:
+            request.queued(reply)
         try:
-            await self._send.send((op, reply))
+            await self._send.send((op, reply, request))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise ActorGone from None
         return await reply.wait()
@@ -229,7 +239,8 @@ class SessionActor:
         session's other requests; a failure is logged, since nobody waits for it."""
         self._expiries_queued += 1
         try:
-            await self.submit(lambda actor: actor.expire(branch_id))
+            with working_for(None):  # no request's: its task may have started this one
+                await self.submit(lambda actor: actor.expire(branch_id))
         except ActorGone:
             pass  # shutting down: the branch is re-armed from the store on the next start
         except CtxdError as error:
@@ -244,12 +255,12 @@ class SessionActor:
                 self.branches.start(nursery)
                 while True:
                     with trio.move_on_after(self.supervisor.config.session_idle_s):
-                        op, current = await self._receive.receive()
+                        op, current, request = await self._receive.receive()
                     if current is None:
                         if self._has_queued() or self.branches.live:
                             continue
                         break
-                    await self._process(op, current)
+                    await self._process(op, current, request)
                     current = None
                     if self.record is None and not self._stale and not self._has_queued():
                         break  # no such session (any more); keep serving what is queued
@@ -259,13 +270,31 @@ class SessionActor:
                 current.fail(shutting_down())
             self._retire()
 
-    async def _process(self, op: Op, reply: Slot[Any]) -> None:
+    async def _process(self, op: Op, reply: Slot[Any], request: Request | None) -> None:
+        """Run one queued operation and fulfil its reply.
+
+        Cancellation (docs/protocol.md, "Cancellation"): an operation whose request was
+        cancelled while queued is skipped (its caller has its -32006 already); one
+        cancelled while running stops at its next cancellation point, or is refused at its
+        first write, or, ending without having written, is answered -32006 all the same.
+        Once it has written, it runs to its end and is answered as done.
+        """
+        if reply.done:
+            return
+        if request is not None:
+            request.queued(None)
+            request.actor_op = True
         self.arrived = reply.arrived
         try:
-            if self._stale:
-                self.record = await self._load()
-                self._stale = False
-            reply.set(await op(self))
+            with working_for(request):
+                if self._stale:
+                    self.record = await self._load()
+                    self._stale = False
+                result = await op(self)
+            if request is not None and request.stopped and not request.committed:
+                reply.fail(request.error())
+            else:
+                reply.set(result)
         except CtxdError as error:
             reply.fail(error)
         except Exception as exc:
@@ -275,6 +304,9 @@ class SessionActor:
             log.exception("session %s: request failed", self.session_id)
             reply.fail(internal_error(f"internal error: {type(exc).__name__}: {exc}",
                                       {"session_id": self.session_id}))
+        finally:
+            if request is not None:
+                request.actor_op = False
 
     async def _load(self) -> SessionRecord | None:
         """Read the session and its live branches (arming their deadlines)."""
@@ -293,7 +325,7 @@ class SessionActor:
         self.supervisor.forget(self)
         while True:
             try:
-                _, reply = self._receive.receive_nowait()
+                _, reply, _ = self._receive.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 break
             reply.fail(ActorGone())
@@ -522,8 +554,8 @@ class SessionActor:
         try:
             await self.supervisor.store.commit(transaction)
         except Exception as exc:
-            if not blobs:
-                raise
+            if not blobs or (isinstance(exc, CtxdError) and exc.code == ErrorCode.CANCELLED):
+                raise  # a cancelled request writes nothing, inline or not
             log.warning("session %s: %d tool result(s) could not be offloaded, appended "
                         "inline instead: %s: %s", self.session_id, len(blobs),
                         type(exc).__name__, exc)
@@ -727,7 +759,8 @@ class SessionActor:
         view = await sup.store.read(thread_view, self.session_id, thread, OPENING_META)
         now = time.time()
         plan = Plan(thread=thread, next_seq=record.last_seq + 1, now=now, used=before)
-        after = await sup.compactor.plan(view, plan, target - room, strategies)
+        with cancellation_point():  # the summarizer may take long; nothing is written yet
+            after = await sup.compactor.plan(view, plan, target - room, strategies)
         needed = before > target - room
         shrank = plan.used < before
         updated = dataclasses.replace(record, component_tokens=dict(record.component_tokens))

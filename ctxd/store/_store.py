@@ -17,6 +17,7 @@ import outcome
 import trio
 
 from ctxd.errors import CtxdError, ErrorCode
+from ctxd.jobs import commit_point
 from ctxd.store import migrations
 
 log = logging.getLogger("ctxd.store")
@@ -424,7 +425,12 @@ class Store:
 
         Raises:
             CtxdError: -32008 when SQLite could not commit; the transaction rolled back.
+                -32006 when the request it writes for was cancelled: nothing was written.
+
+        Cancellation: the write is the request's commit point (docs/protocol.md,
+        "Cancellation"); once it starts it finishes, and the request is answered as done.
         """
+        commit_point()
         return await self._submit(fn, args, True, on_rollback)
 
     async def commit(self, transaction: Transaction) -> None:

@@ -1116,3 +1116,59 @@ class InjectListResult(Result, frozen=True):
     """Oldest first (the ``state`` given, or every state)."""
     counts: dict[str, int]
     """The session's injections by state (every state, whatever ``state`` filters)."""
+# ---- cancellation: request.cancel, turn.* ---------------------------------------------
+
+JsonRpcId = Annotated[str, Meta(min_length=1, max_length=128)] | int
+Reason = Annotated[str, Meta(max_length=1024)]
+TurnId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z",
+                             description="the agent's own id for one of its turns")]
+
+
+class RequestCancelParams(Params, frozen=True):
+    request_id: JsonRpcId
+    reason: Reason | None = None
+
+
+class RequestCancelResult(Result, frozen=True):
+    request_id: str | int
+    cancelled: int
+    """Requests stopped: their callers have -32006."""
+    finishing: int
+    """Requests with this id past their commit point: they are answered as done."""
+
+
+class TurnRef(Params, frozen=True):
+    session_id: SessionId
+    turn_id: TurnId
+
+
+class TurnCancelParams(Params, frozen=True):
+    session_id: SessionId
+    turn_id: TurnId
+    reason: Reason | None = None
+
+
+class TurnEndParams(Params, frozen=True):
+    session_id: SessionId
+    turn_id: TurnId
+    cancelled: bool = False
+
+
+class TurnListParams(Params, frozen=True):
+    session_id: SessionId
+
+
+class Turn(Result, frozen=True):
+    session_id: str
+    turn_id: str
+    state: Literal["running", "cancel_requested", "ended"]
+    started_at: float
+    cancel_requested_at: float | None
+    cancel_reason: str | None
+    ended_at: float | None
+    cancelled: bool | None
+    """The agent's answer at turn.end: whether it stopped the turn (None while running)."""
+
+
+class TurnListResult(Result, frozen=True):
+    turns: list[Turn]

@@ -325,7 +325,8 @@ def test_hello_negotiates_features(shared_daemon: DaemonProcess) -> None:
     with shared_daemon.client() as client:
         hello = client.call("daemon.hello", {"client": "test", "protocol_features": [
             "events", "tools", "time-travel"]})
-        assert hello["features"] == ["folding", "memory", "events", "usage", "tools", "inject"]
+        assert hello["features"] == ["folding", "memory", "events", "usage", "tools", "inject",
+                                     "cancel"]
         assert hello["agreed_features"] == ["events", "tools"]
         with pytest.raises(RpcError) as caught:
             client.call("daemon.hello", {"client": 5})

@@ -5,6 +5,7 @@ import json
 import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,44 @@ def test_ctxctl_colours_a_branch_by_its_sessions_thresholds() -> None:
     default = {"warn": 0.7, "caution": 0.8, "hard_block": 0.98}
     assert [level(usage, default) for usage in (0.5, 0.75, 0.85, 1.0)] == [
         "ok", "warn", "caution", "blocked"]
+
+
+async def test_both_clients_send_unique_uuid_string_ids(tmp_path: Path) -> None:
+    # Any connection may cancel a request by its id (request.cancel): ids must not repeat
+    # across connections, as counters from 1 would.
+    path = tmp_path / "peer.sock"
+    listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    await listener.bind(str(path))
+    listener.listen()
+    received: list[dict[str, object]] = []
+
+    async def answering_peer() -> None:
+        while True:
+            connection, _ = await listener.accept()
+            with connection:
+                while data := await connection.recv(65536):
+                    for line in data.splitlines():
+                        request = json.loads(line)
+                        received.append(request)
+                        await connection.send(json.dumps({
+                            "jsonrpc": "2.0", "id": request["id"], "result": {}}).encode()
+                            + b"\n")
+
+    def with_sync_client() -> None:
+        with ctxclient.Client(path, timeout=10) as client:
+            client.call("daemon.ping")
+            client.call("daemon.ping", request_id="mine")
+
+    with listener:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(answering_peer)
+            async with ctxclient.connect(path) as client:
+                await client.call("daemon.ping")
+                await client.call("daemon.ping", request_id="ours")
+            await trio.to_thread.run_sync(with_sync_client)
+            nursery.cancel_scope.cancel()
+    ids = [request["id"] for request in received]
+    assert [ids[1], ids[3]] == ["ours", "mine"]
+    generated = [ids[0], ids[2]]
+    assert [str(uuid.UUID(str(request_id))) for request_id in generated] == generated
+    assert generated[0] != generated[1]

@@ -1,0 +1,149 @@
+"""request.cancel, and an agent's turns (turn.*) with their cancellation: the registry of
+turns, in memory (docs/protocol.md, "Cancellation"); no table."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+import msgspec
+
+from ctxd.errors import CtxdError, ErrorCode, invalid_state, limit_reached
+from ctxd.hub._cancel import Requests
+from ctxd.hub._events import EventBus
+from ctxd.wire import Call, Dispatcher
+from ctxd.wire.types import (
+    RequestCancelParams,
+    RequestCancelResult,
+    Turn,
+    TurnCancelParams,
+    TurnEndParams,
+    TurnListParams,
+    TurnListResult,
+    TurnRef,
+)
+
+MAX_TURNS = 10_000
+"""Turns kept: beyond it, the oldest ended turn is forgotten (docs/decisions.md)."""
+
+
+class Turns:
+    """The turns agents registered, by session and turn id, in start order."""
+
+    def __init__(self, bus: EventBus, max_turns: int = MAX_TURNS):
+        self._bus = bus
+        self._max = max_turns
+        self._turns: dict[tuple[str, str], Turn] = {}
+
+    def start(self, session_id: str, turn_id: str) -> Turn:
+        key = (session_id, turn_id)
+        if key in self._turns:
+            raise invalid_state(f"turn {turn_id!r} of session {session_id!r} was already "
+                                "started", "start each turn with a new turn_id",
+                                session_id=session_id, turn_id=turn_id,
+                                state=self._turns[key].state)
+        if len(self._turns) >= self._max:
+            ended = next((k for k, turn in self._turns.items() if turn.state == "ended"), None)
+            if ended is None:
+                raise limit_reached("max_turns", self._max,
+                                    f"{self._max} turns are running, the most kept",
+                                    "end turns with turn.end")
+            del self._turns[ended]
+        turn = Turn(session_id=session_id, turn_id=turn_id, state="running",
+                    started_at=time.time(), cancel_requested_at=None, cancel_reason=None,
+                    ended_at=None, cancelled=None)
+        self._turns[key] = turn
+        self._bus.publish(session_id, "turn.started", {"turn_id": turn_id})
+        return turn
+
+    def get(self, session_id: str, turn_id: str) -> Turn:
+        turn = self._turns.get((session_id, turn_id))
+        if turn is None:
+            raise CtxdError(ErrorCode.NOT_FOUND,
+                            f"unknown turn {turn_id!r} of session {session_id!r}",
+                            {"session_id": session_id, "turn_id": turn_id,
+                             "fix": "start it with turn.start (turns are kept in memory: a "
+                                    "daemon restart forgets them)"})
+        return turn
+
+    def cancel(self, session_id: str, turn_id: str, reason: str | None) -> Turn:
+        """Ask the agent to stop the turn: `turn.cancel_requested` goes to the session's
+        subscribers, once; the agent answers with turn.end."""
+        turn = self.get(session_id, turn_id)
+        if turn.state == "ended":
+            raise _ended(turn)
+        if turn.state == "cancel_requested":
+            return turn
+        turn = msgspec.structs.replace(turn, state="cancel_requested",
+                                       cancel_requested_at=time.time(), cancel_reason=reason)
+        self._turns[(session_id, turn_id)] = turn
+        self._bus.publish(session_id, "turn.cancel_requested",
+                          {"turn_id": turn_id, "reason": reason})
+        return turn
+
+    def end(self, session_id: str, turn_id: str, cancelled: bool) -> Turn:
+        turn = self.get(session_id, turn_id)
+        if turn.state == "ended":
+            raise _ended(turn)
+        turn = msgspec.structs.replace(turn, state="ended", ended_at=time.time(),
+                                       cancelled=cancelled)
+        self._turns[(session_id, turn_id)] = turn
+        self._bus.publish(session_id, "turn.ended",
+                          {"turn_id": turn_id, "cancelled": cancelled,
+                           "cancel_requested": turn.cancel_requested_at is not None})
+        return turn
+
+    def list(self, session_id: str) -> list[Turn]:
+        return [turn for (owner, _), turn in self._turns.items() if owner == session_id]
+
+
+def _ended(turn: Turn) -> CtxdError:
+    return invalid_state(f"turn {turn.turn_id!r} has ended", "start a new turn",
+                         session_id=turn.session_id, turn_id=turn.turn_id, state=turn.state,
+                         cancelled=turn.cancelled)
+
+
+def register(dispatcher: Dispatcher, requests: Requests, turns: Turns,
+             require_open_session: Callable[[str], Awaitable[None]]) -> None:
+    """Add request.cancel and turn.* to the dispatcher.
+
+    Args:
+        require_open_session: raises -32004/-32003 unless the session exists and is open.
+    """
+
+    def cancel_request(call: Call, p: RequestCancelParams) -> RequestCancelResult:
+        counts = requests.cancel(p.request_id, p.reason)
+        if counts is None:
+            raise CtxdError(ErrorCode.NOT_FOUND,
+                            f"no request with id {p.request_id!r} is in flight",
+                            {"request_id": p.request_id,
+                             "fix": "use the id the request was sent with; it may have "
+                                    "been answered already"})
+        cancelled, finishing = counts
+        return RequestCancelResult(request_id=p.request_id, cancelled=cancelled,
+                                   finishing=finishing)
+
+    async def start(call: Call, p: TurnRef) -> Turn:
+        await require_open_session(p.session_id)
+        return turns.start(p.session_id, p.turn_id)
+
+    def get(call: Call, p: TurnRef) -> Turn:
+        return turns.get(p.session_id, p.turn_id)
+
+    def cancel_turn(call: Call, p: TurnCancelParams) -> Turn:
+        return turns.cancel(p.session_id, p.turn_id, p.reason)
+
+    def end(call: Call, p: TurnEndParams) -> Turn:
+        return turns.end(p.session_id, p.turn_id, p.cancelled)
+
+    def list_turns(call: Call, p: TurnListParams) -> TurnListResult:
+        return TurnListResult(turns=turns.list(p.session_id))
+
+    # request.cancel never waits: the reader answers it at once, even while the
+    # connection's other requests are all busy.
+    dispatcher.register_inline("request.cancel", RequestCancelParams, cancel_request)
+    dispatcher.register("turn.start", TurnRef, start)
+    dispatcher.register_inline("turn.get", TurnRef, get)
+    dispatcher.register_inline("turn.cancel", TurnCancelParams, cancel_turn)
+    dispatcher.register_inline("turn.end", TurnEndParams, end)
+    dispatcher.register_inline("turn.list", TurnListParams, list_turns)
