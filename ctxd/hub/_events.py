@@ -73,6 +73,9 @@ class Subscription:
         self._send, self._receive = trio.open_memory_channel[Event](buffer)
         self.replay_after = replay_after
         """While replaying: the seq up to which the table has been read (None: live)."""
+        self.published_before = 0
+        """Events published before a subscription without ``since_seq`` began, still on
+        their way to the table: not this subscriber's (it asked for what comes next)."""
         self._page: deque[Event] = deque()
         self._closed = False
 
@@ -171,9 +174,11 @@ def _prune_by_age(conn: apsw.Connection, before: float) -> None:
 
 
 def _write(conn: apsw.Connection, rows: list[tuple[int, float, str | None, str, bytes]],
-           prune_through: int, retention_before: float | None) -> None:
+           prune_through: int, retention_before: float | None,
+           forgotten: list[tuple[str, int]]) -> None:
     conn.executemany("INSERT INTO events (seq, ts, session_id, type, data) "
                      "VALUES (?, ?, ?, ?, ?)", rows)
+    conn.executemany("DELETE FROM events WHERE session_id = ? AND seq <= ?", forgotten)
     if prune_through:
         conn.execute("DELETE FROM events WHERE seq <= ?", (prune_through,))
     if retention_before is not None:
@@ -224,7 +229,12 @@ class EventBus:
         self._seq = 0
         self._pruned_through = 0
         self._retention_checked = 0.0
-        self._queued: list[tuple[float, str | None, str, dict[str, Any]]] = []
+        self._queued: list[tuple[int, float, str | None, str, dict[str, Any]]] = []
+        self._published = 0
+        """Events published so far (each one's number, in publish order)."""
+        self._forgotten: list[tuple[str, int]] = []
+        """Sessions whose events are to be deleted, each with the number of the last event
+        published before."""
         self._wake = trio.Event()
         self._lost = 0
         self._ids = itertools.count(1)
@@ -236,20 +246,30 @@ class EventBus:
 
     def publish(self, session_id: str | None, type: str, data: dict[str, Any]) -> None:
         """Queue one event for the writer (or, without a store, send it); never blocks."""
+        self._published += 1
         if self._store is None:
             self._seq += 1
             self._send(Event(seq=self._seq, ts=time.time(), session_id=session_id,
-                             type=type, data=data))
+                             type=type, data=data), self._published)
             return
         if len(self._queued) >= MAX_QUEUED:
             self._lost += 1
             return
-        self._queued.append((time.time(), session_id, type, data))
+        self._queued.append((self._published, time.time(), session_id, type, data))
         self._wake.set()
 
-    def _send(self, event: Event) -> None:
+    def forget(self, session_id: str) -> None:
+        """Delete the kept events of a deleted session (its titles, descriptions and
+        results: docs/security.md), those still queued included; events published after
+        this call are kept."""
+        if self._store is not None:
+            self._forgotten.append((session_id, self._published))
+            self._wake.set()
+
+    def _send(self, event: Event, published: int) -> None:
         for subscription in self._subscriptions.values():
-            if subscription.replay_after is None and subscription.wants(event):
+            if subscription.replay_after is None and published > subscription.published_before \
+                    and subscription.wants(event):
                 subscription.offer_nowait(event)
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -277,12 +297,13 @@ class EventBus:
 
     async def _flush(self, store: Store) -> None:
         batch, self._queued = self._queued, []
-        if not batch:
+        forgotten, self._forgotten = self._forgotten, []
+        if not batch and not forgotten:
             return
         first = self._seq + 1
         last = first + len(batch) - 1
         rows = [(first + n, ts, session_id, type, _encode(data))
-                for n, (ts, session_id, type, data) in enumerate(batch)]
+                for n, (_, ts, session_id, type, data) in enumerate(batch)]
         prune_through = (last - self._keep) // self._prune_step * self._prune_step
         if prune_through <= self._pruned_through:
             prune_through = 0
@@ -291,7 +312,10 @@ class EventBus:
         if now - self._retention_checked >= RETENTION_CHECK_S:
             retention_before = now - self._retention_s
         try:
-            await store.write(_write, rows, prune_through, retention_before)
+            # A session's events up to the last one published before it was forgotten.
+            await store.write(_write, rows, prune_through, retention_before, [
+                (session_id, first - 1 + sum(queued[0] <= published for queued in batch))
+                for session_id, published in forgotten])
         except CtxdError as exc:
             # Nobody has seen these events and none got a seq: the stream has no gap.
             self._lost += len(batch)
@@ -302,9 +326,9 @@ class EventBus:
         if retention_before is not None:
             self._retention_checked = now
         self._seq = last
-        for seq, ts, session_id, type, _ in rows:
+        for (seq, ts, session_id, type, _), queued in zip(rows, batch, strict=True):
             self._send(Event(seq=seq, ts=ts, session_id=session_id, type=type,
-                             data=batch[seq - first][3]))
+                             data=queued[4]), queued[0])
 
     def subscribe(self, session_id: str | None = None, types: Iterable[str] | None = None,
                   since_seq: int | None = None) -> Subscription:
@@ -315,6 +339,8 @@ class EventBus:
                   and since_seq < self._seq)
         subscription = Subscription(self, f"sub_{next(self._ids)}", session_id, types,
                                     self._buffer, since_seq if replay else None)
+        if since_seq is None:
+            subscription.published_before = self._published
         self._subscriptions[subscription.subscription_id] = subscription
         return subscription
 

@@ -439,6 +439,7 @@ class SessionActor:
         if self.branches.live:
             await self._return_all("session_deleted")
         deleted = await self.supervisor.store.write(q.delete_session, self.session_id)
+        self.supervisor.bus.forget(self.session_id)
         self.branches.deleted()
         if record.state == "open":
             self.supervisor.sessions_open -= 1

@@ -299,7 +299,7 @@ def test_max_open_sessions_is_limit_reached(daemon_root: Any) -> None:
 
 
 def test_a_full_store_is_a_storage_error_and_nothing_half_written(daemon_root: Any) -> None:
-    process = DaemonProcess(daemon_root, extra_args=["--max-db-bytes", str(256 * 1024)]).start()
+    process = DaemonProcess(daemon_root, extra_args=["--max-db-bytes", str(512 * 1024)]).start()
     try:
         with process.client() as client:
             client.call("session.open", {"session_id": "s", "budget": {

@@ -60,8 +60,10 @@ async def running(path: Path, **options: object) -> AsyncIterator[EventBus]:
 
 
 async def written(bus: EventBus, seq: int) -> None:
-    """Wait until the writer has written (and sent) the event ``seq``."""
-    watcher = bus.subscribe()
+    """Wait until the writer has written (and sent) the event ``seq``: a watcher of what
+    comes after the last written seq sees the queued events too (a plain subscription
+    would not: they were published before it)."""
+    watcher = bus.subscribe(since_seq=bus.seq)
     while bus.seq < seq:
         await watcher.receive()
     bus.unsubscribe(watcher.subscription_id)
@@ -217,3 +219,24 @@ async def test_unsubscribe_ends_the_stream(tmp_path: Path) -> None:
             else:
                 raise AssertionError("a closed subscription must end")
 
+
+
+async def test_a_new_subscriber_gets_what_is_published_after_it(tmp_path: Path) -> None:
+    async with running(tmp_path / "db") as bus:
+        bus.publish("a", "message.appended", {"n": 1})  # queued, not yet written
+        late = bus.subscribe()
+        bus.publish("a", "message.appended", {"n": 2})
+        await written(bus, 2)
+        assert drain(late) == [("message.appended", 2, {"n": 2})]
+
+
+async def test_a_forgotten_session_leaves_no_event_in_the_table(tmp_path: Path) -> None:
+    async with running(tmp_path / "db") as bus:
+        bus.publish("a", "branch.created", {"description": "secret plan"})
+        bus.publish("b", "session.opened", {})
+        await written(bus, 2)
+        bus.publish("a", "branch.folded", {"result": "secret result"})  # still queued
+        bus.forget("a")
+        bus.publish("a", "session.deleted", {"messages_deleted": 4})
+        await written(bus, 4)
+    assert table(tmp_path / "db") == [(2, "session.opened"), (4, "session.deleted")]
