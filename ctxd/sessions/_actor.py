@@ -354,15 +354,15 @@ class SessionActor:
         self.record = record
 
     def _over_hard_block(self, would_use: int, tokens_appended: int,
-                         allow_over: bool = True) -> CtxdError:
+                         allow_over: bool = True, what: str = "appending") -> CtxdError:
         """-32001: the active thread would pass the hard block (``allow_over``: whether
-        the method takes ``allow_over=true``)."""
+        the method takes ``allow_over=true``; ``what``: the verb the message starts with)."""
         record = self.require()
         window = effective_window(record.budget)
         limit = int(window * record.budget.hard_block)
         return CtxdError(
             ErrorCode.CONTEXT_LIMIT_EXCEEDED,
-            f"appending {tokens_appended} tokens would bring the context to {would_use} "
+            f"{what} {tokens_appended} tokens would bring the context to {would_use} "
             f"of {window} tokens, past the hard block at {limit}",
             {"session_id": self.session_id, "would_use": would_use,
              "hard_block_tokens": limit, "effective_window": window,

@@ -64,7 +64,7 @@ async def push(actor: SessionActor, p: InjectPushParams) -> InjectPushResult:
     thread = record.main_message_tokens if active is None else rendered_tokens(active)
     would_use = thread + tokens + REPLY_PRIMING
     if would_use / effective_window(record.budget) >= record.budget.hard_block:
-        raise actor._over_hard_block(would_use, tokens, allow_over=False)
+        raise actor._over_hard_block(would_use, tokens, allow_over=False, what="injecting")
     info = await store.write(insert_injection, NewInjection(
         session_id=actor.session_id, priority=p.priority, content=scrubbed.text,
         source=p.source, idempotency_key=p.idempotency_key, tokens=tokens,

@@ -1134,5 +1134,5 @@ def test_inject_errors(shared_daemon: DaemonProcess, sid: str) -> None:
             "context_window": 1_100, "max_output_tokens": 100}})
     over = ctxctl(shared_daemon.socket, "inject", sid, hello_text(1_000))
     assert (over.returncode, over.stderr.splitlines()[0]) == (
-        1, "ctxctl: error -32001: appending 1004 tokens would bring the context to 1007 of "
+        1, "ctxctl: error -32001: injecting 1004 tokens would bring the context to 1007 of "
            "1000 tokens, past the hard block at 980")

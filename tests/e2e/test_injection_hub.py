@@ -155,6 +155,8 @@ def test_push_past_the_hard_block_is_refused(shared_daemon: DaemonProcess, sid: 
         over = fits + " hello"
         error = rpc_error(client, "inject.push", {"session_id": sid, "content": over})
         assert error.code == -32001
+        assert error.message == (f"injecting {user_tokens(over)} tokens would bring the "
+                                 "context to 950 of 1000 tokens, past the hard block at 950")
         assert {k: error.data[k] for k in ("would_use", "hard_block_tokens",
                                            "tokens_appended")} == {
             "would_use": 950, "hard_block_tokens": 950, "tokens_appended": user_tokens(over)}
