@@ -547,6 +547,16 @@ def cmd_session_delete(client: Client, args: argparse.Namespace, out: Output) ->
     return 0
 
 
+def _conversation(messages: list[dict[str, Any]]) -> list[str]:
+    """Messages as a reader sees them: ``[role (name)]`` over each content, blank lines
+    between (nothing for none)."""
+    blocks = []
+    for message in messages:
+        who = message["role"] + (f" ({message['name']})" if message.get("name") else "")
+        blocks.append(f"[{who}]\n{_content_text(message['content'])}")
+    return ["\n\n".join(blocks)] if blocks else []
+
+
 def cmd_session_render(client: Client, args: argparse.Namespace, out: Output) -> int:
     params: dict[str, Any] = {"session_id": args.session}
     if args.branch is not None:
@@ -555,12 +565,8 @@ def cmd_session_render(client: Client, args: argparse.Namespace, out: Output) ->
     if out.json:
         _print_json(result)
         return 0
-    blocks = []
-    for message in result["messages"]:
-        who = message["role"] + (f" ({message['name']})" if message.get("name") else "")
-        blocks.append(f"[{who}]\n{_content_text(message['content'])}")
+    out.lines(_conversation(result["messages"]))
     state = result["context_state"]
-    out.lines(["\n\n".join(blocks)] if blocks else [])
     out.note(f"({len(result['messages'])} messages, {result['tokens']:,} tokens of "
              f"{state['effective_window']:,}: {_percent(state['usage'])}, {state['health']})")
     return 0
@@ -666,11 +672,7 @@ def cmd_session_resume(client: Client, args: argparse.Namespace, out: Output) ->
     if out.json:
         _print_json(result)
         return 0
-    blocks = []
-    for message in result["messages"]:
-        who = message["role"] + (f" ({message['name']})" if message.get("name") else "")
-        blocks.append(f"[{who}]\n{_content_text(message['content'])}")
-    out.lines(["\n\n".join(blocks)] if blocks else [])
+    out.lines(_conversation(result["messages"]))
     source = (f"from the snapshot of {_timestamp(result['compacted_at'])}"
               if result["source"] == "snapshot" else "the thread: never compacted")
     out.note(f"({len(result['messages'])} messages, {result['tokens']:,} tokens, {source})")
