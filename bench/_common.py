@@ -49,6 +49,10 @@ class Connection:
     def call_line(self, line: bytes) -> bytes:
         """Send one request line and return its answer line."""
         self.sock.sendall(line)
+        return self.read_line()
+
+    def read_line(self) -> bytes:
+        """The next line the daemon sends (an answer or a notification)."""
         while b"\n" not in self.buffer:
             data = self.sock.recv(1 << 20)
             if not data:

@@ -136,20 +136,9 @@ def bench_usage_and_tool_state(connection: Connection, requests: int, rounds: in
     return rows
 
 
-def _next_line(connection: Connection) -> bytes:
-    while b"\n" not in connection.buffer:
-        data = connection.sock.recv(1 << 20)
-        if not data:
-            raise ConnectionError("the daemon closed the connection")
-        connection.buffer += data
-    line, _, connection.buffer = connection.buffer.partition(b"\n")
-    return line
-
-
 def _percentiles(samples: list[float]) -> tuple[float, float]:
-    ordered = sorted(samples)
-    return (statistics.median(ordered) * 1e3,
-            ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3)
+    """p50 and p99, in milliseconds."""
+    return percentile(samples, 0.5) * 1e3, percentile(samples, 0.99) * 1e3
 
 
 def _to_event(sender: Connection, watcher: Connection, line: bytes, event_type: bytes
@@ -157,10 +146,10 @@ def _to_event(sender: Connection, watcher: Connection, line: bytes, event_type: 
     """Seconds from sending ``line`` to ``event_type``'s event on ``watcher``."""
     started = time.perf_counter()
     sender.sock.sendall(line)
-    while event_type not in _next_line(watcher):
+    while event_type not in watcher.read_line():
         pass
     elapsed = time.perf_counter() - started
-    answer = msgspec.json.decode(_next_line(sender))
+    answer = msgspec.json.decode(sender.read_line())
     if "error" in answer:
         raise RuntimeError(answer["error"])
     return elapsed
