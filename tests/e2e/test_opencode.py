@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,11 +13,9 @@ from typing import Any
 import pytest
 from chat_server import USAGE, ChatServer, ToolCall
 from conftest import DaemonProcess
-from tests_support import REPOSITORY
+from tests_support import npm_tool
 
-OPENCODE = shutil.which("opencode") or next(
-    (str(path) for path in [REPOSITORY / ".ci" / "node" / "node_modules" / ".bin" / "opencode"]
-     if path.exists()), None)
+OPENCODE = npm_tool("opencode")
 
 pytestmark = pytest.mark.skipif(
     OPENCODE is None, reason="opencode not installed (npm install opencode-ai; .ci/run does)")
