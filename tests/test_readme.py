@@ -4,7 +4,7 @@ where a new user reads them and installed by .ci/run."""
 import re
 from pathlib import Path
 
-from tests_support import OPTIONAL_TOOLS, REPOSITORY
+from tests_support import NPM_TOOLS, OPTIONAL_TOOLS, REPOSITORY
 
 README = (REPOSITORY / "README.md").read_text(encoding="utf-8")
 CI = (REPOSITORY / ".ci" / "run").read_text(encoding="utf-8")
@@ -30,7 +30,17 @@ def test_the_tools_the_tests_need_are_named_and_installed() -> None:
                   ) == sorted(OPTIONAL_TOOLS.items())
 
 
+def test_the_npm_tools_the_tests_need_are_named_and_installed() -> None:
+    for tool, package in NPM_TOOLS.items():
+        assert f"`{tool}` (npm package `{package}`)" in README, tool
+        assert f" {package}@" in CI, package
+        assert f"command -v {tool} " in CI, tool
+
+
 def test_every_tool_a_test_looks_for_is_an_optional_tool() -> None:
     named = {tool for path in Path(REPOSITORY / "tests").rglob("*.py")
              for tool in re.findall(r"(?:which|needs)\(\"([\w-]+)\"", path.read_text())}
     assert named == set(OPTIONAL_TOOLS)
+    used = {tool for path in Path(REPOSITORY / "tests").rglob("*.py")
+            for tool in re.findall(r"npm_tool\(\"([\w-]+)\"", path.read_text())}
+    assert used == set(NPM_TOOLS)

@@ -100,6 +100,18 @@ OPTIONAL_TOOLS = {"socat": "socat", "shellcheck": "shellcheck", "dash": "dash",
 names them, .ci/run installs them, and a test that needs one is skipped without it."""
 
 
+NPM_TOOLS = {"opencode": "opencode-ai"}
+"""The programs some tests run that npm installs, each with its npm package: README.md
+names them, .ci/run installs them into .ci/node (`npm_tool` finds them there)."""
+
+
+def npm_tool(tool: str) -> str | None:
+    """Where ``tool`` (of `NPM_TOOLS`) is: on PATH, else where .ci/run installs it."""
+    found = shutil.which(tool)
+    local = REPOSITORY / ".ci" / "node" / "node_modules" / ".bin" / tool
+    return found or (str(local) if local.exists() else None)
+
+
 def needs(*tools: str) -> pytest.MarkDecorator:
     """Skip a test when one of ``tools`` (of `OPTIONAL_TOOLS`) is not installed."""
     missing = [tool for tool in tools if shutil.which(tool) is None]

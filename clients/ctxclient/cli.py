@@ -26,6 +26,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from ctxclient import _install_opencode
 from ctxclient._errors import BadSocketPath, DaemonUnavailable, RpcError
 from ctxclient._output import (
     FORMATS,
@@ -1414,7 +1415,36 @@ def parser() -> argparse.ArgumentParser:
     completion.add_argument("shell", metavar="SHELL", choices=("bash", "zsh", "fish"),
                             help="bash, zsh or fish")
     completion.set_defaults(run=cmd_completion, offline=True)
+    _install_commands(commands, common)
     return cli
+
+
+def cmd_install(args: argparse.Namespace, out: Output) -> int:
+    """``ctxctl install|uninstall opencode``: prints what changed."""
+    action = _install_opencode.install if args.command == "install" else \
+        _install_opencode.uninstall
+    try:
+        changes = action(args.scope)
+    except _install_opencode.InstallError as exc:
+        print(f"ctxctl: {exc}", file=sys.stderr)
+        return 1
+    state = "already" if args.command == "install" else "not"
+    for line in changes or [f"nothing to do: ctxd is {state} installed for OpenCode "
+                            f"({args.scope} scope)"]:
+        print(line)
+    return 0
+
+
+def _install_commands(commands: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
+    for name, help_text in (("install", "wire ctxd into an agent: its plugin and MCP server"),
+                            ("uninstall", "remove exactly what install added")):
+        command = commands.add_parser(name, parents=[common], help=help_text)
+        command.add_argument("target", metavar="AGENT", choices=("opencode",),
+                             help="opencode")
+        command.add_argument("--scope", choices=("user", "project"), default="user",
+                             help="user: ~/.config/opencode; project: the current "
+                                  "directory's opencode.json and .opencode/ (default user)")
+        command.set_defaults(run=cmd_install, offline=True)
 
 
 def _usage_commands(commands: argparse._SubParsersAction[_Parser], common: _Parser) -> None:

@@ -12,9 +12,9 @@ from typing import Any
 
 import apsw
 import pytest
+from chat_server import ChatServer
 from conftest import DaemonProcess, kill_leftovers, short_root
 from tests_support import COUNTER, next_event, rpc_error
-from unit.test_summarize import ChatServer
 
 from ctxclient import Client
 from ctxd.tokens import REPLY_PRIMING

@@ -6,15 +6,11 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
+from chat_server import ChatServer, SeenRequest
 
 from ctxd.config import HygieneConfig
 from ctxd.hygiene import SummarizerError, make_summarizer
@@ -313,80 +309,6 @@ async def test_command_empty_and_oversized_output(tmp_path: Path) -> None:
 
 
 # ---- http -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SeenRequest:
-    path: str
-    authorization: str | None
-    content_type: str | None
-    body: Any
-
-
-class ChatServer:
-    """``POST /v1/chat/completions`` on 127.0.0.1, in a thread: answers ``summary`` as
-    ``choices[0].message.content``, or, by ``failure``, HTTP 500 (``"status"``), a body that
-    is not JSON (``"bad-json"``), JSON without choices (``"no-choices"``); ``delay_s``
-    delays every answer."""
-
-    def __init__(self) -> None:
-        self.summary = "  The user wants a --json flag.  "
-        self.failure: str | None = None
-        self.delay_s = 0.0
-        self.requests: list[SeenRequest] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.requests.append(SeenRequest(self.path, self.headers["Authorization"],
-                                                   self.headers["Content-Type"], body))
-                time.sleep(server.delay_s)
-                if self.path != "/v1/chat/completions":
-                    self.answer(404, b'{"error": "not found"}')
-                elif server.failure == "status":
-                    self.answer(500, b'{"error": "model crashed"}')
-                elif server.failure == "bad-json":
-                    self.answer(200, b"<html>not json</html>")
-                elif server.failure == "no-choices":
-                    self.answer(200, b'{"choices": []}')
-                else:
-                    self.answer(200, json.dumps({
-                        "id": "chatcmpl-1", "object": "chat.completion",
-                        "model": body["model"],
-                        "choices": [{"index": 0, "finish_reason": "stop", "message": {
-                            "role": "assistant", "content": server.summary}}]}).encode())
-
-            def answer(self, status: int, payload: bytes) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                try:
-                    self.wfile.write(payload)
-                except OSError:
-                    pass  # the client gave up (the timeout test)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._http.daemon_threads = True
-        self._thread = threading.Thread(target=self._http.serve_forever, args=(0.01,),
-                                        daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._http.server_address[1]}/v1"
-
-    def __enter__(self) -> ChatServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._http.shutdown()
-        self._http.server_close()
-        self._thread.join()
 
 
 @pytest.fixture

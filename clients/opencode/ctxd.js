@@ -1,0 +1,238 @@
+// ctxd's OpenCode plugin: every OpenCode session is a ctxd session (README.md, "OpenCode").
+//
+// - tool.execute.after: a large tool output is appended to the ctxd session as a `tool`
+//   message; ctxd offloads it (docs/protocol.md, "Offloaded tool results") and the model
+//   sees ctxd's stub instead, with the ref_id to read the rest with result.read.
+// - experimental.chat.system.transform: the memories that match the user's last prompt
+//   and the session's pending injections (inject.pull, then inject.ack) join the system
+//   prompt.
+// - experimental.session.compacting: ctxd compacts its copy of the session first, which
+//   saves its snapshot (docs/protocol.md, "Snapshots and session.resume").
+// - event: user and assistant text is recorded (message.append) and each finished
+//   assistant message's token usage (usage.record, keyed by the message id).
+//
+// It talks to the daemon over its Unix socket (newline-delimited JSON-RPC 2.0). Every call
+// is bounded by a short timeout and fails open: no daemon, a timeout or an error, and
+// the plugin changes nothing (docs/decisions.md, "OpenCode plugin").
+// No dependencies beyond node's built-ins.
+
+import net from "node:net"
+import os from "node:os"
+import path from "node:path"
+
+const TIMEOUT_MS = Number(process.env.CTXD_PLUGIN_TIMEOUT_MS) || 2000
+const OFFLOAD_BYTES = 4096 // ctxd's default offload_threshold_bytes: smaller stays as is
+const MEMORY_CHARS = 4000 // about 1,000 tokens of memories a prompt
+const MEMORIES = 5
+
+function socketPath(env = process.env) {
+  if (env.CTXD_SOCKET) return env.CTXD_SOCKET
+  if (env.XDG_RUNTIME_DIR) return path.join(env.XDG_RUNTIME_DIR, "ctxd", "ctxd.sock")
+  return path.join("/tmp", `ctxd-${os.userInfo().uid}`, "ctxd.sock")
+}
+
+// One JSON-RPC call on a connection of its own; resolves to the result, or undefined on
+// any failure (fail open).
+function call(method, params, timeoutMs = TIMEOUT_MS) {
+  return new Promise((resolve) => {
+    let done = false
+    let buffer = ""
+    const socket = net.createConnection(socketPath())
+    const finish = (value) => {
+      if (done) return
+      done = true
+      clearTimeout(timer)
+      socket.destroy()
+      resolve(value)
+    }
+    const timer = setTimeout(() => finish(undefined), timeoutMs)
+    socket.setEncoding("utf8")
+    socket.on("error", () => finish(undefined))
+    socket.on("close", () => finish(undefined))
+    socket.on("connect", () => {
+      socket.write(JSON.stringify({ jsonrpc: "2.0", id: 1, method, params }) + "\n")
+    })
+    socket.on("data", (chunk) => {
+      buffer += chunk
+      const end = buffer.indexOf("\n")
+      if (end < 0) return
+      try {
+        const answer = JSON.parse(buffer.slice(0, end))
+        finish(answer.error ? undefined : answer.result)
+      } catch {
+        finish(undefined)
+      }
+    })
+  })
+}
+
+function textOf(output) {
+  if (typeof output === "string") return output
+  if (Array.isArray(output))
+    return output.filter((part) => part?.type === "text").map((part) => part.text).join("\n")
+  return ""
+}
+
+export const CtxdPlugin = async ({ directory } = {}) => {
+  const opened = new Map() // sessionID → Promise<boolean>
+  const roles = new Map() // messageID → role
+  const recorded = new Set() // part ids and message ids already sent
+  const prompts = new Map() // sessionID → the user's last prompt
+
+  const open = (sessionID) => {
+    if (!opened.has(sessionID)) {
+      const opening = call("session.open", {
+        session_id: sessionID,
+        ...(directory ? { project: directory } : {}),
+      }).then((result) => {
+        if (result === undefined) opened.delete(sessionID) // try again next time
+        return result !== undefined
+      })
+      opened.set(sessionID, opening)
+    }
+    return opened.get(sessionID)
+  }
+
+  // The stub ctxd renders for the tool message just appended (docs/protocol.md,
+  // "Offloaded tool results"); undefined when it stayed inline.
+  const offload = async (sessionID, callID, tool, content) => {
+    if (!(await open(sessionID))) return undefined
+    const appended = await call("message.append", {
+      session_id: sessionID,
+      messages: [{ role: "tool", content, name: tool, tool_call_id: callID }],
+    })
+    if (appended === undefined) return undefined
+    const rendered = await call("ctxd.render", { session_id: sessionID, branch_id: null })
+    const message = rendered?.messages?.findLast(
+      (m) => m.role === "tool" && m.tool_call_id === callID,
+    )
+    if (typeof message?.content !== "string" || !message.content.includes("ref_id=")) return undefined
+    return message.content
+  }
+
+  const recordPart = async (part) => {
+    const role = roles.get(part.messageID)
+    if (part.type !== "text" || !part.text || recorded.has(part.id)) return
+    if (role !== "user" && !(role === "assistant" && part.time?.end)) return
+    recorded.add(part.id)
+    if (role === "user") prompts.set(part.sessionID, part.text)
+    if (!(await open(part.sessionID))) return
+    await call("message.append", {
+      session_id: part.sessionID,
+      messages: [{ role, content: part.text, meta: { opencode_message_id: part.messageID } }],
+    })
+  }
+
+  const recordUsage = async (info) => {
+    if (info.role !== "assistant" || !info.time?.completed || !info.tokens) return
+    if (recorded.has(info.id)) return
+    recorded.add(info.id)
+    const tokens = info.tokens
+    const counts = {
+      input_tokens: tokens.input ?? 0,
+      output_tokens: tokens.output ?? 0,
+      thinking_tokens: tokens.reasoning ?? 0,
+      cache_read_tokens: tokens.cache?.read ?? 0,
+      cache_write_tokens: tokens.cache?.write ?? 0,
+    }
+    if (!Object.values(counts).some((n) => n > 0)) return
+    if (!(await open(info.sessionID))) return
+    await call("usage.record", {
+      session_id: info.sessionID,
+      model: `${info.providerID}/${info.modelID}`,
+      request_id: info.id,
+      idempotency_key: `opencode:${info.id}`,
+      ...counts,
+    })
+  }
+
+  return {
+    event: async ({ event }) => {
+      try {
+        if (event?.type === "message.updated") {
+          const info = event.properties?.info
+          if (!info) return
+          roles.set(info.id, info.role)
+          await recordUsage(info)
+        } else if (event?.type === "message.part.updated") {
+          const part = event.properties?.part
+          if (part) await recordPart(part)
+        }
+      } catch {
+        // fail open
+      }
+    },
+
+    "chat.message": async (input, output) => {
+      try {
+        const text = textOf(output?.parts)
+        if (text) prompts.set(input.sessionID, text)
+      } catch {
+        // fail open
+      }
+    },
+
+    "tool.execute.after": async (input, output) => {
+      try {
+        if (typeof output?.output === "string") {
+          // a built-in tool
+          if (Buffer.byteLength(output.output, "utf8") <= OFFLOAD_BYTES) return
+          const stub = await offload(input.sessionID, input.callID, input.tool, output.output)
+          if (stub !== undefined) output.output = stub
+        } else if (Array.isArray(output?.content)) {
+          // an MCP tool: its content parts; only all-text results are offloaded
+          if (!output.content.every((part) => part?.type === "text")) return
+          if (output.isError) return
+          const text = textOf(output.content)
+          if (Buffer.byteLength(text, "utf8") <= OFFLOAD_BYTES) return
+          const stub = await offload(input.sessionID, input.callID, input.tool, text)
+          if (stub !== undefined) output.content = [{ type: "text", text: stub }]
+        }
+      } catch {
+        // fail open
+      }
+    },
+
+    "experimental.chat.system.transform": async (input, output) => {
+      try {
+        if (!input?.sessionID || !Array.isArray(output?.system)) return
+        const sections = []
+        const query = prompts.get(input.sessionID)
+        const [found, pulled] = await Promise.all([
+          query ? call("memory.search", { query: query.slice(0, 2000), k: MEMORIES }) : undefined,
+          open(input.sessionID).then((ok) =>
+            ok ? call("inject.pull", { session_id: input.sessionID }) : undefined,
+          ),
+        ])
+        let left = MEMORY_CHARS
+        const memories = []
+        for (const memory of found?.results ?? []) {
+          const line = `- ${memory.title}: ${memory.content}`
+          if (line.length > left) break
+          left -= line.length
+          memories.push(line)
+        }
+        if (memories.length)
+          sections.push(`Lessons remembered from earlier sessions (ctxd):\n${memories.join("\n")}`)
+        const injections = pulled?.injections ?? []
+        if (injections.length)
+          sections.push(`Notes for this session (ctxd):\n${injections.map((i) => i.content).join("\n\n")}`)
+        if (sections.length) output.system.push(sections.join("\n\n"))
+        await Promise.all(
+          injections.map((i) => call("inject.ack", { injection_id: i.injection_id, accepted: true })),
+        )
+      } catch {
+        // fail open
+      }
+    },
+
+    "experimental.session.compacting": async (input) => {
+      try {
+        if (input?.sessionID && (await open(input.sessionID)))
+          await call("context.compact", { session_id: input.sessionID }, TIMEOUT_MS * 5)
+      } catch {
+        // fail open
+      }
+    },
+  }
+}

@@ -1,0 +1,136 @@
+"""A mock OpenAI-compatible chat-completions server on 127.0.0.1: the model of the HTTP
+summarizer's tests and of the agents driven end to end (OpenCode)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SeenRequest:
+    path: str
+    authorization: str | None
+    content_type: str | None
+    body: Any
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A scripted turn in which the model calls ``name`` with ``arguments``."""
+
+    name: str
+    arguments: dict[str, Any]
+    call_id: str = "call_1"
+
+
+USAGE = {"prompt_tokens": 1200, "completion_tokens": 34, "total_tokens": 1234}
+"""The usage every streamed answer reports."""
+
+
+class ChatServer:
+    """``POST /v1/chat/completions`` on 127.0.0.1, in a thread.
+
+    A plain request is answered ``summary`` as ``choices[0].message.content``, or, by
+    ``failure``, HTTP 500 (``"status"``), a body that is not JSON (``"bad-json"``), JSON
+    without choices (``"no-choices"``); ``delay_s`` delays every answer.
+
+    A streamed request (``"stream": true``) is answered as server-sent events: one that
+    offers tools gets the next of ``turns`` (a text, or a `ToolCall`; ``"done"`` once they
+    run out), one without tools (an agent's title or summary request) gets ``summary``.
+    Every streamed answer ends with `USAGE`.
+    """
+
+    def __init__(self) -> None:
+        self.summary = "  The user wants a --json flag.  "
+        self.failure: str | None = None
+        self.delay_s = 0.0
+        self.requests: list[SeenRequest] = []
+        self.turns: list[str | ToolCall] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append(SeenRequest(self.path, self.headers["Authorization"],
+                                                   self.headers["Content-Type"], body))
+                time.sleep(server.delay_s)
+                if self.path != "/v1/chat/completions":
+                    self.answer(404, b'{"error": "not found"}')
+                elif server.failure == "status":
+                    self.answer(500, b'{"error": "model crashed"}')
+                elif server.failure == "bad-json":
+                    self.answer(200, b"<html>not json</html>")
+                elif server.failure == "no-choices":
+                    self.answer(200, b'{"choices": []}')
+                elif body.get("stream"):
+                    turn = (server.turns.pop(0) if server.turns else "done") \
+                        if body.get("tools") else server.summary.strip()
+                    self.stream(body["model"], turn)
+                else:
+                    self.answer(200, json.dumps({
+                        "id": "chatcmpl-1", "object": "chat.completion",
+                        "model": body["model"],
+                        "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                            "role": "assistant", "content": server.summary}}]}).encode())
+
+            def answer(self, status: int, payload: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                try:
+                    self.wfile.write(payload)
+                except OSError:
+                    pass  # the client gave up (the timeout test)
+
+            def stream(self, model: str, turn: str | ToolCall) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.end_headers()
+                chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk",
+                         "created": 1, "model": model}
+                if isinstance(turn, ToolCall):
+                    delta: dict[str, Any] = {"role": "assistant", "tool_calls": [{
+                        "index": 0, "id": turn.call_id, "type": "function",
+                        "function": {"name": turn.name,
+                                     "arguments": json.dumps(turn.arguments)}}]}
+                    finish = "tool_calls"
+                else:
+                    delta, finish = {"role": "assistant", "content": turn}, "stop"
+                events = [{**chunk, "choices": [{"index": 0, "delta": delta,
+                                                 "finish_reason": None}]},
+                          {**chunk, "choices": [{"index": 0, "delta": {},
+                                                 "finish_reason": finish}], "usage": USAGE}]
+                try:
+                    for event in events:
+                        self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                    self.wfile.write(b"data: [DONE]\n\n")
+                except OSError:
+                    pass
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._http.daemon_threads = True
+        self._thread = threading.Thread(target=self._http.serve_forever, args=(0.01,),
+                                        daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._http.server_address[1]}/v1"
+
+    def __enter__(self) -> ChatServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+        self._thread.join()
