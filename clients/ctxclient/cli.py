@@ -1086,6 +1086,14 @@ def cmd_doctor(client: Client, args: argparse.Namespace, out: Output) -> int:
     return 0 if result["ok"] else 1
 
 
+def cmd_hook(args: argparse.Namespace, out: Output) -> int:
+    # The console script answers `ctxctl hook` before the CLI loads (clients/ctxclient/
+    # _entry.py); this is `python -m ctxclient.cli hook` and the help.
+    from ctxclient import _hook
+
+    return _hook.main(["hook", *(["--socket", args.socket] if args.socket else [])])
+
+
 def cmd_stop(client: Client, args: argparse.Namespace, out: Output) -> int:
     pid = client.call("daemon.status")["pid"]
     client.call("daemon.shutdown")
@@ -1405,6 +1413,10 @@ def parser() -> argparse.ArgumentParser:
         help="ask the daemon to check its whole database (integrity_check); exit 1 when "
              "it is corrupt (with no daemon running: ctxd --check)")
     doctor.set_defaults(run=cmd_doctor)
+    hook = commands.add_parser(
+        "hook", parents=[common],
+        help="answer one Claude Code hook event (JSON on stdin); always exits 0")
+    hook.set_defaults(run=cmd_hook, offline=True)
     stop = commands.add_parser("stop", parents=[common], help="shut the daemon down gracefully")
     stop.add_argument("--wait", type=seconds_to_wait, default=15.0, metavar="SECONDS",
                       help="seconds to wait for the exit (default 15)")
