@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from _common import DaemonProcess, REPO_ROOT
+from _common import REPO_ROOT, DaemonProcess
 
 CTXCTL = Path(sys.executable).with_name("ctxctl")
 
