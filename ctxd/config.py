@@ -57,6 +57,7 @@ class MemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     dense_min_score: Annotated[float, Meta(ge=-1.0, le=1.0)] = 0.2
     ann_threshold: Positive = 10_000
     nprobe: Annotated[int, Meta(ge=1, le=4_096)] = 64
+    hook_inject_tokens: Annotated[int, Meta(ge=1, le=100_000)] = 1_000
 
 
 DEFAULT_CONTEXT_NOTE = ("[Context: {percent}% used. Call compact_context to free space "
@@ -206,6 +207,8 @@ _HELP = {
     "embedding_url": "base URL of an OpenAI-compatible API (…/v1) that serves /embeddings",
     "embedding_model": "the model name sent to embedding_url",
     "api_key_env": "name of the environment variable that holds the embedding API key",
+    "hook_inject_tokens": "tokens of memories memory.context (the Claude Code hooks) adds to "
+                          "a prompt or a session's start",
     "dense_min_score": "cosine similarity below which the dense leg does not propose a memory",
     "prices": "per model, the price per million tokens of each counter (input, output, "
               "cache_read, cache_write, thinking); file only",

@@ -4,30 +4,46 @@ It imports nothing of the daemon but its wire types, error codes and default pat
 client does not load the tokenizer or the store.
 """
 
-from ctxclient._async import AsyncClient, connect
-from ctxclient._errors import (
-    ERRORS,
-    BadSocketPath,
-    BudgetExhausted,
-    Cancelled,
-    ContextLimitExceeded,
-    DaemonUnavailable,
-    InternalError,
-    InvalidParams,
-    InvalidRequest,
-    InvalidState,
-    LimitReached,
-    MethodNotFound,
-    NotFound,
-    Overloaded,
-    ParseError,
-    RpcError,
-    StorageError,
-    Timeout,
-)
-from ctxclient._sync import Client
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ctxclient._async import AsyncClient, connect
+    from ctxclient._errors import (
+        ERRORS,
+        BadSocketPath,
+        BudgetExhausted,
+        Cancelled,
+        ContextLimitExceeded,
+        DaemonUnavailable,
+        InternalError,
+        InvalidParams,
+        InvalidRequest,
+        InvalidState,
+        LimitReached,
+        MethodNotFound,
+        NotFound,
+        Overloaded,
+        ParseError,
+        RpcError,
+        StorageError,
+        Timeout,
+    )
+    from ctxclient._sync import Client
 
 __all__ = ["ERRORS", "AsyncClient", "BadSocketPath", "BudgetExhausted", "Cancelled", "Client",
            "ContextLimitExceeded", "DaemonUnavailable", "InternalError", "InvalidParams",
            "InvalidRequest", "InvalidState", "LimitReached", "MethodNotFound", "NotFound",
            "Overloaded", "ParseError", "RpcError", "StorageError", "Timeout", "connect"]
+
+_HOMES = {"AsyncClient": "_async", "connect": "_async", "Client": "_sync"}
+
+
+def __getattr__(name: str) -> Any:
+    # Loaded on first use: `ctxctl hook` imports this package and must not pay for trio.
+    if name not in __all__:
+        raise AttributeError(f"module 'ctxclient' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"ctxclient.{_HOMES.get(name, '_errors')}"), name)
+    globals()[name] = value
+    return value

@@ -17,6 +17,7 @@ import queue
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn, get_args
 
 import msgspec
@@ -26,7 +27,6 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from ctxclient import _install_opencode
 from ctxclient._errors import BadSocketPath, DaemonUnavailable, RpcError
 from ctxclient._output import (
     FORMATS,
@@ -61,7 +61,8 @@ MIN_INTERVAL_S = 0.1
 EXIT_STATUS = """exit status:
   0  success
   1  the daemon answered with an error (or `stop` found it still running)
-  2  no daemon answers on the socket, or bad usage"""
+  2  no daemon answers on the socket, or bad usage
+  3  install/uninstall refused a settings file (nothing written)"""
 
 
 # ---- values shown --------------------------------------------------------------------
@@ -1076,15 +1077,45 @@ def _running(pid: int) -> bool:
 def cmd_doctor(client: Client, args: argparse.Namespace, out: Output) -> int:
     client.timeout = None  # the whole database is read: seconds per GiB from disk
     result = client.call("daemon.check")
+    from ctxclient import _install
+
+    integrations, wired = _install.doctor(Path.cwd())
     if out.json:
-        _print_json(result)
+        _print_json({**result, "integrations": integrations})
     elif result["ok"]:
-        out.lines([f"{result['database']}: ok (integrity_check, {result['seconds']:.2f} s)"])
+        out.lines([f"{result['database']}: ok (integrity_check, {result['seconds']:.2f} s)",
+                   *_install.doctor_lines(integrations)])
     else:
-        out.lines([f"{result['database']}: {problem}" for problem in result["problems"]])
+        out.lines([*(f"{result['database']}: {problem}" for problem in result["problems"]),
+                   *_install.doctor_lines(integrations)])
         print(f"ctxctl: the database {result['database']} is corrupt; stop ctxd and run "
               "`ctxd --recover`", file=sys.stderr)
-    return 0 if result["ok"] else 1
+    if not wired:
+        print("ctxctl: an agent's ctxd settings are incomplete; run the fix shown",
+              file=sys.stderr)
+    return 0 if result["ok"] and wired else 1
+
+
+def cmd_install(args: argparse.Namespace, out: Output) -> int:
+    from ctxclient import _install
+
+    return _install.run("install", args.target, args.scope, Path(args.dir).absolute(),
+                        args.socket, out.json)
+
+
+def cmd_uninstall(args: argparse.Namespace, out: Output) -> int:
+    from ctxclient import _install
+
+    return _install.run("uninstall", args.target, args.scope, Path(args.dir).absolute(),
+                        None, out.json)
+
+
+def cmd_hook(args: argparse.Namespace, out: Output) -> int:
+    # The console script answers `ctxctl hook` before the CLI loads (clients/ctxclient/
+    # _entry.py); this is `python -m ctxclient.cli hook` and the help.
+    from ctxclient import _hook
+
+    return _hook.main(["hook", *(["--socket", args.socket] if args.socket else [])])
 
 
 def cmd_stop(client: Client, args: argparse.Namespace, out: Output) -> int:
@@ -1403,9 +1434,27 @@ def parser() -> argparse.ArgumentParser:
     cancel.set_defaults(run=cmd_cancel)
     doctor = commands.add_parser(
         "doctor", parents=[common],
-        help="ask the daemon to check its whole database (integrity_check); exit 1 when "
-             "it is corrupt (with no daemon running: ctxd --check)")
+        help="ask the daemon to check its whole database (integrity_check) and check the "
+             "agent tools ctxd is installed for; exit 1 on a problem (with no daemon "
+             "running: ctxd --check)")
     doctor.set_defaults(run=cmd_doctor)
+    hook = commands.add_parser(
+        "hook", parents=[common],
+        help="answer one Claude Code hook event (JSON on stdin); always exits 0")
+    hook.set_defaults(run=cmd_hook, offline=True)
+    for action, verb in (("install", "wire"), ("uninstall", "unwire")):
+        wire_cmd = commands.add_parser(
+            action, parents=[common],
+            help=f"{verb} an agent tool to ctxd (its hooks and MCP server, in its settings)")
+        wire_cmd.add_argument("target", metavar="TARGET", choices=("claude-code", "opencode"),
+                              help="claude-code or opencode")
+        wire_cmd.add_argument("--scope", choices=("project", "user"), default="user",
+                              help="the project's settings or the user's (default user)")
+        wire_cmd.add_argument("--dir", default=".", metavar="DIR",
+                              help="the project's root for --scope project (default: the "
+                                   "current directory)")
+        wire_cmd.set_defaults(run=cmd_install if action == "install" else cmd_uninstall,
+                              offline=True)
     stop = commands.add_parser("stop", parents=[common], help="shut the daemon down gracefully")
     stop.add_argument("--wait", type=seconds_to_wait, default=15.0, metavar="SECONDS",
                       help="seconds to wait for the exit (default 15)")
@@ -1415,36 +1464,7 @@ def parser() -> argparse.ArgumentParser:
     completion.add_argument("shell", metavar="SHELL", choices=("bash", "zsh", "fish"),
                             help="bash, zsh or fish")
     completion.set_defaults(run=cmd_completion, offline=True)
-    _install_commands(commands, common)
     return cli
-
-
-def cmd_install(args: argparse.Namespace, out: Output) -> int:
-    """``ctxctl install|uninstall opencode``: prints what changed."""
-    action = _install_opencode.install if args.command == "install" else \
-        _install_opencode.uninstall
-    try:
-        changes = action(args.scope)
-    except _install_opencode.InstallError as exc:
-        print(f"ctxctl: {exc}", file=sys.stderr)
-        return 1
-    state = "already" if args.command == "install" else "not"
-    for line in changes or [f"nothing to do: ctxd is {state} installed for OpenCode "
-                            f"({args.scope} scope)"]:
-        print(line)
-    return 0
-
-
-def _install_commands(commands: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
-    for name, help_text in (("install", "wire ctxd into an agent: its plugin and MCP server"),
-                            ("uninstall", "remove exactly what install added")):
-        command = commands.add_parser(name, parents=[common], help=help_text)
-        command.add_argument("target", metavar="AGENT", choices=("opencode",),
-                             help="opencode")
-        command.add_argument("--scope", choices=("user", "project"), default="user",
-                             help="user: ~/.config/opencode; project: the current "
-                                  "directory's opencode.json and .opencode/ (default user)")
-        command.set_defaults(run=cmd_install, offline=True)
 
 
 def _usage_commands(commands: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
@@ -1603,6 +1623,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.run is cmd_doctor:
             print("ctxctl: doctor asks the running daemon; with none running, check its "
                   "files with `ctxd --check`", file=sys.stderr)
+            if not out.json:
+                from ctxclient import _install
+
+                out.lines(_install.doctor_lines(_install.doctor(Path.cwd())[0]))
         return _report_unavailable(exc, out)
     try:
         with client:

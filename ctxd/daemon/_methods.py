@@ -1,7 +1,8 @@
-"""daemon.ping, daemon.hello, daemon.status, daemon.check, daemon.shutdown."""
+"""daemon.ping, daemon.hello, daemon.status, daemon.check, daemon.shutdown, daemon.log."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -15,6 +16,8 @@ from ctxd.store import DatabaseError, integrity_problems
 from ctxd.wire import Call, Dispatcher
 from ctxd.wire.types import (
     CheckResult,
+    DaemonLogParams,
+    DaemonLogResult,
     DaemonStatus,
     Empty,
     HelloParams,
@@ -25,6 +28,14 @@ from ctxd.wire.types import (
 
 if TYPE_CHECKING:
     from ctxd.daemon._app import Daemon
+
+log = logging.getLogger("ctxd.client")
+
+LOG_LINES_PER_MINUTE = 60
+"""Client lines daemon.log writes per minute; more are dropped (docs/protocol.md,
+daemon.log): a client in a loop cannot flood the journal."""
+_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+               "error": logging.ERROR}
 
 PROTOCOL_VERSION = 1
 FEATURES = ["folding", "memory", "events", "usage", "tools", "inject", "cancel"]
@@ -95,7 +106,22 @@ def register(dispatcher: Dispatcher, daemon: Daemon, request_stop: Callable[[], 
         request_stop()
         return ShutdownResult(stopping=True)
 
+    logged: list[float] = []
+
+    def log_line(call: Call, p: DaemonLogParams) -> DaemonLogResult:
+        now = time.monotonic()
+        while logged and logged[0] <= now - 60.0:
+            logged.pop(0)
+        if len(logged) >= LOG_LINES_PER_MINUTE:
+            return DaemonLogResult(logged=False)
+        logged.append(now)
+        # One line per call: a client's newlines and control characters are escaped.
+        text = p.message.encode("unicode_escape").decode("ascii")
+        log.log(_LOG_LEVELS[p.level], "%s (uid %s): %s", p.source, call.peer.peer_uid, text)
+        return DaemonLogResult(logged=True)
+
     dispatcher.register_inline("daemon.ping", Empty, ping)
+    dispatcher.register_inline("daemon.log", DaemonLogParams, log_line)
     dispatcher.register_inline("daemon.hello", HelloParams, hello)
     dispatcher.register_inline("daemon.status", Empty, status)
     dispatcher.register("daemon.check", Empty, check)

@@ -1,5 +1,5 @@
-"""The memory methods: memory.record, .search, .get, .feedback, .outcome, .delete, .list,
-.reindex (docs/protocol.md, Memory)."""
+"""The memory methods: memory.record, .search, .context, .get, .feedback, .outcome, .delete,
+.list, .reindex (docs/protocol.md, Memory)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from ctxd.memory._service import Memory
 from ctxd.wire import Call, Dispatcher
 from ctxd.wire.types import (
     Empty,
+    MemoryContextParams,
+    MemoryContextResult,
     MemoryDeleteResult,
     MemoryFeedbackParams,
     MemoryIdParams,
@@ -31,6 +33,15 @@ def register(dispatcher: Dispatcher, memory: Memory) -> None:
     async def search(call: Call, p: MemorySearchParams) -> MemorySearchResult:
         return await memory.search(p)
 
+    async def context(call: Call, p: MemoryContextParams) -> MemoryContextResult:
+        # Injection's retrieval and fitting, with a hook's budget (docs/protocol.md,
+        # memory.context): nothing is recorded as a use, as nothing says it was shown.
+        cap = p.max_tokens or memory.config.hook_inject_tokens
+        scope = p.scope or "global"
+        injected = await memory.inject(p.query, scope, cap)
+        return MemoryContextResult(text=injected.text, tokens=injected.tokens,
+                                   items=injected.items, injection=injected.injection)
+
     async def get(call: Call, p: MemoryIdParams) -> MemoryResult:
         return MemoryResult(memory=await memory.get(p.id))
 
@@ -52,6 +63,7 @@ def register(dispatcher: Dispatcher, memory: Memory) -> None:
 
     dispatcher.register("memory.record", MemoryRecordParams, record)
     dispatcher.register("memory.search", MemorySearchParams, search)
+    dispatcher.register("memory.context", MemoryContextParams, context)
     dispatcher.register("memory.get", MemoryIdParams, get)
     dispatcher.register("memory.feedback", MemoryFeedbackParams, feedback)
     dispatcher.register("memory.outcome", MemoryOutcomeParams, outcome)

@@ -591,8 +591,12 @@ class SessionActor:
             done = await self._auto_compact(thread)
             if done is not None:
                 compactions.append(done)
+        refs = {blob.seq: blob.ref_id for blob in blobs}
         return MessageAppendResult(
-            appended=[AppendedMessage(seq=m.seq, tokens=m.tokens, component=m.component)
+            appended=[AppendedMessage(seq=m.seq, tokens=m.tokens, component=m.component,
+                                      ref_id=refs.get(m.seq),
+                                      stub=m.content if m.seq in refs
+                                      and isinstance(m.content, str) else None)
                       for m in stored],
             tokens_appended=tokens_appended, forced_returns=forced,
             context_state=self.context_state(), compactions=compactions)

@@ -245,10 +245,14 @@ class MessageAppendParams(Params, frozen=True):
     allow_over: bool = False
 
 
-class AppendedMessage(Result, frozen=True):
+class AppendedMessage(Result, frozen=True, omit_defaults=True):
     seq: int
     tokens: int
     component: Component
+    ref_id: str | None = None
+    """An offloaded tool result's ref (absent when the message was stored inline)."""
+    stub: str | None = None
+    """What an offloaded tool result stores and renders as (absent when inline)."""
 
 
 class ForcedReturn(Result, frozen=True):
@@ -1172,3 +1176,39 @@ class Turn(Result, frozen=True):
 
 class TurnListResult(Result, frozen=True):
     turns: list[Turn]
+
+
+# ---- Claude Code hooks ----
+
+class MemoryContextParams(Params, frozen=True):
+    """The memories that match ``query``, fitted into ``max_tokens`` (default: the
+    ``[memory] hook_inject_tokens`` of the configuration) as one block of text."""
+
+    query: Annotated[str, Meta(min_length=1, max_length=8_192)]
+    scope: Scope | None = None
+    max_tokens: Annotated[int, Meta(ge=1, le=100_000)] | None = None
+
+
+class MemoryContextResult(Result, frozen=True):
+    text: str | None
+    """The block to add to the model's context (None: nothing fits or matched)."""
+    tokens: int
+    items: list[InjectedItem]
+    injection: Injection
+
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+
+class DaemonLogParams(Params, frozen=True):
+    """One line for ctxd's log from a client (a hook that failed open)."""
+
+    source: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}\Z",
+                                description="1-64 of A-Z a-z 0-9 . _ : - (first alphanumeric)")]
+    message: Annotated[str, Meta(min_length=1, max_length=2_000)]
+    level: LogLevel = "warning"
+
+
+class DaemonLogResult(Result, frozen=True):
+    logged: bool
+    """False when the line was dropped: too many lines came in the last minute."""

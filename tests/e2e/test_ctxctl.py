@@ -764,7 +764,8 @@ def test_version_and_exit_codes_in_help(tmp_path: Path) -> None:
     shown = ctxctl(tmp_path / "none.sock", "--help")
     assert shown.stdout.endswith(
         "exit status:\n  0  success\n  1  the daemon answered with an error (or `stop` found "
-        "it still running)\n  2  no daemon answers on the socket, or bad usage\n")
+        "it still running)\n  2  no daemon answers on the socket, or bad usage\n"
+        "  3  install/uninstall refused a settings file (nothing written)\n")
 
 
 def test_completion_scripts(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ def opencode_project(root: Path, model_url: str) -> Path:
         [sys.executable, "-m", "ctxclient.cli", "install", "opencode", "--scope", "project"],
         cwd=project, capture_output=True, text=True, timeout=60, check=True)
     assert installed.stdout.splitlines()[0] == \
-        f"added the plugin {project}/.opencode/plugin/ctxd.js"
+        f"added the plugin in {project}/.opencode/plugin/ctxd.js"
     config_path = project / "opencode.json"
     config = json.loads(config_path.read_text())
     config.update({

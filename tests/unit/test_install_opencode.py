@@ -10,15 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from ctxclient._install_opencode import (
-    InstallError,
-    install,
-    plugin_source,
-    server_entry,
-    uninstall,
-)
+from ctxclient._install import OpenCode, SettingsError, plugin_source
 
 CTXCTL = "/opt/ctxd/bin/ctxctl"
+TARGET = OpenCode()
+
+
+def server_entry(ctxctl: str) -> dict[str, object]:
+    return {"type": "local", "command": [ctxctl, "mcp"], "enabled": True}
+
+
+def lines(changes: list) -> list[str]:  # type: ignore[type-arg]
+    return [change.line() for change in changes]
 
 
 def tree(root: Path) -> dict[str, bytes]:
@@ -27,20 +30,22 @@ def tree(root: Path) -> dict[str, bytes]:
 
 
 def test_project_install_is_idempotent_and_uninstall_restores(tmp_path: Path) -> None:
-    assert install("project", tmp_path, CTXCTL) == [
-        f"added the plugin {tmp_path}/.opencode/plugin/ctxd.js",
-        f"added the MCP server 'ctxd' in {tmp_path}/opencode.json"]
+    assert lines(TARGET.install("project", tmp_path, CTXCTL, None)) == [
+        f"added the plugin in {tmp_path}/.opencode/plugin/ctxd.js",
+        f"added MCP server ctxd in {tmp_path}/opencode.json"]
     assert (tmp_path / ".opencode/plugin/ctxd.js").read_bytes() == plugin_source().read_bytes()
     assert json.loads((tmp_path / "opencode.json").read_text()) == {
-        "mcp": {"ctxd": {"type": "local", "command": [CTXCTL, "mcp"], "enabled": True}}}
+        "mcp": {"ctxd": server_entry(CTXCTL)}}
+    assert [p.problem for p in TARGET.check("project", tmp_path)] == [
+        f"{CTXCTL} does not exist or is not executable"]
     before = tree(tmp_path)
-    assert install("project", tmp_path, CTXCTL) == []
+    assert TARGET.install("project", tmp_path, CTXCTL, None) == []
     assert tree(tmp_path) == before
-    assert uninstall("project", tmp_path) == [
-        f"removed the plugin {tmp_path}/.opencode/plugin/ctxd.js",
-        f"removed the MCP server 'ctxd' from {tmp_path}/opencode.json"]
+    assert lines(TARGET.uninstall("project", tmp_path, CTXCTL)) == [
+        f"removed the plugin in {tmp_path}/.opencode/plugin/ctxd.js",
+        f"removed MCP server ctxd in {tmp_path}/opencode.json"]
     assert list(tmp_path.iterdir()) == []
-    assert uninstall("project", tmp_path) == []
+    assert TARGET.uninstall("project", tmp_path, CTXCTL) == []
 
 
 def test_install_keeps_the_users_keys_and_uninstall_removes_only_ctxd(tmp_path: Path) -> None:
@@ -49,19 +54,21 @@ def test_install_keeps_the_users_keys_and_uninstall_removes_only_ctxd(tmp_path: 
     (tmp_path / "opencode.json").write_text(json.dumps(mine))
     (tmp_path / ".opencode/plugin").mkdir(parents=True)
     (tmp_path / ".opencode/plugin/other.js").write_text("export const P = async () => ({})\n")
-    install("project", tmp_path, CTXCTL)
+    TARGET.install("project", tmp_path, CTXCTL, "/run/ctxd.sock")
     config = json.loads((tmp_path / "opencode.json").read_text())
-    assert config == {**mine, "mcp": {**mine["mcp"], "ctxd": server_entry(CTXCTL)}}
+    assert config == {**mine, "mcp": {**mine["mcp"], "ctxd": {
+        "type": "local", "command": [CTXCTL, "mcp", "--socket", "/run/ctxd.sock"],
+        "enabled": True}}}
     assert list(config) == ["$schema", "model", "mcp"]
-    uninstall("project", tmp_path)
+    TARGET.uninstall("project", tmp_path, CTXCTL)
     assert json.loads((tmp_path / "opencode.json").read_text()) == mine
     assert sorted(p.name for p in (tmp_path / ".opencode/plugin").iterdir()) == ["other.js"]
 
 
 def test_install_updates_its_own_entry_after_ctxctl_moved(tmp_path: Path) -> None:
-    install("project", tmp_path, "/old/venv/bin/ctxctl")
-    assert install("project", tmp_path, CTXCTL) == [
-        f"updated the MCP server 'ctxd' in {tmp_path}/opencode.json"]
+    TARGET.install("project", tmp_path, "/old/venv/bin/ctxctl", None)
+    assert lines(TARGET.install("project", tmp_path, CTXCTL, None)) == [
+        f"updated MCP server ctxd in {tmp_path}/opencode.json"]
     assert json.loads((tmp_path / "opencode.json").read_text())["mcp"]["ctxd"] == \
         server_entry(CTXCTL)
 
@@ -71,36 +78,37 @@ def test_uninstall_leaves_a_ctxd_entry_and_plugin_it_did_not_write(tmp_path: Pat
     (tmp_path / "opencode.json").write_text(json.dumps(theirs))
     (tmp_path / ".opencode/plugin").mkdir(parents=True)
     (tmp_path / ".opencode/plugin/ctxd.js").write_text("// someone else's\n")
-    assert uninstall("project", tmp_path) == []
-    with pytest.raises(InstallError, match="already has an MCP server named 'ctxd' that "
-                                           "ctxctl did not write"):
-        install("project", tmp_path, CTXCTL)
+    assert TARGET.uninstall("project", tmp_path, CTXCTL) == []
+    with pytest.raises(SettingsError, match="an MCP server named 'ctxd' that is not "
+                                            "ctxctl's is already there"):
+        TARGET.install("project", tmp_path, CTXCTL, None)
     assert json.loads((tmp_path / "opencode.json").read_text()) == theirs
 
 
 @pytest.mark.parametrize(("text", "reason"), [
-    ('{"model": "x",}', "is not valid JSON"),
+    ('{"model": "x",}', "not valid JSON"),
     ("[1, 2]", "holds a JSON list, not an object"),
-    ('{"mcp": []}', "`mcp` is not an object"),
+    ('{"mcp": []}', "mcp is not a JSON object"),
 ])
 def test_a_malformed_opencode_json_is_refused(tmp_path: Path, text: str, reason: str) -> None:
     (tmp_path / "opencode.json").write_text(text)
-    for action in (lambda: install("project", tmp_path, CTXCTL),
-                   lambda: uninstall("project", tmp_path)):
-        with pytest.raises(InstallError, match=reason):
-            action()
+    with pytest.raises(SettingsError, match=reason):
+        TARGET.install("project", tmp_path, CTXCTL, None)
     assert (tmp_path / "opencode.json").read_text() == text
     assert not (tmp_path / ".opencode").exists()
 
 
-def test_user_scope_goes_to_xdg_config_home(tmp_path: Path) -> None:
-    env = {"XDG_CONFIG_HOME": str(tmp_path / "config"), "HOME": str(tmp_path / "home")}
-    install("user", ctxctl=CTXCTL, environ=env)
+def test_user_scope_goes_to_xdg_config_home(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    TARGET.install("user", tmp_path / "elsewhere", CTXCTL, None)
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) \
         == ["config/opencode/opencode.json", "config/opencode/plugin/ctxd.js"]
-    uninstall("user", environ=env)
+    TARGET.uninstall("user", tmp_path / "elsewhere", CTXCTL)
     assert [p.name for p in tmp_path.rglob("*")] == ["config", "opencode"]
-    install("user", ctxctl=CTXCTL, environ={"HOME": str(tmp_path / "home")})
+    monkeypatch.delenv("XDG_CONFIG_HOME")
+    TARGET.install("user", tmp_path, CTXCTL, None)
     assert (tmp_path / "home/.config/opencode/plugin/ctxd.js").is_file()
 
 
@@ -111,17 +119,18 @@ def test_ctxctl_install_and_uninstall_commands(tmp_path: Path) -> None:
 
     done = ctxctl("install", "opencode", "--scope", "project")
     assert (done.returncode, done.stderr) == (0, "")
-    assert done.stdout.splitlines()[0] == f"added the plugin {tmp_path}/.opencode/plugin/ctxd.js"
+    assert done.stdout.splitlines()[0] == \
+        f"added the plugin in {tmp_path}/.opencode/plugin/ctxd.js"
     command = json.loads((tmp_path / "opencode.json").read_text())["mcp"]["ctxd"]["command"]
     assert Path(command[0]).is_absolute()
     assert command[1] == "mcp"
     again = ctxctl("install", "opencode", "--scope", "project")
     assert (again.returncode, again.stdout) == (
-        0, "nothing to do: ctxd is already installed for OpenCode (project scope)\n")
+        0, "opencode (project): already installed, nothing changed\n")
     removed = ctxctl("uninstall", "opencode", "--scope", "project")
     assert (removed.returncode, len(removed.stdout.splitlines())) == (0, 2)
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "opencode.json").write_text("{nope")
     refused = ctxctl("install", "opencode", "--scope", "project")
-    assert refused.returncode == 1
-    assert refused.stderr.startswith(f"ctxctl: {tmp_path}/opencode.json is not valid JSON (")
+    assert refused.returncode == 3
+    assert refused.stderr.startswith(f"ctxctl: {tmp_path}/opencode.json: not valid JSON (")

@@ -1,0 +1,296 @@
+"""`ctxctl hook`: the one command Claude Code runs for every hook event (README, "Claude
+Code"; docs/decisions.md, "Claude Code hooks").
+
+It reads the event's JSON on stdin and writes its answer on stdout. It fails open: no
+daemon, a slow one or any error ends with exit 0 and no output, so Claude Code goes on as
+without ctxd (the daemon's log gets a line through `daemon.log` when it can be reached).
+It imports the standard library only (and ``ctxd.paths``): the interpreter's start-up is
+most of its cost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+DEADLINE_S = 3.0
+"""The longest a hook talks to the daemon; Claude Code's own timeout is the installed one."""
+MAX_QUERY_CHARS = 8_192
+"""The longest query memory.context takes."""
+SOURCE = "ctxctl-hook"
+NOT_FOUND = -32004
+SUMMARY_PREFIX = "[Summary of "
+
+
+class HookError(Exception):
+    """The daemon answered a call with an error."""
+
+    def __init__(self, error: dict[str, Any]):
+        super().__init__(f"{error.get('code')}: {error.get('message')}")
+        self.code = error.get("code")
+
+
+class Connection:
+    """One blocking connection: a request, then its answer line (no pipelining)."""
+
+    def __init__(self, path: str, deadline: float):
+        self.deadline = deadline
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self._left())
+        self.sock.connect(path)
+        self.buffer = b""
+        self.next_id = 0
+
+    def _left(self) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the daemon did not answer in time")
+        return left
+
+    def call(self, method: str, params: dict[str, Any]) -> Any:
+        self.next_id += 1
+        request = {"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}
+        self.sock.settimeout(self._left())
+        self.sock.sendall(json.dumps(request, separators=(",", ":")).encode() + b"\n")
+        while True:
+            line = self._line()
+            answer = json.loads(line)
+            if answer.get("id") != self.next_id:
+                continue  # a notification
+            if "error" in answer:
+                raise HookError(answer["error"])
+            return answer["result"]
+
+    def _line(self) -> bytes:
+        while b"\n" not in self.buffer:
+            self.sock.settimeout(self._left())
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise ConnectionError("the daemon closed the connection")
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def project_of(event: dict[str, Any]) -> str | None:
+    """The session's project: Claude Code's working directory (its last 256 characters,
+    the longest project session.open takes)."""
+    cwd = event.get("cwd")
+    return cwd[-256:] if isinstance(cwd, str) and cwd else None
+
+
+def scope_of(project: str | None) -> str:
+    """The memory scope of a project, as the daemon derives it for a session
+    (docs/protocol.md, Memory, "Scopes")."""
+    if not project or not project.split():
+        return "global"
+    return "project:" + "-".join(project.split())[:128]
+
+
+def output_text(response: Any) -> str | None:
+    """The text a tool result shows the model: a string; Bash's ``stdout`` and
+    ``stderr``; an MCP tool's text content parts. None for any other shape (kept whole)."""
+    if isinstance(response, str):
+        return response
+    if isinstance(response, dict) and isinstance(response.get("stdout"), str):
+        stderr = response.get("stderr")
+        return str(response["stdout"]) + (f"\n{stderr}" if isinstance(stderr, str) and stderr
+                                     else "")
+    if isinstance(response, list) and response and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in response):
+        return "\n".join(str(p["text"]) for p in response)
+    return None
+
+
+def stubbed(response: Any, stub: str) -> Any:
+    """The tool's output in its own shape (Claude Code rejects another shape), with the
+    stub in place of its text."""
+    if isinstance(response, str):
+        return stub
+    if isinstance(response, dict):
+        return {**response, "stdout": stub, "stderr": ""}
+    return [{"type": "text", "text": stub}]
+
+
+class Hook:
+    """One event's handling: the calls it makes and the answer it gives."""
+
+    def __init__(self, conn: Connection, event: dict[str, Any]):
+        self.conn = conn
+        self.event = event
+        self.session_id: str = event["session_id"]
+        self.project = project_of(event)
+
+    def open(self) -> dict[str, Any]:
+        params: dict[str, Any] = {"session_id": self.session_id}
+        if self.project:
+            params["project"] = self.project
+        result: dict[str, Any] = self.conn.call("session.open", params)
+        return result
+
+    def in_session(self, method: str, params: dict[str, Any]) -> Any:
+        """A session call; a session ctxd does not know yet (hooks installed mid-session,
+        a daemon with a fresh data directory) is opened first."""
+        try:
+            return self.conn.call(method, params)
+        except HookError as exc:
+            if exc.code != NOT_FOUND:
+                raise
+        self.open()
+        return self.conn.call(method, params)
+
+    def memories(self, query: str) -> str | None:
+        query = query.strip()[:MAX_QUERY_CHARS]
+        if not query:
+            return None
+        result = self.conn.call("memory.context",
+                                {"query": query, "scope": scope_of(self.project)})
+        text: str | None = result["text"]
+        return text
+
+    def answer(self, name: str, **fields: Any) -> dict[str, Any]:
+        return {"hookSpecificOutput": {"hookEventName": name, **fields}}
+
+    def context(self, name: str, parts: list[str | None]) -> dict[str, Any] | None:
+        text = "\n\n".join(p for p in parts if p)
+        return self.answer(name, additionalContext=text) if text else None
+
+    def session_start(self) -> dict[str, Any] | None:
+        self.open()
+        source = self.event.get("source")
+        if source not in ("startup", "resume", "compact"):
+            return None
+        parts: list[str | None] = []
+        if source == "compact":
+            parts.append(self.summary())
+        name = os.path.basename((self.project or "").rstrip("/"))
+        parts.append(self.memories(name) if name else None)
+        return self.context("SessionStart", parts)
+
+    def summary(self) -> str | None:
+        """The summary of ctxd's latest compaction of the session (taken at PreCompact):
+        none when the session was never compacted."""
+        resumed = self.conn.call("session.resume", {"session_id": self.session_id})
+        if resumed["source"] != "snapshot":
+            return None
+        # A summary message starts as docs/protocol.md, "Compaction", writes it.
+        summaries = [m["content"] for m in resumed["messages"]
+                     if m["role"] == "user" and isinstance(m["content"], str)
+                     and m["content"].startswith(SUMMARY_PREFIX)]
+        return "\n\n".join(summaries) or None
+
+    def user_prompt_submit(self) -> dict[str, Any] | None:
+        prompt = self.event.get("prompt")
+        if not isinstance(prompt, str) or not prompt:
+            return None
+        self.in_session("message.append", {"session_id": self.session_id,
+                                           "messages": [{"role": "user", "content": prompt}]})
+        pulled = self.conn.call("inject.pull", {"session_id": self.session_id})
+        injected: list[str | None] = []
+        for injection in pulled["injections"]:
+            self.conn.call("inject.ack", {"injection_id": injection["injection_id"],
+                                          "accepted": True})
+            injected.append(injection["content"])
+        return self.context("UserPromptSubmit", [*injected, self.memories(prompt)])
+
+    def post_tool_use(self) -> dict[str, Any] | None:
+        tool_name = self.event.get("tool_name")
+        tool_use_id = self.event.get("tool_use_id")
+        response = self.event.get("tool_response")
+        if not isinstance(tool_name, str) or not isinstance(tool_use_id, str):
+            return None
+        text = output_text(response)
+        call = {"role": "assistant", "content": [{
+            "type": "tool_use", "id": tool_use_id, "name": tool_name,
+            "input": self.event.get("tool_input") or {}}]}
+        result: dict[str, Any] = {
+            "role": "tool", "name": tool_name[:256], "tool_call_id": tool_use_id[:256],
+            "content": text if text is not None else json.dumps(response)}
+        if isinstance(response, dict) and response.get("interrupted") is True:
+            result["meta"] = {"is_error": True}
+        appended = self.in_session("message.append", {"session_id": self.session_id,
+                                                      "messages": [call, result]})
+        stub = appended["appended"][-1].get("stub")
+        if stub is None or text is None:
+            return None
+        return self.answer("PostToolUse", updatedToolOutput=stubbed(response, stub))
+
+    def pre_compact(self) -> None:
+        # ctxd compacts its copy too: the compacted thread becomes the session's snapshot,
+        # whose summary SessionStart (source "compact") hands back to the model.
+        self.in_session("context.compact", {"session_id": self.session_id})
+
+
+HANDLERS = {
+    "SessionStart": Hook.session_start,
+    "UserPromptSubmit": Hook.user_prompt_submit,
+    "PostToolUse": Hook.post_tool_use,
+    "PreCompact": Hook.pre_compact,
+}
+
+
+def _socket_path(socket_arg: str | None) -> str:
+    if socket_arg:
+        return socket_arg
+    from ctxd.paths import default_socket_path
+
+    return str(default_socket_path())
+
+
+def run(socket_arg: str | None, stdin: str, deadline_s: float = DEADLINE_S) -> str:
+    """Handle one event; the text to print (empty: nothing). Never raises."""
+    conn = None
+    try:
+        event = json.loads(stdin)
+        handler = HANDLERS.get(event.get("hook_event_name"))
+        if handler is None:
+            return ""
+        conn = Connection(_socket_path(socket_arg), time.monotonic() + deadline_s)
+        answer = handler(Hook(conn, event))
+        return json.dumps(answer) if answer else ""
+    except Exception as exc:  # fail open: Claude Code must go on whatever happened here
+        _log(conn, socket_arg, f"{type(exc).__name__}: {exc}")
+        return ""
+    finally:
+        if conn is not None:
+            conn.close()
+
+
+def _log(conn: Connection | None, socket_arg: str | None, message: str) -> None:
+    """Tell the daemon's log why the hook answered nothing, when it can be reached."""
+    try:
+        if conn is None:
+            conn = Connection(_socket_path(socket_arg), time.monotonic() + 0.5)
+        conn.deadline = time.monotonic() + 0.5
+        conn.call("daemon.log", {"source": SOURCE, "message": message[:2_000]})
+    except Exception:
+        return
+
+
+def parse(argv: list[str]) -> str | None:
+    """``hook [--socket PATH]``: the socket, or None for the default."""
+    socket_arg = None
+    rest = argv[1:]
+    while rest:
+        arg = rest.pop(0)
+        if arg == "--socket" and rest:
+            socket_arg = rest.pop(0)
+        elif arg.startswith("--socket="):
+            socket_arg = arg.partition("=")[2]
+    return socket_arg or os.environ.get("CTXD_SOCKET") or None
+
+
+def main(argv: list[str]) -> int:
+    """The hook's entry: ``argv`` starts with ``hook``. Always exits 0."""
+    out = run(parse(argv), sys.stdin.read())
+    if out:
+        sys.stdout.write(out + "\n")
+    return 0

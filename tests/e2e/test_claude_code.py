@@ -1,0 +1,109 @@
+"""The real Claude Code CLI (the one claude-agent-sdk bundles) wired to a real daemon by
+``ctxctl install claude-code --scope project``; only the model is scripted, by the mock
+Messages API of tests/mock_anthropic.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import DaemonProcess
+from mock_anthropic import MockAnthropic, running, tool_use
+
+from ctxclient import Client
+
+CTXCTL = Path(sys.executable).with_name("ctxctl")
+
+
+def bundled_claude() -> Path | None:
+    try:
+        import claude_agent_sdk
+    except ImportError:
+        return None
+    cli = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
+    return cli if cli.exists() else None
+
+
+CLAUDE = bundled_claude()
+pytestmark = pytest.mark.skipif(CLAUDE is None, reason="claude-agent-sdk (with its bundled "
+                                                       "Claude Code CLI) is not installed")
+
+LINES = 540
+BIG_COMMAND = ("python3 -c \"print('\\n'.join(f'zebra-{i:05d} the quick brown fox jumps' "
+               f"for i in range({LINES})))\"")
+BIG_OUTPUT = "\n".join(f"zebra-{i:05d} the quick brown fox jumps" for i in range(LINES))
+
+
+def claude(project: Path, home: Path, mock: MockAnthropic, prompt: str) -> dict[str, Any]:
+    """One ``claude -p`` run in ``project``, hermetic: its own HOME, the mock model."""
+    assert CLAUDE is not None
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "ANTHROPIC_BASE_URL": mock.url,
+           "ANTHROPIC_API_KEY": "sk-ant-dummy", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+           "ENABLE_TOOL_SEARCH": "false"}
+    # Claude Code refuses --dangerously-skip-permissions as root: allow Bash by name.
+    done = subprocess.run([str(CLAUDE), "-p", prompt, "--output-format", "json",
+                           "--allowedTools", "Bash"], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    result: dict[str, Any] = json.loads(done.stdout)
+    assert result["is_error"] is False, result
+    return result
+
+
+def test_a_claude_code_session_is_managed_by_ctxd(tmp_path: Path,
+                                                  shared_daemon: DaemonProcess) -> None:
+    home, project = tmp_path / "home", tmp_path / "otterbay"
+    home.mkdir()
+    project.mkdir()
+    installed = subprocess.run([str(CTXCTL), "install", "claude-code", "--scope", "project",
+                                "--socket", str(shared_daemon.socket)], cwd=project,
+                               capture_output=True, text=True, timeout=60, check=True)
+    assert installed.stdout.count("added ") == 9
+    with Client(shared_daemon.socket) as client:
+        client.call("memory.record", {
+            "title": "otterbay releases", "content": "otterbay ships with make release-zebra.",
+            "scope": f"project:{project}"})
+    turns = [[tool_use("toolu_big01", "Bash", {"command": BIG_COMMAND,
+                                               "description": "Print the big log"})]]
+    with running(turns, final="All read.") as mock:
+        result = claude(project, home, mock, "Print the big log, please")
+    assert result["result"] == "All read."
+    first, second = mock.main_requests()[:2]
+
+    # (b) SessionStart's additionalContext carries the project's memory to the model.
+    memory_line = "- otterbay releases (confidence 0.80): otterbay ships with make release-zebra."
+    assert memory_line in json.dumps(first, ensure_ascii=False).replace("\\n", "\n")
+
+    # (a) The model's next request holds ctxd's stub in place of the 20 KB output.
+    sent = json.dumps(second, ensure_ascii=False)
+    assert BIG_OUTPUT[-2_000:] not in sent
+    assert "zebra-00539" not in sent
+    results = [block for message in second["messages"] if message["role"] == "user"
+               and isinstance(message["content"], list) for block in message["content"]
+               if block.get("type") == "tool_result" and block["tool_use_id"] == "toolu_big01"]
+    assert len(results) == 1
+    content = results[0]["content"]
+    shown = content if isinstance(content, str) else "".join(b["text"] for b in content)
+
+    # (c) The session is Claude's own, with the prompt and the offloaded result in full.
+    session_id = result["session_id"]
+    with Client(shared_daemon.socket) as client:
+        session = client.call("session.get", {"session_id": session_id})["session"]
+        assert session["project"] == str(project)
+        messages = client.call("message.list", {"session_id": session_id})["messages"]
+        assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+        assert messages[0]["content"] == "Print the big log, please"
+        assert messages[2]["tool_call_id"] == "toolu_big01"
+        ref_id = messages[2]["ref_id"]
+        assert shown == (f'[Tool result stored — {len(BIG_OUTPUT):,} bytes from "Bash". '
+                         f"First 200 chars: {BIG_OUTPUT[:200]}] Use read_result with "
+                         f'ref_id="{ref_id}" to read more.')
+        read = client.call("result.read", {"session_id": session_id, "ref_id": ref_id,
+                                           "limit": 1_000_000})
+        assert read["content"] == BIG_OUTPUT
+        assert len(BIG_OUTPUT) > 20_000

@@ -1,0 +1,146 @@
+"""`ctxctl hook` against a real daemon: each Claude Code event as Claude Code sends it
+(the shapes of claude_agent_sdk/types.py), through the installed console script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import DaemonProcess
+
+from ctxclient import Client
+
+CTXCTL = Path(sys.executable).with_name("ctxctl")
+
+
+def hook(socket: Path | str, event: dict[str, Any]) -> tuple[int, str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTXD_")}
+    done = subprocess.run([str(CTXCTL), "hook", "--socket", str(socket)],
+                          input=json.dumps(event), capture_output=True, text=True,
+                          env=env, timeout=30, check=False)
+    return done.returncode, done.stdout, done.stderr
+
+
+def event(name: str, session_id: str, cwd: str, **fields: Any) -> dict[str, Any]:
+    return {"session_id": session_id, "transcript_path": f"{cwd}/t.jsonl", "cwd": cwd,
+            "hook_event_name": name, **fields}
+
+
+@pytest.fixture
+def claude_sid() -> str:
+    return str(uuid.uuid4())
+
+
+def test_session_start_opens_the_session_and_adds_project_memories(
+        shared_daemon: DaemonProcess, claude_sid: str) -> None:
+    cwd = "/home/u/src/pelican"
+    with Client(shared_daemon.socket) as client:
+        client.call("memory.record", {
+            "title": "pelican builds with make", "content": "Run make html in pelican.",
+            "scope": "project:/home/u/src/pelican"})
+        code, out, err = hook(shared_daemon.socket,
+                              event("SessionStart", claude_sid, cwd, source="startup"))
+        assert (code, err) == (0, "")
+        answer = json.loads(out)
+        assert answer["hookSpecificOutput"]["hookEventName"] == "SessionStart"
+        assert answer["hookSpecificOutput"]["additionalContext"] == (
+            "Memories from earlier work that may help with this sub-task:\n"
+            "- pelican builds with make (confidence 0.80): Run make html in pelican.\n")
+        session = client.call("session.get", {"session_id": claude_sid})["session"]
+        assert (session["project"], session["state"]) == (cwd, "open")
+
+
+def test_user_prompt_is_recorded_and_injections_are_drained(
+        shared_daemon: DaemonProcess, claude_sid: str) -> None:
+    cwd = "/home/u/src/quiet"
+    with Client(shared_daemon.socket) as client:
+        code, out, _ = hook(shared_daemon.socket,
+                            event("UserPromptSubmit", claude_sid, cwd, prompt="zzqx wibble"))
+        assert (code, out) == (0, "")  # nothing to add: no injection, no memory matches
+        client.call("inject.push", {"session_id": claude_sid, "content": "The CI is red."})
+        code, out, _ = hook(shared_daemon.socket,
+                            event("UserPromptSubmit", claude_sid, cwd, prompt="and now?"))
+        assert json.loads(out) == {"hookSpecificOutput": {
+            "hookEventName": "UserPromptSubmit", "additionalContext": "The CI is red."}}
+        listed = client.call("inject.list", {"session_id": claude_sid})["injections"]
+        assert [i["state"] for i in listed] == ["accepted"]
+        messages = client.call("message.list", {"session_id": claude_sid})["messages"]
+        assert [(m["role"], m["content"]) for m in messages] == [
+            ("user", "zzqx wibble"), ("user", "and now?")]
+
+
+def test_a_large_bash_output_is_offloaded_and_answered_with_the_stub(
+        shared_daemon: DaemonProcess, claude_sid: str) -> None:
+    output = "".join(f"line {i:05d} of the build log\n" for i in range(1000))
+    response = {"stdout": output, "stderr": "", "interrupted": False, "isImage": False}
+    code, out, _ = hook(shared_daemon.socket, event(
+        "PostToolUse", claude_sid, "/home/u/src/big", tool_name="Bash",
+        tool_input={"command": "make"}, tool_response=response, tool_use_id="toolu_01"))
+    assert code == 0
+    updated = json.loads(out)["hookSpecificOutput"]["updatedToolOutput"]
+    with Client(shared_daemon.socket) as client:
+        messages = client.call("message.list", {"session_id": claude_sid})["messages"]
+        assert [m["role"] for m in messages] == ["assistant", "tool"]
+        ref_id = messages[1]["ref_id"]
+        assert updated == {
+            "stdout": f'[Tool result stored — {len(output):,} bytes from "Bash". First 200 '
+                      f'chars: {output[:200]}] Use read_result with ref_id="{ref_id}" to '
+                      "read more.",
+            "stderr": "", "interrupted": False, "isImage": False}
+        read = client.call("result.read", {"session_id": claude_sid, "ref_id": ref_id,
+                                           "limit": 1_000_000})
+        assert read["content"] == output
+        # A small output is recorded and left as it is.
+        code, out, _ = hook(shared_daemon.socket, event(
+            "PostToolUse", claude_sid, "/home/u/src/big", tool_name="Bash",
+            tool_input={"command": "ls"}, tool_response={**response, "stdout": "a\nb\n"},
+            tool_use_id="toolu_02"))
+        assert (code, out) == (0, "")
+        messages = client.call("message.list", {"session_id": claude_sid})["messages"]
+        assert (messages[-1]["content"], messages[-1]["tool_call_id"]) == ("a\nb\n",
+                                                                            "toolu_02")
+
+
+def test_pre_compact_snapshots_and_session_start_compact_returns_the_summary(
+        shared_daemon: DaemonProcess, claude_sid: str) -> None:
+    cwd = "/home/u/src/long"
+    with Client(shared_daemon.socket) as client:
+        client.call("session.open", {"session_id": claude_sid, "project": cwd,
+                                     "budget": {"context_window": 12_000,
+                                                "max_output_tokens": 1_000}})
+        for i in range(12):
+            client.call("message.append", {"session_id": claude_sid, "messages": [
+                {"role": "user", "content": f"question {i}: " + "word " * 300},
+                {"role": "assistant", "content": f"answer {i}: " + "reply " * 300}],
+                "allow_over": True})
+        code, out, _ = hook(shared_daemon.socket,
+                            event("PreCompact", claude_sid, cwd, trigger="auto",
+                                  custom_instructions=None))
+        assert (code, out) == (0, "")
+        resumed = client.call("session.resume", {"session_id": claude_sid})
+        assert resumed["source"] == "snapshot"
+        summary = [m["content"] for m in resumed["messages"]
+                   if m["content"].startswith("[Summary of ")]
+        assert len(summary) == 1
+        code, out, _ = hook(shared_daemon.socket,
+                            event("SessionStart", claude_sid, cwd, source="compact"))
+        assert json.loads(out)["hookSpecificOutput"]["additionalContext"] == summary[0]
+
+
+def test_fails_open(tmp_path: Path, shared_daemon: DaemonProcess, claude_sid: str) -> None:
+    start = event("SessionStart", claude_sid, "/x", source="startup")
+    assert hook(tmp_path / "none.sock", start) == (0, "", "")
+    assert hook(shared_daemon.socket, {"not": "a hook"}) == (0, "", "")
+    # An error the daemon answers (a session id it refuses) is logged by the daemon.
+    bad = event("UserPromptSubmit", "bad id!", "/x", prompt="hi")
+    assert hook(shared_daemon.socket, bad) == (0, "", "")
+    assert "ctxctl-hook (uid" in shared_daemon.log_path.read_text()
+    # Events ctxd does not handle (yet) answer nothing and touch nothing.
+    assert hook(shared_daemon.socket, event("Notification", claude_sid, "/x",
+                                            message="m")) == (0, "", "")

@@ -1,0 +1,188 @@
+"""`ctxctl install|uninstall claude-code` and `ctxctl doctor`'s view of them, through the
+installed console script, on settings files in a temporary HOME and project."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import DaemonProcess
+
+CTXCTL = Path(sys.executable).with_name("ctxctl")
+EVENTS = ["SessionStart", "UserPromptSubmit", "PostToolUse", "PreCompact", "Stop",
+          "SubagentStop", "SessionEnd"]
+
+
+def ctxctl(home: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("CTXD_", "CLAUDE_CONFIG_DIR"))}
+    return subprocess.run([str(CTXCTL), *args], cwd=cwd, env={**env, "HOME": str(home)},
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    (tmp_path / "home").mkdir()
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "proj").mkdir()
+    return tmp_path / "proj"
+
+
+def read(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+USER_SETTINGS = {
+    "model": "opus", "permissions": {"allow": ["Bash(ls:*)"]},
+    "hooks": {"PostToolUse": [{"matcher": "Write", "hooks": [
+        {"type": "command", "command": "prettier --write", "timeout": 5}]}],
+              "Notification": [{"hooks": [{"type": "command", "command": "notify-send hi"}]}]}}
+USER_CLAUDE_JSON = {"numStartups": 3, "mcpServers": {"github": {
+    "type": "stdio", "command": "gh-mcp", "args": []}}, "projects": {"/x": {}}}
+
+
+def test_user_scope_merges_and_uninstall_restores_exactly(home: Path, project: Path) -> None:
+    settings, claude_json = home / ".claude" / "settings.json", home / ".claude.json"
+    settings.parent.mkdir()
+    settings.write_text(json.dumps(USER_SETTINGS))
+    claude_json.write_text(json.dumps(USER_CLAUDE_JSON))
+    claude_json.chmod(0o600)
+    done = ctxctl(home, project, "install", "claude-code")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines() == [
+        *(f"added hook {e} in {settings}" for e in EVENTS),
+        f"added MCP server ctxd in {claude_json}"]
+    hook = {"type": "command", "command": f"{CTXCTL} hook", "timeout": 10}
+    merged = read(settings)
+    assert merged["hooks"]["PostToolUse"] == [USER_SETTINGS["hooks"]["PostToolUse"][0],
+                                              {"hooks": [hook]}]
+    assert merged["hooks"]["Notification"] == USER_SETTINGS["hooks"]["Notification"]
+    assert {e: merged["hooks"][e] for e in EVENTS if e != "PostToolUse"} == {
+        e: [{"hooks": [hook]}] for e in EVENTS if e != "PostToolUse"}
+    assert (merged["model"], merged["permissions"]) == ("opus", {"allow": ["Bash(ls:*)"]})
+    assert read(claude_json)["mcpServers"] == {
+        **USER_CLAUDE_JSON["mcpServers"],  # type: ignore[dict-item]
+        "ctxd": {"type": "stdio", "command": str(CTXCTL), "args": ["mcp"]}}
+    assert stat.S_IMODE(claude_json.stat().st_mode) == 0o600
+    # A second run changes nothing, and says so.
+    before = (settings.read_bytes(), claude_json.read_bytes())
+    again = ctxctl(home, project, "install", "claude-code", "--json")
+    assert json.loads(again.stdout) == {"target": "claude-code", "scope": "user",
+                                        "changed": False, "changes": []}
+    assert (settings.read_bytes(), claude_json.read_bytes()) == before
+    assert ctxctl(home, project, "install", "claude-code").stdout == (
+        "claude-code (user): already installed, nothing changed\n")
+    # Uninstall takes out exactly what install added.
+    gone = ctxctl(home, project, "uninstall", "claude-code", "--json")
+    assert gone.returncode == 0
+    assert [(c["action"], c["what"]) for c in json.loads(gone.stdout)["changes"]] == [
+        *(("removed", f"hook {e}") for e in EVENTS), ("removed", "MCP server ctxd")]
+    assert (read(settings), read(claude_json)) == (USER_SETTINGS, USER_CLAUDE_JSON)
+    assert ctxctl(home, project, "uninstall", "claude-code").stdout == (
+        "claude-code (user): ctxd is not installed there, nothing changed\n")
+
+
+def test_project_scope_writes_the_project_files_and_pre_approves_the_server(
+        home: Path, project: Path) -> None:
+    done = ctxctl(home, project, "install", "claude-code", "--scope", "project",
+                  "--socket", "/run/ctxd/ctxd.sock")
+    assert done.returncode == 0
+    settings = read(project / ".claude" / "settings.json")
+    assert settings["enabledMcpjsonServers"] == ["ctxd"]
+    assert settings["hooks"]["Stop"] == [{"hooks": [{
+        "type": "command", "command": f"{CTXCTL} hook --socket /run/ctxd/ctxd.sock",
+        "timeout": 10}]}]
+    assert read(project / ".mcp.json") == {"mcpServers": {"ctxd": {
+        "type": "stdio", "command": str(CTXCTL),
+        "args": ["mcp", "--socket", "/run/ctxd/ctxd.sock"]}}}
+    assert not (home / ".claude").exists()
+    # Another socket updates ctxd's entries in place rather than adding a second set.
+    moved = ctxctl(home, project, "install", "claude-code", "--scope", "project")
+    assert moved.stdout.splitlines()[0] == (
+        f"updated hook SessionStart in {project / '.claude' / 'settings.json'}")
+    assert read(project / ".claude" / "settings.json")["hooks"]["Stop"] == [{"hooks": [{
+        "type": "command", "command": f"{CTXCTL} hook", "timeout": 10}]}]
+    # Files ctxd created hold nothing else: uninstall removes them.
+    assert ctxctl(home, project, "uninstall", "claude-code", "--scope", "project",
+                  ).returncode == 0
+    assert sorted(p.name for p in project.rglob("*")) == [".claude"]
+
+
+@pytest.mark.parametrize("text", ["{\"hooks\": {", "[1, 2]"])
+def test_a_malformed_settings_file_is_refused_and_left_alone(
+        home: Path, project: Path, text: str) -> None:
+    settings = project / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text(text)
+    for action in ("install", "uninstall"):
+        done = ctxctl(home, project, action, "claude-code", "--scope", "project")
+        assert done.returncode == 3
+        assert done.stderr.startswith(f"ctxctl: {settings}: ")
+        assert "fix or move the file" in done.stderr
+        assert settings.read_text() == text
+        assert not (project / ".mcp.json").exists()
+
+
+def test_a_foreign_server_named_ctxd_is_refused(home: Path, project: Path) -> None:
+    mcp = {"mcpServers": {"ctxd": {"command": "npx", "args": ["other-ctxd"]}}}
+    (project / ".mcp.json").write_text(json.dumps(mcp))
+    done = ctxctl(home, project, "install", "claude-code", "--scope", "project")
+    assert done.returncode == 3
+    assert "an MCP server named 'ctxd' that is not ctxctl's" in done.stderr
+    assert read(project / ".mcp.json") == mcp
+    assert not (project / ".claude").exists()
+
+
+def test_doctor_checks_the_claude_code_settings(home: Path, project: Path,
+                                                shared_daemon: DaemonProcess) -> None:
+    sock = str(shared_daemon.socket)
+
+    def doctor() -> subprocess.CompletedProcess[str]:
+        return ctxctl(home, project, "--socket", sock, "doctor")
+
+    healthy = doctor()  # not installed anywhere: nothing to say about Claude Code
+    assert (healthy.returncode, healthy.stderr, len(healthy.stdout.splitlines())) == (0, "", 1)
+    ctxctl(home, project, "install", "claude-code", "--scope", "project", "--socket", sock)
+    assert doctor().stdout.splitlines()[1:] == ["claude-code (project): ok"]
+    settings_path = project / ".claude" / "settings.json"
+    settings = read(settings_path)
+    del settings["hooks"]["PostToolUse"], settings["hooks"]["Stop"]
+    settings_path.write_text(json.dumps(settings))
+    (project / ".mcp.json").unlink()
+    broken = doctor()
+    assert broken.returncode == 1
+    fix = "fix: ctxctl install claude-code --scope project"
+    assert broken.stdout.splitlines()[1:] == [
+        f"claude-code (project): {settings_path}: no ctxd hook for PostToolUse, Stop; {fix}",
+        f"claude-code (project): {project / '.mcp.json'}: no MCP server ctxd; {fix}"]
+    assert broken.stderr == ("ctxctl: an agent's ctxd settings are incomplete; run the fix "
+                             "shown\n")
+    as_json = json.loads(ctxctl(home, project, "--socket", sock, "doctor", "--json").stdout)
+    assert as_json["integrations"][0]["ok"] is False
+    assert [p["problem"] for p in as_json["integrations"][0]["problems"]] == [
+        "no ctxd hook for PostToolUse, Stop", "no MCP server ctxd"]
+    # A ctxctl that moved away, and a socket that is gone.
+    ctxctl(home, project, "install", "claude-code", "--scope", "project", "--socket", sock)
+    text = settings_path.read_text().replace(str(CTXCTL), "/gone/bin/ctxctl")
+    settings_path.write_text(text.replace(sock, "/gone/ctxd.sock"))
+    moved = doctor().stdout.splitlines()[1:]
+    assert moved == [
+        f"claude-code (project): {settings_path}: /gone/bin/ctxctl does not exist or is not "
+        f"executable; {fix}",
+        f"claude-code (project): {settings_path}: the socket /gone/ctxd.sock the hooks use "
+        f"does not exist (is ctxd running there?); fix: start ctxd, or ctxctl install "
+        "claude-code --scope project --socket PATH"]
+    # With no daemon the settings are still checked; the exit says the daemon is missing.
+    down = ctxctl(home, project, "--socket", str(project / "none.sock"), "doctor")
+    assert down.returncode == 2
+    assert down.stdout.splitlines() == moved

@@ -1,0 +1,177 @@
+"""A scripted Anthropic Messages API on 127.0.0.1 for running real agent CLIs (Claude Code)
+hermetically: the model is the only thing the end-to-end tests replace.
+
+The main loop's requests (those that offer tools) get the scripted turns in order; side
+requests (titles, quota probes, summaries: no tools) get a short text; ``count_tokens``
+gets an estimate. Every request is recorded (path and parsed body) for the test to inspect.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+Block = dict[str, Any]
+Turn = list[Block] | Callable[[dict[str, Any]], list[Block]]
+"""One model turn: its content blocks (``text`` and ``tool_use``), or a function of the
+request that returns them."""
+
+
+def text(value: str) -> Block:
+    return {"type": "text", "text": value}
+
+
+def tool_use(tool_id: str, name: str, tool_input: dict[str, Any]) -> Block:
+    return {"type": "tool_use", "id": tool_id, "name": name, "input": tool_input}
+
+
+class MockAnthropic:
+    """The server: ``url`` for ``ANTHROPIC_BASE_URL``; ``requests`` as received."""
+
+    def __init__(self, turns: list[Turn], final: str = "Done."):
+        self.turns = list(turns)
+        self.final = final
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def main_requests(self) -> list[dict[str, Any]]:
+        """The bodies of the main loop's ``/v1/messages`` requests, in order."""
+        return [body for path, body in self.requests
+                if path.startswith("/v1/messages") and "count_tokens" not in path
+                and body.get("tools")]
+
+    def _next_turn(self, body: dict[str, Any]) -> list[Block]:
+        with self.lock:
+            turn = self.turns.pop(0) if self.turns else [text(self.final)]
+        return turn(body) if callable(turn) else turn
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        mock = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+            def do_HEAD(self) -> None:
+                self._json(200, {})
+
+            def do_GET(self) -> None:
+                self._json(200, {"data": [], "has_more": False})
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                raw = self.rfile.read(length)
+                try:
+                    body = json.loads(raw or b"{}")
+                except ValueError:
+                    body = {"raw": raw.decode(errors="replace")}
+                with mock.lock:
+                    mock.requests.append((self.path, body))
+                if "count_tokens" in self.path:
+                    self._json(200, {"input_tokens": max(1, len(raw) // 4)})
+                    return
+                if not self.path.startswith("/v1/messages"):
+                    self._json(200, {})
+                    return
+                blocks = mock._next_turn(body) if body.get("tools") else [text("ok")]
+                if body.get("stream"):
+                    self._stream(body, blocks)
+                else:
+                    self._json(200, message(body, blocks))
+
+            def _json(self, status: int, payload: Any) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _stream(self, body: dict[str, Any], blocks: list[Block]) -> None:
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("cache-control", "no-cache")
+                self.send_header("connection", "close")
+                self.end_headers()
+                for name, data in events(body, blocks):
+                    self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+                    self.wfile.flush()
+                self.close_connection = True
+
+        return Handler
+
+    def start(self) -> MockAnthropic:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@contextmanager
+def running(turns: list[Turn], final: str = "Done.") -> Iterator[MockAnthropic]:
+    mock = MockAnthropic(turns, final).start()
+    try:
+        yield mock
+    finally:
+        mock.stop()
+
+
+def _stop_reason(blocks: list[Block]) -> str:
+    return "tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn"
+
+
+def _usage(body: dict[str, Any], output_tokens: int) -> dict[str, int]:
+    return {"input_tokens": max(1, len(json.dumps(body)) // 4), "output_tokens": output_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+
+
+_ids = iter(range(1, 1 << 30))
+
+
+def message(body: dict[str, Any], blocks: list[Block]) -> dict[str, Any]:
+    """A whole (non-streamed) message."""
+    return {"id": f"msg_mock{next(_ids):06d}", "type": "message", "role": "assistant",
+            "model": body.get("model", "claude-mock"), "content": blocks,
+            "stop_reason": _stop_reason(blocks), "stop_sequence": None,
+            "usage": _usage(body, 10)}
+
+
+def events(body: dict[str, Any], blocks: list[Block]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The server-sent events of a streamed message: message_start, then per block
+    content_block_start/delta/stop, message_delta and message_stop."""
+    start = message(body, [])
+    start["stop_reason"] = None
+    start["usage"]["output_tokens"] = 1
+    yield "message_start", {"type": "message_start", "message": start}
+    for index, block in enumerate(blocks):
+        if block["type"] == "text":
+            yield "content_block_start", {"type": "content_block_start", "index": index,
+                                          "content_block": {"type": "text", "text": ""}}
+            delta: dict[str, Any] = {"type": "text_delta", "text": block["text"]}
+        else:
+            yield "content_block_start", {"type": "content_block_start", "index": index,
+                                          "content_block": {**block, "input": {}}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+        yield "content_block_delta", {"type": "content_block_delta", "index": index,
+                                      "delta": delta}
+        yield "content_block_stop", {"type": "content_block_stop", "index": index}
+    yield "message_delta", {"type": "message_delta",
+                            "delta": {"stop_reason": _stop_reason(blocks),
+                                      "stop_sequence": None},
+                            "usage": {"output_tokens": 10}}
+    yield "message_stop", {"type": "message_stop"}
