@@ -461,11 +461,11 @@ class OpenCode:
         elif plugin.read_bytes() != plugin_source().read_bytes():
             problems.append(Problem(str(plugin), "the plugin is not this ctxd's version", fix))
         server = servers.get(MCP_NAME) if isinstance(servers, dict) else None
-        if not _is_ours_local_server(server):
+        if server is None or not _is_ours_local_server(server):
             problems.append(Problem(str(config_path), f"no MCP server {MCP_NAME}", fix))
-        elif not os.access(server["command"][0], os.X_OK):
-            problems.append(Problem(str(config_path), f"{server['command'][0]} does not "
-                                    "exist or is not executable", fix))
+        elif not os.access(program := server["command"][0], os.X_OK):
+            problems.append(Problem(str(config_path), f"{program} does not exist or is not "
+                                    "executable", fix))
         return problems
 
 
