@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ctxd.daemon._app import Daemon
 
 PROTOCOL_VERSION = 1
-FEATURES = ["folding", "memory", "events", "usage", "tools", "inject", "cancel"]
+FEATURES = ["folding", "memory", "events", "usage", "tools", "inject", "cancel", "mcp"]
 """Protocol features this daemon implements (docs/protocol.md, daemon.hello); later
 capabilities add theirs."""
 
