@@ -112,7 +112,9 @@ def register(dispatcher: Dispatcher) -> None:
         state = connection_of(call.peer)
         request = state.calls.get(p.requestId)
         if request is None:
-            return  # answered already, or never asked: the specification says ignore it
+            # Answered already (then ignored, as the specification says), or not started.
+            state.cancelled_early.append(p.requestId)
+            return
         state.cancelled.add(p.requestId)
         request.cancel(p.reason or "cancelled by the MCP client")
 
@@ -124,6 +126,11 @@ def register(dispatcher: Dispatcher) -> None:
                              "fix": "call one of the tools that tools/list names"})
         state = connection_of(call.peer)
         request_id = call.request_id
+        if request_id is not None and request_id in state.cancelled_early:
+            state.cancelled_early.remove(request_id)
+            log.info("MCP call %r (%s) cancelled by its client before it started",
+                     request_id, tool.name)
+            return NO_REPLY
         request = current_request()
         if request_id is not None and request is not None:
             state.calls[request_id] = request

@@ -3,6 +3,7 @@ it maps to the native methods it calls through the dispatcher."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -48,6 +49,7 @@ from ctxd.wire.types import (
 )
 
 A = TypeVar("A", bound=ToolArgs)
+EARLY_CANCELS_KEPT = 256
 
 
 class McpConnection:
@@ -66,6 +68,10 @@ class McpConnection:
         """Tool calls in flight by request id: their cancellable `ctxd.jobs.Request`."""
         self.cancelled: set[int | str] = set()
         """Ids the client cancelled with notifications/cancelled (they go unanswered)."""
+        self.cancelled_early: deque[int | str] = deque(maxlen=EARLY_CANCELS_KEPT)
+        """Ids cancelled before their call started (the reader reached the notification
+        first); a call finds its id here and stops at once. MCP ids are never reused on a
+        connection, so an id of a call already answered is only a little memory."""
         self._opening = trio.Lock()
 
     def connection_lost(self) -> None:

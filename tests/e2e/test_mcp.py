@@ -434,3 +434,22 @@ def test_ctxctl_mcp_says_why_when_it_cannot_start(daemon_root: Path) -> None:
     assert result.stderr.decode() == (
         f"ctxctl mcp: nothing listens on {path}, and the systemd socket unit {unit} is "
         "installed: start it with `systemctl --user enable --now ctxd.socket`\n")
+
+
+def test_a_call_cancelled_before_it_started_never_runs(shared_daemon: DaemonProcess,
+                                                        sid: str) -> None:
+    branch = {"name": "context_branch", "arguments": {"description": "d", "prompt": "p"}}
+    with raw(shared_daemon) as line:
+        line.ask("mcp.bind", {"session_id": sid})
+        # One write: the daemon reads the cancellation before the call's task starts.
+        line.writer.write(b"".join(json.dumps(message).encode() + b"\n" for message in (
+            {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": branch},
+            {"jsonrpc": "2.0", "method": "notifications/cancelled",
+             "params": {"requestId": 5}},
+            {"jsonrpc": "2.0", "id": 6, "method": "ping"},
+            {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+             "params": {"name": "context_list_branches"}})))
+        line.writer.flush()
+        answers = [line.receive(), line.receive()]
+    assert [answer["id"] for answer in answers] == [6, 7]
+    assert answers[1]["result"]["structuredContent"]["total_branches"] == 0
