@@ -128,8 +128,9 @@ class Connection:
 
     @property
     def idle(self) -> bool:
-        """Nothing asked and unanswered, no subscription: it may be closed to make room."""
-        return not self.inflight and not self.subscriptions
+        """Nothing asked and unanswered, no subscription, not MCP's (an MCP client keeps
+        its server for its whole session): it may be closed to make room."""
+        return not self.inflight and not self.subscriptions and self.extension is None
 
     def evict(self) -> None:
         """Close it (it is idle: nothing asked is left unanswered), even while its reader

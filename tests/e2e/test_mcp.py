@@ -453,3 +453,16 @@ def test_a_call_cancelled_before_it_started_never_runs(shared_daemon: DaemonProc
         answers = [line.receive(), line.receive()]
     assert [answer["id"] for answer in answers] == [6, 7]
     assert answers[1]["result"]["structuredContent"]["total_branches"] == 0
+
+
+def test_an_mcp_connection_is_never_idle(daemon_root: Path) -> None:
+    process = DaemonProcess(daemon_root, extra_args=["--idle-timeout-s", "0.5"]).start()
+    try:
+        with raw(process) as native, raw(process) as line:
+            line.ask("mcp.bind", {})
+            assert native.ask("daemon.ping")["result"]["pong"] is True
+            assert native.reader.readline() == b""  # closed after 0.5 s of silence
+            # The MCP client stayed longer than the idle timeout and is still served.
+            assert line.ask("ping", request_id=2) == {"jsonrpc": "2.0", "id": 2, "result": {}}
+    finally:
+        process.stop()
