@@ -320,9 +320,16 @@ def test_mcp_bind_validates_like_a_native_method(shared_daemon: DaemonProcess) -
         typo = line.ask("mcp.bind", {"sesion_id": "s"})
         bad = line.ask("mcp.bind", {"session_id": "no spaces"})
         bound = line.ask("mcp.bind", {"session_id": "s-1", "project": "/p"})
+        listed = line.ask("tools/call", {"name": "context_list_branches"})
+        late = line.ask("mcp.bind", {"session_id": "s-2"})
     assert (typo["error"]["code"], typo["error"]["data"]["path"]) == (-32602, "$")
     assert (bad["error"]["code"], bad["error"]["data"]["path"]) == (-32602, "$.session_id")
     assert bound["result"] == {"session_id": "s-1", "project": "/p"}
+    assert listed["result"]["structuredContent"]["context_state"]["session_id"] == "s-1"
+    assert late["error"] == {"code": -32003,
+                             "message": "this connection's MCP session is already open",
+                             "data": {"session_id": "s-1",
+                                      "fix": "send mcp.bind before the first tools/call"}}
 
 
 def test_cancellation_is_scoped_to_the_connection(gated: Gated, sid: str) -> None:
