@@ -473,7 +473,8 @@ class Connection:
         request = Request(request_id, cancelled)
         # MCP's request ids are the connection's own: its calls are cancelled by its
         # notifications/cancelled only, never by a request.cancel from elsewhere.
-        requests = self.server.requests if self.extension is None else None
+        requests = (None if self._dispatcher.connection_ids(envelope.method)
+                    else self.server.requests)
         if requests is not None:
             requests.add(request)
         try:

@@ -166,4 +166,4 @@ def register(dispatcher: Dispatcher) -> None:
     dispatcher.register_inline("ping", McpParams, ping)
     dispatcher.register_inline("tools/list", McpToolsListParams, tools_list)
     dispatcher.register_inline("notifications/cancelled", McpCancelledParams, cancelled)
-    dispatcher.register("tools/call", McpToolCallParams, tools_call)
+    dispatcher.register("tools/call", McpToolCallParams, tools_call, connection_ids=True)

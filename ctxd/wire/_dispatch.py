@@ -88,6 +88,9 @@ class _Method(Generic[P]):
     decode: Callable[[bytes], P]
     handler: Handler
     inline: bool
+    connection_ids: bool = False
+    """Its request ids are its connection's own (MCP's): `request.cancel` from elsewhere
+    does not reach it."""
 
 
 class NotInline(enum.Enum):
@@ -130,9 +133,12 @@ class Dispatcher:
         self._methods: dict[str, _Method[Any]] = {}
 
     def register(self, name: str, params_type: type[P],
-                 handler: Callable[[Call, P], Awaitable[Any]]) -> None:
-        """Add a method; its params decoder is built once, here."""
-        self._add(_Method(name, msgspec.json.Decoder(params_type).decode, handler, False))
+                 handler: Callable[[Call, P], Awaitable[Any]], *,
+                 connection_ids: bool = False) -> None:
+        """Add a method; its params decoder is built once, here. With ``connection_ids``
+        its request ids are its connection's own (see `connection_ids`)."""
+        self._add(_Method(name, msgspec.json.Decoder(params_type).decode, handler, False,
+                          connection_ids))
 
     def register_inline(self, name: str, params_type: type[P],
                         handler: Callable[[Call, P], Any]) -> None:
@@ -148,6 +154,12 @@ class Dispatcher:
     @property
     def method_names(self) -> list[str]:
         return sorted(self._methods)
+
+    def connection_ids(self, name: str) -> bool:
+        """Whether a request of this method is cancelled only from its own connection (MCP's
+        ids are per connection), not by `request.cancel`."""
+        method = self._methods.get(name)
+        return method is not None and method.connection_ids
 
     async def invoke(self, name: str, params: bytes, call: Call) -> Any:
         """Run a registered method for another method's handler (MCP's tools call the
