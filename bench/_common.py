@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import msgspec
@@ -93,3 +93,10 @@ def start_daemons(stack: contextlib.ExitStack, baseline: str,
         stack.callback(daemon.stop)
         daemons[label] = daemon
     return daemons
+
+
+def percentile(samples: Sequence[float], fraction: float) -> float:
+    """The sample at ``fraction`` (nearest rank) of ``samples``; 0.0 when there are none."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))] if ordered \
+        else 0.0

@@ -51,6 +51,7 @@ from typing import Any
 
 # The daemon starter of the end-to-end tests, shared with them (tests/daemon_process.py).
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
+from _common import percentile
 from daemon_process import REPO_ROOT, DaemonFailed, DaemonProcess
 
 MIB = 1024 * 1024
@@ -89,11 +90,6 @@ def reset_peak(pid: int) -> None:
     """Start VmHWM again from the current RSS (Linux: ``5`` to clear_refs)."""
     with open(f"/proc/{pid}/clear_refs", "w", encoding="ascii") as clear_refs:
         clear_refs.write("5")
-
-
-def percentile(samples: list[float], fraction: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else 0.0
 
 
 class Pinger:

@@ -56,12 +56,7 @@ from pathlib import Path
 
 import apsw
 import msgspec
-from _common import Connection, DaemonProcess, request_line, start_daemons
-
-
-def percentile(samples: list[float], fraction: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+from _common import Connection, DaemonProcess, percentile, request_line, start_daemons
 
 
 def timed(call: Callable[[], object], count: int) -> list[float]:

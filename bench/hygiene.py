@@ -46,7 +46,7 @@ import apsw
 import msgspec
 
 sys.path.append(str(Path(__file__).resolve().parent))
-from _common import Connection, request_line
+from _common import Connection, percentile, request_line
 from _transcripts import load
 from daemon_process import DaemonProcess
 
@@ -54,11 +54,6 @@ from ctxd.hygiene import compile_pattern, grep
 
 MB = 1_000_000
 TRANSCRIPTS = Path(__file__).resolve().parents[2] / "shared" / "bench-data" / "transcripts"
-
-
-def percentile(samples: list[float], fraction: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
 def log_text(size: int, every: int = 1000) -> str:

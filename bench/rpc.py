@@ -53,6 +53,7 @@ import trio
 
 # The daemon starter of the end-to-end tests, shared with them (tests/daemon_process.py).
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
+from _common import percentile
 from daemon_process import DaemonFailed, DaemonProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -318,11 +319,6 @@ def sequential_latencies(client: RawClient, make_line: Callable[[int], bytes], c
         if time.perf_counter() > give_up:
             break
     return samples
-
-
-def percentile(samples: Sequence[float], fraction: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 def process_cpu_seconds(pid: int) -> float | None:

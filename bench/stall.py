@@ -33,7 +33,7 @@ from pathlib import Path
 import msgspec
 
 sys.path.append(str(Path(__file__).resolve().parent))
-from _common import Connection, request_line, start_daemons
+from _common import Connection, percentile, request_line, start_daemons
 from daemon_process import DaemonProcess
 
 PROMPT_CHARS = 64 * 1024
@@ -86,11 +86,6 @@ class Figures:
     idle: list[float]
     during: list[float]
     request_s: float
-
-
-def percentile(values: Sequence[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 def measure(daemon: DaemonProcess, phase: Phase, sid: str, idle_pings: int) -> Figures:

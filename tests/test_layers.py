@@ -24,6 +24,7 @@ LAYERS: dict[str, int] = {
     "memory": 4,
     "hub": 3,
     "store": 2,
+    "mcp": 2,
     "config": 2,
     "wire": 1,
     "tokens": 1,

@@ -27,6 +27,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from ctxclient import _mcp
 from ctxclient._errors import BadSocketPath, DaemonUnavailable, RpcError
 from ctxclient._output import (
     FORMATS,
@@ -1144,6 +1145,10 @@ def _stop_when_not_running(out: Output, path: str) -> int:
     return 0
 
 
+def cmd_mcp(args: argparse.Namespace, out: Output) -> int:
+    return _mcp.run(getattr(args, "socket", None), args.session)
+
+
 def cmd_completion(args: argparse.Namespace, out: Output) -> int:
     import shtab
 
@@ -1459,6 +1464,14 @@ def parser() -> argparse.ArgumentParser:
     stop.add_argument("--wait", type=seconds_to_wait, default=15.0, metavar="SECONDS",
                       help="seconds to wait for the exit (default 15)")
     stop.set_defaults(run=cmd_stop)
+    mcp = commands.add_parser(
+        "mcp", parents=[common],
+        help="speak MCP on stdin/stdout for an MCP client, through the daemon (started "
+             "when none runs)")
+    mcp.add_argument("--session", metavar="ID",
+                     help="the session its tools work on (default: $CLAUDE_CODE_SESSION_ID, "
+                          "else a new one)")
+    mcp.set_defaults(run=cmd_mcp, offline=True)
     completion = commands.add_parser("completion", parents=[common],
                                      help="print a shell completion script")
     completion.add_argument("shell", metavar="SHELL", choices=("bash", "zsh", "fish"),

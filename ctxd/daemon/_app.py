@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from ctxd import __version__, hub, hygiene, memory, sessions
+from ctxd import __version__, hub, hygiene, mcp, memory, sessions
 from ctxd.config import Config
 from ctxd.daemon import _methods, _systemd
 from ctxd.daemon._server import Server
@@ -155,6 +155,7 @@ class Daemon:
         hub.register(dispatcher, self.bus, self.config.max_subscriptions_per_connection)
         hub.register_cancel(dispatcher, requests, hub.Turns(self.bus),
                             lambda session_id: self.supervisor.call(session_id, _require_open))
+        mcp.register(dispatcher)
         async with trio.open_nursery() as root:
             root.start_soon(self._watch_signals)
             root.start_soon(self.store.keep_wal_small)

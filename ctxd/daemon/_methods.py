@@ -38,7 +38,7 @@ _LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.
                "error": logging.ERROR}
 
 PROTOCOL_VERSION = 1
-FEATURES = ["folding", "memory", "events", "usage", "tools", "inject", "cancel"]
+FEATURES = ["folding", "memory", "events", "usage", "tools", "inject", "cancel", "mcp"]
 """Protocol features this daemon implements (docs/protocol.md, daemon.hello); later
 capabilities add theirs."""
 

@@ -21,6 +21,7 @@ from ctxd.hub import EventBus, Requests
 from ctxd.jobs import Request, working_for
 from ctxd.wire import (
     NOT_INLINE,
+    ConnectionExtension,
     Dispatcher,
     Envelope,
     EventSource,
@@ -95,6 +96,8 @@ class Connection:
         self.peer_uid = uid
         self.inflight = 0
         self.subscriptions: dict[str, EventSource] = {}
+        self.extension: ConnectionExtension | None = None
+        """MCP's state when the client speaks MCP on it (docs/protocol.md, "MCP")."""
         self._dispatcher = server.dispatcher
         self._outbox: list[bytes] = []
         self._outbox_bytes = 0
@@ -125,8 +128,9 @@ class Connection:
 
     @property
     def idle(self) -> bool:
-        """Nothing asked and unanswered, no subscription: it may be closed to make room."""
-        return not self.inflight and not self.subscriptions
+        """Nothing asked and unanswered, no subscription, not MCP's (an MCP client keeps
+        its server for its whole session): it may be closed to make room."""
+        return not self.inflight and not self.subscriptions and self.extension is None
 
     def evict(self) -> None:
         """Close it (it is idle: nothing asked is left unanswered), even while its reader
@@ -154,6 +158,10 @@ class Connection:
                         await self._read_loop()
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         pass
+                    if self.extension is not None:
+                        # An MCP client that goes away abandons its calls: they are
+                        # cancelled (docs/protocol.md, "MCP"); native ones are answered.
+                        self.extension.connection_lost()
                     # EOF (or a half-close): answer everything that was asked, then hang up.
                     await self._idle.wait()
                     await self.flushed()
@@ -222,6 +230,9 @@ class Connection:
             self._sending = False
             self._sent.set()
             self._sent = trio.Event()
+
+    async def send_notification(self, method: str, params: Any) -> None:
+        await self.send_line(notification(method, params))
 
     async def flushed(self) -> None:
         """Wait until every queued line has been handed to the kernel."""
@@ -460,13 +471,20 @@ class Connection:
         if request_id is msgspec.UNSET or request_id is None:
             return await self._dispatcher.answer(envelope, self)
         request = Request(request_id, cancelled)
-        requests = self.server.requests
-        requests.add(request)
+        # MCP's request ids are the connection's own: its calls are cancelled by its
+        # notifications/cancelled only, never by a request.cancel from elsewhere.
+        requests = (None if self._dispatcher.connection_ids(envelope.method)
+                    else self.server.requests)
+        if requests is not None:
+            requests.add(request)
         try:
             with working_for(request):
                 return await self._dispatcher.answer(envelope, self)
         finally:
-            requests.discard(request)
+            if requests is not None:
+                requests.discard(request)
+            else:
+                request.finished = True
 
     async def _wait_to_start(self) -> None:
         """Wait until the client has read enough of its answers for one more request.

@@ -12,9 +12,10 @@ from ctxd.memory._embedders import (
 from ctxd.memory._index import MemoryIndex
 from ctxd.memory._injection import INJECT_SHARE, Injected
 from ctxd.memory._methods import register
-from ctxd.memory._queries import MemoryCandidate, project_scope
+from ctxd.memory._queries import MemoryCandidate
 from ctxd.memory._retrieval import fuse
 from ctxd.memory._service import Memory
+from ctxd.wire.types import project_scope
 
 __all__ = ["INJECT_SHARE", "Embedder", "EmbedderError", "HashingEmbedder", "HttpEmbedder",
            "Injected", "Memory", "MemoryCandidate", "MemoryIndex", "SentenceTransformerEmbedder",

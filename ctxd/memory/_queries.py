@@ -193,11 +193,6 @@ def _move(conn: apsw.Connection, mirror: LexicalIndex, memory_id: int, kind: str
 GLOBAL = "global"
 
 
-def project_scope(project: str | None) -> str:
-    """The memory scope of a session's project (whitespace becomes ``-``), else global."""
-    if not project or not project.split():
-        return GLOBAL
-    return "project:" + "-".join(project.split())[:128]
 
 
 # Confidence filters allow for rounding: sums of 0.1 (use signals) are not exact.

@@ -10,7 +10,16 @@ from ctxd.wire._codec import (
     response,
     salvage_id,
 )
-from ctxd.wire._dispatch import NOT_INLINE, Call, Dispatcher, EventSource, Peer
+from ctxd.wire._dispatch import (
+    NO_REPLY,
+    NOT_INLINE,
+    Call,
+    ConnectionExtension,
+    Dispatcher,
+    EventSource,
+    Peer,
+)
 
-__all__ = ["NOT_INLINE", "Call", "Dispatcher", "Envelope", "EventSource", "Peer", "RequestId",
-           "encode", "error_response", "notification", "response", "salvage_id", "types"]
+__all__ = ["NOT_INLINE", "NO_REPLY", "Call", "ConnectionExtension", "Dispatcher", "Envelope",
+           "EventSource", "Peer", "RequestId", "encode", "error_response", "notification",
+           "response", "salvage_id", "types"]

@@ -37,9 +37,20 @@ class EventSource(Protocol):
         ...
 
 
+class ConnectionExtension(Protocol):
+    """State a protocol keeps with one connection (MCP's session binding and calls in
+    flight: docs/protocol.md, "MCP"), told when the client goes away."""
+
+    def connection_lost(self) -> None:
+        """The client closed its end (or the connection broke): stop what it asked."""
+
+
 class Peer(Protocol):
     """The connection a request arrived on, as a handler may use it (the server's
     ``Connection`` is one)."""
+
+    extension: ConnectionExtension | None
+    """Per-connection state of a protocol spoken on it (None until one sets it)."""
 
     @property
     def peer_uid(self) -> int:
@@ -55,6 +66,9 @@ class Peer(Protocol):
     def detach(self, subscription_id: str) -> bool:
         """Stop forwarding a subscription; False when this connection has no such one."""
         ...
+
+    async def send_notification(self, method: str, params: Any) -> None:
+        """Send one notification line to the client now (MCP's progress)."""
 
 
 class Call(NamedTuple):
@@ -74,10 +88,22 @@ class _Method(Generic[P]):
     decode: Callable[[bytes], P]
     handler: Handler
     inline: bool
+    connection_ids: bool = False
+    """Its request ids are its connection's own (MCP's): `request.cancel` from elsewhere
+    does not reach it."""
 
 
 class NotInline(enum.Enum):
     NOT_INLINE = enum.auto()
+
+
+class NoReply(enum.Enum):
+    NO_REPLY = enum.auto()
+
+
+NO_REPLY = NoReply.NO_REPLY
+"""What a handler returns for a request that must go unanswered (an MCP call the client
+cancelled: the MCP specification says no response is sent for it)."""
 
 
 NOT_INLINE = NotInline.NOT_INLINE
@@ -107,9 +133,12 @@ class Dispatcher:
         self._methods: dict[str, _Method[Any]] = {}
 
     def register(self, name: str, params_type: type[P],
-                 handler: Callable[[Call, P], Awaitable[Any]]) -> None:
-        """Add a method; its params decoder is built once, here."""
-        self._add(_Method(name, msgspec.json.Decoder(params_type).decode, handler, False))
+                 handler: Callable[[Call, P], Awaitable[Any]], *,
+                 connection_ids: bool = False) -> None:
+        """Add a method; its params decoder is built once, here. With ``connection_ids``
+        its request ids are its connection's own (see `connection_ids`)."""
+        self._add(_Method(name, msgspec.json.Decoder(params_type).decode, handler, False,
+                          connection_ids))
 
     def register_inline(self, name: str, params_type: type[P],
                         handler: Callable[[Call, P], Any]) -> None:
@@ -125,6 +154,31 @@ class Dispatcher:
     @property
     def method_names(self) -> list[str]:
         return sorted(self._methods)
+
+    def connection_ids(self, name: str) -> bool:
+        """Whether a request of this method is cancelled only from its own connection (MCP's
+        ids are per connection), not by `request.cancel`."""
+        method = self._methods.get(name)
+        return method is not None and method.connection_ids
+
+    async def invoke(self, name: str, params: bytes, call: Call) -> Any:
+        """Run a registered method for another method's handler (MCP's tools call the
+        native methods through here): its params are validated as a client's would be.
+
+        Returns:
+            The handler's result object (not encoded).
+
+        Raises:
+            CtxdError: what the method answers with: -32602 for bad params, its own errors.
+        """
+        method = self._methods[name]
+        try:
+            decoded = method.decode(params)
+        except msgspec.ValidationError as exc:
+            raise _codec.invalid_params(exc) from None
+        if method.inline:
+            return method.handler(call, decoded)
+        return await method.handler(call, decoded)
 
     async def answer_batch(self, line: bytes, peer: Peer) -> bytes | None:
         """Answer a batch line (a JSON array): its items in order, one after the other.
@@ -237,7 +291,7 @@ def _request_id(envelope: _codec.Envelope) -> _codec.RequestId:
 
 
 def _reply(envelope: _codec.Envelope, result: Any) -> bytes | None:
-    if envelope.id is msgspec.UNSET:
+    if envelope.id is msgspec.UNSET or result is NO_REPLY:
         return None  # a notification is never answered
     return _codec.response(envelope.id, result)
 

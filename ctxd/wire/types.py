@@ -619,6 +619,15 @@ class BranchRollbackResult(Result, frozen=True):
 
 Scope = Annotated[str, Meta(pattern=r"^(global|project:[^\s]{1,128})\Z",
                             description='"global" or "project:<name>"')]
+
+
+def project_scope(project: str | None) -> str:
+    """The memory scope of a session's project (whitespace becomes ``-``), else global."""
+    if not project or not project.split():
+        return "global"
+    return "project:" + "-".join(project.split())[:128]
+
+
 Outcome = Literal["success", "failure"]
 MemoryId = Annotated[int, Meta(ge=1, le=2**62)]
 SearchMode = Literal["hybrid", "lexical", "dense"]
@@ -1212,3 +1221,167 @@ class DaemonLogParams(Params, frozen=True):
 class DaemonLogResult(Result, frozen=True):
     logged: bool
     """False when the line was dropped: too many lines came in the last minute."""
+
+# ---- MCP (docs/protocol.md, "MCP") -----------------------------------------------------
+
+class McpParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Base of MCP's params: unlike native params they accept unknown fields, and ``_meta``,
+    as the MCP specification requires of a server."""
+
+    meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
+
+
+class McpInitializeParams(McpParams, frozen=True):
+    protocolVersion: str
+    capabilities: dict[str, Any] = {}
+    clientInfo: dict[str, Any] = {}
+
+
+class McpToolsListParams(McpParams, frozen=True):
+    cursor: str | None = None
+
+
+class McpToolCallParams(McpParams, frozen=True):
+    name: str
+    arguments: msgspec.Raw = msgspec.Raw(b"{}")
+    """Decoded by the tool's own arguments type (msgspec takes no ``Raw`` in a union)."""
+
+
+class McpCancelledParams(McpParams, frozen=True):
+    requestId: int | str
+    reason: str | None = None
+
+
+class McpBindParams(Params, frozen=True):
+    """``mcp.bind``: the session and project the connection's MCP tools work on."""
+
+    session_id: SessionId | None = None
+    project: Text | None = None
+
+
+class McpBindResult(Result, frozen=True):
+    session_id: str | None
+    """None: a new session is opened at the first tool call."""
+    project: str | None
+
+
+ProjectPath = Annotated[str, Meta(min_length=1, max_length=256,
+                                  description="the project's directory; it scopes memories")]
+
+
+class ToolArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
+               gc=False):
+    """Base of every MCP tool's arguments: a misspelt argument is an error naming it."""
+
+    project_path: ProjectPath | None = None
+
+
+class ContextBranchArgs(ToolArgs, frozen=True):
+    description: Annotated[str, Meta(min_length=1, max_length=500)]
+    prompt: Annotated[str, Meta(min_length=1, max_length=1_048_576)]
+    budget: BranchBudget | None = None
+    timeout_seconds: BranchTimeout | None = None
+    inject_memories: bool = True
+
+
+class ContextReturnArgs(ToolArgs, frozen=True):
+    message: Annotated[str, Meta(min_length=1, max_length=65_536)]
+    branch_id: BranchId | None = None
+    """None: the active branch."""
+
+
+class ContextBranchStatusArgs(ToolArgs, frozen=True):
+    branch_id: BranchId | None = None
+
+
+class ContextListBranchesArgs(ToolArgs, frozen=True):
+    status: BranchStatus | None = None
+
+
+class ContextRollbackArgs(ToolArgs, frozen=True):
+    branch_id: BranchId
+    restore_state: Literal[True] = True
+    """ctxd always restores the thread as it was when the branch was made."""
+
+
+class ReadResultArgs(ToolArgs, frozen=True):
+    ref_id: RefId
+    offset: Annotated[int, Meta(ge=0)] | None = None
+    limit: Annotated[int, Meta(ge=1, le=1_048_576)] | None = None
+    pattern: Annotated[str, Meta(min_length=1, max_length=1_000)] | None = None
+    literal: bool = False
+    max_matches: Annotated[int, Meta(ge=1, le=1_000)] = 100
+
+
+class MemorySearchArgs(ToolArgs, frozen=True):
+    query: Annotated[str, Meta(min_length=1, max_length=8_192)]
+    scope: Scope | None = None
+    k: Annotated[int, Meta(ge=1, le=100)] = 5
+    min_confidence: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
+    mode: SearchMode = "hybrid"
+
+
+class MemoryRecordArgs(ToolArgs, frozen=True):
+    title: Annotated[str, Meta(min_length=1, max_length=500)]
+    content: Annotated[str, Meta(min_length=1, max_length=65_536)]
+    description: Annotated[str, Meta(max_length=2_000)] = ""
+    scope: Scope | None = None
+    """None: the session's project's scope, or global without a project."""
+    outcome: Outcome = "success"
+    tags: Annotated[list[Annotated[str, Meta(pattern=r"^\S{1,64}\Z")]],
+                    Meta(max_length=32)] = []
+
+
+class CompactContextArgs(ToolArgs, frozen=True):
+    branch_id: BranchId | None = None
+    strategies: Annotated[list[Strategy], Meta(min_length=1, max_length=3)] | None = None
+
+
+class ToolSearchArgs(ToolArgs, frozen=True):
+    query: Annotated[str, Meta(min_length=1, max_length=1_000)]
+    limit: Annotated[int, Meta(ge=1, le=50)] = 5
+
+
+class ThreadTokens(Result, frozen=True):
+    thread: str
+    """``main`` or a branch id."""
+    total: int
+    """The thread's own tokens: the main thread as rendered, a branch's ``budget_used``."""
+    folded_total: int
+    """Tokens folded into it by its returned branches."""
+
+
+class ContextBranchStatusResult(Result, frozen=True):
+    branch_path: list[str]
+    """``main``, then the active branches from the outermost down."""
+    token_breakdown: list[ThreadTokens]
+    """One entry per thread of ``branch_path``, in its order."""
+    context_limit: int
+    usage_percent: float
+    branch: Branch | None
+    """The branch asked about (``branch_id``), else the active one (None on main)."""
+    context_state: ContextState
+
+
+class ContextListBranchesResult(Result, frozen=True):
+    branches: list[Branch]
+    total_branches: int
+    active_branches: int
+    folded_branches: int
+    context_state: ContextState
+
+
+class ReadResultToolResult(ResultReadResult, frozen=True, kw_only=True):
+    context_state: ContextState
+
+
+class MemorySearchToolResult(MemorySearchResult, frozen=True, kw_only=True):
+    context_state: ContextState
+
+
+class MemoryRecordToolResult(MemoryRecordResult, frozen=True, kw_only=True):
+    context_state: ContextState
+
+
+class ToolSearchToolResult(ToolsSearchResult, frozen=True, kw_only=True):
+    context_state: ContextState

@@ -326,7 +326,7 @@ def test_hello_negotiates_features(shared_daemon: DaemonProcess) -> None:
         hello = client.call("daemon.hello", {"client": "test", "protocol_features": [
             "events", "tools", "time-travel"]})
         assert hello["features"] == ["folding", "memory", "events", "usage", "tools", "inject",
-                                     "cancel"]
+                                     "cancel", "mcp"]
         assert hello["agreed_features"] == ["events", "tools"]
         with pytest.raises(RpcError) as caught:
             client.call("daemon.hello", {"client": 5})

@@ -1,0 +1,9 @@
+"""MCP over the daemon's socket (docs/protocol.md, "MCP"): the protocol's methods and the
+tools, which call the native methods through the dispatcher."""
+
+from ctxd.mcp._methods import PROTOCOL_VERSION, PROTOCOL_VERSIONS, register
+from ctxd.mcp._schema import plain_schema
+from ctxd.mcp._tools import TOOLS, McpConnection
+
+__all__ = ["PROTOCOL_VERSION", "PROTOCOL_VERSIONS", "TOOLS", "McpConnection", "plain_schema",
+           "register"]

@@ -1,0 +1,319 @@
+"""The MCP tools (docs/protocol.md, "MCP"): each one's arguments and result types, and how
+it maps to the native methods it calls through the dispatcher."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import msgspec
+import trio
+
+from ctxd.errors import CtxdError, invalid_state, not_found
+from ctxd.wire import Call, Dispatcher, encode
+from ctxd.wire.types import (
+    Branch,
+    BranchCreateResult,
+    BranchListResult,
+    BranchReturnResult,
+    BranchRollbackResult,
+    CompactContextArgs,
+    ContextBranchArgs,
+    ContextBranchStatusArgs,
+    ContextBranchStatusResult,
+    ContextCompactResult,
+    ContextListBranchesArgs,
+    ContextListBranchesResult,
+    ContextReturnArgs,
+    ContextRollbackArgs,
+    ContextState,
+    MemoryRecordArgs,
+    MemoryRecordResult,
+    MemoryRecordToolResult,
+    MemorySearchArgs,
+    MemorySearchResult,
+    MemorySearchToolResult,
+    ReadResultArgs,
+    ReadResultToolResult,
+    ResultReadResult,
+    SessionOpenResult,
+    SessionResult,
+    ThreadTokens,
+    ToolArgs,
+    ToolSearchArgs,
+    ToolSearchToolResult,
+    ToolsSearchResult,
+    project_scope,
+)
+
+A = TypeVar("A", bound=ToolArgs)
+EARLY_CANCELS_KEPT = 256
+
+
+class McpConnection:
+    """What MCP keeps with one connection: its session binding and its calls in flight
+    (MCP request ids are the connection's own)."""
+
+    def __init__(self) -> None:
+        self.session_id: str | None = None
+        """The bound session (``mcp.bind``), or the one opened for this connection."""
+        self.project: str | None = None
+        self.opened = False
+        """``session.open`` ran for this connection (with ``project``)."""
+        self.protocol_version: str | None = None
+        self.initialized = False
+        self.calls: dict[int | str, Any] = {}
+        """Tool calls in flight by request id: their cancellable `ctxd.jobs.Request`."""
+        self.cancelled: set[int | str] = set()
+        """Ids the client cancelled with notifications/cancelled (they go unanswered)."""
+        self.cancelled_early: deque[int | str] = deque(maxlen=EARLY_CANCELS_KEPT)
+        """Ids cancelled before their call started (the reader reached the notification
+        first); a call finds its id here and stops at once. MCP ids are never reused on a
+        connection, so an id of a call already answered is only a little memory."""
+        self._opening = trio.Lock()
+
+    def connection_lost(self) -> None:
+        for request in list(self.calls.values()):
+            request.cancel("the MCP client disconnected")
+
+    async def session(self, context: ToolContext, project_path: str | None) -> str:
+        """The session's id, opened once per connection (again when ``project_path``
+        names another project)."""
+        async with self._opening:
+            if self.opened and (project_path is None or project_path == self.project):
+                assert self.session_id is not None
+                return self.session_id
+            opened: SessionOpenResult = await context.native("session.open", {
+                "session_id": self.session_id, "project": project_path or self.project})
+            self.session_id = opened.session.session_id
+            self.project = opened.session.project
+            self.opened = True
+            return self.session_id
+
+
+@dataclass
+class ToolContext:
+    """One tool call: the native methods it may call, its connection, its progress."""
+
+    dispatcher: Dispatcher
+    call: Call
+    connection: McpConnection
+    progress_token: int | str | None
+
+    async def native(self, method: str, params: dict[str, Any]) -> Any:
+        """Call a native method (fields that are None are left out: their defaults)."""
+        given = {name: value for name, value in params.items() if value is not None}
+        return await self.dispatcher.invoke(method, encode(given), self.call)
+
+    async def session(self, args: ToolArgs) -> str:
+        return await self.connection.session(self, args.project_path)
+
+    async def context_state(self, session_id: str) -> ContextState:
+        got: SessionResult = await self.native("session.get", {"session_id": session_id})
+        return got.context_state
+
+    async def progress(self, progress: float, total: float | None, message: str) -> None:
+        """``notifications/progress``, when the caller asked for it with a token."""
+        if self.progress_token is None:
+            return
+        params: dict[str, Any] = {"progressToken": self.progress_token,
+                                  "progress": progress, "message": message}
+        if total is not None:
+            params["total"] = total
+        await self.call.peer.send_notification("notifications/progress", params)
+
+
+@dataclass(frozen=True)
+class Tool(Generic[A]):
+    name: str
+    title: str
+    description: str
+    arguments: type[A]
+    result: type[msgspec.Struct]
+    run: Callable[[ToolContext, A], Awaitable[msgspec.Struct]]
+    read_only: bool
+
+    def decode(self, raw: bytes) -> A:
+        return msgspec.json.decode(raw, type=self.arguments)
+
+
+def _fields(args: msgspec.Struct, *names: str) -> dict[str, Any]:
+    return {name: getattr(args, name) for name in names}
+
+
+async def _branch(context: ToolContext, args: ContextBranchArgs) -> BranchCreateResult:
+    session_id = await context.session(args)
+    created: BranchCreateResult = await context.native("branch.create", {
+        "session_id": session_id, **_fields(args, "description", "prompt", "budget",
+                                            "timeout_seconds", "inject_memories")})
+    return created
+
+
+async def _own_branch(context: ToolContext, session_id: str, branch_id: str) -> Branch:
+    listed: BranchListResult = await context.native("branch.list", {"session_id": session_id})
+    for branch in listed.branches:
+        if branch.branch_id == branch_id:
+            return branch
+    raise not_found("branch", branch_id, "list this session's branches with "
+                                         "context_list_branches")
+
+
+async def _return(context: ToolContext, args: ContextReturnArgs) -> BranchReturnResult:
+    session_id = await context.session(args)
+    branch_id = args.branch_id
+    if branch_id is None:
+        branch_id = (await context.context_state(session_id)).active_branch_id
+        if branch_id is None:
+            raise invalid_state("no branch is active: the main thread cannot be returned",
+                                "open one with context_branch first", session_id=session_id)
+    else:
+        await _own_branch(context, session_id, branch_id)
+    returned: BranchReturnResult = await context.native("branch.return", {
+        "branch_id": branch_id, "message": args.message})
+    return returned
+
+
+async def _status(context: ToolContext,
+                  args: ContextBranchStatusArgs) -> ContextBranchStatusResult:
+    session_id = await context.session(args)
+    listed: BranchListResult = await context.native("branch.list", {"session_id": session_id})
+    state = listed.context_state
+    by_id = {branch.branch_id: branch for branch in listed.branches}
+    folded_into: dict[str | None, int] = {}
+    for branch in listed.branches:
+        if branch.tokens_folded is not None and branch.status != "discarded":
+            parent = branch.parent_branch_id
+            folded_into[parent] = folded_into.get(parent, 0) + branch.tokens_folded
+    breakdown = [ThreadTokens(thread="main", total=state.main_thread_tokens,
+                              folded_total=folded_into.get(None, 0))]
+    breakdown += [ThreadTokens(thread=branch_id, total=by_id[branch_id].budget_used,
+                               folded_total=folded_into.get(branch_id, 0))
+                  for branch_id in state.branch_path]
+    if args.branch_id is not None:
+        if args.branch_id not in by_id:
+            raise not_found("branch", args.branch_id, "list this session's branches with "
+                                                      "context_list_branches")
+        shown: Branch | None = by_id[args.branch_id]
+    else:
+        shown = by_id.get(state.active_branch_id) if state.active_branch_id else None
+    return ContextBranchStatusResult(
+        branch_path=["main", *state.branch_path], token_breakdown=breakdown,
+        context_limit=state.effective_window, usage_percent=round(state.usage * 100, 2),
+        branch=shown, context_state=state)
+
+
+async def _list(context: ToolContext,
+                args: ContextListBranchesArgs) -> ContextListBranchesResult:
+    session_id = await context.session(args)
+    listed: BranchListResult = await context.native("branch.list", {
+        "session_id": session_id, "status": args.status})
+    return ContextListBranchesResult(
+        branches=listed.branches, total_branches=listed.total, active_branches=listed.active,
+        folded_branches=listed.folded, context_state=listed.context_state)
+
+
+async def _rollback(context: ToolContext, args: ContextRollbackArgs) -> BranchRollbackResult:
+    session_id = await context.session(args)
+    rolled: BranchRollbackResult = await context.native("branch.rollback", {
+        "session_id": session_id, "branch_id": args.branch_id})
+    return rolled
+
+
+async def _read(context: ToolContext, args: ReadResultArgs) -> ReadResultToolResult:
+    session_id = await context.session(args)
+    read: ResultReadResult = await context.native("result.read", {
+        "session_id": session_id, **_fields(args, "ref_id", "offset", "limit", "pattern",
+                                            "literal", "max_matches")})
+    return ReadResultToolResult(**msgspec.structs.asdict(read),
+                                context_state=await context.context_state(session_id))
+
+
+async def _search(context: ToolContext, args: MemorySearchArgs) -> MemorySearchToolResult:
+    session_id = await context.session(args)
+    found: MemorySearchResult = await context.native("memory.search", _fields(
+        args, "query", "scope", "k", "min_confidence", "mode"))
+    return MemorySearchToolResult(**msgspec.structs.asdict(found),
+                                  context_state=await context.context_state(session_id))
+
+
+async def _record(context: ToolContext, args: MemoryRecordArgs) -> MemoryRecordToolResult:
+    session_id = await context.session(args)
+    scope = args.scope or project_scope(context.connection.project)
+    recorded: MemoryRecordResult = await context.native("memory.record", {
+        **_fields(args, "title", "content", "description", "outcome", "tags"),
+        "scope": scope})
+    return MemoryRecordToolResult(**msgspec.structs.asdict(recorded),
+                                  context_state=await context.context_state(session_id))
+
+
+async def _compact(context: ToolContext, args: CompactContextArgs) -> ContextCompactResult:
+    session_id = await context.session(args)
+    thread = args.branch_id or "the main thread"
+    await context.progress(0, 1, f"compacting {thread}")
+    compacted: ContextCompactResult = await context.native("context.compact", {
+        "session_id": session_id, **_fields(args, "branch_id", "strategies")})
+    await context.progress(1, 1, f"compacted {thread}: {compacted.before_tokens} → "
+                                 f"{compacted.after_tokens} tokens")
+    return compacted
+
+
+async def _tool_search(context: ToolContext, args: ToolSearchArgs) -> ToolSearchToolResult:
+    session_id = await context.session(args)
+    found: ToolsSearchResult = await context.native("tools.search", {
+        "session_id": session_id, "query": args.query, "limit": args.limit})
+    return ToolSearchToolResult(**msgspec.structs.asdict(found),
+                                context_state=await context.context_state(session_id))
+
+
+TOOLS: tuple[Tool[Any], ...] = (
+    Tool("context_branch", "Open a context branch",
+         "Start a sub-task in a branch of its own context. Its messages stay out of the "
+         "main thread; context_return folds them into one summary. Use it before work that "
+         "would fill the context (exploring, debugging, reading many files).",
+         ContextBranchArgs, BranchCreateResult, _branch, False),
+    Tool("context_return", "Fold a branch back",
+         "Finish the active branch (or branch_id): its work is folded into the parent as "
+         "`message`, a summary of what was found or done.",
+         ContextReturnArgs, BranchReturnResult, _return, False),
+    Tool("context_branch_status", "Where the context stands",
+         "The active branch path (main first), each thread's tokens and what was folded "
+         "into it, the context limit and how much of it is used.",
+         ContextBranchStatusArgs, ContextBranchStatusResult, _status, True),
+    Tool("context_list_branches", "List the branches",
+         "Every branch of this session (optionally of one status), with counts.",
+         ContextListBranchesArgs, ContextListBranchesResult, _list, True),
+    Tool("context_rollback", "Roll back to before a branch",
+         "Discard a branch and everything after it: the thread is restored as it was when "
+         "the branch was made.",
+         ContextRollbackArgs, BranchRollbackResult, _rollback, False),
+    Tool("read_result", "Read an offloaded tool result",
+         "A large tool output was replaced by a stub naming its ref_id: read a page of it "
+         "(offset, limit) or only the lines matching `pattern`.",
+         ReadResultArgs, ReadResultToolResult, _read, True),
+    Tool("memory_search", "Search memories",
+         "Lessons recorded earlier (this project's and global ones) that match the query.",
+         MemorySearchArgs, MemorySearchToolResult, _search, True),
+    Tool("memory_record", "Record a memory",
+         "Keep a lesson for later sessions: what worked or failed and why. Scoped to this "
+         "project unless `scope` says otherwise.",
+         MemoryRecordArgs, MemoryRecordToolResult, _record, False),
+    Tool("compact_context", "Compact the context",
+         "Shrink the main thread (or a branch): clear old tool results, summarize the "
+         "oldest span, truncate as a last resort.",
+         CompactContextArgs, ContextCompactResult, _compact, False),
+    Tool("tool_search", "Find a deferred tool",
+         "Tools left out of the context to save tokens: find those matching the query; "
+         "they are offered again from the next turn.",
+         ToolSearchArgs, ToolSearchToolResult, _tool_search, False),
+)
+"""In the order tools/list gives them (fixed: clients cache the prompt that holds them)."""
+
+TOOLS_BY_NAME: dict[str, Tool[Any]] = {tool.name: tool for tool in TOOLS}
+
+
+def error_text(error: CtxdError) -> str:
+    data = error.data if isinstance(error.data, dict) else {}
+    fix = data.get("fix")
+    return f"{error.message}" + (f"\nfix: {fix}" if fix else "")
