@@ -25,6 +25,7 @@ LAYERS: dict[str, int] = {
     "hub": 3,
     "store": 2,
     "config": 2,
+    "transcripts": 2,
     "wire": 1,
     "tokens": 1,
     "errors": 0,

@@ -1172,3 +1172,50 @@ class Turn(Result, frozen=True):
 
 class TurnListResult(Result, frozen=True):
     turns: list[Turn]
+
+
+# ---- transcript importers (docs/protocol.md, "transcript.import") ----
+
+TranscriptFormat = Literal["claude-code", "opencode"]
+
+
+class TranscriptImportParams(Params, frozen=True):
+    format: TranscriptFormat
+    path: Annotated[str, Meta(min_length=1, max_length=4096)]
+    """An absolute path the daemon can read (same user as the caller)."""
+    session_id: SessionId | None = None
+    """Default: the transcript's own session id (Claude Code ``sessionId``, OpenCode
+    ``info.id``)."""
+    project: Annotated[str, Meta(max_length=256)] | None = None
+    restart: bool = False
+    """Import a replaced or truncated file from its start (what was imported stays)."""
+
+
+class MalformedLine(Result, frozen=True):
+    line: int
+    error: str
+
+
+class TranscriptImportResult(Result, frozen=True):
+    session_id: str
+    format: TranscriptFormat
+    path: str
+    created: bool
+    """The import opened a new session."""
+    restarted: bool
+    lines_read: int
+    """Lines (Claude Code) or messages (OpenCode) read by this import, blank lines too."""
+    messages_added: int
+    tool_results: int
+    usage_records: int
+    usage_duplicates: int
+    """Usage already recorded under the same message id (an earlier import)."""
+    branches: int
+    compactions: int
+    """Compaction records found (``compact_boundary``, ``isCompactSummary``, OpenCode
+    ``summary`` messages)."""
+    malformed: list[MalformedLine]
+    unknown_kept: dict[str, int]
+    bytes_read: int
+    offset: int
+    size: int
