@@ -1,11 +1,15 @@
 """transcript.import against a real daemon: the recorded Claude Code transcripts with
 exact counts computed here from the raw JSON, idempotent re-import, a grown file, a
 malformed line, a replaced file, sub-agents as folded branches, and an OpenCode export with
-every part type (docs/protocol.md, "transcript.import")."""
+every part type; `ctxctl import`: its summary, --json, and the next step told for each
+error (docs/protocol.md, "transcript.import")."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -294,3 +298,145 @@ def test_opencode_export_every_part_type(shared_daemon: DaemonProcess, tmp_path:
         path.write_text(json.dumps(grown))
         more = client.call("transcript.import", {"format": "opencode", "path": str(path)})
         assert (more["messages_added"], more["offset"]) == (1, 5)
+
+
+# ---- ctxctl import ----
+
+
+def ctxctl(socket: Path, *args: str, cwd: Path | None = None,
+           columns: int = 160) -> subprocess.CompletedProcess[str]:
+    environ = {**os.environ, "NO_COLOR": "1", "COLUMNS": str(columns)}
+    environ.pop("CTXD_SOCKET", None)
+    return subprocess.run([sys.executable, "-m", "ctxclient.cli", "--socket", str(socket),
+                           *args], capture_output=True, text=True, env=environ, timeout=120,
+                          cwd=cwd, check=False)
+
+
+@needs_data
+def test_import_real_transcript_summary_then_nothing_new(shared_daemon: DaemonProcess,
+                                                         sid: str) -> None:
+    want = expected(VIEWER)
+    first = ctxctl(shared_daemon.socket, "import", "claude-code", str(VIEWER),
+                   "--session", sid, "--project", "cli-import", "--format", "tsv")
+    assert first.returncode == 0, first.stderr
+    table = [line.split("\t") for line in first.stdout.splitlines()]
+    assert table[0] == ["what", "count", "detail"]
+    assert {row[0]: row[1] for row in table[1:]} == {
+        "messages": f"{want['messages']:,}", "tool results": f"{want['tool_results']:,}",
+        "usage records": f"{want['usage']:,}", "branches": f"{want['branches']:,}",
+        "compactions": "0", "bytes read": f"{want['size']:,}",
+        "kept as metadata": table[-1][1]}
+    assert table[-1][0] == "kept as metadata"
+    assert f"({'created'} session {sid})" in first.stderr
+    again = ctxctl(shared_daemon.socket, "import", "claude-code", str(VIEWER), "--session",
+                   sid)
+    assert (again.returncode, again.stdout) == (0, "")
+    assert again.stderr == (f"nothing new: {VIEWER} is imported into session {sid} up to "
+                            f"{want['size']:,} of {want['size']:,} bytes\n")
+
+
+def test_relative_path_json_and_malformed_lines(shared_daemon: DaemonProcess, tmp_path: Path,
+                                                sid: str) -> None:
+    record = {"type": "user", "uuid": "u1", "parentUuid": None, "sessionId": sid,
+              "message": {"role": "user", "content": "hello"}}
+    (tmp_path / "t.jsonl").write_text(json.dumps(record) + "\n{oops\n[1]\n")
+    result = ctxctl(shared_daemon.socket, "import", "claude-code", "t.jsonl", "--json",
+                    cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    got = json.loads(result.stdout)
+    assert (got["session_id"], got["path"], got["messages_added"],
+            [m["line"] for m in got["malformed"]]) == (sid, str(tmp_path / "t.jsonl"), 1,
+                                                       [2, 3])
+    (tmp_path / "t.jsonl").write_text(json.dumps(record) + "\n{oops\n[1]\n"
+                                      + json.dumps(record | {"uuid": "u2"}) + "\n")
+    plain = ctxctl(shared_daemon.socket, "import", "claude-code", "t.jsonl", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    # Plain rows: the malformed lines were read by the first import, not again.
+    assert [line.split() for line in plain.stdout.splitlines()[:3]] == [
+        ["WHAT", "COUNT", "DETAIL"], ["messages", "1", "-"], ["tool", "results", "0", "-"]]
+    assert "malformed" not in plain.stdout
+
+
+def test_summary_lists_malformed_line_numbers_and_fits_narrow_terminals(
+        shared_daemon: DaemonProcess, tmp_path: Path, sid: str) -> None:
+    record = {"type": "user", "uuid": "u1", "parentUuid": None,
+              "message": {"role": "user", "content": "hello"}}
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps(record) + "\n" + "{bad\n" * 12)
+    result = ctxctl(shared_daemon.socket, "import", "claude-code", str(path), "--session",
+                    sid, "--format", "tsv", "--no-headers")
+    assert result.returncode == 0, result.stderr
+    malformed = next(line.split("\t") for line in result.stdout.splitlines()
+                     if line.startswith("malformed lines"))
+    assert malformed == ["malformed lines", "12",
+                         "line 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 and 2 more"]
+    path.write_text(path.read_text() + json.dumps(record | {"uuid": "u2"}) + "\n")
+    narrow = ctxctl(shared_daemon.socket, "import", "claude-code", str(path), "--session",
+                    sid, "--format", "table", columns=40)
+    assert narrow.returncode == 0, narrow.stderr
+    assert max(len(line) for line in narrow.stdout.splitlines()) <= 40
+    assert "messages" in narrow.stdout
+
+
+def test_opencode_export(shared_daemon: DaemonProcess, tmp_path: Path) -> None:
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps(OPENCODE | {"info": {"id": "ses_cli_opencode"}}))
+    result = ctxctl(shared_daemon.socket, "import", "opencode", str(path), "--format", "tsv")
+    assert result.returncode == 0, result.stderr
+    table = {row.split("\t")[0]: row.split("\t")[1:] for row in result.stdout.splitlines()}
+    assert (table["messages"], table["tool results"], table["usage records"],
+            table["compactions"], table["bytes read"][1], table["kept as metadata"]) == (
+        ["8", ""], ["2", ""], ["2", ""], ["1", ""], "4 messages in the export",
+        ["1", "part:hologram 1"])
+
+
+def test_errors_say_what_to_do_next(shared_daemon: DaemonProcess, tmp_path: Path,
+                                    sid: str) -> None:
+    missing = ctxctl(shared_daemon.socket, "import", "claude-code", str(tmp_path / "no.jsonl"))
+    assert (missing.returncode, missing.stdout) == (2, "")
+    assert missing.stderr == (f"ctxctl: {tmp_path / 'no.jsonl'} does not exist\nctxctl: next: "
+                              "give the path of a Claude Code JSONL transcript "
+                              "(~/.claude/projects/*/ID.jsonl)\n")
+    path = tmp_path / "r.jsonl"
+    record = {"type": "user", "uuid": "u1", "parentUuid": None,
+              "message": {"role": "user", "content": "first"}}
+    path.write_text(json.dumps(record) + "\n")
+    assert ctxctl(shared_daemon.socket, "import", "claude-code", str(path), "--session",
+                  sid).returncode == 0
+    path.write_text(json.dumps(record | {"message": {"role": "user", "content": "other"}})
+                    + "\n")
+    replaced = ctxctl(shared_daemon.socket, "import", "claude-code", str(path), "--session",
+                      sid)
+    assert (replaced.returncode, replaced.stdout) == (1, "")
+    assert "was replaced or truncated" in replaced.stderr
+    assert replaced.stderr.endswith(
+        f"ctxctl: next: to import it again from its start (what was imported stays): "
+        f"ctxctl import claude-code {path} --session {sid} --restart\n")
+    again = ctxctl(shared_daemon.socket, "import", "claude-code", str(path), "--session",
+                   sid, "--restart", "--format", "tsv", "--no-headers")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[0] == "messages\t1\t"
+    assert "imported again from the start" in again.stderr
+    no_id = ctxctl(shared_daemon.socket, "import", "claude-code", str(path))
+    assert no_id.returncode == 1
+    assert no_id.stderr.endswith(f"ctxctl: next: name the session: ctxctl import "
+                                 f"claude-code {path} --session ID\n")
+    as_json = ctxctl(shared_daemon.socket, "import", "claude-code", str(path), "--json")
+    assert (as_json.returncode, json.loads(as_json.stdout)["error"]["code"]) == (1, -32602)
+
+
+def test_no_daemon(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text("{}\n")
+    result = ctxctl(tmp_path / "none.sock", "import", "claude-code", str(path))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"ctxctl: no ctxd daemon is running on "
+                                    f"{tmp_path / 'none.sock'}")
+    assert "start it with `ctxd`" in result.stderr
+
+
+@pytest.mark.parametrize("fmt", ["claude-code", "opencode"])
+def test_help_names_the_format(fmt: str, tmp_path: Path) -> None:
+    result = ctxctl(tmp_path / "none.sock", "import", fmt, "-h")
+    assert result.returncode == 0
+    assert "--restart" in result.stdout
