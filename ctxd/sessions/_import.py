@@ -164,11 +164,16 @@ class _Import:
     safe_end: int = 0
     safe_line: int = 0
     """The position after the last record that nothing buffered precedes."""
+    subagent_file: bool = False
+    """A Claude Code sub-agent file found beside the transcript (its malformed lines name
+    it)."""
 
     def take(self, entry: Entry) -> None:
         """Count an entry and buffer what it adds (its position is committed with it)."""
         if entry.kind == "malformed":
-            self.malformed.append(MalformedLine(line=entry.line, error=entry.error or ""))
+            self.malformed.append(MalformedLine(
+                line=entry.line, error=entry.error or "",
+                path=self.path if self.subagent_file else None))
         elif entry.kind == "unknown":
             name = entry.unknown_type or "(unknown)"
             self.unknown[name] = self.unknown.get(name, 0) + 1
@@ -367,12 +372,22 @@ async def _import_opencode(job: _Import, entries: list[Entry], total: int) -> No
     await job.flush_main(total, total)
 
 
-async def run_import(actor: SessionActor, p: TranscriptImportParams, path: Path, size: int,
-                     opencode: tuple[list[Entry], int] | None) -> TranscriptImportResult:
-    """The import on the session's actor (one at a time per session)."""
+def subagent_files(path: Path) -> list[Path]:
+    """The sub-agent transcripts Claude Code (2.1) writes beside a session's transcript,
+    ``<dir>/<session id>/subagents/agent-*.jsonl``, in name order."""
+    folder = path.parent / path.stem / "subagents"
+    try:
+        return sorted(found for found in folder.glob("agent-*.jsonl") if found.is_file())
+    except OSError:
+        return []
+
+
+async def _import_file(actor: SessionActor, p: TranscriptImportParams, path: Path, size: int,
+                       opencode: tuple[list[Entry], int] | None,
+                       subagent_file: bool = False) -> tuple[_Import, int, bool]:
+    """One file from its committed position: the job (its counts), the bytes read and
+    whether it was restarted."""
     store = actor.supervisor.store
-    created = actor.record is None
-    await actor.open(SessionOpenParams(session_id=actor.session_id, project=p.project))
     key = str(path)
     stored = await store.read(_load_state, actor.session_id, key)
     head_bytes = min(size, HEAD_BYTES) if stored is None else stored.head_bytes
@@ -393,7 +408,8 @@ async def run_import(actor: SessionActor, p: TranscriptImportParams, path: Path,
             head = await trio.to_thread.run_sync(_head_hash, path, head_bytes)
     state = stored or _State(head_bytes=head_bytes, head_hash=head)
     state.size = size
-    job = _Import(actor=actor, params=p, path=key, state=state, start_lines=state.lines)
+    job = _Import(actor=actor, params=p, path=key, state=state, start_lines=state.lines,
+                  subagent_file=subagent_file)
     job.safe_end, job.safe_line = state.offset, state.lines
     start = state.offset
     bytes_read = 0
@@ -405,18 +421,46 @@ async def run_import(actor: SessionActor, p: TranscriptImportParams, path: Path,
         if total > state.offset or stored is None:
             await _import_opencode(job, entries, total)
         bytes_read = size if job.state.offset > start or stored is None else 0
+    return job, bytes_read, restarted
+
+
+async def run_import(actor: SessionActor, p: TranscriptImportParams, path: Path, size: int,
+                     opencode: tuple[list[Entry], int] | None) -> TranscriptImportResult:
+    """The import on the session's actor (one at a time per session): the file, then (Claude
+    Code) the sub-agent files beside it, each from its own position, as branches."""
+    created = actor.record is None
+    await actor.open(SessionOpenParams(session_id=actor.session_id, project=p.project))
+    job, bytes_read, restarted = await _import_file(actor, p, path, size, opencode)
+    jobs = [job]
+    subagents = [] if opencode is not None else await trio.to_thread.run_sync(
+        subagent_files, path)
+    for found in subagents:
+        try:
+            found_size = (await trio.to_thread.run_sync(os.stat, found)).st_size
+        except OSError:
+            continue  # gone since it was listed
+        sub, sub_bytes, _ = await _import_file(actor, p, found, found_size, None, True)
+        jobs.append(sub)
+        bytes_read += sub_bytes
+    unknown: dict[str, int] = {}
+    for each in jobs:
+        for name, count in each.unknown.items():
+            unknown[name] = unknown.get(name, 0) + count
     result = TranscriptImportResult(
-        session_id=actor.session_id, format=p.format, path=key, created=created,
-        restarted=restarted, lines_read=job.state.lines - job.start_lines,
-        messages_added=job.messages_added, tool_results=job.tool_results,
-        usage_records=job.usage_records, usage_duplicates=job.usage_duplicates,
-        branches=job.branches, compactions=job.compactions, malformed=job.malformed,
-        unknown_kept=dict(sorted(job.unknown.items())), bytes_read=bytes_read,
-        offset=job.state.offset, size=size)
+        session_id=actor.session_id, format=p.format, path=str(path), created=created,
+        restarted=restarted, lines_read=sum(j.state.lines - j.start_lines for j in jobs),
+        messages_added=sum(j.messages_added for j in jobs),
+        tool_results=sum(j.tool_results for j in jobs),
+        usage_records=sum(j.usage_records for j in jobs),
+        usage_duplicates=sum(j.usage_duplicates for j in jobs),
+        branches=sum(j.branches for j in jobs), compactions=sum(j.compactions for j in jobs),
+        malformed=[m for j in jobs for m in j.malformed],
+        unknown_kept=dict(sorted(unknown.items())), bytes_read=bytes_read,
+        offset=job.state.offset, size=size, subagent_files=len(subagents))
     actor.supervisor.bus.publish(actor.session_id, "transcript.imported", {
         name: value for name, value in msgspec.structs.asdict(result).items()
         if name not in ("malformed", "unknown_kept")} | {
-        "malformed": len(job.malformed), "unknown_kept": sum(job.unknown.values())})
+        "malformed": len(result.malformed), "unknown_kept": sum(unknown.values())})
     return result
 
 

@@ -1191,9 +1191,11 @@ class TranscriptImportParams(Params, frozen=True):
     """Import a replaced or truncated file from its start (what was imported stays)."""
 
 
-class MalformedLine(Result, frozen=True):
+class MalformedLine(Result, frozen=True, omit_defaults=True):
     line: int
     error: str
+    path: str | None = None
+    """The sub-agent file it is in (None: the file imported)."""
 
 
 class TranscriptImportResult(Result, frozen=True):
@@ -1217,5 +1219,9 @@ class TranscriptImportResult(Result, frozen=True):
     malformed: list[MalformedLine]
     unknown_kept: dict[str, int]
     bytes_read: int
+    """Of the file and its sub-agent files."""
     offset: int
     size: int
+    subagent_files: int = 0
+    """Claude Code sub-agent files found beside the transcript and imported
+    (``<dir>/<session id>/subagents/agent-*.jsonl``)."""

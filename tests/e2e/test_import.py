@@ -440,3 +440,92 @@ def test_help_names_the_format(fmt: str, tmp_path: Path) -> None:
     result = ctxctl(tmp_path / "none.sock", "import", fmt, "-h")
     assert result.returncode == 0
     assert "--restart" in result.stdout
+
+
+# ---- Claude Code sub-agent files ----
+
+def subagent_layout(root: Path) -> tuple[Path, list[Path]]:
+    """The recorded transcript laid out as Claude Code 2.1 writes it: the main thread in
+    ``<session id>.jsonl``, each sub-agent chain (its real lines, with the ``agentId`` 2.1
+    adds) in ``<session id>/subagents/agent-<id>.jsonl``."""
+    records = [json.loads(raw) for raw in VIEWER.read_text().splitlines() if raw.strip()]
+    session_id = next(r["sessionId"] for r in records if r.get("sessionId"))
+    chain_of: dict[str, str] = {}
+    chains: dict[str, list[dict[str, Any]]] = {}
+    main = []
+    for record in records:
+        if not record.get("isSidechain"):
+            main.append(record)
+            continue
+        first = chain_of.get(record["parentUuid"], record["uuid"])
+        chain_of[record["uuid"]] = first
+        chains.setdefault(first, []).append(record)
+    path = root / f"{session_id}.jsonl"
+    path.write_text("".join(line(r) for r in main))
+    folder = root / session_id / "subagents"
+    folder.mkdir(parents=True)
+    agents = []
+    for number, chain in enumerate(chains.values()):
+        agent = folder / f"agent-a{number}.jsonl"
+        agent.write_text("".join(line(r | {"agentId": f"a{number}"}) for r in chain))
+        agents.append(agent)
+    (folder / "notes.txt").write_text("not a transcript")
+    return path, agents
+
+
+@needs_data
+def test_subagent_files_import_as_branches(shared_daemon: DaemonProcess, tmp_path: Path,
+                                           sid: str) -> None:
+    want = expected(VIEWER)
+    path, agents = subagent_layout(tmp_path)
+    with shared_daemon.client() as client:
+        got = do_import(client, path, session_id=sid)
+        assert (got["messages_added"], got["tool_results"], got["usage_records"],
+                got["branches"], got["subagent_files"], got["malformed"], got["bytes_read"],
+                got["offset"], got["size"]) == (
+            want["messages"], want["tool_results"], want["usage"], 5, 5, [],
+            sum(p.stat().st_size for p in [path, *agents]), path.stat().st_size,
+            path.stat().st_size)
+        totals = client.call("usage.get", {"session_id": sid})["totals"]
+        assert (totals["calls"], totals["input_tokens"], totals["output_tokens"]) == (
+            want["usage"], want["input"], want["output"])
+        branches = client.call("branch.list", {"session_id": sid})["branches"]
+        assert sorted(b["description"] for b in branches) == [
+            f"sub-agent a{n}" for n in range(5)]
+        assert {b["status"] for b in branches} == {"completed"}
+        again = do_import(client, path, session_id=sid)
+        assert (again["messages_added"], again["bytes_read"], again["branches"],
+                again["subagent_files"]) == (0, 0, 0, 5)
+        # A sub-agent that goes on: only its new lines, as a new branch.
+        tail = json.loads(agents[1].read_text().splitlines()[-1])
+        more = {"type": "user", "uuid": "extra-1", "parentUuid": tail["uuid"],
+                "isSidechain": True, "agentId": "a1", "sessionId": tail["sessionId"],
+                "message": {"role": "user", "content": "one more thing"}}
+        with agents[1].open("a") as file:
+            file.write(line(more) + "{torn\n")
+        grown = do_import(client, path, session_id=sid)
+        assert (grown["messages_added"], grown["branches"], grown["bytes_read"],
+                grown["malformed"]) == (
+            1, 1, len(line(more)) + 6,
+            [{"line": len(agents[1].read_text().splitlines()), "error": grown["malformed"][0][
+                "error"], "path": str(agents[1])}])
+
+
+@needs_data
+def test_subagent_stop_imports_the_agent_file_into_the_main_session(
+        shared_daemon: DaemonProcess, tmp_path: Path, sid: str) -> None:
+    """SubagentStop passes ``agent_transcript_path``: imported into the main session's id it
+    is a branch, and the main transcript's import later does not add it again."""
+    want = expected(VIEWER)
+    path, agents = subagent_layout(tmp_path)
+    with shared_daemon.client() as client:
+        first = do_import(client, agents[2], session_id=sid)
+        assert (first["created"], first["branches"], first["subagent_files"],
+                first["offset"]) == (True, 1, 0, agents[2].stat().st_size)
+        [branch] = client.call("branch.list", {"session_id": sid})["branches"]
+        assert (branch["description"], branch["status"]) == ("sub-agent a2", "completed")
+        rest = do_import(client, path, session_id=sid)
+        assert (rest["branches"], rest["subagent_files"],
+                first["messages_added"] + rest["messages_added"],
+                first["usage_records"] + rest["usage_records"]) == (
+            4, 5, want["messages"], want["usage"])
