@@ -98,7 +98,8 @@ class ClaudeCodeParser:
         message = record.get("message")
         if not isinstance(message, dict):
             return Entry(line=line, end=end, kind="malformed",
-                         error=f"a {kind} record needs a `message` object")
+                         error=f"{'an' if kind == 'assistant' else 'a'} {kind} record "
+                               "needs a `message` object")
         entry = Entry(line=line, end=end, kind="message", thread=self._thread(record))
         source: dict[str, Any] = {"format": "claude-code", "type": kind, "line": line}
         for field, name in (("uuid", "uuid"), ("parentUuid", "parent_uuid"),
