@@ -1,22 +1,24 @@
 """Recorded agent transcripts as ctxd messages, for the replay benchmark (bench/hygiene.py).
 
-Small on purpose: enough of each format to replay a session's main thread as appends.
-Claude Code (JSONL, or the same records as one JSON array): user text is a ``user``
-message; the records of one API response (sharing ``message.id``) are one ``assistant``
-message whose content keeps its ``text`` and ``tool_use`` parts (thinking blocks are
-left out, as a harness does not send them back); each ``tool_result`` block is a ``tool``
-message (``tool_call_id``, ``name`` of its call, ``meta.is_error``). Sidechain (sub-agent)
-records, hook ``system`` records, summaries and file snapshots are skipped: a sub-agent
-has its own context, and only its final answer (the ``Task`` tool's result) reaches the
-main thread. SWE-agent (``.traj``): the ``history``, the demonstration left out; each
-observation after an action is a ``tool`` message named after the action's command.
-"""
+Claude Code (JSONL, or the same records as one JSON array): the messages the importer's
+parser (``ctxd.transcripts``, docs/protocol.md "transcript.import") makes of the main
+thread, as ``transcript.import`` appends them: one message per record (an API response
+written as several records is several ``assistant`` messages), thinking blocks left out,
+each ``tool_result`` block a ``tool`` message named after its call. Sidechain
+(sub-agent) records are left out: a sub-agent has its own context (an import makes it a
+branch), and only its final answer (the ``Task`` tool's result) reaches the main thread.
+SWE-agent (``.traj``): the ``history``, the demonstration left out; each observation
+after an action is a ``tool`` message named after the action's command."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
+
+import msgspec
+
+from ctxd.transcripts import ClaudeCodeParser
 
 Message = dict[str, Any]
 
@@ -28,50 +30,12 @@ def _text(content: Any) -> str:
                      if isinstance(part, dict) and part.get("type") == "text")
 
 
-def claude_code(records: list[dict[str, Any]]) -> list[Message]:
-    messages: list[Message] = []
-    names: dict[str, str] = {}
-    last_response = None
-    for record in records:
-        if record.get("type") not in ("user", "assistant") or record.get("isSidechain"):
-            continue
-        message = record["message"]
-        content = message["content"]
-        if record["type"] == "assistant":
-            parts = [part for part in content
-                     if part.get("type") == "tool_use"
-                     or (part.get("type") == "text" and part.get("text"))]
-            for part in parts:
-                if part["type"] == "tool_use":
-                    names[part["id"]] = part["name"]
-            if not parts:
-                continue
-            if (messages and messages[-1]["role"] == "assistant"
-                    and message.get("id") is not None and message.get("id") == last_response):
-                messages[-1]["content"].extend(parts)
-            else:
-                messages.append({"role": "assistant", "content": parts})
-                last_response = message.get("id")
-            continue
-        last_response = None
-        if isinstance(content, str):
-            if content:
-                messages.append({"role": "user", "content": content})
-            continue
-        texts = []
-        for part in content:
-            if part.get("type") == "tool_result":
-                result: Message = {"role": "tool", "tool_call_id": part["tool_use_id"],
-                                   "name": names.get(part["tool_use_id"], "tool"),
-                                   "content": _text(part.get("content")) or "(no output)"}
-                if part.get("is_error"):
-                    result["meta"] = {"is_error": True}
-                messages.append(result)
-            elif part.get("type") == "text" and part.get("text"):
-                texts.append(part["text"])
-        if texts:
-            messages.append({"role": "user", "content": "\n".join(texts)})
-    return messages
+def claude_code(data: bytes) -> list[Message]:
+    """The main thread as ``transcript.import`` appends it: its parser's messages, those of
+    sidechain records left out."""
+    entries, _ = ClaudeCodeParser().feed(data, 0, 1)
+    return [{k: v for k, v in msgspec.to_builtins(message).items() if v is not None}
+            for entry in entries if entry.thread is None for message in entry.messages]
 
 
 def swe_agent(trajectory: dict[str, Any]) -> list[Message]:
@@ -101,6 +65,7 @@ def load(path: Path) -> list[Message]:
     if path.suffix == ".traj":
         return swe_agent(json.loads(path.read_text()))
     if path.suffix == ".jsonl":
-        return claude_code([json.loads(line) for line in path.read_text().splitlines()
-                            if line.strip()])
-    return claude_code(json.loads(path.read_text()))
+        return claude_code(path.read_bytes())
+    # The same records as one JSON array: as the lines of a JSONL file.
+    return claude_code(b"".join(json.dumps(record).encode() + b"\n"
+                                for record in json.loads(path.read_text())))

@@ -26,6 +26,7 @@ LAYERS: dict[str, int] = {
     "store": 2,
     "mcp": 2,
     "config": 2,
+    "transcripts": 2,
     "wire": 1,
     "tokens": 1,
     "errors": 0,

@@ -27,7 +27,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from ctxclient import _mcp
+from ctxclient import _import, _mcp
 from ctxclient._errors import BadSocketPath, DaemonUnavailable, RpcError
 from ctxclient._output import (
     FORMATS,
@@ -1477,6 +1477,7 @@ def parser() -> argparse.ArgumentParser:
     completion.add_argument("shell", metavar="SHELL", choices=("bash", "zsh", "fish"),
                             help="bash, zsh or fish")
     completion.set_defaults(run=cmd_completion, offline=True)
+    _import.register(commands, common, session_id, _Parser)
     return cli
 
 

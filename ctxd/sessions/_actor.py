@@ -472,7 +472,10 @@ class SessionActor:
         except ScrubError as exc:
             raise scrub_failed("a message", exc, consequence) from exc
 
-    async def append(self, params: MessageAppendParams) -> MessageAppendResult:
+    async def append(self, params: MessageAppendParams,
+                     stage: Callable[[Transaction], None] | None = None) -> MessageAppendResult:
+        """message.append; ``stage`` adds a caller's steps to the append's transaction (the
+        importer's read position and usage: docs/protocol.md, "transcript.import")."""
         self.require_open()
         _check_parts(params.messages)
         messages = self._at_rest(params.messages, "nothing was appended")
@@ -481,12 +484,15 @@ class SessionActor:
             branch = await self._live_branch(params.branch_id, for_append=True)
         threshold = self.supervisor.config.hygiene.offload_threshold_bytes
         return await self._append(params, branch, messages,
-                                  [offload(message, threshold) for message in messages], [])
+                                  [offload(message, threshold) for message in messages], [],
+                                  stage)
 
     async def _append(self, params: MessageAppendParams, branch: Branch | None,
                       messages: list[MessageIn],
                       offloads: list[tuple[MessageIn, ToolResultBlob] | None],
-                      compactions: list[CompactResult]) -> MessageAppendResult:
+                      compactions: list[CompactResult],
+                      stage: Callable[[Transaction], None] | None = None
+                      ) -> MessageAppendResult:
         """Store ``messages``, the large tool results among them as their stubs (``offloads``)
         with their blobs, in one transaction. Should that commit fail with blobs in it, the
         append is made again with every result inline (docs/decisions.md, Hygiene).
@@ -551,6 +557,8 @@ class SessionActor:
                                          sum(m.role == "assistant" for m in messages))
             self.branches.stage_meter(transaction, grown)
         transaction.add(q.save_counters, updated)
+        if stage is not None:
+            stage(transaction)
         bus = self.supervisor.bus
         try:
             await self.supervisor.store.commit(transaction)
@@ -564,7 +572,7 @@ class SessionActor:
                         {"branch_id": params.branch_id, "count": len(blobs),
                          "error": f"{type(exc).__name__}: {exc}"})
             return await self._append(params, branch, messages, [None] * len(messages),
-                                      compactions)
+                                      compactions, stage)
         self.record = updated
         if branch is not None and grown is not None:
             self.branches.charged(branch, grown)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import secrets
 
 from ctxd.sessions import _queries as q
+from ctxd.sessions._import import register_import
 from ctxd.sessions._injection_methods import register_injection
 from ctxd.sessions._supervisor import Supervisor
 from ctxd.wire import Call, Dispatcher
@@ -140,3 +141,4 @@ def register(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
     dispatcher.register("branch.list", BranchListParams, branch_list)
     dispatcher.register("branch.rollback", BranchRollbackParams, branch_rollback)
     register_injection(dispatcher, supervisor)
+    register_import(dispatcher, supervisor)

@@ -1385,3 +1385,55 @@ class MemoryRecordToolResult(MemoryRecordResult, frozen=True, kw_only=True):
 
 class ToolSearchToolResult(ToolsSearchResult, frozen=True, kw_only=True):
     context_state: ContextState
+
+# ---- transcript importers (docs/protocol.md, "transcript.import") ----
+
+TranscriptFormat = Literal["claude-code", "opencode"]
+
+
+class TranscriptImportParams(Params, frozen=True):
+    format: TranscriptFormat
+    path: Annotated[str, Meta(min_length=1, max_length=4096)]
+    """An absolute path the daemon can read (same user as the caller)."""
+    session_id: SessionId | None = None
+    """Default: the transcript's own session id (Claude Code ``sessionId``, OpenCode
+    ``info.id``)."""
+    project: Annotated[str, Meta(max_length=256)] | None = None
+    restart: bool = False
+    """Import a replaced or truncated file from its start (what was imported stays)."""
+
+
+class MalformedLine(Result, frozen=True, omit_defaults=True):
+    line: int
+    error: str
+    path: str | None = None
+    """The sub-agent file it is in (None: the file imported)."""
+
+
+class TranscriptImportResult(Result, frozen=True):
+    session_id: str
+    format: TranscriptFormat
+    path: str
+    created: bool
+    """The import opened a new session."""
+    restarted: bool
+    lines_read: int
+    """Lines (Claude Code) or messages (OpenCode) read by this import, blank lines too."""
+    messages_added: int
+    tool_results: int
+    usage_records: int
+    usage_duplicates: int
+    """Usage already recorded under the same message id (an earlier import)."""
+    branches: int
+    compactions: int
+    """Compaction records found (``compact_boundary``, ``isCompactSummary``, OpenCode
+    ``summary`` messages)."""
+    malformed: list[MalformedLine]
+    unknown_kept: dict[str, int]
+    bytes_read: int
+    """Of the file and its sub-agent files."""
+    offset: int
+    size: int
+    subagent_files: int = 0
+    """Claude Code sub-agent files found beside the transcript and imported
+    (``<dir>/<session id>/subagents/agent-*.jsonl``)."""

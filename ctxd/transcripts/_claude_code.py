@@ -1,0 +1,206 @@
+"""Claude Code's JSONL transcript, line by line, as ctxd messages (docs/protocol.md,
+"transcript.import").
+
+One line is one record: ``user`` and ``assistant`` records carry an API ``message``; an
+assistant response spans one line per content block, all with the same ``message.id`` and
+the same ``usage`` (counted once). Records link through ``uuid``/``parentUuid``;
+``isSidechain`` records belong to a sub-agent, a chain of its own. A ``system`` record with
+``subtype: compact_boundary`` starts a new root after a compaction; the ``user`` record
+after it with ``isCompactSummary`` holds the summary. Other record types (``summary``,
+``file-history-snapshot``, hook ``system`` records …) are kept by type, never an error.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ctxd.transcripts._model import Entry, Usage
+from ctxd.wire.types import MessageIn
+
+TOOL_USE_RESULT_MAX = 4096
+"""A ``toolUseResult`` up to this many bytes of JSON is kept whole in the tool message's
+meta; a larger one (it mostly repeats the result's content) is kept as its size."""
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    texts = []
+    for block in content:
+        if isinstance(block, dict):
+            if block.get("type") == "text" and isinstance(block.get("text"), str):
+                texts.append(block["text"])
+            elif isinstance(block.get("type"), str):
+                texts.append(f"[{block['type']}]")
+    return "\n".join(texts)
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+class ClaudeCodeParser:
+    """Turns complete lines into entries; keeps what links lines across calls (tool names,
+    sub-agent chains, usage already counted), so a file can be fed in pieces."""
+
+    def __init__(self) -> None:
+        self.tool_names: dict[str, str] = {}
+        self.agent_of: dict[str, str] = {}
+        self.usage_seen: set[str] = set()
+        self._boundary: dict[str, Any] | None = None
+
+    def feed(self, data: bytes, base: int, first_line: int) -> tuple[list[Entry], int]:
+        """Parse the complete lines of ``data`` (the file's bytes from offset ``base``,
+        starting at 1-based line ``first_line``).
+
+        Returns:
+            The entries of the non-blank lines, and the bytes consumed: up to the last
+            newline (a trailing partial line, a file being written, is left for later).
+        """
+        entries = []
+        position = 0
+        line = first_line
+        while True:
+            newline = data.find(b"\n", position)
+            if newline < 0:
+                break
+            raw = data[position:newline]
+            position = newline + 1
+            if raw.strip():
+                entries.append(self.parse_line(raw, line, base + position))
+            line += 1
+        return entries, position
+
+    def parse_line(self, raw: bytes, line: int, end: int) -> Entry:
+        try:
+            record = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            return Entry(line=line, end=end, kind="malformed", error=f"not JSON: {exc}")
+        if not isinstance(record, dict):
+            return Entry(line=line, end=end, kind="malformed",
+                         error="a record must be a JSON object")
+        kind = record.get("type")
+        if kind == "system" and record.get("subtype") == "compact_boundary":
+            metadata = record.get("compactMetadata")
+            self._boundary = {"uuid": record.get("uuid"),
+                              "logical_parent_uuid": record.get("logicalParentUuid"),
+                              **(metadata if isinstance(metadata, dict) else {})}
+            return Entry(line=line, end=end, kind="message",
+                         info={"compact_boundary": self._boundary})
+        if kind not in ("user", "assistant"):
+            name = str(kind) if kind is not None else "(no type)"
+            if kind == "system" and isinstance(record.get("subtype"), str):
+                name = f"system:{record['subtype']}"
+            return Entry(line=line, end=end, kind="unknown", unknown_type=name)
+        message = record.get("message")
+        if not isinstance(message, dict):
+            return Entry(line=line, end=end, kind="malformed",
+                         error=f"{'an' if kind == 'assistant' else 'a'} {kind} record "
+                               "needs a `message` object")
+        entry = Entry(line=line, end=end, kind="message", thread=self._thread(record))
+        source: dict[str, Any] = {"format": "claude-code", "type": kind, "line": line}
+        for field, name in (("uuid", "uuid"), ("parentUuid", "parent_uuid"),
+                            ("timestamp", "timestamp")):
+            if record.get(field) is not None:
+                source[name] = record[field]
+        if kind == "assistant":
+            self._assistant(entry, message, source)
+        else:
+            self._user(entry, record, message, source)
+        return entry
+
+    def _thread(self, record: dict[str, Any]) -> str | None:
+        if not record.get("isSidechain"):
+            return None
+        parent = record.get("parentUuid")
+        key = self.agent_of.get(parent) if isinstance(parent, str) else None
+        if key is None:
+            agent = record.get("agentId")
+            key = agent if isinstance(agent, str) else str(record.get("uuid"))
+        if isinstance(record.get("uuid"), str):
+            self.agent_of[record["uuid"]] = key
+        return key
+
+    def _assistant(self, entry: Entry, message: dict[str, Any], source: dict[str, Any]) -> None:
+        content = message.get("content")
+        parts: list[dict[str, Any]] = []
+        dropped: list[str] = []
+        if isinstance(content, str):
+            parts.append({"type": "text", "text": content})
+        for block in content if isinstance(content, list) else []:
+            if not isinstance(block, dict):
+                continue
+            block_type = block.get("type")
+            if block_type == "text" and isinstance(block.get("text"), str):
+                parts.append({"type": "text", "text": block["text"]})
+            elif block_type == "tool_use":
+                call_id, name = str(block.get("id")), str(block.get("name"))
+                self.tool_names[call_id] = name
+                parts.append({"type": "tool_use", "id": call_id, "name": name,
+                              "input": block.get("input")})
+            else:
+                dropped.append(str(block_type))
+        meta: dict[str, Any] = {"source": source}
+        for field in ("id", "model", "stop_reason"):
+            if message.get(field) is not None:
+                meta[f"message_{field}" if field == "id" else field] = message[field]
+        if dropped:
+            # Thinking is not sent back to the model by a harness: not part of the thread.
+            meta["dropped_blocks"] = dropped
+            entry.info["dropped_blocks"] = dropped
+        if parts:
+            entry.messages.append(MessageIn(role="assistant", content=parts, meta=meta))
+        usage = message.get("usage")
+        key = message.get("id")
+        if isinstance(usage, dict) and isinstance(key, str) and key not in self.usage_seen:
+            self.usage_seen.add(key)
+            model = message.get("model")
+            entry.usage = Usage(
+                key=key, model=model if isinstance(model, str) else None,
+                input_tokens=_int(usage.get("input_tokens")),
+                output_tokens=_int(usage.get("output_tokens")),
+                cache_read_tokens=_int(usage.get("cache_read_input_tokens")),
+                cache_write_tokens=_int(usage.get("cache_creation_input_tokens")))
+
+    def _user(self, entry: Entry, record: dict[str, Any], message: dict[str, Any],
+              source: dict[str, Any]) -> None:
+        content = message.get("content")
+        meta: dict[str, Any] = {"source": source}
+        if record.get("isCompactSummary"):
+            meta["compact_summary"] = True
+            if self._boundary is not None:
+                meta["compact_boundary"] = self._boundary
+                self._boundary = None
+        if record.get("isMeta"):
+            meta["is_meta"] = True
+        if isinstance(content, str):
+            entry.messages.append(MessageIn(role="user", content=content, meta=meta))
+            return
+        texts = []
+        result = record.get("toolUseResult")
+        for block in content if isinstance(content, list) else []:
+            if not isinstance(block, dict):
+                continue
+            if block.get("type") == "tool_result":
+                call_id = str(block.get("tool_use_id"))
+                tool_meta: dict[str, Any] = {"source": source}
+                if block.get("is_error"):
+                    tool_meta["is_error"] = True
+                if result is not None:
+                    encoded = json.dumps(result, ensure_ascii=False)
+                    tool_meta["tool_use_result"] = (
+                        result if len(encoded.encode()) <= TOOL_USE_RESULT_MAX
+                        else {"omitted_bytes": len(encoded.encode())})
+                    result = None
+                entry.messages.append(MessageIn(
+                    role="tool", content=_text(block.get("content")), tool_call_id=call_id,
+                    name=self.tool_names.get(call_id, "tool")[:256], meta=tool_meta))
+            elif block.get("type") == "text" and isinstance(block.get("text"), str):
+                texts.append(block["text"])
+            elif isinstance(block.get("type"), str):
+                texts.append(f"[{block['type']}]")
+        if texts:
+            entry.messages.append(MessageIn(role="user", content="\n".join(texts), meta=meta))

@@ -1,0 +1,42 @@
+"""What a parser yields for one record of a transcript (a line, or an OpenCode message)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ctxd.wire.types import MessageIn
+
+
+@dataclass(frozen=True)
+class Usage:
+    """One API response's token usage, keyed by the response's id (the idempotency key)."""
+
+    key: str
+    model: str | None
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    thinking_tokens: int = 0
+
+
+@dataclass
+class Entry:
+    """One record: the messages it becomes, in order, on which thread.
+
+    ``thread`` is None for the main thread, else the key of the sub-agent whose branch
+    holds it. ``kind`` is ``message`` (``messages`` may still be empty: a thinking-only
+    record), ``unknown`` (a record type the parser does not know: kept as ``unknown_type``),
+    or ``malformed`` (``error`` says why; nothing imported).
+    """
+
+    line: int
+    end: int
+    kind: str
+    thread: str | None = None
+    messages: list[MessageIn] = field(default_factory=list)
+    usage: Usage | None = None
+    unknown_type: str | None = None
+    error: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)

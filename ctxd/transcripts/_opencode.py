@@ -1,0 +1,147 @@
+"""OpenCode's session export (``opencode export <id>``) as ctxd messages (docs/protocol.md,
+"transcript.import").
+
+The export is one JSON document ``{info, messages: [{info, parts}]}``. A tool call and its
+result are one ``tool`` part (``callID``, ``tool``, ``state: {status, input, output | error,
+time: {start, end, compacted?}}``): it becomes a ``tool_use`` part of the assistant message
+and a ``tool`` message. ``state.time.compacted`` marks an output OpenCode no longer shows
+the model; it is still in the export, so it is imported, with ``meta.compacted``. Parts that
+are not conversation (step-start, step-finish, patch, snapshot, agent, subtask, compaction,
+retry, file, reasoning) are kept in the message's ``meta.parts``; an unknown part type too.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ctxd.transcripts._model import Entry, Usage
+from ctxd.wire.types import MessageIn
+
+META_PARTS = ("reasoning", "file", "step-start", "step-finish", "patch", "snapshot", "agent",
+              "subtask", "compaction", "retry")
+"""Part types kept as metadata of their message (not conversation text)."""
+
+_PART_FIELDS = ("text", "mime", "filename", "url", "reason", "snapshot", "hash", "files",
+                "name", "prompt", "description", "agent", "auto", "attempt", "error", "cost",
+                "tokens", "synthetic")
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _usage(info: dict[str, Any]) -> Usage | None:
+    tokens = info.get("tokens")
+    key = info.get("id")
+    if not isinstance(tokens, dict) or not isinstance(key, str):
+        return None
+    cache = _dict(tokens.get("cache"))
+    model = info.get("modelID")
+    return Usage(key=key, model=model if isinstance(model, str) else None,
+                 input_tokens=_int(tokens.get("input")), output_tokens=_int(tokens.get("output")),
+                 cache_read_tokens=_int(cache.get("read")),
+                 cache_write_tokens=_int(cache.get("write")),
+                 thinking_tokens=_int(tokens.get("reasoning")))
+
+
+def _kept(part: dict[str, Any]) -> dict[str, Any]:
+    """A part as metadata: its type and its small fields."""
+    kept: dict[str, Any] = {"type": part.get("type")}
+    for field in _PART_FIELDS:
+        if field in part:
+            kept[field] = part[field]
+    return kept
+
+
+def _tool(part: dict[str, Any], source: dict[str, Any]) -> tuple[dict[str, Any], MessageIn]:
+    state = _dict(part.get("state"))
+    call_id, name = str(part.get("callID") or part.get("id")), str(part.get("tool"))
+    status = state.get("status")
+    output = state.get("output") if status == "completed" else state.get("error")
+    times = _dict(state.get("time"))
+    meta: dict[str, Any] = {"source": source, "status": status}
+    if status == "error":
+        meta["is_error"] = True
+    if times.get("compacted") is not None:
+        meta["compacted"] = times["compacted"]
+    for field in ("title", "metadata"):
+        if state.get(field) is not None:
+            meta[field] = state[field]
+    text = output if isinstance(output, str) else (
+        "" if output is None else json.dumps(output, ensure_ascii=False))
+    call = {"type": "tool_use", "id": call_id, "name": name, "input": state.get("input")}
+    return call, MessageIn(role="tool", content=text, tool_call_id=call_id[:256],
+                           name=name[:256], meta=meta)
+
+
+def _message(index: int, item: Any) -> Entry:
+    if not isinstance(item, dict) or not isinstance(item.get("info"), dict):
+        return Entry(line=index, end=index, kind="malformed",
+                     error="a message must be an object with an `info` object")
+    info = item["info"]
+    role = info.get("role")
+    if role not in ("user", "assistant"):
+        return Entry(line=index, end=index, kind="unknown", unknown_type=f"role:{role}")
+    parts: list[Any] = item["parts"] if isinstance(item.get("parts"), list) else []
+    source: dict[str, Any] = {"format": "opencode", "id": info.get("id"), "index": index}
+    entry = Entry(line=index, end=index, kind="message",
+                  usage=_usage(info) if role == "assistant" else None)
+    base: dict[str, Any] = {"source": source}
+    for field in ("modelID", "providerID", "agent", "mode"):
+        if info.get(field) is not None:
+            base[field] = info[field]
+    if info.get("summary") is True:
+        base["summary"] = True
+    pending: list[dict[str, Any]] = []
+    kept: list[dict[str, Any]] = []
+    unknown: list[str] = []
+
+    def flush() -> None:
+        if pending or kept:
+            meta = {**base, **({"parts": list(kept)} if kept else {})}
+            entry.messages.append(MessageIn(role=role, content=list(pending) or "", meta=meta))
+            pending.clear()
+            kept.clear()
+
+    for part in parts:
+        if not isinstance(part, dict):
+            continue
+        part_type = part.get("type")
+        if part_type == "text" and isinstance(part.get("text"), str):
+            pending.append({"type": "text", "text": part["text"]})
+        elif part_type == "tool" and role == "assistant":
+            call, result = _tool(part, source)
+            pending.append(call)
+            flush()
+            entry.messages.append(result)
+        elif part_type in META_PARTS:
+            kept.append(_kept(part))
+        else:
+            unknown.append(str(part_type))
+            kept.append({**_kept(part), "unknown": True})
+    flush()
+    if unknown:
+        entry.info["unknown_parts"] = unknown
+    return entry
+
+
+def parse_opencode(data: bytes, skip: int = 0) -> tuple[dict[str, Any], list[Entry], int]:
+    """An export's session info, the entries of its messages after the first ``skip``
+    (``line`` is a message's 1-based index), and its number of messages.
+
+    Raises:
+        ValueError: the document is not JSON or not ``{info, messages: [...]}``.
+    """
+    document = json.loads(data)
+    if not isinstance(document, dict) or not isinstance(document.get("messages"), list):
+        raise ValueError("an OpenCode export is an object {info, messages: [...]}")
+    info = _dict(document.get("info"))
+    messages = document["messages"]
+    entries = [_message(index, item)
+               for index, item in enumerate(messages[skip:], skip + 1)]
+    return info, entries, len(messages)
