@@ -24,6 +24,9 @@ MAX_QUERY_CHARS = 8_192
 SOURCE = "ctxctl-hook"
 NOT_FOUND = -32004
 SUMMARY_PREFIX = "[Summary of "
+LIVE = "live"
+"""The meta key that marks a message recorded as it happened: transcript.import does not
+append it again (docs/protocol.md, "transcript.import")."""
 
 
 class HookError(Exception):
@@ -191,8 +194,8 @@ class Hook:
         prompt = self.event.get("prompt")
         if not isinstance(prompt, str) or not prompt:
             return None
-        self.in_session("message.append", {"session_id": self.session_id,
-                                           "messages": [{"role": "user", "content": prompt}]})
+        self.in_session("message.append", {"session_id": self.session_id, "messages": [
+            {"role": "user", "content": prompt, "meta": {LIVE: "UserPromptSubmit"}}]})
         pulled = self.conn.call("inject.pull", {"session_id": self.session_id})
         injected: list[str | None] = []
         for injection in pulled["injections"]:
@@ -210,18 +213,35 @@ class Hook:
         text = output_text(response)
         call = {"role": "assistant", "content": [{
             "type": "tool_use", "id": tool_use_id, "name": tool_name,
-            "input": self.event.get("tool_input") or {}}]}
+            "input": self.event.get("tool_input") or {}}], "meta": {LIVE: "PostToolUse"}}
         result: dict[str, Any] = {
             "role": "tool", "name": tool_name[:256], "tool_call_id": tool_use_id[:256],
-            "content": text if text is not None else json.dumps(response)}
+            "content": text if text is not None else json.dumps(response),
+            "meta": {LIVE: "PostToolUse"}}
         if isinstance(response, dict) and response.get("interrupted") is True:
-            result["meta"] = {"is_error": True}
+            result["meta"]["is_error"] = True
         appended = self.in_session("message.append", {"session_id": self.session_id,
                                                       "messages": [call, result]})
         stub = appended["appended"][-1].get("stub")
         if stub is None or text is None:
             return None
         return self.answer("PostToolUse", updatedToolOutput=stubbed(response, stub))
+
+    def ingest(self, path_field: str = "transcript_path") -> None:
+        """Stop, SubagentStop, SessionEnd: the transcript from the last byte read (a
+        sub-agent's own file becomes a branch); what the hooks recorded live is not
+        appended again, and each response's usage is recorded once."""
+        path = self.event.get(path_field)
+        if not isinstance(path, str) or not os.path.isabs(path):
+            return
+        params: dict[str, Any] = {"format": "claude-code", "path": path,
+                                  "session_id": self.session_id}
+        if self.project:
+            params["project"] = self.project
+        self.conn.call("transcript.import", params)
+
+    def subagent_stop(self) -> None:
+        self.ingest("agent_transcript_path")
 
     def pre_compact(self) -> None:
         # ctxd compacts its copy too: the compacted thread becomes the session's snapshot,
@@ -234,6 +254,9 @@ HANDLERS = {
     "UserPromptSubmit": Hook.user_prompt_submit,
     "PostToolUse": Hook.post_tool_use,
     "PreCompact": Hook.pre_compact,
+    "Stop": Hook.ingest,
+    "SubagentStop": Hook.subagent_stop,
+    "SessionEnd": Hook.ingest,
 }
 
 

@@ -26,7 +26,7 @@ import trio
 from ctxd.errors import CtxdError, invalid_state, params_error
 from ctxd.hub import find_usage, insert_usage
 from ctxd.sessions._actor import SessionActor
-from ctxd.sessions._queries import scalar_rowid
+from ctxd.sessions._queries import decode_meta, scalar_rowid
 from ctxd.sessions._supervisor import Supervisor
 from ctxd.store import Transaction
 from ctxd.transcripts import ClaudeCodeParser, Entry, Usage, parse_opencode
@@ -57,6 +57,13 @@ AGENT_PROMPT_CHARS = 20_000
 AGENT_BUDGET = 32_768
 AGENT_TIMEOUT_S = 600.0
 SESSION_ID_SCAN_BYTES = 1 << 20
+LIVE = "live"
+"""The meta key of a message a live integration recorded as it happened (``ctxctl hook``
+writes the event's name): an import does not append it again (docs/protocol.md,
+"transcript.import")."""
+LIVE_MATCHED = "live_matched"
+"""Set on a live prompt once an import met its line, so a later equal prompt is not
+taken for it."""
 
 
 @dataclass
@@ -92,6 +99,67 @@ def _save_state(conn: apsw.Connection, session_id: str, path: str, fmt: str,
         "imported_at = excluded.imported_at",
         (session_id, path, fmt, state.offset, state.lines, state.size, state.head_bytes,
          state.head_hash, time.time()))
+
+
+@dataclass
+class _Live:
+    """What the live hooks recorded in the session that an import must not append again:
+    the ids of the tool calls (their results were recorded with them), and the prompts no
+    import has met yet, oldest first."""
+
+    tool_ids: set[str] = field(default_factory=set)
+    prompts: list[tuple[int, str, dict[str, object]]] = field(default_factory=list)
+    matched: list[tuple[int, dict[str, object]]] = field(default_factory=list)
+    """Prompts met by this import, marked when its next batch commits."""
+    skipped: int = 0
+
+    def kept(self, message: MessageIn) -> MessageIn | None:
+        """``message`` as the import appends it: None when the hooks recorded it, an
+        assistant message without the tool calls they recorded."""
+        if message.role == "tool" and message.tool_call_id in self.tool_ids:
+            self.skipped += 1
+            return None
+        if message.role == "user" and isinstance(message.content, str):
+            for i, (seq, content, meta) in enumerate(self.prompts):
+                if content == message.content:
+                    del self.prompts[i]
+                    self.matched.append((seq, meta))
+                    self.skipped += 1
+                    return None
+        if message.role == "assistant" and not isinstance(message.content, str):
+            parts = [part for part in message.content if not (
+                part.get("type") == "tool_use" and part.get("id") in self.tool_ids)]
+            if len(parts) < len(message.content):
+                if not parts:
+                    self.skipped += 1
+                    return None
+                return msgspec.structs.replace(message, content=parts)
+        return message
+
+
+def _load_live(conn: apsw.Connection, session_id: str) -> _Live:
+    live = _Live()
+    for seq, role, content, tool_call_id, meta in conn.execute(
+            "SELECT seq, role, content, tool_call_id, meta FROM messages "
+            "WHERE session_id = ? AND CAST(meta AS TEXT) LIKE ? ORDER BY seq",
+            (session_id, f'%"{LIVE}":%')):
+        decoded = decode_meta(meta)
+        if LIVE not in decoded:
+            continue
+        if role == "tool" and tool_call_id:
+            live.tool_ids.add(str(tool_call_id))
+        elif role == "user" and not decoded.get(LIVE_MATCHED):
+            text = json.loads(content)
+            if isinstance(text, str):
+                live.prompts.append((scalar_rowid(seq), text, decoded))
+    return live
+
+
+def _mark_matched(conn: apsw.Connection, session_id: str,
+                  matched: list[tuple[int, dict[str, object]]]) -> None:
+    conn.executemany("UPDATE messages SET meta = ? WHERE session_id = ? AND seq = ?",
+                     [(msgspec.json.encode({**meta, LIVE_MATCHED: True}), session_id, seq)
+                      for seq, meta in matched])
 
 
 def _head_hash(path: Path, length: int) -> str:
@@ -150,6 +218,7 @@ class _Import:
     path: str
     state: _State
     start_lines: int
+    live: _Live
     main: list[MessageIn] = field(default_factory=list)
     main_usage: list[Usage] = field(default_factory=list)
     agents: dict[str, _Agent] = field(default_factory=dict)
@@ -186,13 +255,14 @@ class _Import:
             if (meta.get("compact_summary") and "compact_boundary" not in meta) or (
                     meta.get("summary") is True and message.role == "assistant"):
                 self.compactions += 1
+        messages = [m for m in map(self.live.kept, entry.messages) if m is not None]
         if entry.thread is None:
-            self.main.extend(entry.messages)
+            self.main.extend(messages)
             if entry.usage is not None:
                 self.main_usage.append(entry.usage)
         else:
             agent = self.agents.setdefault(entry.thread, _Agent())
-            agent.messages.extend(entry.messages)
+            agent.messages.extend(messages)
             if entry.usage is not None:
                 agent.usage.append(entry.usage)
             agent.end, agent.line = entry.end, entry.line
@@ -201,6 +271,7 @@ class _Import:
                done: list[tuple[UsageEntry, bool]]) -> Callable[[Transaction], None]:
         session_id = self.actor.session_id
         local = self.actor.require().main_thread_tokens
+        matched, self.live.matched = self.live.matched, []
 
         def record(conn: apsw.Connection) -> None:
             now = time.time()
@@ -222,6 +293,8 @@ class _Import:
         def stage(transaction: Transaction) -> None:
             transaction.add(_save_state, session_id, self.path, self.params.format,
                             _copy(state))
+            if matched:
+                transaction.add(_mark_matched, session_id, matched)
             if usage:
                 transaction.add(record)
         return stage
@@ -408,8 +481,9 @@ async def _import_file(actor: SessionActor, p: TranscriptImportParams, path: Pat
             head = await trio.to_thread.run_sync(_head_hash, path, head_bytes)
     state = stored or _State(head_bytes=head_bytes, head_hash=head)
     state.size = size
+    live = await store.read(_load_live, actor.session_id)
     job = _Import(actor=actor, params=p, path=key, state=state, start_lines=state.lines,
-                  subagent_file=subagent_file)
+                  live=live, subagent_file=subagent_file)
     job.safe_end, job.safe_line = state.offset, state.lines
     start = state.offset
     bytes_read = 0
@@ -453,6 +527,7 @@ async def run_import(actor: SessionActor, p: TranscriptImportParams, path: Path,
         tool_results=sum(j.tool_results for j in jobs),
         usage_records=sum(j.usage_records for j in jobs),
         usage_duplicates=sum(j.usage_duplicates for j in jobs),
+        already_recorded=sum(j.live.skipped for j in jobs),
         branches=sum(j.branches for j in jobs), compactions=sum(j.compactions for j in jobs),
         malformed=[m for j in jobs for m in j.malformed],
         unknown_kept=dict(sorted(unknown.items())), bytes_read=bytes_read,

@@ -19,7 +19,7 @@ _SESSION_COLUMNS = (
     "closed_at", "last_seq", "folded_tokens", "compactions", "compact_failures", "compacted_at")
 _encode = msgspec.json.Encoder().encode
 _decode_content = msgspec.json.Decoder(Content).decode
-_decode_meta = msgspec.json.Decoder(dict[str, Any]).decode
+decode_meta = msgspec.json.Decoder(dict[str, Any]).decode
 
 
 def _text(value: object) -> bytes | str:
@@ -96,7 +96,7 @@ def _stored(row: Sequence[Any]) -> StoredMessage:
     values = dict(zip(_MESSAGE_COLUMNS, row, strict=True))
     values["content"] = _decode_content(values["content"])
     if values["meta"] is not None:
-        values["meta"] = _decode_meta(values["meta"])
+        values["meta"] = decode_meta(values["meta"])
     values["discarded"] = bool(values["discarded"])
     return StoredMessage(**values)
 

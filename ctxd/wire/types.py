@@ -1424,6 +1424,9 @@ class TranscriptImportResult(Result, frozen=True):
     usage_records: int
     usage_duplicates: int
     """Usage already recorded under the same message id (an earlier import)."""
+    already_recorded: int
+    """Messages the live hooks had recorded (``meta.live``: prompts, tool calls, tool
+    results), not appended again."""
     branches: int
     compactions: int
     """Compaction records found (``compact_boundary``, ``isCompactSummary``, OpenCode

@@ -47,7 +47,8 @@ def claude(project: Path, home: Path, mock: MockAnthropic, prompt: str) -> dict[
            "ENABLE_TOOL_SEARCH": "false"}
     # Claude Code refuses --dangerously-skip-permissions as root: allow Bash by name.
     done = subprocess.run([str(CLAUDE), "-p", prompt, "--output-format", "json",
-                           "--allowedTools", "Bash"], cwd=project, env=env,
+                           "--allowedTools", "Bash", "mcp__ctxd__memory_record"],
+                          cwd=project, env=env,
                           capture_output=True, text=True, timeout=180, check=False)
     assert done.returncode == 0, (done.stdout, done.stderr)
     result: dict[str, Any] = json.loads(done.stdout)
@@ -69,11 +70,15 @@ def test_a_claude_code_session_is_managed_by_ctxd(tmp_path: Path,
             "title": "otterbay releases", "content": "otterbay ships with make release-zebra.",
             "scope": f"project:{project}"})
     turns = [[tool_use("toolu_big01", "Bash", {"command": BIG_COMMAND,
-                                               "description": "Print the big log"})]]
+                                               "description": "Print the big log"})],
+             [tool_use("toolu_mcp01", "mcp__ctxd__memory_record", {
+                 "title": "zebra logs are long", "content": "Read them with read_result."})]]
     with running(turns, final="All read.") as mock:
         result = claude(project, home, mock, "Print the big log, please")
     assert result["result"] == "All read."
-    first, second = mock.main_requests()[:2]
+    requests = mock.main_requests()
+    assert len(requests) == 3
+    first, second, third = requests
 
     # (b) SessionStart's additionalContext carries the project's memory to the model.
     memory_line = "- otterbay releases (confidence 0.80): otterbay ships with make release-zebra."
@@ -96,7 +101,7 @@ def test_a_claude_code_session_is_managed_by_ctxd(tmp_path: Path,
         session = client.call("session.get", {"session_id": session_id})["session"]
         assert session["project"] == str(project)
         messages = client.call("message.list", {"session_id": session_id})["messages"]
-        assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+        assert [m["role"] for m in messages][:3] == ["user", "assistant", "tool"]
         assert messages[0]["content"] == "Print the big log, please"
         assert messages[2]["tool_call_id"] == "toolu_big01"
         ref_id = messages[2]["ref_id"]
@@ -107,3 +112,32 @@ def test_a_claude_code_session_is_managed_by_ctxd(tmp_path: Path,
                                            "limit": 1_000_000})
         assert read["content"] == BIG_OUTPUT
         assert len(BIG_OUTPUT) > 20_000
+
+        # The scripted call of ctxd's MCP tool reached the daemon, on Claude's session.
+        recorded = [m for m in client.call("memory.list", {"limit": 1000})["memories"]
+                    if m["title"] == "zebra logs are long"]
+        assert [(m["content"], m["scope"]) for m in recorded] == [
+            ("Read them with read_result.", f"project:{project}")]
+        answers = [b for m in third["messages"] if m["role"] == "user"
+                   and isinstance(m["content"], list) for b in m["content"]
+                   if b.get("type") == "tool_result" and b["tool_use_id"] == "toolu_mcp01"]
+        assert len(answers) == 1
+        assert answers[0].get("is_error", False) is False
+        content = answers[0]["content"]
+        tool_text = content if isinstance(content, str) else "".join(
+            block["text"] for block in content if block["type"] == "text")
+        answered = json.loads(tool_text)
+        assert (answered["memory"]["id"], answered["memory"]["title"]) == (
+            recorded[0]["id"], "zebra logs are long")
+        assert answered["context_state"]["session_id"] == session_id
+
+        # Stop ingested the transcript: the answers the hooks did not see, and the usage of
+        # each of the three responses once.
+        messages = client.call("message.list", {"session_id": session_id})["messages"]
+        assert [m["role"] for m in messages] == [
+            "user", "assistant", "tool", "assistant", "tool", "assistant"]
+        assert messages[-1]["content"] == [{"type": "text", "text": "All read."}]
+        usage = client.call("usage.get", {"session_id": session_id})
+        assert usage["totals"]["calls"] == 3
+        assert usage["totals"]["input_tokens"] == sum(
+            max(1, len(json.dumps(body)) // 4) for body in requests)

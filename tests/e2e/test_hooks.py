@@ -144,3 +144,86 @@ def test_fails_open(tmp_path: Path, shared_daemon: DaemonProcess, claude_sid: st
     # Events ctxd does not handle (yet) answer nothing and touch nothing.
     assert hook(shared_daemon.socket, event("Notification", claude_sid, "/x",
                                             message="m")) == (0, "", "")
+
+
+def _line(record: dict[str, Any]) -> str:
+    return json.dumps(record) + "\n"
+
+
+def test_stop_ingests_the_transcript_without_what_the_hooks_recorded_live(
+        tmp_path: Path, shared_daemon: DaemonProcess, claude_sid: str) -> None:
+    """Stop reads the transcript from the last byte read: the prompt, the tool call and its
+    result that UserPromptSubmit and PostToolUse recorded are not appended again; the
+    model's answer and its usage (once per message.id) are; a later Stop reads only what
+    was added, and SubagentStop makes the sub-agent's own file a branch."""
+    cwd = str(tmp_path)
+    transcript = tmp_path / "t.jsonl"
+    prompt, answer = "list the files", "There are two files."
+    base = {"sessionId": claude_sid, "cwd": cwd, "isSidechain": False}
+    usage = {"input_tokens": 120, "output_tokens": 30, "cache_read_input_tokens": 0,
+             "cache_creation_input_tokens": 0}
+    records = [
+        {**base, "type": "user", "uuid": "u1", "parentUuid": None,
+         "message": {"role": "user", "content": prompt}},
+        {**base, "type": "assistant", "uuid": "a1", "parentUuid": "u1",
+         "message": {"id": "msg_1", "role": "assistant", "model": "claude-x", "usage": usage,
+                     "content": [{"type": "tool_use", "id": "toolu_9", "name": "Bash",
+                                  "input": {"command": "ls"}}]}},
+        {**base, "type": "user", "uuid": "r1", "parentUuid": "a1",
+         "message": {"role": "user", "content": [
+             {"type": "tool_result", "tool_use_id": "toolu_9", "content": "a.txt\nb.txt"}]}},
+        {**base, "type": "assistant", "uuid": "a2", "parentUuid": "r1",
+         "message": {"id": "msg_2", "role": "assistant", "model": "claude-x", "usage": usage,
+                     "content": [{"type": "text", "text": answer}]}},
+    ]
+    transcript.write_text("".join(map(_line, records)))
+    socket = shared_daemon.socket
+    assert hook(socket, event("UserPromptSubmit", claude_sid, cwd, prompt=prompt))[0] == 0
+    assert hook(socket, event("PostToolUse", claude_sid, cwd, tool_name="Bash",
+                              tool_input={"command": "ls"}, tool_use_id="toolu_9",
+                              tool_response={"stdout": "a.txt\nb.txt", "stderr": "",
+                                             "interrupted": False, "isImage": False}))[0] == 0
+    assert hook(socket, event("Stop", claude_sid, cwd, stop_hook_active=False,
+                              transcript_path=str(transcript))) == (0, "", "")
+    with Client(socket) as client:
+        messages = client.call("message.list", {"session_id": claude_sid})["messages"]
+        assert [(m["role"], m["content"]) for m in messages] == [
+            ("user", prompt),
+            ("assistant", [{"type": "tool_use", "id": "toolu_9", "name": "Bash",
+                            "input": {"command": "ls"}}]),
+            ("tool", "a.txt\nb.txt"), ("assistant", [{"type": "text", "text": answer}])]
+        assert messages[0]["meta"] == {"live": "UserPromptSubmit", "live_matched": True}
+        totals = client.call("usage.get", {"session_id": claude_sid})["totals"]
+        assert (totals["input_tokens"], totals["output_tokens"]) == (240, 60)
+        # The same prompt again, live; then the transcript grows by that turn.
+        assert hook(socket, event("UserPromptSubmit", claude_sid, cwd, prompt=prompt))[0] == 0
+        with transcript.open("a") as out:
+            out.write(_line({**base, "type": "user", "uuid": "u2", "parentUuid": "a2",
+                             "message": {"role": "user", "content": prompt}}))
+            out.write(_line({**base, "type": "assistant", "uuid": "a3", "parentUuid": "u2",
+                             "message": {"id": "msg_3", "role": "assistant",
+                                         "model": "claude-x", "usage": usage,
+                                         "content": [{"type": "text", "text": "Still two."}]}}))
+        agent = tmp_path / "agent-a1b2.jsonl"
+        agent.write_text("".join(map(_line, [
+            {**base, "isSidechain": True, "agentId": "a1b2", "type": "user", "uuid": "s1",
+             "parentUuid": None, "message": {"role": "user", "content": "count the lines"}},
+            {**base, "isSidechain": True, "agentId": "a1b2", "type": "assistant",
+             "uuid": "s2", "parentUuid": "s1",
+             "message": {"id": "msg_s", "role": "assistant", "model": "claude-x",
+                         "usage": usage, "content": [{"type": "text", "text": "42 lines"}]}},
+        ])))
+        assert hook(socket, event("SubagentStop", claude_sid, cwd, stop_hook_active=False,
+                                  agent_id="a1b2", agent_type="general-purpose",
+                                  agent_transcript_path=str(agent))) == (0, "", "")
+        assert hook(socket, event("SessionEnd", claude_sid, cwd, reason="other",
+                                  transcript_path=str(transcript))) == (0, "", "")
+        messages = client.call("message.list", {"session_id": claude_sid})["messages"]
+        assert [m["content"] for m in messages[4:] if "branch_id" not in m] == [
+            prompt, 'Branch "sub-agent a1b2" returned: 42 lines',
+            [{"type": "text", "text": "Still two."}]]
+        listed = client.call("branch.list", {"session_id": claude_sid})
+        assert (listed["total"], listed["active"], listed["folded"]) == (1, 0, 1)
+        assert listed["branches"][0]["description"] == "sub-agent a1b2"
+        totals = client.call("usage.get", {"session_id": claude_sid})["totals"]
+        assert (totals["input_tokens"], totals["output_tokens"]) == (480, 120)
