@@ -1224,7 +1224,7 @@ class DaemonLogResult(Result, frozen=True):
 
 # ---- MCP (docs/protocol.md, "MCP") -----------------------------------------------------
 
-class McpParams(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+class McpParams(Params, frozen=True, kw_only=True, forbid_unknown_fields=False):
     """Base of MCP's params: unlike native params they accept unknown fields, and ``_meta``,
     as the MCP specification requires of a server."""
 
@@ -1269,8 +1269,7 @@ ProjectPath = Annotated[str, Meta(min_length=1, max_length=256,
                                   description="the project's directory; it scopes memories")]
 
 
-class ToolArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
-               gc=False):
+class ToolArgs(Params, frozen=True, kw_only=True):
     """Base of every MCP tool's arguments: a misspelt argument is an error naming it."""
 
     project_path: ProjectPath | None = None

@@ -130,6 +130,11 @@ def test_without_a_daemon_opencode_works_as_before(tmp_path: Path,
     with ChatServer() as model:
         model.turns = list(TURNS)
         project = opencode_project(tmp_path, model.url)
+        # The plugin alone: ctxd's MCP server entry would start a daemon (ctxctl mcp does
+        # when none answers), and this is about the plugin failing open without one.
+        config = json.loads((project / "opencode.json").read_text())
+        del config["mcp"]
+        (project / "opencode.json").write_text(json.dumps(config))
         run = subprocess.run([str(OPENCODE), "run", PROMPT], cwd=project,
                              env=hermetic_env(tmp_path, daemon), capture_output=True,
                              text=True, timeout=300, check=False)
