@@ -51,22 +51,12 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import apsw
 import msgspec
-from _common import Connection, DaemonProcess, percentile, request_line, start_daemons
-
-
-def timed(call: Callable[[], object], count: int) -> list[float]:
-    """Milliseconds of each of ``count`` calls, one at a time."""
-    samples = []
-    for _ in range(count):
-        started = time.perf_counter()
-        call()
-        samples.append((time.perf_counter() - started) * 1000)
-    return samples
+from _common import Connection, DaemonProcess, percentile, request_line, start_daemons, timed
 
 
 def kilobyte_messages(seed: int = 16) -> Iterator[str]:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from _common import REPO_ROOT, Connection, DaemonProcess, percentile, request_line
+from _common import REPO_ROOT, Connection, DaemonProcess, percentile, request_line, timed
 
 CTXCTL = str(Path(sys.executable).parent / "ctxctl")
 OUTPUT = "\n".join(f"line {i}" for i in range(2_000))
@@ -51,15 +51,6 @@ TRANSCRIPTS = REPO_ROOT.parent / "shared" / "bench-data" / "transcripts"
 SOURCES = ("claude-code_claude-code-viewer_fe5e1c67.jsonl",
            "claude-code_claude-code-log_deep-manifest_a7da6a22.jsonl")
 
-
-def timed(call: Callable[[], object], count: int) -> list[float]:
-    """Milliseconds of each of ``count`` calls, one at a time."""
-    samples = []
-    for _ in range(count):
-        started = time.perf_counter()
-        call()
-        samples.append((time.perf_counter() - started) * 1000)
-    return samples
 
 
 class PumpClient:

@@ -16,11 +16,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
-from typing import Any
 
 import msgspec
 import trio
+from _common import timed
 
 from ctxd.config import HygieneConfig
 from ctxd.hygiene import make_summarizer
@@ -69,14 +68,6 @@ def session_span(target_bytes: int) -> list[RenderedMessage]:
         size += sum(len(msgspec.json.encode(m)) for m in messages)
     return span
 
-
-def timed(function: Callable[[], Any], runs: int) -> list[float]:
-    samples = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        function()
-        samples.append((time.perf_counter() - start) * 1000)
-    return samples
 
 
 def main() -> None:
