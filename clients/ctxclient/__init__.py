@@ -4,9 +4,13 @@ It imports nothing of the daemon but its wire types, error codes and default pat
 client does not load the tokenizer or the store.
 """
 
-from typing import TYPE_CHECKING, Any
+from __future__ import annotations
+
+TYPE_CHECKING = False  # typing itself is not imported: `ctxctl hook` starts with this package
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from ctxclient._async import AsyncClient, connect
     from ctxclient._errors import (
         ERRORS,

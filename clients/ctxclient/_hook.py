@@ -10,12 +10,15 @@ most of its cost.
 
 from __future__ import annotations
 
+import _socket  # not `socket`: its enums and selectors cost the hook milliseconds
 import json
 import os
-import socket
 import sys
 import time
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 DEADLINE_S = 3.0
 """The longest a hook talks to the daemon; Claude Code's own timeout is the installed one."""
@@ -42,7 +45,7 @@ class Connection:
 
     def __init__(self, path: str, deadline: float):
         self.deadline = deadline
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         self.sock.settimeout(self._left())
         self.sock.connect(path)
         self.buffer = b""
