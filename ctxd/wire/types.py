@@ -1499,3 +1499,11 @@ class ContextForkResult(Result, frozen=True):
     tokens: int
     """Exact tokens of the preamble, a blank line and the context."""
     context_state: ContextState
+
+
+class ContextForkArgs(ToolArgs, frozen=True):
+    """MCP ``context_fork``: the connection's session forked (``context.fork``)."""
+
+    branch_id: BranchId | None = None
+    char_budget: ForkChars | None = None
+    no_removal_chars: ForkChars | None = None
