@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import trio
 
 from ctxd.errors import params_error
 from ctxd.hygiene import CHAR_BUDGET, COMPACTION_META, NO_REMOVAL_CHARS, Fork, fork, originals
@@ -23,6 +24,9 @@ from ctxd.wire.types import (
 if TYPE_CHECKING:
     from ctxd.sessions._actor import SessionActor
 
+ON_LOOP_TOKENS = 4_000
+"""A thread of at most this many tokens (about `ctxd.tokens.OFF_LOOP_BYTES` of text) is
+forked on the loop: a worker thread would cost more than the work."""
 FORK_META = "fork"
 """The ``meta`` key of the preamble that seeds a forked session: the source."""
 
@@ -56,7 +60,12 @@ async def forked(actor: SessionActor, branch_id: str | None, char_budget: int,
         await actor.branches.stored(branch_id)
     store = actor.supervisor.store
     messages = await store.read(_whole_thread, actor.session_id, branch_id)
-    return fork(messages, actor.supervisor.counter.count, char_budget, no_removal_chars)
+    count = actor.supervisor.counter.count
+    if sum(m.tokens for m in messages) <= ON_LOOP_TOKENS:
+        return fork(messages, count, char_budget, no_removal_chars)
+    # Off the loop: a thread of millions of characters takes tens of milliseconds
+    # (docs/performance.md, "Fork pipeline"); its messages are immutable.
+    return await trio.to_thread.run_sync(fork, messages, count, char_budget, no_removal_chars)
 
 
 def stats_of(done: Fork) -> ForkStats:
