@@ -73,6 +73,29 @@ def test_fork_of_a_made_up_session(shared_daemon: DaemonProcess, sid: str) -> No
         assert small["stats"]["total_chars"] <= 20_000
 
 
+def test_fork_of_a_session_ctxd_compacted(shared_daemon: DaemonProcess, sid: str) -> None:
+    with shared_daemon.client() as client:
+        client.call("session.open", {"session_id": sid, "budget": {
+            "context_window": 4_096, "max_output_tokens": 0}})
+        appended = client.call("message.append", {"session_id": sid, "allow_over": True,
+                                                  "messages": [
+            {"role": "user", "content": f"request {i}: " + "word " * 600} if i % 2 == 0
+            else {"role": "assistant", "content": f"answer {i}: " + "done " * 600}
+            for i in range(8)]})
+        assert [c["summarized"] for c in appended["compactions"]] == [6]
+        got = client.call("context.fork", {"session_id": sid})
+        thread = client.call("ctxd.render", {"session_id": sid})["messages"]
+    # The summary stands first in the kept thread: the fork starts there and keeps all.
+    assert got["stats"] == stats(original_count=3, final_count=3,
+                                 total_chars=len(got["context"]), compaction_detected=True,
+                                 compaction_slice_index=0, truncated_results=0,
+                                 tier_distribution={"tier1": 0, "tier2": 0, "tier3": 0})
+    assert got["context"] == "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in thread)
+    assert got["preamble"].splitlines()[1] == (
+        "Compaction: the context was compacted before; it starts at the latest compaction "
+        "summary (0 earlier messages left out).")
+
+
 def test_fork_params_errors(shared_daemon: DaemonProcess, sid: str) -> None:
     with shared_daemon.client() as client:
         error = rpc_error(client, "context.fork", {"session_id": "nope-never-opened"})
@@ -80,9 +103,10 @@ def test_fork_params_errors(shared_daemon: DaemonProcess, sid: str) -> None:
         client.call("session.open", {"session_id": sid})
         error = rpc_error(client, "context.fork", {"session_id": sid, "char_budget": 1_000})
         assert (error.code, error.data["path"]) == (-32602, "$.no_removal_chars")
-        assert "no_removal_chars (120,000) is above char_budget (1,000)" in error.message \
-            or "no_removal_chars (120,000) is above char_budget (1,000)" in json.dumps(
-                error.data)
+        assert error.data["reason"] == (
+            "no_removal_chars (120,000) is above char_budget (1,000): a context is never cut "
+            "at or under no_removal_chars, and always fits char_budget; lower it, or raise "
+            "char_budget")
         error = rpc_error(client, "context.fork", {"session_id": sid, "char_budget": 0})
         assert (error.code, error.data["path"]) == (-32602, "$.char_budget")
         error = rpc_error(client, "context.fork", {"session_id": sid,
@@ -112,7 +136,13 @@ def test_fork_from_seeds_a_new_session(shared_daemon: DaemonProcess, sid: str) -
                                "input": {"command": "ls"}}], None, None, None),
             (4, "tool", "a.py", "bash", "c1", None),
             (5, "assistant", "one file", None, None, None)]
-        assert opened["context_state"]["total_tokens"] > 0
+        child = sid + "-child"
+        rendered = client.call("ctxd.render", {"session_id": child})
+        assert opened["context_state"]["main_thread_tokens"] == rendered["tokens"]
+        assert [m["content"] for m in rendered["messages"]] == [m["content"] for m in listed]
+        more = client.call("message.append", {"session_id": child, "messages": [
+            {"role": "user", "content": "go on"}]})
+        assert [a["seq"] for a in more["appended"]] == [6]
         error = rpc_error(client, "session.open", {"session_id": sid,
                                                    "fork_from": {"session_id": sid}})
         assert error.code == -32003
