@@ -152,3 +152,19 @@ def test_fork_errors(shared_daemon: DaemonProcess, tmp_path: Path) -> None:
     neither = ctxctl(socket, "fork")
     assert (neither.returncode, neither.stderr) == (
         2, "ctxctl: fork takes a SESSION or --from FORMAT FILE (one of them)\n")
+
+
+def test_fork_a_branch(shared_daemon: DaemonProcess, sid: str, tmp_path: Path) -> None:
+    seeded(shared_daemon, sid)
+    with shared_daemon.client() as client:
+        branch = client.call("branch.create", {"session_id": sid, "description": "look",
+                                               "prompt": "find it",
+                                               "inject_memories": False})["branch_id"]
+        native = client.call("context.fork", {"session_id": sid, "branch_id": branch})
+    done = ctxctl(shared_daemon.socket, "fork", sid, "--branch", branch)
+    assert (done.returncode, done.stdout) == (
+        0, native["preamble"] + "\n\n" + native["context"] + "\n")
+    both = ctxctl(shared_daemon.socket, "fork", "--from", "opencode", str(tmp_path / "x"),
+                  "--branch", branch)
+    assert (both.returncode, both.stderr) == (
+        2, "ctxctl: --branch forks a branch of a SESSION, not of --from's file\n")
