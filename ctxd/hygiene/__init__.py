@@ -19,7 +19,6 @@ from ctxd.hygiene._fork import (
     NO_REMOVAL_CHARS,
     Fork,
     ForkedMessage,
-    ForkStats,
     fork,
 )
 from ctxd.hygiene._offload import (
@@ -64,7 +63,6 @@ __all__ = [
     "NO_REMOVAL_CHARS",
     "BlobInfo",
     "Fork",
-    "ForkStats",
     "ForkedMessage",
     "SessionTool",
     "Snapshot",

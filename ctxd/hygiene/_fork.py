@@ -12,7 +12,7 @@ from typing import Any
 
 from ctxd.hygiene._compact import COMPACTION_META
 from ctxd.hygiene._offload import STUB_PREFIX
-from ctxd.wire.types import Content, Role, StoredMessage
+from ctxd.wire.types import Content, ForkStats, Role, StoredMessage, TierDistribution
 
 FULL_RESULTS = 5
 """The newest tool results kept whole (tier 1)."""
@@ -49,40 +49,13 @@ class ForkedMessage:
 
 
 @dataclass(frozen=True)
-class ForkStats:
-    original_count: int
-    final_count: int
-    total_chars: int
-    """Characters of the formatted context (without the preamble)."""
-    removed_messages: int
-    """Messages the character budget removed (Stage 3)."""
-    compaction_detected: bool
-    compaction_slice_index: int | None
-    """The index, in the original messages, of the compaction summary the fork starts at."""
-    truncated_results: int
-    """Tool results that were cut (Stage 2)."""
-    tier1: int
-    tier2: int
-    tier3: int
-    head_tail_applied: int
-    """Tool results and parameters cut head+tail."""
-    cleared_results: int
-    truncated_params: int
-
-
-@dataclass(frozen=True)
 class Fork:
     preamble: str
     context: str
     messages: list[ForkedMessage]
     stats: ForkStats
     tokens: int
-    """Exact tokens of ``text``."""
-
-    @property
-    def text(self) -> str:
-        """What a child reads: the preamble, then the formatted context."""
-        return self.preamble + SEPARATOR + self.context if self.context else self.preamble
+    """Exact tokens of what a child reads: the preamble, a blank line, the context."""
 
 
 # ---- Stage 1: the latest compaction boundary --------------------------------------------
@@ -285,6 +258,7 @@ def _plural(count: int, word: str) -> str:
 
 def preamble(stats: ForkStats, skipped: int) -> str:
     """What the child is told was cut."""
+    tiers = stats.tier_distribution
     if stats.compaction_detected:
         compaction = (f"Compaction: the context was compacted before; it starts at the latest "
                       f"compaction summary ({_plural(skipped, 'earlier message')} left out).")
@@ -293,8 +267,8 @@ def preamble(stats: ForkStats, skipped: int) -> str:
     return "\n".join((
         "[Forked context: a bounded copy of another session's conversation.]",
         compaction,
-        f"Tool results: {stats.tier1} newest kept whole, {stats.tier2} cut to 3,000 "
-        f"characters, {stats.tier3} cut to 500 characters ({stats.truncated_results} "
+        f"Tool results: {tiers.tier1} newest kept whole, {tiers.tier2} cut to 3,000 "
+        f"characters, {tiers.tier3} cut to 500 characters ({stats.truncated_results} "
         f"truncated, {stats.cleared_results} already cleared).",
         f"Messages removed to fit the character budget: {stats.removed_messages}.",
         "Cut text is marked …[truncated N chars]…: re-read files for full contents."))
@@ -314,10 +288,11 @@ def fork(messages: Sequence[StoredMessage], count_tokens: Callable[[str], int],
         original_count=len(messages), final_count=len(forked) - removed,
         total_chars=len(context), removed_messages=removed,
         compaction_detected=boundary is not None, compaction_slice_index=boundary,
-        truncated_results=counts.truncated, tier1=counts.tiers[0], tier2=counts.tiers[1],
-        tier3=counts.tiers[2], head_tail_applied=counts.head_tail,
-        cleared_results=counts.cleared, truncated_params=counts.params)
+        truncated_results=counts.truncated,
+        tier_distribution=TierDistribution(tier1=counts.tiers[0], tier2=counts.tiers[1],
+                                           tier3=counts.tiers[2]),
+        head_tail_applied=counts.head_tail, cleared_results=counts.cleared,
+        truncated_params=counts.params)
     head = preamble(stats, start)
-    text = head + SEPARATOR + context if context else head
     return Fork(preamble=head, context=context, messages=forked[removed:], stats=stats,
-                tokens=count_tokens(text))
+                tokens=count_tokens(head + SEPARATOR + context if context else head))

@@ -15,10 +15,8 @@ from ctxd.wire.types import (
     ContextForkParams,
     ContextForkResult,
     ForkFrom,
-    ForkStats,
     MessageIn,
     StoredMessage,
-    TierDistribution,
 )
 
 if TYPE_CHECKING:
@@ -68,24 +66,12 @@ async def forked(actor: SessionActor, branch_id: str | None, char_budget: int,
     return await trio.to_thread.run_sync(fork, messages, count, char_budget, no_removal_chars)
 
 
-def stats_of(done: Fork) -> ForkStats:
-    s = done.stats
-    return ForkStats(
-        original_count=s.original_count, final_count=s.final_count, total_chars=s.total_chars,
-        removed_messages=s.removed_messages, compaction_detected=s.compaction_detected,
-        compaction_slice_index=s.compaction_slice_index,
-        truncated_results=s.truncated_results,
-        tier_distribution=TierDistribution(tier1=s.tier1, tier2=s.tier2, tier3=s.tier3),
-        head_tail_applied=s.head_tail_applied, cleared_results=s.cleared_results,
-        truncated_params=s.truncated_params)
-
-
 async def context_fork(actor: SessionActor, p: ContextForkParams) -> ContextForkResult:
     """context.fork on the session's actor."""
     done = await forked(actor, p.branch_id, p.char_budget, p.no_removal_chars)
     return ContextForkResult(session_id=actor.session_id, branch_id=p.branch_id,
                              preamble=done.preamble, context=done.context,
-                             stats=stats_of(done), tokens=done.tokens,
+                             stats=done.stats, tokens=done.tokens,
                              context_state=actor.context_state())
 
 

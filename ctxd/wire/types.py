@@ -1476,17 +1476,28 @@ class TierDistribution(Result, frozen=True):
 
 
 class ForkStats(Result, frozen=True):
+    """What the fork pipeline did (docs/protocol.md, "context.fork")."""
+
     original_count: int
+    """The thread's messages."""
     final_count: int
+    """The forked context's messages."""
     total_chars: int
+    """Characters of the formatted context (without the preamble)."""
     removed_messages: int
+    """Messages the character budget removed (stage 3)."""
     compaction_detected: bool
     compaction_slice_index: int | None
+    """The index, in the thread, of the compaction summary the fork starts at."""
     truncated_results: int
+    """Tool results that were cut (stage 2)."""
     tier_distribution: TierDistribution
     head_tail_applied: int
+    """Tool results and parameters cut head+tail (80/20)."""
     cleared_results: int
+    """Tool results that were already cleared, passed through."""
     truncated_params: int
+    """Tool calls whose parameters were cut."""
 
 
 class ContextForkResult(Result, frozen=True):

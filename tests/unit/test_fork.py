@@ -15,7 +15,7 @@ from ctxd.hygiene._fork import (
     wants_head_tail,
 )
 from ctxd.tokens import TokenCounter
-from ctxd.wire.types import Content, Role, StoredMessage
+from ctxd.wire.types import Content, ForkStats, Role, StoredMessage, TierDistribution
 
 _seq = iter(range(1, 1_000_000))
 
@@ -245,11 +245,11 @@ def test_fork_formats_the_context_and_counts_its_tokens() -> None:
         '[assistant]\n[tool_use Bash id=c1] {"command": "ls"}\n\n'
         "[tool: Bash]\na.py\nb.py\n\n[assistant]\ntwo files")
     assert forked.tokens == counter.count(forked.preamble + "\n\n" + forked.context)
-    stats = forked.stats
-    assert (stats.original_count, stats.final_count, stats.total_chars, stats.removed_messages,
-            stats.compaction_detected, stats.compaction_slice_index, stats.truncated_results,
-            stats.tier1, stats.tier2, stats.tier3, stats.head_tail_applied) == (
-        7, 5, len(forked.context), 0, True, 2, 0, 1, 0, 0, 0)
+    assert forked.stats == ForkStats(
+        original_count=7, final_count=5, total_chars=len(forked.context), removed_messages=0,
+        compaction_detected=True, compaction_slice_index=2, truncated_results=0,
+        tier_distribution=TierDistribution(tier1=1, tier2=0, tier3=0), head_tail_applied=0,
+        cleared_results=0, truncated_params=0)
 
 
 def test_fork_without_compaction_and_with_removal() -> None:
