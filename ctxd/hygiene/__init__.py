@@ -1,7 +1,7 @@
 """Context hygiene: what keeps a session's context small without losing a byte — tool
 results offloaded to ``tool_result_blobs`` (docs/architecture.md), the compaction chain's
 choices and its summarizers, snapshots in ``session_snapshots``, the prompt builder
-(docs/protocol.md, Prompt builder), and tool deferral over ``session_tools``
+(docs/protocol.md, Prompt builder), tool deferral over ``session_tools``
 (docs/protocol.md, Tool deferral), and the fork pipeline (docs/protocol.md, context.fork).
 The session actor calls it and stages its rows in its own transactions."""
 

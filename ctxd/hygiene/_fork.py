@@ -17,7 +17,7 @@ from ctxd.wire.types import Content, ForkStats, Role, StoredMessage, TierDistrib
 FULL_RESULTS = 5
 """The newest tool results kept whole (tier 1)."""
 CUT_RESULTS = 10
-"""The tool results after those cut to `TIER2_CHARS` (tier 2); older ones: tier 3."""
+"""The tool results after those, cut to 3,000 characters (tier 2); older ones: tier 3."""
 RESULT_CHARS = (None, 3_000, 500)
 """Characters kept of a tool result, by tier (None: whole)."""
 PARAM_CHARS = (500, 200, 100)
