@@ -27,7 +27,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from ctxclient import _import, _mcp
+from ctxclient import _fork, _import, _mcp
 from ctxclient._errors import BadSocketPath, DaemonUnavailable, RpcError
 from ctxclient._output import (
     FORMATS,
@@ -1478,6 +1478,7 @@ def parser() -> argparse.ArgumentParser:
                             help="bash, zsh or fish")
     completion.set_defaults(run=cmd_completion, offline=True)
     _import.register(commands, common, session_id, _Parser)
+    _fork.register(commands, common, session_id, branch_id)
     return cli
 
 

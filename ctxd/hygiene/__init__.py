@@ -1,9 +1,9 @@
 """Context hygiene: what keeps a session's context small without losing a byte — tool
 results offloaded to ``tool_result_blobs`` (docs/architecture.md), the compaction chain's
 choices and its summarizers, snapshots in ``session_snapshots``, the prompt builder
-(docs/protocol.md, Prompt builder), and tool deferral over ``session_tools``
-(docs/protocol.md, Tool deferral). The session actor calls it and stages its rows in its
-own transactions."""
+(docs/protocol.md, Prompt builder), tool deferral over ``session_tools``
+(docs/protocol.md, Tool deferral), and the fork pipeline (docs/protocol.md, context.fork).
+The session actor calls it and stages its rows in its own transactions."""
 
 from ctxd.hygiene._compact import (
     COMPACTION_META,
@@ -13,6 +13,13 @@ from ctxd.hygiene._compact import (
     oldest_span,
     summary_text,
     truncated_text,
+)
+from ctxd.hygiene._fork import (
+    CHAR_BUDGET,
+    NO_REMOVAL_CHARS,
+    Fork,
+    ForkedMessage,
+    fork,
 )
 from ctxd.hygiene._offload import (
     HEAD_CHARS,
@@ -49,10 +56,14 @@ from ctxd.hygiene._tools import (
 )
 
 __all__ = [
+    "CHAR_BUDGET",
     "COMPACTION_META",
     "HEAD_CHARS",
     "LINE_CHARS",
+    "NO_REMOVAL_CHARS",
     "BlobInfo",
+    "Fork",
+    "ForkedMessage",
     "SessionTool",
     "Snapshot",
     "Summarizer",
@@ -69,6 +80,7 @@ __all__ = [
     "defer",
     "deferred_note",
     "drop_snapshot_after",
+    "fork",
     "grep",
     "is_error_result",
     "load_blob",

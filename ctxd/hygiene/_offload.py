@@ -96,10 +96,14 @@ def result_size(content: Content) -> int:
     return len((text if text is not None else _encode(content).decode()).encode())
 
 
+STUB_PREFIX = "[Tool result stored — "
+"""How an offloaded result's stub starts."""
+
+
 def stub_text(size_bytes: int, tool_name: str | None, head: str, ref_id: str) -> str:
     """What an offloaded result renders as (docs/protocol.md, "Offloaded tool results")."""
     source = f' from "{tool_name}"' if tool_name else ""
-    return (f"[Tool result stored — {size_bytes:,} bytes{source}. First {HEAD_CHARS} chars: "
+    return (f"{STUB_PREFIX}{size_bytes:,} bytes{source}. First {HEAD_CHARS} chars: "
             f"{head}] Use read_result with ref_id=\"{ref_id}\" to read more.")
 
 

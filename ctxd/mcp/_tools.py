@@ -24,6 +24,8 @@ from ctxd.wire.types import (
     ContextBranchStatusArgs,
     ContextBranchStatusResult,
     ContextCompactResult,
+    ContextForkArgs,
+    ContextForkResult,
     ContextListBranchesArgs,
     ContextListBranchesResult,
     ContextReturnArgs,
@@ -259,6 +261,14 @@ async def _compact(context: ToolContext, args: CompactContextArgs) -> ContextCom
     return compacted
 
 
+async def _fork(context: ToolContext, args: ContextForkArgs) -> ContextForkResult:
+    session_id = await context.session(args)
+    forked: ContextForkResult = await context.native("context.fork", {
+        "session_id": session_id, **_fields(args, "branch_id", "char_budget",
+                                            "no_removal_chars")})
+    return forked
+
+
 async def _tool_search(context: ToolContext, args: ToolSearchArgs) -> ToolSearchToolResult:
     session_id = await context.session(args)
     found: ToolsSearchResult = await context.native("tools.search", {
@@ -307,6 +317,11 @@ TOOLS: tuple[Tool[Any], ...] = (
          "Tools left out of the context to save tokens: find those matching the query; "
          "they are offered again from the next turn.",
          ToolSearchArgs, ToolSearchToolResult, _tool_search, False),
+    Tool("context_fork", "Fork the context for a sub-agent",
+         "This session's context (or a branch's) bounded for a sub-agent: from the latest "
+         "compaction summary, old tool results and parameters cut, the oldest messages "
+         "removed over char_budget; a preamble says what was cut.",
+         ContextForkArgs, ContextForkResult, _fork, True),
 )
 """In the order tools/list gives them (fixed: clients cache the prompt that holds them)."""
 

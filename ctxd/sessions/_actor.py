@@ -375,16 +375,27 @@ class SessionActor:
 
     # ---- sessions ----------------------------------------------------------------------
 
-    async def open(self, params: SessionOpenParams) -> SessionOpenResult:
+    async def open(self, params: SessionOpenParams,
+                   seed: list[MessageIn] | None = None) -> SessionOpenResult:
+        """session.open; ``seed``: the messages of a session forked from another, stored
+        in the transaction that creates it (docs/protocol.md, "context.fork")."""
         now = time.time()
         sup = self.supervisor
+        if self.record is not None and seed is not None:
+            raise invalid_state(
+                f"session {self.session_id} exists; fork_from seeds a new session",
+                "leave session_id out (a new id is made) or give one not in use",
+                session_id=self.session_id)
         if self.record is None:
             record = SessionRecord(
                 session_id=self.session_id, project=params.project, title=params.title,
                 state="open", budget=resolve_budget(params.budget, sup.config.budget),
                 created_at=now, updated_at=now)
             with sup.open_slot():
-                await self._save(record)
+                if seed:
+                    await self._create_seeded(record, seed)
+                else:
+                    await self._save(record)
             sup.sessions_total += 1
             sup.bus.publish(self.session_id, "session.opened",
                             {"project": record.project, "title": _shown(record.title),
@@ -412,6 +423,25 @@ class SessionActor:
                              "created": False})
         return SessionOpenResult(session=record.info(self.branches), created=False,
                                  context_state=self.context_state())
+
+    async def _create_seeded(self, record: SessionRecord, seed: list[MessageIn]) -> None:
+        """Create the session with its first messages, in one transaction."""
+        counts = await self.supervisor.counter.count_messages(seed)
+        stored = [StoredMessage(seq=seq, role=m.role, content=m.content,
+                                component="system_prompt" if m.role == "system"
+                                else "conversation", tokens=tokens,
+                                created_at=record.created_at, name=m.name,
+                                tool_call_id=m.tool_call_id, meta=m.meta)
+                  for seq, (m, tokens) in enumerate(zip(seed, counts, strict=True), 1)]
+        record.component_tokens = dict(record.component_tokens)
+        for message in stored:
+            record.component_tokens[message.component] += message.tokens
+        record.last_seq = record.message_count = len(stored)
+        transaction = Transaction()
+        transaction.add(q.save_session, record)
+        transaction.add(q.insert_messages, self.session_id, stored)
+        await self.supervisor.store.commit(transaction)
+        self.record = record
 
     async def get(self) -> SessionResult:
         record = self.require()

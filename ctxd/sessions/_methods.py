@@ -6,6 +6,7 @@ from __future__ import annotations
 import secrets
 
 from ctxd.sessions import _queries as q
+from ctxd.sessions._fork import context_fork, fork_seed
 from ctxd.sessions._import import register_import
 from ctxd.sessions._injection_methods import register_injection
 from ctxd.sessions._supervisor import Supervisor
@@ -25,6 +26,8 @@ from ctxd.wire.types import (
     BudgetMeasureResult,
     ContextCompactParams,
     ContextCompactResult,
+    ContextForkParams,
+    ContextForkResult,
     MessageAppendParams,
     MessageAppendResult,
     MessageListParams,
@@ -56,7 +59,12 @@ def register(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
     """Add the session methods to the dispatcher."""
 
     async def session_open(call: Call, p: SessionOpenParams) -> SessionOpenResult:
-        return await supervisor.call(p.session_id or new_session_id(), lambda a: a.open(p))
+        source = p.fork_from
+        if source is None:
+            return await supervisor.call(p.session_id or new_session_id(), lambda a: a.open(p))
+        seed = await supervisor.call(source.session_id, lambda a: fork_seed(a, source))
+        return await supervisor.call(p.session_id or new_session_id(),
+                                     lambda a: a.open(p, seed))
 
     async def session_get(call: Call, p: SessionIdParams) -> SessionResult:
         return await supervisor.call(p.session_id, lambda a: a.get())
@@ -82,6 +90,9 @@ def register(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
 
     async def context_compact(call: Call, p: ContextCompactParams) -> ContextCompactResult:
         return await supervisor.call(p.session_id, lambda a: a.compact(p))
+
+    async def context_fork_(call: Call, p: ContextForkParams) -> ContextForkResult:
+        return await supervisor.call(p.session_id, lambda a: context_fork(a, p))
 
     async def message_append(call: Call, p: MessageAppendParams) -> MessageAppendResult:
         return await supervisor.call(p.session_id, lambda a: a.append(p))
@@ -128,6 +139,7 @@ def register(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
     dispatcher.register("session.list", SessionListParams, session_list)
     dispatcher.register("session.resume", SessionIdParams, session_resume)
     dispatcher.register("context.compact", ContextCompactParams, context_compact)
+    dispatcher.register("context.fork", ContextForkParams, context_fork_)
     dispatcher.register("message.append", MessageAppendParams, message_append)
     dispatcher.register("message.list", MessageListParams, message_list)
     dispatcher.register("ctxd.render", RenderParams, render)

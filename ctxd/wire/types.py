@@ -189,6 +189,9 @@ class SessionOpenParams(Params, frozen=True):
     project: Text | None = None
     title: Annotated[str, Meta(max_length=1024)] | None = None
     budget: BudgetParams | None = None
+    fork_from: ForkFrom | None = None
+    """A new session seeded with the forked context of another (docs/protocol.md,
+    "context.fork")."""
 
 
 class SessionIdParams(Params, frozen=True):
@@ -1439,3 +1442,79 @@ class TranscriptImportResult(Result, frozen=True):
     subagent_files: int = 0
     """Claude Code sub-agent files found beside the transcript and imported
     (``<dir>/<session id>/subagents/agent-*.jsonl``)."""
+
+
+# ---- context.fork, session.open's fork_from (docs/protocol.md, "context.fork") ---------
+
+ForkChars = Annotated[int, Meta(ge=1, le=100_000_000)]
+
+
+class ForkFrom(Params, frozen=True):
+    """The session (and thread) whose forked context seeds a new session."""
+
+    session_id: SessionId
+    branch_id: BranchId | None = None
+
+
+class ContextForkParams(Params, frozen=True):
+    session_id: SessionId
+    branch_id: BranchId | None = None
+    """The thread to fork: a branch's own messages, or (null) the main thread."""
+    char_budget: ForkChars = 200_000
+    """Above it, the oldest messages are removed until the context fits."""
+    no_removal_chars: ForkChars = 120_000
+    """A context of at most this many characters is never cut (≤ ``char_budget``)."""
+
+
+class TierDistribution(Result, frozen=True):
+    tier1: int
+    """Tool results kept whole (the newest 5)."""
+    tier2: int
+    """Tool results cut to 3,000 characters (the next 10)."""
+    tier3: int
+    """Tool results cut to 500 characters (the rest)."""
+
+
+class ForkStats(Result, frozen=True):
+    """What the fork pipeline did (docs/protocol.md, "context.fork")."""
+
+    original_count: int
+    """The thread's messages."""
+    final_count: int
+    """The forked context's messages."""
+    total_chars: int
+    """Characters of the formatted context (without the preamble)."""
+    removed_messages: int
+    """Messages the character budget removed (stage 3)."""
+    compaction_detected: bool
+    compaction_slice_index: int | None
+    """The index, in the thread, of the compaction summary the fork starts at."""
+    truncated_results: int
+    """Tool results that were cut (stage 2)."""
+    tier_distribution: TierDistribution
+    head_tail_applied: int
+    """Tool results and parameters cut head+tail (80/20)."""
+    cleared_results: int
+    """Tool results that were already cleared, passed through."""
+    truncated_params: int
+    """Tool calls whose parameters were cut."""
+
+
+class ContextForkResult(Result, frozen=True):
+    session_id: str
+    branch_id: str | None
+    preamble: str
+    context: str
+    """The formatted context: one block per message (``[role]``, ``[tool: name]``)."""
+    stats: ForkStats
+    tokens: int
+    """Exact tokens of the preamble, a blank line and the context."""
+    context_state: ContextState
+
+
+class ContextForkArgs(ToolArgs, frozen=True):
+    """MCP ``context_fork``: the connection's session forked (``context.fork``)."""
+
+    branch_id: BranchId | None = None
+    char_budget: ForkChars | None = None
+    no_removal_chars: ForkChars | None = None

@@ -31,7 +31,7 @@ import ctxclient
 CTXCTL = str(Path(sys.executable).parent / "ctxctl")
 TOOL_NAMES = ["context_branch", "context_return", "context_branch_status",
               "context_list_branches", "context_rollback", "read_result", "memory_search",
-              "memory_record", "compact_context", "tool_search"]
+              "memory_record", "compact_context", "tool_search", "context_fork"]
 OUTPUT = "\n".join(f"line {i}" for i in range(600))
 """A tool output over the 4,096-byte offload threshold."""
 
@@ -183,6 +183,10 @@ async def test_every_tool(shared_daemon: DaemonProcess, sid: str) -> None:
             searched = await call("tool_search", query="weather")
             assert searched == {"matches": [], "deferred": 0,
                                 "context_state": compacted["context_state"]}
+            forked = await call("context_fork", char_budget=150_000)
+            assert forked == client.call("context.fork", {"session_id": sid,
+                                                          "char_budget": 150_000})
+            assert forked["stats"]["original_count"] > 0
     assert progress == [
         (0.0, 1.0, "compacting the main thread"),
         (1.0, 1.0, f"compacted the main thread: {compacted['before_tokens']} → "

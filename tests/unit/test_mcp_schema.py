@@ -41,6 +41,11 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
     ("compact_context", {"strategies": []}, False),
     ("tool_search", {"query": "q", "limit": 50, "project_path": "/p"}, True),
     ("tool_search", {"query": "q", "limit": 51}, False),
+    ("context_fork", {}, True),
+    ("context_fork", {"char_budget": 1_000, "no_removal_chars": 500}, True),
+    ("context_fork", {"char_budget": 0}, False),
+    ("context_fork", {"branch_id": "main"}, False),
+    ("context_fork", {"budget": 10}, False),
 ]
 
 

@@ -1,0 +1,298 @@
+"""The fork pipeline (docs/protocol.md, "context.fork"): a bounded copy of a thread for a
+sub-agent, in three pure stages — the latest compaction boundary, graduated tool-result
+truncation, a character budget — and the text a child reads (a preamble that says what was
+cut, then the formatted context). Linear in the thread's size; no LLM call."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ctxd.hygiene._compact import COMPACTION_META
+from ctxd.hygiene._offload import STUB_PREFIX
+from ctxd.wire.types import Content, ForkStats, Role, StoredMessage, TierDistribution
+
+FULL_RESULTS = 5
+"""The newest tool results kept whole (tier 1)."""
+CUT_RESULTS = 10
+"""The tool results after those, cut to 3,000 characters (tier 2); older ones: tier 3."""
+RESULT_CHARS = (None, 3_000, 500)
+"""Characters kept of a tool result, by tier (None: whole)."""
+PARAM_CHARS = (500, 200, 100)
+"""Characters kept of a tool call's parameters (as JSON), by its result's tier."""
+HEAD_SHARE = 0.8
+"""Head+tail truncation keeps 80% of the allowance from the start, 20% from the end."""
+HEAD_TAIL_TOOLS = ("bash", "pty", "exec")
+"""A tool whose name contains one of these (any case) is cut head+tail: a command's
+outcome is at its end."""
+ERROR_WORDS = ("error", "Error", "ERROR", "failed", "FAILED", "exception", "traceback")
+"""Words (case-sensitive) that make a text cut head+tail: its cause is often at the end."""
+CLEARED_MARKER = "[Old tool result content cleared]"
+"""What Claude Code and OpenCode show for a cleared result (OpenCode: a tool part with
+``state.time.compacted``, imported with ``meta.compacted``)."""
+NO_REMOVAL_CHARS = 120_000
+CHAR_BUDGET = 200_000
+SEPARATOR = "\n\n"
+"""Between two messages' blocks in the formatted context."""
+
+
+@dataclass(frozen=True)
+class ForkedMessage:
+    """A message of the forked context (a tool result or call maybe cut)."""
+
+    role: Role
+    content: Content
+    name: str | None = None
+    tool_call_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Fork:
+    preamble: str
+    context: str
+    messages: list[ForkedMessage]
+    stats: ForkStats
+    tokens: int
+    """Exact tokens of what a child reads: the preamble, a blank line, the context."""
+
+
+# ---- Stage 1: the latest compaction boundary --------------------------------------------
+
+def _has_compaction_part(meta: dict[str, Any]) -> bool:
+    parts = meta.get("parts")
+    return isinstance(parts, list) and any(
+        isinstance(part, dict) and part.get("type") == "compaction" for part in parts)
+
+
+def compaction_boundary(messages: Sequence[StoredMessage]) -> int | None:
+    """The index of the latest compaction summary, or None. A summary is Claude Code's
+    ``isCompactSummary`` record (``meta.compact_summary``), OpenCode's ``summary: true``
+    assistant message after a user message with a ``compaction`` part, or a message ctxd's
+    own compaction wrote for a span (``meta.compaction``: ``summary`` or ``truncated``)."""
+    boundary = None
+    compaction_asked = False
+    for index, message in enumerate(messages):
+        meta = message.meta
+        if not meta:
+            continue
+        if meta.get("compact_summary") is True \
+                or meta.get(COMPACTION_META) in ("summary", "truncated"):
+            boundary = index
+        elif message.role == "user" and _has_compaction_part(meta):
+            compaction_asked = True
+        elif compaction_asked and message.role == "assistant" and meta.get("summary") is True:
+            boundary = index
+            compaction_asked = False
+    return boundary
+
+
+# ---- Stage 2: graduated truncation -------------------------------------------------------
+
+def cut(text: str, limit: int, head_tail: bool) -> str:
+    """``text`` in at most ``limit`` characters and the marker ``…[truncated N chars]…``
+    (N: the characters left out): its head, or 80% head and 20% tail. Characters are code
+    points: a cut never splits one."""
+    if len(text) <= limit:
+        return text
+    marker = f"…[truncated {len(text) - limit} chars]…"
+    if not head_tail:
+        return text[:limit] + marker
+    head = int(limit * HEAD_SHARE)
+    tail = limit - head
+    return text[:head] + marker + (text[len(text) - tail:] if tail else "")
+
+
+def wants_head_tail(tool_name: str | None, text: str) -> bool:
+    """Head+tail for a shell-like tool or a text that shows an error; head only else."""
+    if tool_name:
+        lowered = tool_name.lower()
+        if any(word in lowered for word in HEAD_TAIL_TOOLS):
+            return True
+    return any(word in text for word in ERROR_WORDS)
+
+
+def is_cleared(message: StoredMessage) -> bool:
+    """A tool result already cleared: by the agent's harness, or by ctxd's compaction (its
+    stub: docs/protocol.md, "Compaction")."""
+    meta = message.meta or {}
+    if meta.get(COMPACTION_META) == "cleared" or meta.get("compacted") is not None:
+        return True
+    return isinstance(message.content, str) and message.content.startswith(
+        (CLEARED_MARKER[:-1], STUB_PREFIX))
+
+
+def content_text(content: Content) -> str:
+    """A content's text: a string, or its text parts joined by newlines."""
+    if isinstance(content, str):
+        return content
+    return "\n".join(str(part.get("text", "")) for part in content
+                     if part.get("type") == "text")
+
+
+def tier_of(rank: int) -> int:
+    """The tier (0, 1, 2) of the tool result ``rank`` places from the newest."""
+    if rank < FULL_RESULTS:
+        return 0
+    return 1 if rank < FULL_RESULTS + CUT_RESULTS else 2
+
+
+@dataclass
+class _Counts:
+    tiers: list[int] = field(default_factory=lambda: [0, 0, 0])
+    truncated: int = 0
+    head_tail: int = 0
+    cleared: int = 0
+    params: int = 0
+
+
+def _cut_calls(content: Content, tiers: dict[str, int], counts: _Counts) -> Content:
+    if isinstance(content, str) or not any(p.get("type") == "tool_use" for p in content):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") == "tool_use":
+            limit = PARAM_CHARS[tiers.get(str(part.get("id")), 0)]
+            text = json.dumps(part.get("input"), ensure_ascii=False)
+            if len(text) > limit:
+                name = part.get("name")
+                head_tail = wants_head_tail(name if isinstance(name, str) else None, text)
+                counts.params += 1
+                counts.head_tail += head_tail
+                part = {**part, "input": {"truncated_input": cut(text, limit, head_tail)}}
+        parts.append(part)
+    return parts
+
+
+def truncate(messages: Sequence[StoredMessage]) -> tuple[list[ForkedMessage], _Counts]:
+    """Stage 2: tool results by recency (the newest `FULL_RESULTS` whole, the next
+    `CUT_RESULTS` to 3,000 characters, the rest to 500) and tool calls' parameters by their
+    result's tier (500 / 200 / 100); cleared results pass through."""
+    tiers: dict[str, int] = {}
+    rank_of: dict[int, int] = {}
+    rank = 0
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if message.role == "tool":
+            rank_of[index] = rank
+            if message.tool_call_id is not None:
+                tiers.setdefault(message.tool_call_id, tier_of(rank))
+            rank += 1
+    counts = _Counts()
+    forked = []
+    for index, message in enumerate(messages):
+        content = message.content
+        if message.role == "tool":
+            tier = tier_of(rank_of[index])
+            counts.tiers[tier] += 1
+            limit = RESULT_CHARS[tier]
+            if is_cleared(message):
+                counts.cleared += 1
+                if message.meta and message.meta.get("compacted") is not None:
+                    content = CLEARED_MARKER
+            elif limit is not None:
+                text = content_text(content)
+                if len(text) > limit:
+                    head_tail = wants_head_tail(message.name, text)
+                    counts.truncated += 1
+                    counts.head_tail += head_tail
+                    content = cut(text, limit, head_tail)
+        elif message.role == "assistant":
+            content = _cut_calls(content, tiers, counts)
+        forked.append(ForkedMessage(role=message.role, content=content, name=message.name,
+                                    tool_call_id=message.tool_call_id))
+    return forked, counts
+
+
+# ---- Stage 3: the character budget ---------------------------------------------------------
+
+def block(message: ForkedMessage) -> str:
+    """One message of the formatted context: its role (a tool result: and the tool's
+    name), then its text; a tool call as ``[tool_use NAME id=ID] PARAMS``."""
+    if message.role == "tool":
+        header = f"[tool: {message.name or 'tool'}]"
+    else:
+        header = f"[{message.role}]"
+    if isinstance(message.content, str):
+        return f"{header}\n{message.content}"
+    lines = [header]
+    for part in message.content:
+        kind = part.get("type")
+        if kind == "text":
+            lines.append(str(part.get("text", "")))
+        elif kind == "tool_use":
+            lines.append(f"[tool_use {part.get('name')} id={part.get('id')}] "
+                         + json.dumps(part.get("input"), ensure_ascii=False))
+        elif kind == "tool_result":
+            body = part.get("content")
+            lines.append(f"[tool_result id={part.get('tool_use_id')}] "
+                         + (content_text(body) if isinstance(body, str | list) else ""))
+        else:
+            lines.append(f"[{kind}]")
+    return "\n".join(lines)
+
+
+def fit(blocks: Sequence[str], roles: Sequence[Role], char_budget: int,
+        no_removal_chars: int) -> int:
+    """Stage 3: how many of the oldest messages go so that the formatted context fits in
+    ``char_budget`` (none at or under ``no_removal_chars``, nor under ``char_budget``);
+    tool results left without their call go with it."""
+    total = sum(len(text) for text in blocks) + len(SEPARATOR) * max(0, len(blocks) - 1)
+    if total <= no_removal_chars or total <= char_budget:
+        return 0
+    removed = 0
+    while removed < len(blocks) - 1 and total > char_budget:
+        total -= len(blocks[removed]) + len(SEPARATOR)
+        removed += 1
+    while removed < len(blocks) and roles[removed] == "tool":
+        removed += 1
+    return removed
+
+
+# ---- the pipeline ----------------------------------------------------------------------------
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" + ("" if count == 1 else "s")
+
+
+def preamble(stats: ForkStats, skipped: int) -> str:
+    """What the child is told was cut."""
+    tiers = stats.tier_distribution
+    if stats.compaction_detected:
+        compaction = (f"Compaction: the context was compacted before; it starts at the latest "
+                      f"compaction summary ({_plural(skipped, 'earlier message')} left out).")
+    else:
+        compaction = "Compaction: none found; the context starts at the first message."
+    return "\n".join((
+        "[Forked context: a bounded copy of another session's conversation.]",
+        compaction,
+        f"Tool results: {tiers.tier1} newest kept whole, {tiers.tier2} cut to 3,000 "
+        f"characters, {tiers.tier3} cut to 500 characters ({stats.truncated_results} "
+        f"truncated, {stats.cleared_results} already cleared).",
+        f"Messages removed to fit the character budget: {stats.removed_messages}.",
+        "Cut text is marked …[truncated N chars]…: re-read files for full contents."))
+
+
+def fork(messages: Sequence[StoredMessage], count_tokens: Callable[[str], int],
+         char_budget: int = CHAR_BUDGET, no_removal_chars: int = NO_REMOVAL_CHARS) -> Fork:
+    """The forked context of a thread's messages (in thread order), and its exact tokens
+    counted by ``count_tokens``."""
+    boundary = compaction_boundary(messages)
+    start = 0 if boundary is None else boundary
+    forked, counts = truncate(messages[start:])
+    blocks = [block(message) for message in forked]
+    removed = fit(blocks, [m.role for m in forked], char_budget, no_removal_chars)
+    context = SEPARATOR.join(blocks[removed:])
+    stats = ForkStats(
+        original_count=len(messages), final_count=len(forked) - removed,
+        total_chars=len(context), removed_messages=removed,
+        compaction_detected=boundary is not None, compaction_slice_index=boundary,
+        truncated_results=counts.truncated,
+        tier_distribution=TierDistribution(tier1=counts.tiers[0], tier2=counts.tiers[1],
+                                           tier3=counts.tiers[2]),
+        head_tail_applied=counts.head_tail, cleared_results=counts.cleared,
+        truncated_params=counts.params)
+    head = preamble(stats, start)
+    return Fork(preamble=head, context=context, messages=forked[removed:], stats=stats,
+                tokens=count_tokens(head + SEPARATOR + context if context else head))

@@ -1,0 +1,85 @@
+"""context.fork and session.open's ``fork_from`` (docs/protocol.md, "context.fork"): read a
+thread on its session's actor and run the fork pipeline of ``ctxd.hygiene`` over it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import trio
+
+from ctxd.errors import params_error
+from ctxd.hygiene import CHAR_BUDGET, COMPACTION_META, NO_REMOVAL_CHARS, Fork, fork, originals
+from ctxd.sessions import _queries as q
+from ctxd.wire.types import (
+    ContextForkParams,
+    ContextForkResult,
+    ForkFrom,
+    MessageIn,
+    StoredMessage,
+)
+
+if TYPE_CHECKING:
+    from ctxd.sessions._actor import SessionActor
+
+ON_LOOP_TOKENS = 4_000
+"""A thread of at most this many tokens (about `ctxd.tokens.OFF_LOOP_BYTES` of text) is
+forked on the loop: a worker thread would cost more than the work."""
+FORK_META = "fork"
+"""The ``meta`` key of the preamble that seeds a forked session: the source."""
+
+
+def _whole_thread(conn: Any, session_id: str, branch_id: str | None) -> list[StoredMessage]:
+    """The thread's kept messages in thread order, offloaded tool results whole (a result
+    compaction cleared keeps its marker), in the store's thread."""
+    messages = q.thread_rows(conn, session_id, branch_id)
+    whole = originals(conn, session_id, [m.seq for m in messages if m.role == "tool"
+                                         and not (m.meta and COMPACTION_META in m.meta)])
+    return [m if m.seq not in whole else msgspec.structs.replace(m, content=whole[m.seq][1])
+            for m in messages]
+
+
+async def forked(actor: SessionActor, branch_id: str | None, char_budget: int,
+                 no_removal_chars: int) -> Fork:
+    """The forked context of one of the actor's threads.
+
+    Raises:
+        CtxdError: -32602 when ``no_removal_chars`` is above ``char_budget``; -32004 for an
+            unknown session or branch.
+    """
+    actor.require()
+    if no_removal_chars > char_budget:
+        raise params_error("$.no_removal_chars",
+                           f"no_removal_chars ({no_removal_chars:,}) is above char_budget "
+                           f"({char_budget:,}): a context is never cut at or under "
+                           "no_removal_chars, and always fits char_budget; lower it, or "
+                           "raise char_budget")
+    if branch_id is not None:
+        await actor.branches.stored(branch_id)
+    store = actor.supervisor.store
+    messages = await store.read(_whole_thread, actor.session_id, branch_id)
+    count = actor.supervisor.counter.count
+    if sum(m.tokens for m in messages) <= ON_LOOP_TOKENS:
+        return fork(messages, count, char_budget, no_removal_chars)
+    # Off the loop: a thread of millions of characters takes tens of milliseconds
+    # (docs/performance.md, "Fork pipeline"); its messages are immutable.
+    return await trio.to_thread.run_sync(fork, messages, count, char_budget, no_removal_chars)
+
+
+async def context_fork(actor: SessionActor, p: ContextForkParams) -> ContextForkResult:
+    """context.fork on the session's actor."""
+    done = await forked(actor, p.branch_id, p.char_budget, p.no_removal_chars)
+    return ContextForkResult(session_id=actor.session_id, branch_id=p.branch_id,
+                             preamble=done.preamble, context=done.context,
+                             stats=done.stats, tokens=done.tokens,
+                             context_state=actor.context_state())
+
+
+async def fork_seed(actor: SessionActor, source: ForkFrom) -> list[MessageIn]:
+    """What seeds a session forked from the actor's: the preamble as a user message, then
+    the forked messages (docs/decisions.md, "Fork pipeline")."""
+    done = await forked(actor, source.branch_id, CHAR_BUDGET, NO_REMOVAL_CHARS)
+    origin = {FORK_META: {"session_id": actor.session_id, "branch_id": source.branch_id}}
+    return [MessageIn(role="user", content=done.preamble, meta=origin)] + [
+        MessageIn(role=m.role, content=m.content, name=m.name, tool_call_id=m.tool_call_id)
+        for m in done.messages]

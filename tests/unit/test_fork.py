@@ -1,0 +1,266 @@
+"""The fork pipeline's stages (ctxd/hygiene/_fork.py), one rule each, with exact outputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ctxd.hygiene import fork
+from ctxd.hygiene._fork import (
+    compaction_boundary,
+    cut,
+    fit,
+    truncate,
+    wants_head_tail,
+)
+from ctxd.tokens import TokenCounter
+from ctxd.wire.types import Content, ForkStats, Role, StoredMessage, TierDistribution
+
+_seq = iter(range(1, 1_000_000))
+
+
+def msg(role: Role, content: Content, *, name: str | None = None,
+        call_id: str | None = None, meta: dict[str, Any] | None = None) -> StoredMessage:
+    return StoredMessage(seq=next(_seq), role=role, content=content, component="conversation",
+                         tokens=1, created_at=0.0, name=name, tool_call_id=call_id, meta=meta)
+
+
+def call(call_id: str, name: str, params: Any) -> StoredMessage:
+    return msg("assistant", [{"type": "tool_use", "id": call_id, "name": name, "input": params}])
+
+
+def result(call_id: str, text: str, name: str = "read",
+           meta: dict[str, Any] | None = None) -> StoredMessage:
+    return msg("tool", text, name=name, call_id=call_id, meta=meta)
+
+
+def thread(results: int, size: int, name: str = "read") -> list[StoredMessage]:
+    messages: list[StoredMessage] = [msg("user", "go")]
+    for index in range(results):
+        messages += [call(f"c{index}", name, {"i": index}), result(f"c{index}", "x" * size, name)]
+    return messages
+
+
+# ---- cut and the marker ---------------------------------------------------------------
+
+def test_cut_head_only_keeps_the_limit_and_counts_what_went() -> None:
+    assert cut("abcdefghij", 4, head_tail=False) == "abcd…[truncated 6 chars]…"
+
+
+def test_cut_head_tail_is_80_20() -> None:
+    text = "".join(chr(ord("a") + i % 26) for i in range(30))
+    assert cut(text, 10, head_tail=True) == "abcdefgh…[truncated 20 chars]…cd"
+
+
+def test_cut_leaves_a_text_at_the_limit_alone() -> None:
+    assert cut("abcd", 4, head_tail=True) == "abcd"
+
+
+def test_cut_counts_code_points_not_bytes() -> None:
+    text = "😀" * 10 + "é" * 5
+    assert cut(text, 4, head_tail=False) == "😀😀😀😀…[truncated 11 chars]…"
+    assert cut(text, 5, head_tail=True) == "😀😀😀😀…[truncated 10 chars]…é"
+
+
+@pytest.mark.parametrize("name", ["bash", "Bash", "run_pty", "PTY", "exec_command", "EXEC"])
+def test_head_tail_for_shell_like_tool_names(name: str) -> None:
+    assert wants_head_tail(name, "plain output")
+
+
+@pytest.mark.parametrize("word", ["error", "Error", "ERROR", "failed", "FAILED", "exception",
+                                  "traceback"])
+def test_head_tail_for_each_error_word(word: str) -> None:
+    assert wants_head_tail("read", f"line 1\nsome {word} here\n")
+
+
+@pytest.mark.parametrize("text", ["Failed", "Exception raised", "Traceback (most", "erro r"])
+def test_head_only_otherwise(text: str) -> None:
+    assert not wants_head_tail("read", text)
+    assert not wants_head_tail(None, text)
+
+
+# ---- Stage 2 -------------------------------------------------------------------------------
+
+def test_tiers_counted_from_the_newest_result() -> None:
+    messages = thread(17, 3_100)
+    forked, counts = truncate(messages)
+    results = [m.content for m in forked if m.role == "tool"]
+    # Oldest two: tier 3 (500), the ten before the newest five: tier 2 (3,000).
+    assert results[0] == "x" * 500 + "…[truncated 2600 chars]…"
+    assert results[1] == "x" * 500 + "…[truncated 2600 chars]…"
+    assert results[2:12] == ["x" * 3_000 + "…[truncated 100 chars]…"] * 10
+    assert results[12:] == ["x" * 3_100] * 5
+    assert (counts.tiers, counts.truncated, counts.head_tail) == ([5, 10, 2], 12, 0)
+
+
+def test_tier_boundaries_exactly_at_the_limits() -> None:
+    messages = [msg("user", "go"), result("a", "y" * 501), result("b", "y" * 500)] + \
+        [result(f"t2_{i}", "z" * 3_000) for i in range(10)] + \
+        [result(f"t1_{i}", "w" * 50_000) for i in range(5)]
+    forked, counts = truncate(messages)
+    assert forked[1].content == "y" * 500 + "…[truncated 1 chars]…"
+    assert forked[2].content == "y" * 500
+    assert [m.content for m in forked[3:13]] == ["z" * 3_000] * 10
+    assert [m.content for m in forked[13:]] == ["w" * 50_000] * 5
+    assert (counts.tiers, counts.truncated) == ([5, 10, 2], 1)
+
+
+def test_bash_result_is_cut_head_and_tail() -> None:
+    text = "h" * 400 + "m" * 1000 + "t" * 100
+    messages = [result("a", text, name="Bash")] + [result(f"n{i}", "ok") for i in range(15)]
+    forked, counts = truncate(messages)
+    assert forked[0].content == "h" * 400 + "…[truncated 1000 chars]…" + "t" * 100
+    assert counts.head_tail == 1
+
+
+def test_error_text_is_cut_head_and_tail_and_plain_text_head_only() -> None:
+    failing = "Error: " + "e" * 993 + "the cause"
+    plain = "p" * 1000
+    messages = [result("a", failing), result("b", plain)] + \
+        [result(f"n{i}", "ok") for i in range(15)]
+    forked, _ = truncate(messages)
+    assert forked[0].content == failing[:400] + "…[truncated 509 chars]…" + failing[-100:]
+    assert forked[1].content == "p" * 500 + "…[truncated 500 chars]…"
+
+
+def test_parameters_cut_by_their_results_tier() -> None:
+    big = {"command": "q" * 1000}
+    messages: list[StoredMessage] = []
+    for index in range(16):
+        messages += [call(f"c{index}", "read", big), result(f"c{index}", "ok")]
+    forked, counts = truncate(messages)
+    encoded = '{"command": "' + "q" * 1000 + '"}'
+    inputs = [m.content[0]["input"] for m in forked if m.role == "assistant"]  # type: ignore[index]
+    assert inputs[0] == {"truncated_input": encoded[:100] + "…[truncated 915 chars]…"}
+    assert inputs[1:11] == [{"truncated_input": encoded[:200] + "…[truncated 815 chars]…"}] * 10
+    assert inputs[11:] == [{"truncated_input": encoded[:500] + "…[truncated 515 chars]…"}] * 5
+    assert (counts.params, counts.truncated) == (16, 0)
+
+
+def test_bash_parameters_cut_head_and_tail() -> None:
+    forked, counts = truncate([call("c", "bash", {"command": "r" * 600}), result("c", "ok")])
+    encoded = '{"command": "' + "r" * 600 + '"}'
+    assert forked[0].content[0]["input"] == {  # type: ignore[index]
+        "truncated_input": encoded[:400] + "…[truncated 115 chars]…" + encoded[-100:]}
+    assert counts.head_tail == 1
+
+
+def test_cleared_results_pass_through() -> None:
+    ctxd_cleared = ('[Old tool result content cleared — read it with read_result '
+                    'ref_id="res_0123456789abcdef"]')
+    stub = ('[Tool result stored — 48,231 bytes from "bash". First 200 chars: ' + "s" * 600
+            + '] Use read_result with ref_id="res_0123456789abcdef" to read more.')
+    messages = [result("a", "[Old tool result content cleared]"), result("b", ctxd_cleared),
+                result("c", stub), result("d", "o" * 800, meta={"compacted": 1700000000000})] + \
+        [result(f"n{i}", "ok") for i in range(15)]
+    forked, counts = truncate(messages)
+    assert [m.content for m in forked[:4]] == [
+        "[Old tool result content cleared]", ctxd_cleared, stub,
+        "[Old tool result content cleared]"]
+    assert (counts.cleared, counts.truncated, counts.tiers) == (4, 0, [5, 10, 4])
+
+
+# ---- Stage 1 -------------------------------------------------------------------------------
+
+def test_no_boundary() -> None:
+    assert compaction_boundary([msg("user", "a"), msg("assistant", "b")]) is None
+
+
+def test_claude_code_summary_latest_wins() -> None:
+    messages = [msg("user", "a"), msg("user", "s1", meta={"compact_summary": True}),
+                msg("assistant", "b"),
+                msg("user", "s2", meta={"compact_summary": True, "compact_boundary": {}}),
+                msg("assistant", "c")]
+    assert compaction_boundary(messages) == 3
+
+
+def test_opencode_summary_after_a_compaction_part() -> None:
+    asked = {"parts": [{"type": "compaction", "auto": True}]}
+    messages = [msg("user", "a"), msg("assistant", "lone", meta={"summary": True}),
+                msg("user", "", meta=asked), msg("assistant", "sum", meta={"summary": True}),
+                msg("assistant", "sum2", meta={"summary": True}), msg("user", "next")]
+    assert compaction_boundary(messages) == 3
+    # A compaction asked for but not written yet is no boundary.
+    assert compaction_boundary(messages[:3]) is None
+
+
+@pytest.mark.parametrize("kind", ["summary", "truncated"])
+def test_ctxd_compaction_is_a_boundary(kind: str) -> None:
+    messages = [msg("system", "sys"), msg("user", "[Summary…]", meta={"compaction": kind}),
+                msg("user", "q"),
+                msg("tool", "[Old tool result content cleared — …]",
+                    meta={"compaction": "cleared"})]
+    assert compaction_boundary(messages) == 1
+
+
+def test_the_latest_of_different_sources_wins() -> None:
+    messages = [msg("user", "s", meta={"compaction": "summary"}), msg("user", "",
+                meta={"parts": [{"type": "compaction"}]}),
+                msg("assistant", "x", meta={"summary": True}), msg("user", "tail")]
+    assert compaction_boundary(messages) == 2
+
+
+# ---- Stage 3 -------------------------------------------------------------------------------
+
+def test_no_removal_under_the_budget() -> None:
+    assert fit(["a" * 150_000, "b" * 49_998], ["user", "assistant"], 200_000, 120_000) == 0
+
+
+def test_oldest_removed_above_the_budget() -> None:
+    blocks = ["a" * 100_000, "b" * 50_000, "c" * 60_000]
+    assert fit(blocks, ["user", "assistant", "user"], 200_000, 120_000) == 1
+
+
+def test_a_tool_result_never_left_without_its_call() -> None:
+    blocks = ["a" * 50_000, "b" * 60_000, "c" * 60_000, "d" * 10]
+    assert fit(blocks, ["user", "assistant", "tool", "user"], 120_000, 120_000) == 3
+
+
+def test_smaller_budget() -> None:
+    assert fit(["a" * 10, "b" * 10, "c" * 10], ["user"] * 3, 20, 5) == 2
+
+
+# ---- the pipeline ------------------------------------------------------------------------
+
+def test_fork_formats_the_context_and_counts_its_tokens() -> None:
+    counter = TokenCounter()
+    messages = [msg("system", "be brief"), msg("user", "old"),
+                msg("user", "the summary", meta={"compact_summary": True}),
+                msg("user", "list files"),
+                call("c1", "Bash", {"command": "ls"}),
+                result("c1", "a.py\nb.py", name="Bash"),
+                msg("assistant", "two files")]
+    forked = fork(messages, counter.count)
+    assert forked.preamble == (
+        "[Forked context: a bounded copy of another session's conversation.]\n"
+        "Compaction: the context was compacted before; it starts at the latest compaction "
+        "summary (2 earlier messages left out).\n"
+        "Tool results: 1 newest kept whole, 0 cut to 3,000 characters, 0 cut to 500 "
+        "characters (0 truncated, 0 already cleared).\n"
+        "Messages removed to fit the character budget: 0.\n"
+        "Cut text is marked …[truncated N chars]…: re-read files for full contents.")
+    assert forked.context == (
+        "[user]\nthe summary\n\n[user]\nlist files\n\n"
+        '[assistant]\n[tool_use Bash id=c1] {"command": "ls"}\n\n'
+        "[tool: Bash]\na.py\nb.py\n\n[assistant]\ntwo files")
+    assert forked.tokens == counter.count(forked.preamble + "\n\n" + forked.context)
+    assert forked.stats == ForkStats(
+        original_count=7, final_count=5, total_chars=len(forked.context), removed_messages=0,
+        compaction_detected=True, compaction_slice_index=2, truncated_results=0,
+        tier_distribution=TierDistribution(tier1=1, tier2=0, tier3=0), head_tail_applied=0,
+        cleared_results=0, truncated_params=0)
+
+
+def test_fork_without_compaction_and_with_removal() -> None:
+    messages = [msg("user", "u" * 100), msg("assistant", "a" * 100), msg("user", "last")]
+    # Blocks of 107, 112 and 11 characters and two separators: 234.
+    forked = fork(messages, len, char_budget=130, no_removal_chars=50)
+    assert forked.context == "[assistant]\n" + "a" * 100 + "\n\n[user]\nlast"
+    assert forked.stats.removed_messages == 1
+    assert forked.stats.final_count == 2
+    assert forked.preamble.splitlines()[1] == (
+        "Compaction: none found; the context starts at the first message.")
+    assert forked.preamble.splitlines()[3] == (
+        "Messages removed to fit the character budget: 1.")
+    assert forked.tokens == len(forked.preamble) + 2 + len(forked.context)
