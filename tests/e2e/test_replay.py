@@ -1,0 +1,114 @@
+"""The replay (docs/decisions.md, "Replay: context saved"): a made-up Claude Code transcript
+whose figures are computed here, a shared transcript with its figures pinned, and
+`ctxctl replay` (--json, a bad file, --plot)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxclient._replay import load, replay
+from ctxd.tokens import TokenCounter
+from ctxd.transcripts import ClaudeCodeParser
+
+TRANSCRIPTS = Path(__file__).resolve().parents[3] / "shared" / "bench-data" / "transcripts"
+DEEP = TRANSCRIPTS / "claude-code_claude-code-log_deep-manifest_a7da6a22.jsonl"
+needs_data = pytest.mark.skipif(not DEEP.exists(), reason="bench-data transcripts absent")
+
+BIG = "".join(f"line {i}: def parse(value): return value\n" for i in range(200))
+FIRST = "Fix the date parser. Always run the tests with pytest -q.\nDon't touch setup.py."
+LATEST = "Now add a changelog entry."
+ERROR = "FAILED tests/test_dates.py::test_iso - AssertionError"
+
+
+def _record(kind: str, content: Any, uuid: str, **extra: Any) -> dict[str, Any]:
+    return {"type": kind, "uuid": uuid, "sessionId": "s1",
+            "message": {"role": kind, "content": content}, **extra}
+
+
+def made_up() -> list[dict[str, Any]]:
+    return [
+        _record("user", FIRST, "u1"),
+        _record("assistant", [{"type": "tool_use", "id": "t1", "name": "Read",
+                               "input": {"file_path": "/p/dates.py"}}], "a1"),
+        _record("user", [{"type": "tool_result", "tool_use_id": "t1", "content": BIG}], "u2"),
+        _record("assistant", [{"type": "tool_use", "id": "t2", "name": "Bash",
+                               "input": {"command": "pytest -q"}}], "a2"),
+        _record("user", [{"type": "tool_result", "tool_use_id": "t2", "is_error": True,
+                          "content": ERROR + "\n1 failed"}], "u3"),
+        _record("assistant", [{"type": "text", "text": "Fixed."}], "a3"),
+        _record("user", LATEST, "u4"),
+        _record("assistant", [{"type": "text", "text": "Done."}], "a4"),
+    ]
+
+
+def write(path: Path, records: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return path
+
+
+def raw_tokens(records: list[dict[str, Any]]) -> int:
+    """The raw thread's tokens: every message the parser makes of the records, counted by
+    ctxd's rule, plus 3 for the reply priming."""
+    data = "".join(json.dumps(record) + "\n" for record in records).encode()
+    entries, _ = ClaudeCodeParser().feed(data, 0, 1)
+    counter = TokenCounter()
+    return 3 + sum(counter.message_tokens(m.role, m.content, m.name, m.tool_call_id)
+                   for entry in entries for m in entry.messages)
+
+
+def test_made_up_transcript_replays_with_exact_figures(tmp_path: Path) -> None:
+    path = write(tmp_path / "t.jsonl", made_up())
+    assert [len(turn) for turn in load(path).turns] == [6, 2]
+    report = replay(path)
+    assert report.window == 200_000
+    assert report.turns == 2
+    assert report.messages == 8
+    assert report.raw_peak_tokens == raw_tokens(made_up())
+    assert [p.raw_tokens for p in report.series] == [raw_tokens(made_up()[:6]),
+                                                     raw_tokens(made_up())]
+    # The one large result is offloaded: the render holds its stub instead.
+    assert report.offloaded == 1
+    assert report.compacted == 0
+    assert report.peak_tokens == report.final_tokens < report.raw_peak_tokens
+    assert report.removed_messages == 1
+    assert report.removed_bytes == len(BIG.encode())
+    assert report.retrievable_fraction == 1.0
+    assert report.not_retrievable == []
+    # first and latest request, two rules, one file, one command, one error: all kept
+    # (the file's contents one result.read away).
+    assert report.key_facts == 7
+    assert report.facts_missed == []
+    assert report.key_facts_kept == 1.0
+    assert report.reduction == round(1 - report.peak_tokens / report.raw_peak_tokens, 4)
+
+
+def test_a_small_window_compacts_and_every_removed_byte_reads_back(tmp_path: Path) -> None:
+    records = made_up()
+    for n in range(12):
+        records += [_record("user", f"Request {n}: read part {n}.", f"x{n}"),
+                    _record("assistant", [{"type": "tool_use", "id": f"r{n}", "name": "Read",
+                                           "input": {"file_path": f"/p/part{n}.py"}}],
+                            f"y{n}"),
+                    _record("user", [{"type": "tool_result", "tool_use_id": f"r{n}",
+                                      "content": BIG.replace("line", f"p{n}")[:3000]}],
+                                     f"z{n}"),
+                    _record("assistant", [{"type": "text", "text": f"Part {n} read."}],
+                            f"w{n}")]
+    report = replay(write(tmp_path / "t.jsonl", records), window=12_000)
+    assert report.turns == 14
+    assert report.compacted > 0
+    assert report.peak_tokens < report.raw_peak_tokens
+    assert report.retrievable_fraction == 1.0
+    assert report.not_retrievable == []
+
+
+@needs_data
+def test_shared_transcript_figures() -> None:
+    report = replay(DEEP, window=32_000)
+    assert (report.turns, report.messages, report.raw_peak_tokens) == (8, 299, 86_234)
+    assert report.retrievable_fraction == 1.0
+    assert report.peak_tokens < 32_000 - 8_192
