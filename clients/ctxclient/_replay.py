@@ -14,6 +14,8 @@ with the raw session's.
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import json
 import os
 import re
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxclient._errors import DaemonUnavailable
+from ctxclient._output import Column, Listing, Output, cell
 from ctxclient._sync import Client
 
 FORMATS = ("claude-code", "opencode")
@@ -90,7 +93,7 @@ def guess_format(path: Path) -> str:
         return "claude-code"
     raise ReplayError(f"{path} is neither a Claude Code transcript (JSONL, or a JSON array "
                       "of its records) nor an OpenCode export (a JSON object with info and "
-                      "messages); name the format with --format")
+                      "messages); name the format with --from")
 
 
 def _is_prompt(record: Any) -> bool:
@@ -515,6 +518,100 @@ def _run(transcript: Transcript, path: Path, root: Path, window: int | None,
         not_retrievable=not_retrievable,
         compacted=sum(bool(m.get("compaction")) for m in kept), offloaded=offloaded,
         branches=branches, final_tokens=render["tokens"], series=series)
+
+
+# ---- ctxctl replay ---------------------------------------------------------------------
+
+SUMMARY_COLUMNS = (Column("figure"), Column("value", right=True),
+                   Column("detail", wrap=True, keep=10))
+PLOT_INSTALL = "pip install 'ctxd[plot]' (matplotlib)"
+
+
+def summary(report: Report) -> Listing:
+    """The report as one row per figure."""
+    listing = Listing(SUMMARY_COLUMNS, title=f"replay of {Path(report.file).name} at a "
+                                             f"{report.window:,}-token window")
+    missed = ", ".join(f"{fact.kind} {fact.text.splitlines()[0][:60]!r}"
+                       for fact in report.facts_missed[:5])
+    more = len(report.facts_missed) - 5
+    rows = [
+        ("turns", f"{report.turns:,}", f"{report.messages:,} main-thread messages, "
+                                       f"{report.branches:,} sub-agent branches"),
+        ("raw peak tokens", f"{report.raw_peak_tokens:,}", "the thread without hygiene"),
+        ("ctxd peak tokens", f"{report.peak_tokens:,}",
+         f"{report.final_tokens:,} at the end"),
+        ("reduction", f"{report.reduction:.1%}", "1 - peak / raw peak"),
+        ("key facts kept", f"{report.key_facts_kept:.1%}",
+         f"{report.key_facts - len(report.facts_missed)} of {report.key_facts}"
+         + (f"; missed: {missed}" if missed else "") + (f" and {more} more" if more > 0
+                                                        else "")),
+        ("retrievable", f"{report.retrievable_fraction:.1%}",
+         f"{report.removed_messages:,} messages removed ({report.removed_bytes:,} bytes): "
+         f"{report.offloaded:,} offloaded, {report.compacted:,} compacted"),
+    ]
+    listing.rows = [[cell(a), cell(b), cell(c)] for a, b, c in rows]
+    return listing
+
+
+def plot(report: Report, target: Path) -> None:
+    """A PNG of the context's tokens after each turn, raw against ctxd."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, axes = pyplot.subplots(figsize=(8, 4.5), dpi=100)
+    turns = [point.turn for point in report.series]
+    axes.plot(turns, [point.raw_tokens for point in report.series], label="raw thread")
+    axes.plot(turns, [point.tokens for point in report.series], label="ctxd (rendered)")
+    axes.axhline(report.window, linestyle=":", color="grey", label="context window")
+    axes.set_xlabel("turn")
+    axes.set_ylabel("tokens")
+    axes.set_title(f"{Path(report.file).name}: {report.reduction:.0%} smaller at the peak")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(target, format="png")
+    pyplot.close(figure)
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    """``ctxctl replay``: 0 when replayed, 1 when the file cannot be replayed, 2 when it is
+    not there or --plot has no matplotlib."""
+    path = Path(args.file).expanduser().absolute()
+    if not path.is_file():
+        what = "does not exist" if not path.exists() else "is not a regular file"
+        print(f"ctxctl: {path} {what}\nctxctl: next: give the path of a Claude Code "
+              "transcript (JSONL) or an OpenCode export (JSON)", file=sys.stderr)
+        return 2
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        print(f"ctxctl: --plot needs matplotlib, which is not installed\nctxctl: next: "
+              f"{PLOT_INSTALL}", file=sys.stderr)
+        return 2
+    try:
+        report = replay(path, args.window, args.transcript_format)
+    except ReplayError as exc:
+        print(f"ctxctl: {exc}", file=sys.stderr)
+        return 1
+    if args.plot:
+        plot(report, Path(args.plot))
+    if out.json:
+        sys.stdout.write(json.dumps(report.as_dict(), indent=2, ensure_ascii=False) + "\n")
+        return 0
+    out.listing(summary(report), "")
+    if args.plot:
+        out.note(f"(plot written to {args.plot})")
+    return 0
+
+
+def window(text: str) -> int:
+    """``--window``: a context window ctxd accepts."""
+    try:
+        value = int(text.replace("_", "").replace(",", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of tokens") from None
+    if not 1024 <= value <= RAW_WINDOW:
+        raise argparse.ArgumentTypeError(f"a window is 1,024 to {RAW_WINDOW:,} tokens")
+    return value
 
 
 __all__ = [

@@ -5,6 +5,8 @@ whose figures are computed here, a shared transcript with its figures pinned, an
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +114,51 @@ def test_shared_transcript_figures() -> None:
     assert (report.turns, report.messages, report.raw_peak_tokens) == (8, 299, 86_234)
     assert report.retrievable_fraction == 1.0
     assert report.peak_tokens < 32_000 - 8_192
+
+
+def ctxctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ctxclient.cli", *args], capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+def test_ctxctl_replay_json(tmp_path: Path) -> None:
+    path = write(tmp_path / "t.jsonl", made_up())
+    done = ctxctl("replay", str(path), "--json", "--window", "32000")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["window"] == 32_000
+    assert report["raw_peak_tokens"] == raw_tokens(made_up())
+    assert report["peak_tokens"] < report["raw_peak_tokens"]
+    assert report["reduction"] == round(1 - report["peak_tokens"]
+                                        / report["raw_peak_tokens"], 4)
+    assert report["key_facts_kept"] == 1.0
+    assert report["facts_missed"] == []
+    assert report["retrievable_fraction"] == 1.0
+    assert [point["turn"] for point in report["series"]] == [1, 2]
+
+
+def test_ctxctl_replay_bad_files(tmp_path: Path) -> None:
+    missing = ctxctl("replay", str(tmp_path / "none.jsonl"))
+    assert missing.returncode == 2
+    assert "does not exist" in missing.stderr
+    bad = tmp_path / "bad.txt"
+    bad.write_text("hello\n")
+    refused = ctxctl("replay", str(bad))
+    assert refused.returncode == 1
+    assert refused.stderr == (f"ctxctl: {bad} is neither a Claude Code transcript (JSONL, or "
+                              "a JSON array of its records) nor an OpenCode export (a JSON "
+                              "object with info and messages); name the format with --from\n")
+    lines = tmp_path / "bad.jsonl"
+    lines.write_text("not json\n")
+    assert ctxctl("replay", str(lines)).stderr == (
+        f"ctxctl: {lines} is not a Claude Code transcript: no line is a JSON record\n")
+
+
+def test_ctxctl_replay_plot_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    path = write(tmp_path / "t.jsonl", made_up())
+    png = tmp_path / "replay.png"
+    done = ctxctl("replay", str(path), "--plot", str(png), "--format", "plain")
+    assert done.returncode == 0, done.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert done.stdout.splitlines()[0].split() == ["FIGURE", "VALUE", "DETAIL"]
