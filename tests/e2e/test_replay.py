@@ -112,8 +112,10 @@ def test_a_small_window_compacts_and_every_removed_byte_reads_back(tmp_path: Pat
 def test_shared_transcript_figures() -> None:
     report = replay(DEEP, window=32_000)
     assert (report.turns, report.messages, report.raw_peak_tokens) == (8, 299, 86_234)
+    assert report.key_facts == 43
     assert report.retrievable_fraction == 1.0
-    assert report.peak_tokens < 32_000 - 8_192
+    # Automatic compaction keeps the thread under the compact trigger (0.95 of 23,808).
+    assert report.peak_tokens < 22_617
 
 
 def ctxctl(*args: str) -> subprocess.CompletedProcess[str]:
