@@ -164,3 +164,25 @@ def test_ctxctl_replay_plot_writes_a_png(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert done.stdout.splitlines()[0].split() == ["FIGURE", "VALUE", "DETAIL"]
+
+
+def test_opencode_export_replays_turn_by_turn(tmp_path: Path) -> None:
+    def message(role: str, mid: str, *parts: dict[str, Any]) -> dict[str, Any]:
+        return {"info": {"role": role, "id": mid}, "parts": list(parts)}
+
+    export = {"info": {"id": "ses_x"}, "messages": [
+        message("user", "m1", {"type": "text", "text": "List the files. Never use tabs."}),
+        message("assistant", "m2", {"type": "tool", "callID": "c1", "tool": "bash", "state": {
+            "status": "completed", "input": {"command": "ls"}, "output": BIG}}),
+        message("user", "m3", {"type": "text", "text": "Thanks."}),
+        message("assistant", "m4", {"type": "text", "text": "Done."})]}
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps(export))
+    report = replay(path)
+    assert report.format == "opencode"
+    assert report.turns == 2
+    assert report.messages == 5  # the tool call and its result are two messages
+    assert report.offloaded == 1
+    assert report.key_facts == 4  # two requests, one rule, one command
+    assert report.facts_missed == []
+    assert report.retrievable_fraction == 1.0
