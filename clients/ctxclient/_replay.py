@@ -1,9 +1,10 @@
-"""Replay a Claude Code or OpenCode transcript turn by turn into a private ctxd and report
+"""Replay a Claude Code or OpenCode transcript model call by model call (a turn is one
+assistant response) into a private ctxd and report
 how much context ctxd's default hygiene saves, and what it keeps (``ctxctl replay``,
 ``bench/replay.py``; docs/decisions.md, "Replay: context saved").
 
 Two private daemons (temporary data directories and sockets: a user's own data is never
-touched) receive the same transcript, grown one turn at a time in a temporary file and
+touched) receive the same transcript, grown one turn (model call) at a time in a temporary file and
 read by ``transcript.import``, the importer's own parsing: one with ctxd's default
 configuration and the window under test, one with hygiene off (no offload, no automatic
 compaction) whose main thread is the raw thread. After each turn both main threads are
@@ -37,7 +38,7 @@ from ctxclient._sync import Client
 FORMATS = ("claude-code", "opencode")
 START_WAIT_S = 30.0
 LAST_TURNS = 20
-"""Files, commands and errors count as key facts in this many last turns."""
+"""Files, commands and errors count as key facts in this many last turns (model calls)."""
 OPENCODE_PAD = 4096
 """Leading blanks of each OpenCode export written: the importer tells a grown file from a
 replaced one by the hash of its first 4,096 bytes, which then never change."""
@@ -125,12 +126,41 @@ def _opencode_prompt(message: Any) -> bool:
             and "compaction" not in types)
 
 
-def _split(records: list[Any], is_prompt: Any) -> list[list[Any]]:
+def _response_id(record: Any) -> str | None:
+    """The API response a main-thread Claude Code assistant record belongs to (Claude Code
+    writes one record per content block, each with the response's ``message.id``); None for
+    any other record."""
+    if not isinstance(record, dict) or record.get("type") != "assistant" \
+            or record.get("isSidechain"):
+        return None
+    message = record.get("message")
+    response = message.get("id") if isinstance(message, dict) else None
+    return response if isinstance(response, str) else f"uuid:{record.get('uuid')}"
+
+
+def _opencode_response(message: Any) -> str | None:
+    if not isinstance(message, dict) or not isinstance(message.get("info"), dict) \
+            or message["info"].get("role") != "assistant":
+        return None
+    return str(message["info"].get("id"))
+
+
+def _split(records: list[Any], is_prompt: Any, response_of: Any) -> list[list[Any]]:
+    """Records in turns, one per model call: an assistant response (its records), the tool
+    results that answer it and whatever came before it since the previous response (a user
+    prompt among them). A new turn starts at a prompt or at another response once the turn
+    has its response; records after the last response join the last turn."""
     turns: list[list[Any]] = []
+    answered: str | None = None
     for record in records:
-        if not turns or (is_prompt(record) and any(is_prompt(r) for r in turns[-1])):
+        response = response_of(record)
+        if not turns or (answered is not None and (
+                is_prompt(record) or (response is not None and response != answered))):
             turns.append([])
+            answered = None
         turns[-1].append(record)
+        if response is not None:
+            answered = response
     return turns
 
 
@@ -155,7 +185,7 @@ def load(path: Path, fmt: str | None = None) -> Transcript:
                               "{info, messages: [...]}")
         info: dict[str, Any] = document["info"] if isinstance(document.get("info"), dict) \
             else {}
-        turns = _split(document["messages"], _opencode_prompt)
+        turns = _split(document["messages"], _opencode_prompt, _opencode_response)
         transcript = Transcript("opencode", turns, info)
     else:
         stripped = data.lstrip()
@@ -177,7 +207,8 @@ def load(path: Path, fmt: str | None = None) -> Transcript:
         if not any(isinstance(record, dict) for _, record in records):
             raise ReplayError(f"{path} is not a Claude Code transcript: no line is a JSON "
                               "record")
-        split = _split(records, lambda pair: _is_prompt(pair[1]))
+        split = _split(records, lambda pair: _is_prompt(pair[1]),
+                       lambda pair: _response_id(pair[1]))
         transcript = Transcript("claude-code", [[line for line, _ in turn] for turn in split])
     if not transcript.turns:
         raise ReplayError(f"{path} holds no message to replay")

@@ -64,14 +64,15 @@ def raw_tokens(records: list[dict[str, Any]]) -> int:
 
 def test_made_up_transcript_replays_with_exact_figures(tmp_path: Path) -> None:
     path = write(tmp_path / "t.jsonl", made_up())
-    assert [len(turn) for turn in load(path).turns] == [6, 2]
+    # A turn is one model call: the prompt, the response and the results answering it.
+    assert [len(turn) for turn in load(path).turns] == [3, 2, 1, 2]
     report = replay(path)
     assert report.window == 200_000
-    assert report.turns == 2
+    assert report.turns == 4
     assert report.messages == 8
     assert report.raw_peak_tokens == raw_tokens(made_up())
-    assert [p.raw_tokens for p in report.series] == [raw_tokens(made_up()[:6]),
-                                                     raw_tokens(made_up())]
+    assert [p.raw_tokens for p in report.series] == [
+        raw_tokens(made_up()[:end]) for end in (3, 5, 6, 8)]
     # The one large result is offloaded: the render holds its stub instead.
     assert report.offloaded == 1
     assert report.compacted == 0
@@ -101,7 +102,7 @@ def test_a_small_window_compacts_and_every_removed_byte_reads_back(tmp_path: Pat
                     _record("assistant", [{"type": "text", "text": f"Part {n} read."}],
                             f"w{n}")]
     report = replay(write(tmp_path / "t.jsonl", records), window=12_000)
-    assert report.turns == 14
+    assert report.turns == 4 + 12 * 2
     assert report.compacted > 0
     assert report.peak_tokens < report.raw_peak_tokens
     assert report.retrievable_fraction == 1.0
@@ -111,8 +112,8 @@ def test_a_small_window_compacts_and_every_removed_byte_reads_back(tmp_path: Pat
 @needs_data
 def test_shared_transcript_figures() -> None:
     report = replay(DEEP, window=32_000)
-    assert (report.turns, report.messages, report.raw_peak_tokens) == (8, 299, 86_234)
-    assert report.key_facts == 43
+    assert (report.turns, report.messages, report.raw_peak_tokens) == (103, 299, 86_234)
+    assert report.key_facts == 10
     assert report.retrievable_fraction == 1.0
     # Automatic compaction keeps the thread under the compact trigger (0.95 of 23,808).
     assert report.peak_tokens < 22_617
@@ -136,7 +137,7 @@ def test_ctxctl_replay_json(tmp_path: Path) -> None:
     assert report["key_facts_kept"] == 1.0
     assert report["facts_missed"] == []
     assert report["retrievable_fraction"] == 1.0
-    assert [point["turn"] for point in report["series"]] == [1, 2]
+    assert [point["turn"] for point in report["series"]] == [1, 2, 3, 4]
 
 
 def test_ctxctl_replay_bad_files(tmp_path: Path) -> None:
@@ -180,7 +181,7 @@ def test_opencode_export_replays_turn_by_turn(tmp_path: Path) -> None:
     path.write_text(json.dumps(export))
     report = replay(path)
     assert report.format == "opencode"
-    assert report.turns == 2
+    assert report.turns == 2  # one assistant message each
     assert report.messages == 5  # the tool call and its result are two messages
     assert report.offloaded == 1
     assert report.key_facts == 4  # two requests, one rule, one command
