@@ -28,6 +28,7 @@ from ctxd.hygiene import (
     cleared_text,
     offload,
     oldest_span,
+    ref_id_for,
     result_size,
     summary_text,
     truncated_text,
@@ -72,6 +73,7 @@ class Plan:
     """What a compaction writes: the messages that stand for others, the marks on those
     they replace, the blobs of cleared results that had none, and its figures."""
 
+    session_id: str
     thread: str | None
     next_seq: int
     now: float
@@ -163,7 +165,8 @@ class Compactor:
             ref_id = old.ref_id
             if ref_id is None:
                 whole = offload(MessageIn(role="tool", content=old.content, name=old.name,
-                                          tool_call_id=old.tool_call_id), 0)
+                                          tool_call_id=old.tool_call_id), 0,
+                                ref_id_for(plan.session_id, old.seq))
                 if whole is None:
                     continue  # not text (an image): it has no blob to read it back from
                 blob = whole[1].placed(old.seq, plan.thread, plan.now)

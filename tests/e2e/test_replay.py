@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from ctxclient._replay import load, replay
+from ctxd.hygiene import ref_id_for
 from ctxd.tokens import TokenCounter
 from ctxd.transcripts import ClaudeCodeParser
 
@@ -111,12 +112,23 @@ def test_a_small_window_compacts_and_every_removed_byte_reads_back(tmp_path: Pat
 
 @needs_data
 def test_shared_transcript_figures() -> None:
+    """Pinned: a replay is deterministic (ref_ids derive from the session and the seq), and
+    two runs give the same report."""
     report = replay(DEEP, window=32_000)
     assert (report.turns, report.messages, report.raw_peak_tokens) == (103, 299, 86_234)
-    assert report.key_facts == 10
+    assert (report.peak_tokens, report.final_tokens) == (22_590, 13_520)
+    assert (report.key_facts, report.key_facts_kept, len(report.facts_missed)) == (10, 0.9, 1)
+    assert [fact.kind for fact in report.facts_missed] == ["first_request"]
+    assert (report.removed_messages, report.offloaded, report.compacted) == (228, 53, 228)
     assert report.retrievable_fraction == 1.0
     # Automatic compaction keeps the thread under the compact trigger (0.95 of 23,808).
     assert report.peak_tokens < 22_617
+    assert replay(DEEP, window=32_000).as_dict() == report.as_dict()
+
+
+def test_ref_ids_derive_from_the_session_and_the_seq() -> None:
+    assert ref_id_for("replay", 1) == "res_49f0c6489b6cc931"
+    assert ref_id_for("ses_0123456789abcdef", 42) == "res_c26aaefbf9393992"
 
 
 def ctxctl(*args: str) -> subprocess.CompletedProcess[str]:

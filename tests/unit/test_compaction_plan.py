@@ -16,7 +16,7 @@ def kept(seq: int, role: str = "tool", tokens: int = 100) -> ThreadMessage:
 
 def test_replacements_land_where_the_replaced_messages_were() -> None:
     view = [kept(1, "system", 10), kept(2, "user", 20), *(kept(seq) for seq in range(3, 9))]
-    plan = Plan(thread=None, next_seq=9, now=0.0, used=sum(m.tokens for m in view))
+    plan = Plan(session_id="s", thread=None, next_seq=9, now=0.0, used=sum(m.tokens for m in view))
     marker = MessageIn(role="tool", content="[cleared]", tool_call_id="c5")
     # Clear seq 5, then seq 7; then summarise seqs 2-6 (the marker for 5 among them).
     view = plan.replace(view, [view[4]], "cleared", marker, 5, {"seq": 5})
@@ -37,7 +37,7 @@ def test_replacements_land_where_the_replaced_messages_were() -> None:
 def test_a_message_out_of_position_order_is_still_found() -> None:
     # Positions need not be sorted for the replacement to be right (found by identity).
     view = [kept(4), kept(2), kept(3)]
-    plan = Plan(thread=None, next_seq=5, now=0.0, used=300)
+    plan = Plan(session_id="s", thread=None, next_seq=5, now=0.0, used=300)
     view = plan.replace(view, [view[2]], "cleared", MessageIn(role="tool", content="x",
                                                               tool_call_id="c3"), 1, {})
     assert [(m.seq, m.position) for m in view] == [(4, 4), (2, 2), (5, 3)]
