@@ -45,6 +45,8 @@ replaced one by the hash of its first 4,096 bytes, which then never change."""
 RULE = re.compile(r"\b(always|never|must|don't|do not|please use|make sure)\b", re.I)
 ERROR_LINE = re.compile(r"\b(error|exception|traceback|failed)\b", re.I)
 REF = re.compile(r"res_[0-9a-f]{16}")
+CLEARED_INPUT = re.compile(r'\[Old tool input cleared — [\d,]+ chars; read it with read_result '
+                           r'ref_id="(res_[0-9a-f]{16})" offset=(\d+) limit=(\d+)\]')
 LOCAL_COMMAND = ("<command-", "<local-command-")
 """How Claude Code records a slash command the user ran and its output, as user messages:
 not a request."""
@@ -368,6 +370,28 @@ def _read(client: Client, session_id: str, ref_id: str) -> str:
     return "".join(pages)
 
 
+def _restore_inputs(client: Client, session_id: str, content: Any) -> Any:
+    """A content whose cleared tool-call arguments are read back from their blob."""
+    if isinstance(content, str):
+        match = CLEARED_INPUT.fullmatch(content)
+        if match is None:
+            return content
+        ref, offset, limit = match.group(1), int(match.group(2)), int(match.group(3))
+        pages = []
+        for start in range(offset, offset + limit, READ_PAGE):
+            page = client.call("result.read", {
+                "session_id": session_id, "ref_id": ref, "offset": start,
+                "limit": min(READ_PAGE, offset + limit - start)})
+            pages.append(page["content"] or "")
+        return "".join(pages)
+    if isinstance(content, list):
+        return [_restore_inputs(client, session_id, item) for item in content]
+    if isinstance(content, dict):
+        return {key: _restore_inputs(client, session_id, value)
+                for key, value in content.items()}
+    return content
+
+
 def _main_thread(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The main thread's messages as imported: no branch's, none compaction wrote."""
     return [m for m in messages if m.get("branch_id") is None and not m.get("discarded")
@@ -525,7 +549,10 @@ def _run(transcript: Transcript, path: Path, root: Path, window: int | None,
         removed_bytes += size
         exact = message["content"] == original["content"] and message["role"] == original[
             "role"]
-        if exact and message.get("compaction") == "cleared":
+        if exact and message.get("compaction") == "cleared" and message["role"] == "assistant":
+            stub = replacement.get(message["seq"], {})
+            exact = _restore_inputs(ctxd, "replay", stub.get("content")) == original["content"]
+        elif exact and message.get("compaction") == "cleared":
             stub = replacement.get(message["seq"], {})
             refs = REF.findall(_text(stub.get("content", "")))
             exact = bool(refs) and _read(ctxd, "replay", refs[0]) == _text(original["content"])
