@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import re
 import shutil
@@ -296,6 +297,11 @@ class Report:
     raw_peak_tokens: int
     peak_tokens: int
     reduction: float
+    trigger_tokens: int
+    """Where automatic compaction triggers (``compact_trigger`` of the effective window):
+    once the raw thread passes it, ctxd's peak cannot be much under it."""
+    floor_share: float
+    """The lowest peak share reachable: min(raw peak, trigger) / raw peak."""
     key_facts: int
     key_facts_kept: float
     facts_missed: list[Fact]
@@ -456,12 +462,15 @@ def key_facts(raw: list[dict[str, Any]], turn_of: dict[int, int], turns: int) ->
     return facts
 
 
-def _open(client: Client, session_id: str, window: int | None) -> int:
+def _open(client: Client, session_id: str, window: int | None) -> tuple[int, int]:
+    """The session's context window, and the tokens at which automatic compaction
+    triggers (``compact_trigger`` of the effective window)."""
     params: dict[str, Any] = {"session_id": session_id}
     if window is not None:
         params["budget"] = {"context_window": window}
-    opened = client.call("session.open", params)
-    return int(opened["session"]["budget"]["context_window"])
+    budget = client.call("session.open", params)["session"]["budget"]
+    effective = int(budget["context_window"]) - int(budget["max_output_tokens"])
+    return int(budget["context_window"]), math.floor(effective * budget["compact_trigger"])
 
 
 def replay(path: Path, window: int | None = None, fmt: str | None = None) -> Report:
@@ -500,7 +509,7 @@ def _write_turn(transcript: Transcript, feed: Path, upto: int) -> None:
 
 def _run(transcript: Transcript, path: Path, root: Path, window: int | None,
          ctxd: Client, raw: Client) -> Report:
-    window_used = _open(ctxd, "replay", window)
+    window_used, trigger = _open(ctxd, "replay", window)
     _open(raw, "replay", RAW_WINDOW)
     feed = root / ("feed.jsonl" if transcript.format == "claude-code" else "feed.json")
     feed.touch()
@@ -568,6 +577,8 @@ def _run(transcript: Transcript, path: Path, root: Path, window: int | None,
         file=str(path), format=transcript.format, window=window_used,
         turns=len(transcript.turns), messages=len(raw_messages), raw_peak_tokens=raw_peak,
         peak_tokens=peak, reduction=round(1 - peak / raw_peak, 4) if raw_peak else 0.0,
+        trigger_tokens=trigger,
+        floor_share=round(min(raw_peak, trigger) / raw_peak, 4) if raw_peak else 1.0,
         key_facts=len(facts),
         key_facts_kept=round(1 - len(missed) / len(facts), 4) if facts else 1.0,
         facts_missed=missed, removed_messages=removed, removed_bytes=removed_bytes,
@@ -599,6 +610,8 @@ def summary(report: Report) -> Listing:
         ("ctxd peak tokens", f"{report.peak_tokens:,}",
          f"{report.final_tokens:,} at the end"),
         ("reduction", f"{report.reduction:.1%}", "1 - peak / raw peak"),
+        ("floor", f"{report.floor_share:.1%}",
+         f"lowest share reachable: compaction triggers at {report.trigger_tokens:,} tokens"),
         ("key facts kept", f"{report.key_facts_kept:.1%}",
          f"{report.key_facts - len(report.facts_missed)} of {report.key_facts}"
          + (f"; missed: {missed}" if missed else "") + (f" and {more} more" if more > 0

@@ -69,6 +69,7 @@ def test_made_up_transcript_replays_with_exact_figures(tmp_path: Path) -> None:
     assert [len(turn) for turn in load(path).turns] == [3, 2, 1, 2]
     report = replay(path)
     assert report.window == 200_000
+    assert (report.trigger_tokens, report.floor_share) == (182_217, 1.0)  # 0.95 of 191,808
     assert report.turns == 4
     assert report.messages == 8
     assert report.raw_peak_tokens == raw_tokens(made_up())
@@ -122,7 +123,9 @@ def test_shared_transcript_figures() -> None:
     # Old Write/Edit inputs cleared too: fewer messages summarised away.
     assert (report.removed_messages, report.offloaded, report.compacted) == (201, 52, 201)
     assert report.retrievable_fraction == 1.0
-    # Automatic compaction keeps the thread under the compact trigger (0.95 of 23,808).
+    # Automatic compaction keeps the thread under the compact trigger (0.95 of 23,808), and
+    # the peak cannot be much under it: 22,617 / 86,234.
+    assert (report.trigger_tokens, report.floor_share) == (22_617, 0.2623)
     assert report.peak_tokens < 22_617
     assert replay(DEEP, window=32_000).as_dict() == report.as_dict()
 
