@@ -180,8 +180,8 @@ _HELP = {
     "tool_deferral_threshold": "share of the effective window a session's registered tool "
                                "definitions may take before some are deferred (tools.search "
                                "finds them)",
-    "keep_tool_results": "newest tool results that compaction never clears (error results "
-                         "are never cleared either)",
+    "keep_tool_results": "newest tool results, and newest tool calls' inputs, that "
+                         "compaction never clears (error results are never cleared either)",
     "auto_compact": "compact a thread by itself when it reaches budget.compact_trigger (or "
                     "an append would pass budget.hard_block)",
     "compact_target": "share of the effective window compaction brings a thread under "

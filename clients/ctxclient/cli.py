@@ -1149,6 +1149,18 @@ def cmd_mcp(args: argparse.Namespace, out: Output) -> int:
     return _mcp.run(getattr(args, "socket", None), args.session)
 
 
+def _replay_window(text: str) -> int:
+    from ctxclient import _replay
+
+    return _replay.window(text)
+
+
+def cmd_replay(args: argparse.Namespace, out: Output) -> int:
+    from ctxclient import _replay
+
+    return _replay.run(args, out)
+
+
 def cmd_completion(args: argparse.Namespace, out: Output) -> int:
     import shtab
 
@@ -1472,6 +1484,25 @@ def parser() -> argparse.ArgumentParser:
                      help="the session its tools work on (default: $CLAUDE_CODE_SESSION_ID, "
                           "else a new one)")
     mcp.set_defaults(run=cmd_mcp, offline=True)
+    replay = commands.add_parser(
+        "replay", parents=[common],
+        help="replay a transcript into a private ctxd and report how much context it saves",
+        description="Replay a Claude Code or OpenCode transcript turn by turn into a private "
+                    "ctxd (its own temporary data) and report its peak context against the "
+                    "raw thread's, the key facts kept, and whether every removed byte reads "
+                    "back.")
+    replay.add_argument("file", metavar="FILE", help="a Claude Code transcript (JSONL, or a "
+                                                     "JSON array of its records) or an "
+                                                     "OpenCode export")
+    replay.add_argument("--window", type=_replay_window, metavar="N",
+                        help="the context window in tokens (default: ctxd's, 200,000)")
+    replay.add_argument("--from", dest="transcript_format",
+                        choices=("claude-code", "opencode"),
+                        help="the transcript's format (default: guessed from the file)")
+    replay.add_argument("--plot", metavar="PNG",
+                        help="write a PNG of the context's tokens per turn, raw against "
+                             "ctxd (needs matplotlib: pip install 'ctxd[plot]')")
+    replay.set_defaults(run=cmd_replay, offline=True)
     completion = commands.add_parser("completion", parents=[common],
                                      help="print a shell completion script")
     completion.add_argument("shell", metavar="SHELL", choices=("bash", "zsh", "fish"),

@@ -90,6 +90,75 @@ def clear_candidates(messages: Sequence[ThreadMessage], keep: int) -> list[Threa
             and m.size_bytes >= CLEAR_MIN_BYTES]
 
 
+KEPT_INPUT_KEYS = frozenset({
+    "command", "cmd", "script", "path", "file_path", "filepath", "filename", "file", "paths",
+    "files", "notebook_path", "target_file", "source", "destination"})
+"""Arguments of a tool call that clearing never touches: what was run and on which files."""
+CALL_PART_TYPES = frozenset({"tool_use", "tool_call", "function_call"})
+
+
+def cleared_input_text(ref_id: str, offset: int, chars: int) -> str:
+    """What a cleared argument of an old tool call renders as: where its value is in the
+    blob (``result.read`` with this offset and limit reads it back exactly)."""
+    return (f'[Old tool input cleared — {chars:,} chars; read it with read_result '
+            f'ref_id="{ref_id}" offset={offset} limit={chars}]')
+
+
+def _calls(message: ThreadMessage) -> list[int]:
+    """The indexes of an assistant message's tool-call parts whose input is an object."""
+    if message.role != "assistant" or isinstance(message.content, str):
+        return []
+    return [index for index, part in enumerate(message.content)
+            if part.get("type") in CALL_PART_TYPES and isinstance(part.get("input"), dict)]
+
+
+def input_clear_candidates(messages: Sequence[ThreadMessage],
+                           keep: int) -> list[tuple[ThreadMessage, list[int]]]:
+    """The assistant messages whose tool calls' inputs the first strategy may clear, oldest
+    first, each with the indexes of its call parts that are not among the newest ``keep``
+    tool calls of the thread (messages compaction wrote count, and are not cleared
+    again)."""
+    calls = [(message, index) for message in messages for index in _calls(message)]
+    older: dict[int, tuple[ThreadMessage, list[int]]] = {}
+    for message, index in calls[:max(0, len(calls) - keep)]:
+        if message.pinned or _written_by_compaction(message):
+            continue
+        older.setdefault(id(message), (message, []))[1].append(index)
+    return list(older.values())
+
+
+def clear_inputs(content: Sequence[dict[str, Any]], calls: Sequence[int],
+                 ref_id: str) -> tuple[list[dict[str, Any]], str] | None:
+    """``content`` with every string of at least `CLEAR_MIN_BYTES` (UTF-8) in the inputs of
+    its parts ``calls`` — at any depth, except under `KEPT_INPUT_KEYS` — replaced by
+    `cleared_input_text`, and the blob text those values make, one after the other (the
+    markers give each one's offset); None when there is none. The inputs keep their
+    keys."""
+    pieces: list[str] = []
+    offset = 0
+
+    def walk(value: Any, key: str | None) -> Any:
+        nonlocal offset
+        if isinstance(value, str):
+            if key in KEPT_INPUT_KEYS or len(value) * 4 < CLEAR_MIN_BYTES \
+                    or len(value.encode()) < CLEAR_MIN_BYTES:
+                return value
+            pieces.append(value)
+            offset += len(value)
+            return cleared_input_text(ref_id, offset - len(value), len(value))
+        if isinstance(value, dict):
+            return {name: walk(item, name) for name, item in value.items()}
+        if isinstance(value, list):
+            return [walk(item, key) for item in value]
+        return value
+
+    chosen = set(calls)
+    cleared = [{**part, "input": walk(part["input"], None)}
+               if index in chosen and isinstance(part.get("input"), dict) else part
+               for index, part in enumerate(content)]
+    return (cleared, "".join(pieces)) if pieces else None
+
+
 def latest_request(messages: Sequence[ThreadMessage]) -> int | None:
     """The index of the latest request the user wrote: it stays as it is."""
     for index in range(len(messages) - 1, -1, -1):

@@ -5,7 +5,7 @@ results")."""
 from __future__ import annotations
 
 import dataclasses
-import secrets
+import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -107,10 +107,20 @@ def stub_text(size_bytes: int, tool_name: str | None, head: str, ref_id: str) ->
             f"{head}] Use read_result with ref_id=\"{ref_id}\" to read more.")
 
 
-def offload(message: MessageIn, threshold_bytes: int) -> tuple[MessageIn, ToolResultBlob] | None:
-    """The stub message and the blob that replace a tool result over ``threshold_bytes``
-    (UTF-8 bytes of its text); None when it stays inline (not a tool message, small, an
-    error result, or with parts that are not text)."""
+def ref_id_for(session_id: str, seq: int) -> str:
+    """The ref_id of the blob of message ``seq`` of a session: ``res_`` and the first 16
+    hex digits of a BLAKE2b hash of the two. Derived, not random, so that the same session
+    renders (and counts) the same tokens every time (docs/decisions.md, "Replay: context
+    saved"); unique, as a message has at most one blob."""
+    digest = hashlib.blake2b(f"{session_id}\0{seq}".encode(), digest_size=8)
+    return "res_" + digest.hexdigest()
+
+
+def offload(message: MessageIn, threshold_bytes: int,
+            ref_id: str) -> tuple[MessageIn, ToolResultBlob] | None:
+    """The stub message and the blob (named ``ref_id``, `ref_id_for`) that replace a tool
+    result over ``threshold_bytes`` (UTF-8 bytes of its text); None when it stays inline
+    (not a tool message, small, an error result, or with parts that are not text)."""
     if message.role != "tool" or is_error_result(message):
         return None
     text = _result_text(message.content)
@@ -120,7 +130,6 @@ def offload(message: MessageIn, threshold_bytes: int) -> tuple[MessageIn, ToolRe
     size = len(text.encode())
     if size <= threshold_bytes:
         return None
-    ref_id = "res_" + secrets.token_hex(8)
     stub = msgspec.structs.replace(
         message, content=stub_text(size, message.name, text[:HEAD_CHARS], ref_id))
     return stub, ToolResultBlob(ref_id=ref_id, tool_name=message.name, size_bytes=size,

@@ -111,6 +111,15 @@ def _one_line(text: str, limit: int) -> str:
     return _cut(" ".join(text.split()), limit)
 
 
+def _first_line(text: str, limit: int) -> str:
+    """``text`` as it is when it is one line of at most ``limit`` characters; else its first
+    line, cut, and how many more lines it had."""
+    lines = text.strip().splitlines() or [""]
+    more = len(lines) - 1
+    head = _cut(lines[0].strip(), limit)
+    return head + (f" … [{more:,} more lines]" if more else "")
+
+
 def _text(content: Any) -> str:
     """The text of a content: a string, or its text parts (and a tool result's nested
     content) joined by newlines."""
@@ -175,6 +184,12 @@ class _Extract:
     """What the extractive summarizer found in a span, in order of appearance."""
 
     requests: list[str] = field(default_factory=list)
+    carried_first: str | None = None
+    """The first request an earlier summary in the span kept (perhaps already cut)."""
+    carried_errors: dict[str, None] = field(default_factory=dict)
+    """Error lines an earlier summary in the span kept, with how they ended."""
+    dropped: dict[str, int] = field(default_factory=dict)
+    """Entries an earlier summary in the span had already dropped, by section."""
     rules: dict[str, None] = field(default_factory=dict)
     decisions: dict[str, None] = field(default_factory=dict)
     files: dict[str, None] = field(default_factory=dict)
@@ -201,7 +216,7 @@ class _Extract:
         tool, arguments = _arguments(part)
         command = _command(arguments)
         if command is not None:
-            self.commands.setdefault(_one_line(command, COMMAND_CHARS))
+            self.commands.setdefault(_first_line(command, COMMAND_CHARS))
             self.paths(command)
         for key, value in arguments.items():
             if key in PATH_KEYS:
@@ -221,6 +236,7 @@ class _Extract:
             self.last_success[tool] = index
             return
         lines = [line for line in text.splitlines() if line.strip()] or ["(no output)"]
+        first = _one_line(lines[0], ITEM_CHARS)
         if match is None:
             line = lines[0]
         elif match.group().startswith("Traceback"):
@@ -229,9 +245,11 @@ class _Extract:
             start = text.rfind("\n", 0, match.start()) + 1
             end = text.find("\n", match.end())
             line = text[start:end if end >= 0 else len(text)]
+        shown = _one_line(line, ITEM_CHARS)
         source = f"`{call.command}`" if call and call.command else (tool or "a tool")
-        self.errors.append((index, tool, f"{_one_line(source, COMMAND_CHARS)}: "
-                                         f"{_one_line(line, ITEM_CHARS)}"))
+        # The result's first line, always; the line that shows the error when it is another.
+        self.errors.append((index, tool, f"{_first_line(source, COMMAND_CHARS)}: {first}"
+                                         + ("" if shown == first else f" … {shown}")))
 
     def ended(self, index: int, tool: str | None) -> str:
         if self.last_success.get(tool, -1) > index:
@@ -259,7 +277,9 @@ def _extract(span: Sequence[RenderedMessage]) -> _Extract:
         text = content if isinstance(content, str) else "\n".join(
             p["text"] for p in parts if p.get("type", "text") == "text"
             and isinstance(p.get("text"), str))
-        if message.role == "user" and text.strip():
+        if message.role == "user" and text.startswith(SUMMARY_HEAD):
+            _carry(found, text)
+        elif message.role == "user" and text.strip():
             found.requests.append(text.strip())
             found.sentences(text, _RULE, found.rules)
             found.paths(text)
@@ -267,6 +287,44 @@ def _extract(span: Sequence[RenderedMessage]) -> _Extract:
             found.sentences(text, _DECISION, found.decisions)
             found.paths(text)
     return found
+
+
+SUMMARY_HEAD = "[Summary of "
+"""How a summary compaction wrote starts (``summary_text``): a span that holds one carries
+its sections over into the new summary instead of taking it for a request."""
+SECTIONS = {"First request": "first", "Latest request": "latest", "Other requests": "requests",
+            "Rules the user stated": "rules", "Decisions": "decisions", "Errors": "errors",
+            "Files touched or named": "files", "Commands run": "commands"}
+_HEADING = re.compile(r"\n\n(" + "|".join(map(re.escape, SECTIONS))
+                      + r")(?: \(([\d,]+) earlier dropped\))?:\n")
+
+
+def _carry(found: _Extract, text: str) -> None:
+    """Take an earlier summary's sections into ``found``, in their place in the span."""
+    parts = _HEADING.split(text)
+    # parts: [header, title, dropped, body, title, dropped, body, ...]
+    for at in range(1, len(parts) - 2, 3):
+        key, dropped, body = SECTIONS[parts[at]], parts[at + 1], parts[at + 2]
+        if dropped:
+            found.dropped[key] = found.dropped.get(key, 0) + int(dropped.replace(",", ""))
+        if key in ("first", "latest"):
+            if key == "first" and found.carried_first is None and not found.requests:
+                found.carried_first = body
+            else:
+                found.requests.append(body)
+            continue
+        items = [line[2:] for line in body.split("\n") if line.startswith("- ")]
+        if key == "requests":
+            found.requests.extend(items)
+        elif key == "errors":
+            found.carried_errors.update(dict.fromkeys(items))
+        elif key == "commands":
+            found.commands.update(dict.fromkeys(
+                item[1:-1] if item.startswith("`") and item.endswith("`") else item
+                for item in items))
+        else:
+            into: dict[str, None] = getattr(found, key)
+            into.update(dict.fromkeys(items))
 
 
 def _fill(items: Sequence[str], room: int, separator: int) -> tuple[list[str], int]:
@@ -282,50 +340,70 @@ def _fill(items: Sequence[str], room: int, separator: int) -> tuple[list[str], i
     return kept[::-1], room
 
 
+DROPPED_NOTE = len(" (9,999 earlier dropped)")
+"""Room kept for a section's note of how many entries it dropped."""
+
+
 def extract_summary(span: Sequence[RenderedMessage], max_tokens: int) -> str:
     """The extractive summary of ``span`` in at most ``max_tokens * CHARS_PER_TOKEN``
     characters: the first and latest user requests verbatim (each cut to a quarter of the
     budget), then, while room is left and in this order of importance, the user's rules,
-    errors and how they ended, decisions, files and commands (the newest of each kept when
-    they do not all fit), each section deduplicated. Deterministic, linear in the span."""
+    the other requests (each its first line), errors (each result's first line, and the
+    line that shows the error when it is another) and how they ended, commands run (each
+    its first line), files touched or named, and decisions. Each section is deduplicated
+    and in order; when a section does not all fit its oldest entries go first, and its
+    heading says how many went. An earlier summary in the span is carried over, section by
+    section. Deterministic, linear in the span."""
     found = _extract(span)
     budget = int(max_tokens * CHARS_PER_TOKEN)
     header = f"[Summary of {len(span)} earlier messages]"
     room = budget - len(header)
     sections: dict[str, str] = {}
     verbatim: set[str] = set()
-    if found.requests:
-        first, latest = found.requests[0], found.requests[-1]
-        quarter = max(80, budget // 4)
-        sections["first"] = "\n\nFirst request:\n" + _cut(first, quarter)
-        if len(first) <= quarter:
-            verbatim.add(first)
-        if len(found.requests) > 1 and latest != first:
-            sections["latest"] = "\n\nLatest request:\n" + _cut(latest, quarter)
-            if len(latest) <= quarter:
-                verbatim.add(latest)
-        for key in ("first", "latest"):
-            if key in sections and len(sections[key]) <= room:
-                room -= len(sections[key])
-            else:
-                sections.pop(key, None)
-    # A rule inside a request shown whole is already in the summary.
+    requests = list(found.requests)
+    first = found.carried_first
+    if first is None and requests:
+        first = requests.pop(0)
+    latest = requests.pop() if requests else None
+    quarter = max(80, budget // 4)
+    for key, title, text in (("first", "First request", first),
+                             ("latest", "Latest request", latest)):
+        if text is None or (key == "latest" and text == first):
+            continue
+        section = f"\n\n{title}:\n" + _cut(text, quarter)
+        if len(section) > room:
+            continue
+        sections[key] = section
+        room -= len(section)
+        if len(text) <= quarter:
+            verbatim.add(text)
+    others = list(dict.fromkeys(_first_line(text, ITEM_CHARS) for text in requests
+                                if text not in (first, latest)))
+    # A rule inside the first or latest request shown whole is already in the summary.
     shown = "\n".join(verbatim)
     rules = [rule for rule in found.rules if rule not in shown]
-    errors = list(dict.fromkeys(f"{line} → {found.ended(index, tool)}"
-                                for index, tool, line in found.errors))
+    errors = list(dict.fromkeys([*found.carried_errors, *(
+        f"{line} → {found.ended(index, tool)}" for index, tool, line in found.errors)]))
     lists = (("rules", "Rules the user stated", rules),
+             ("requests", "Other requests", others),
              ("errors", "Errors", errors),
-             ("decisions", "Decisions", list(found.decisions)),
+             ("commands", "Commands run", [f"`{c}`" for c in found.commands]),
              ("files", "Files touched or named", list(found.files)),
-             ("commands", "Commands run", [f"`{c}`" for c in found.commands]))
+             ("decisions", "Decisions", list(found.decisions)))
     for key, title, items in lists:
+        already = found.dropped.get(key, 0)
         heading = f"\n\n{title}:"
-        if not items or len(heading) + len(items[-1]) + 3 > room:
+        if not items or len(heading) + DROPPED_NOTE + len(items[-1]) + 3 > room:
             continue
-        kept, room = _fill(items, room - len(heading), 3)
+        kept, room = _fill(items, room - len(heading) - DROPPED_NOTE, 3)
+        room += DROPPED_NOTE
+        dropped = already + len(items) - len(kept)
+        if dropped:
+            heading = f"\n\n{title} ({dropped:,} earlier dropped):"
+            room -= len(heading) - len(f"\n\n{title}:")
         sections[key] = heading + "".join(f"\n- {item}" for item in kept)
-    order = ("first", "latest", "rules", "decisions", "errors", "files", "commands")
+    order = ("first", "latest", "requests", "rules", "decisions", "errors", "files",
+             "commands")
     return header + "".join(sections[key] for key in order if key in sections)
 
 

@@ -53,6 +53,7 @@ from ctxd.hygiene import (
     originals,
     page,
     rank,
+    ref_id_for,
     save_snapshot,
     stage_blobs,
     stage_promote,
@@ -513,8 +514,11 @@ class SessionActor:
         if params.branch_id is not None:
             branch = await self._live_branch(params.branch_id, for_append=True)
         threshold = self.supervisor.config.hygiene.offload_threshold_bytes
+        first_seq = self.require().last_seq + 1
         return await self._append(params, branch, messages,
-                                  [offload(message, threshold) for message in messages], [],
+                                  [offload(message, threshold,
+                                           ref_id_for(self.session_id, first_seq + offset))
+                                   for offset, message in enumerate(messages)], [],
                                   stage)
 
     async def _append(self, params: MessageAppendParams, branch: Branch | None,
@@ -801,7 +805,8 @@ class SessionActor:
         before = self._thread_used(branch)
         view = await sup.store.read(thread_view, self.session_id, thread, OPENING_META)
         now = time.time()
-        plan = Plan(thread=thread, next_seq=record.last_seq + 1, now=now, used=before)
+        plan = Plan(session_id=self.session_id, thread=thread, next_seq=record.last_seq + 1,
+                    now=now, used=before)
         with cancellation_point():  # the summarizer may take long; nothing is written yet
             after = await sup.compactor.plan(view, plan, target - room, strategies)
         needed = before > target - room

@@ -25,9 +25,12 @@ from ctxd.hygiene import (
     ToolResultBlob,
     blob_refs,
     clear_candidates,
+    clear_inputs,
     cleared_text,
+    input_clear_candidates,
     offload,
     oldest_span,
+    ref_id_for,
     result_size,
     summary_text,
     truncated_text,
@@ -72,6 +75,7 @@ class Plan:
     """What a compaction writes: the messages that stand for others, the marks on those
     they replace, the blobs of cleared results that had none, and its figures."""
 
+    session_id: str
     thread: str | None
     next_seq: int
     now: float
@@ -155,15 +159,18 @@ class Compactor:
 
     async def _clear(self, view: list[ThreadMessage], plan: Plan,
                      goal: int) -> list[ThreadMessage]:
-        """Old tool results, oldest first, each replaced by a marker naming the blob that
-        keeps it (one is written for a result that was inline)."""
+        """Old tool results, and the large arguments of old tool calls, oldest first, each
+        replaced by a marker naming the blob that keeps it (one is written for a result
+        that was inline, and for the arguments a message's calls had)."""
+        keep = self._config.keep_tool_results
         chosen: list[tuple[ThreadMessage, MessageIn, ToolResultBlob | None]] = []
-        for old in clear_candidates(view, self._config.keep_tool_results):
+        for old in clear_candidates(view, keep):
             blob = None
             ref_id = old.ref_id
             if ref_id is None:
                 whole = offload(MessageIn(role="tool", content=old.content, name=old.name,
-                                          tool_call_id=old.tool_call_id), 0)
+                                          tool_call_id=old.tool_call_id), 0,
+                                ref_id_for(plan.session_id, old.seq))
                 if whole is None:
                     continue  # not text (an image): it has no blob to read it back from
                 blob = whole[1].placed(old.seq, plan.thread, plan.now)
@@ -171,6 +178,21 @@ class Compactor:
             chosen.append((old, MessageIn(role="tool", content=cleared_text(ref_id),
                                           name=old.name, tool_call_id=old.tool_call_id),
                            blob))
+        for old, calls in input_clear_candidates(view, keep):
+            if isinstance(old.content, str):
+                continue  # never: a message with call parts has a list of them
+            ref_id = ref_id_for(plan.session_id, old.seq)
+            cleared = clear_inputs(old.content, calls, ref_id)
+            if cleared is None:
+                continue
+            content, text = cleared
+            name = old.content[calls[0]].get("name")
+            blob = ToolResultBlob(ref_id=ref_id, tool_name=name if isinstance(name, str)
+                                  else None, size_bytes=len(text.encode()), text=text,
+                                  parts=None).placed(old.seq, plan.thread, plan.now)
+            chosen.append((old, MessageIn(role=old.role, content=content, name=old.name,
+                                          tool_call_id=old.tool_call_id), blob))
+        chosen.sort(key=lambda choice: choice[0].position)
         tokens = await self._counter.count_messages([marker for _, marker, _ in chosen])
         for (old, marker, blob), marker_tokens in zip(chosen, tokens, strict=True):
             if plan.used <= goal:

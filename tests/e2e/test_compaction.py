@@ -452,3 +452,66 @@ def test_a_span_leaving_the_daemon_is_scrubbed(daemon_root: Path, sid: str) -> N
     sent = seen.read_text()
     assert token not in sent
     assert '"content":"Push with [REDACTED:github_token] when done."' in sent
+
+
+def write_call(step: int) -> dict[str, Any]:
+    """An Anthropic tool call that writes a file of 60 lines (3,000 bytes or so)."""
+    return {"role": "assistant", "content": [
+        {"type": "text", "text": f"Writing module {step}."},
+        {"type": "tool_use", "id": f"toolu_{step}", "name": "Write",
+         "input": {"file_path": f"/src/mod{step}.py", "content": "".join(
+             f"def f{step}_{i}(value):\n    return value + {i}  # {step}\n"
+             for i in range(30))}}]}
+
+
+def test_clearing_clears_old_tool_calls_large_inputs(manual_daemon: DaemonProcess,
+                                                    sid: str) -> None:
+    with manual_daemon.client() as client:
+        client.call("session.open", {"session_id": sid, "budget": WINDOW})
+        client.call("message.append", {"session_id": sid, "messages": [SYSTEM, TASK]})
+        for step in range(7):
+            client.call("message.append", {"session_id": sid, "messages": [
+                write_call(step),
+                {"role": "tool", "name": "Write", "tool_call_id": f"toolu_{step}",
+                 "content": f"wrote /src/mod{step}.py"}]})
+        before = render(client, sid)
+        done = client.call("context.compact", {"session_id": sid, "strategies": ["clear"]})
+        after = render(client, sid)
+        archive = listed(client, sid)
+        by_seq = {m["seq"]: m for m in archive}
+        gone = [m for m in archive if m.get("compaction") == "cleared"]
+        # The two oldest calls (the newest five are kept), oldest first; their small
+        # results stay as they are.
+        assert [m["seq"] for m in gone] == [3, 5]
+        reads = []
+        for original in gone:
+            marker = by_seq[original["replaced_by"]]
+            value = original["content"][1]["input"]["content"]
+            ref_id = f"res_{marker['content'][1]['input']['content'].split('res_')[1][:16]}"
+            assert marker["content"] == [
+                original["content"][0],
+                {"type": "tool_use", "id": original["content"][1]["id"], "name": "Write",
+                 "input": {"file_path": original["content"][1]["input"]["file_path"],
+                           "content": f"[Old tool input cleared — {len(value):,} chars; "
+                                      f'read it with read_result ref_id="{ref_id}" '
+                                      f"offset=0 limit={len(value)}]"}}]
+            assert (marker["role"], marker["at_seq"], marker["meta"]) == (
+                "assistant", original["seq"], {"compaction": "cleared",
+                                               "seq": original["seq"]})
+            read = client.call("result.read", {"session_id": sid, "ref_id": ref_id,
+                                               "offset": 0, "limit": len(value)})
+            reads.append(read)
+            assert read["content"] == value
+            assert (read["tool_name"], read["seq"], read["size_bytes"]) == (
+                "Write", original["seq"], len(value.encode()))
+    assert before["tokens"] > 3_600 >= done["after_tokens"]
+    assert (done["cleared"], done["strategies_run"]) == (2, ["clear"])
+    assert after["tokens"] == rendered_tokens(after["messages"]) == done["after_tokens"]
+    # Every call is still followed by its result, ids intact.
+    rendered = after["messages"]
+    calls = [part["id"] for m in rendered if isinstance(m["content"], list)
+             for part in m["content"] if part.get("type") == "tool_use"]
+    assert calls == [f"toolu_{step}" for step in range(7)]
+    for index, message in enumerate(rendered):
+        if message["role"] == "assistant":
+            assert rendered[index + 1]["tool_call_id"] == message["content"][1]["id"]

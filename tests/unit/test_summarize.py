@@ -74,6 +74,9 @@ First request:
 Latest request:
 {LATEST}
 
+Other requests:
+- Keep the human output unchanged. Don't add a dependency for this.
+
 Rules the user stated:
 - Keep the human output unchanged.
 - Don't add a dependency for this.
@@ -82,8 +85,8 @@ Decisions:
 - I'll use msgspec to encode the status instead of json.dumps.
 
 Errors:
-- `pytest -x tests/unit/test_cli.py`: FAILED tests/unit/test_cli.py::test_status_json - \
-assert 'text' == 'json' → resolved: a later bash call succeeded
+- `pytest -x tests/unit/test_cli.py`: collected 5 items … FAILED tests/unit/test_cli.py::\
+test_status_json - assert 'text' == 'json' → resolved: a later bash call succeeded
 
 Files touched or named:
 - ctxd/store/migrations
@@ -122,8 +125,8 @@ Decisions:
 - Going with a listing first.
 
 Errors:
-- `ls -la src/app`: FileNotFoundError: [Errno 2] No such file or directory: 'src/app' → \
-unresolved: no later call of it succeeded
+- `ls -la src/app`: Traceback (most recent call last): … FileNotFoundError: [Errno 2] No \
+such file or directory: 'src/app' → unresolved: no later call of it succeeded
 - shell: ERROR: permission denied → unresolved: no later call of it succeeded
 
 Files touched or named:
@@ -149,25 +152,25 @@ async def test_extractive_reads_openai_shapes() -> None:
 
 def test_extractive_drops_the_least_important_first_to_fit_the_bound() -> None:
     # 80 tokens: 280 characters. The requests come first (each cut to a quarter of the
-    # budget, at least 80 characters), then the newest rule that fits; the rest is dropped.
+    # budget, at least 80 characters), then the newest rule that fits, the heading saying
+    # how many older ones went; the rest is dropped.
     cut_first = ("First request:\nAdd a --json flag to `ctxctl status`. Tests must pass with "
                  "pyt … [45 more chars]")
     summary = extract_summary(ANTHROPIC_SPAN, 80)
     assert summary == (
         f"[Summary of 13 earlier messages]\n\n{cut_first}\n\n"
         f"Latest request:\n{LATEST}\n\n"
-        "Rules the user stated:\n- Don't add a dependency for this.")
+        "Rules the user stated (2 earlier dropped):\n- Don't add a dependency for this.")
     assert len(summary) <= 80 * 3.5
-    # 100 tokens: both rules stated after the cut request; the error and the decision do
-    # not fit, the newest file does.
+    # 100 tokens: both rules stated after the cut request (the one inside it dropped);
+    # nothing else fits.
     summary = extract_summary(ANTHROPIC_SPAN, 100)
     assert summary == (
         "[Summary of 13 earlier messages]\n\nFirst request:\nAdd a --json flag to "
         "`ctxctl status`. Tests must pass with pytest -x, … [38 more chars]\n\n"
         f"Latest request:\n{LATEST}\n\n"
-        "Rules the user stated:\n- Keep the human output unchanged.\n"
-        "- Don't add a dependency for this.\n\n"
-        "Files touched or named:\n- man/ctxctl.1")
+        "Rules the user stated (1 earlier dropped):\n- Keep the human output unchanged.\n"
+        "- Don't add a dependency for this.")
     assert len(summary) <= 100 * 3.5
     # 64 tokens: the requests alone.
     assert extract_summary(ANTHROPIC_SPAN, 64) == (
@@ -182,7 +185,7 @@ def test_extractive_bound_holds_on_a_large_span_and_dedupes() -> None:
     # error of each copy is resolved by the next bash call).
     summary = extract_summary(span, 2_000)
     assert summary.count("→ resolved: a later bash call succeeded") == 1
-    assert summary.count("- Keep the human output unchanged.") == 1
+    assert summary.count("\n- Keep the human output unchanged.\n") == 1
     assert summary.count("- clients/ctxctl/_main.py") == 1
     assert summary.count("- `pytest -x tests/unit/test_cli.py`\n") + summary.endswith(
         "- `pytest -x tests/unit/test_cli.py`") == 1
@@ -197,6 +200,31 @@ def test_extractive_cuts_an_enormous_request_and_keeps_its_rules() -> None:
         "[Summary of 1 earlier messages]\n\nFirst request:\n" + huge[:153]
         + " … [41,861 more chars]\n\nRules the user stated:\n"
         "- You must keep the public API stable.")
+
+
+def test_extractive_carries_an_earlier_summary_over() -> None:
+    # The span starts with the summary of an earlier compaction: its first request stays
+    # the first, its requests, errors, commands and files come before the span's own, and
+    # the drops it noted add up.
+    earlier = ("[Summary of 40 earlier messages, written by the extractive summarizer when "
+               "ctxd compacted the context; message.list keeps the originals.]\n\n"
+               "[Summary of 40 earlier messages]\n\nFirst request:\nPort the CLI to click."
+               "\n\nLatest request:\nAdd --verbose.\n\n"
+               "Errors:\n- `make`: make: *** No rule to make target 'all'. → unresolved: no "
+               "later call of it succeeded\n\nCommands run (3 earlier dropped):\n- `make`")
+    span = [M(role="user", content=earlier),
+            M(role="assistant", content=[
+                {"type": "tool_use", "id": "t9", "name": "Bash",
+                 "input": {"command": "git status\ngit diff --stat"}}]),
+            M(role="user", content=[{"type": "tool_result", "tool_use_id": "t9",
+                                     "content": "On branch main"}]),
+            M(role="user", content="Now commit it.")]
+    assert extract_summary(span, 2_000) == (
+        "[Summary of 4 earlier messages]\n\nFirst request:\nPort the CLI to click.\n\n"
+        "Latest request:\nNow commit it.\n\nOther requests:\n- Add --verbose.\n\n"
+        "Errors:\n- `make`: make: *** No rule to make target 'all'. → unresolved: no later "
+        "call of it succeeded\n\n"
+        "Commands run (3 earlier dropped):\n- `make`\n- `git status … [1 more lines]`")
 
 
 def test_extractive_of_a_span_without_requests() -> None:

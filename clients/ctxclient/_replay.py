@@ -1,0 +1,699 @@
+"""Replay a Claude Code or OpenCode transcript model call by model call (a turn is one
+assistant response) into a private ctxd and report
+how much context ctxd's default hygiene saves, and what it keeps (``ctxctl replay``,
+``bench/replay.py``; docs/decisions.md, "Replay: context saved").
+
+Two private daemons (temporary data directories and sockets: a user's own data is never
+touched) receive the same transcript, grown one turn (model call) at a time in a temporary file and
+read by ``transcript.import``, the importer's own parsing: one with ctxd's default
+configuration and the window under test, one with hygiene off (no offload, no automatic
+compaction) whose main thread is the raw thread. After each turn both main threads are
+measured (exact tokens); at the end the key facts are looked for in the rendered context
+and the results its stubs name, and every removed message is read back and compared
+with the raw session's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ctxclient._errors import DaemonUnavailable
+from ctxclient._output import Column, Listing, Output, cell
+from ctxclient._sync import Client
+
+FORMATS = ("claude-code", "opencode")
+START_WAIT_S = 30.0
+LAST_TURNS = 20
+"""Files, commands and errors count as key facts in this many last turns (model calls)."""
+OPENCODE_PAD = 4096
+"""Leading blanks of each OpenCode export written: the importer tells a grown file from a
+replaced one by the hash of its first 4,096 bytes, which then never change."""
+RULE = re.compile(r"\b(always|never|must|don't|do not|please use|make sure)\b", re.I)
+ERROR_LINE = re.compile(r"\b(error|exception|traceback|failed)\b", re.I)
+REF = re.compile(r"res_[0-9a-f]{16}")
+CLEARED_INPUT = re.compile(r'\[Old tool input cleared — [\d,]+ chars; read it with read_result '
+                           r'ref_id="(res_[0-9a-f]{16})" offset=(\d+) limit=(\d+)\]')
+LOCAL_COMMAND = ("<command-", "<local-command-")
+"""How Claude Code records a slash command the user ran and its output, as user messages:
+not a request."""
+SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+FACT_KEYS = ("file_path", "path", "notebook_path", "command")
+RAW_CONFIG = "[hygiene]\nauto_compact = false\noffload_threshold_bytes = 1073741824\n"
+RAW_WINDOW = 10_000_000
+READ_PAGE = 1_048_576
+
+
+class ReplayError(Exception):
+    """What ``ctxctl replay`` says before exiting 1 (a file it cannot replay, a daemon
+    that did not start)."""
+
+
+@dataclass
+class Transcript:
+    """A transcript split into turns: the records of each turn, as written to the file the
+    importer reads (Claude Code: one JSONL line each; OpenCode: one export message each)."""
+
+    format: str
+    turns: list[list[Any]]
+    info: dict[str, Any] = field(default_factory=dict)
+    """OpenCode: the export's session info."""
+
+
+def guess_format(path: Path) -> str:
+    """claude-code for ``.jsonl`` and a JSON array of records, opencode for a JSON object
+    with ``info`` and ``messages``.
+
+    Raises:
+        ReplayError: none of these.
+    """
+    if path.suffix == ".jsonl":
+        return "claude-code"
+    with path.open("rb") as file:
+        head = file.read(4096).lstrip()
+    if head.startswith(b"["):
+        return "claude-code"
+    if head.startswith(b"{"):
+        try:
+            document = json.loads(path.read_bytes())
+        except ValueError:
+            return "claude-code"  # JSONL whose name does not say so
+        if isinstance(document, dict) and "messages" in document and "info" in document:
+            return "opencode"
+        return "claude-code"
+    raise ReplayError(f"{path} is neither a Claude Code transcript (JSONL, or a JSON array "
+                      "of its records) nor an OpenCode export (a JSON object with info and "
+                      "messages); name the format with --from")
+
+
+def _is_prompt(record: Any) -> bool:
+    """A real user prompt (a turn starts there): a main-thread user record with text of the
+    user's own, not a tool result, a meta record or a compaction summary."""
+    if not isinstance(record, dict) or record.get("type") != "user":
+        return False
+    if record.get("isSidechain") or record.get("isMeta") or record.get("isCompactSummary"):
+        return False
+    message = record.get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, str):
+        return bool(content.strip()) and not content.lstrip().startswith(LOCAL_COMMAND)
+    if not isinstance(content, list):
+        return False
+    types = {block.get("type") for block in content if isinstance(block, dict)}
+    texts = [str(block["text"]) for block in content if isinstance(block, dict)
+             and isinstance(block.get("text"), str)]
+    return "text" in types and "tool_result" not in types and not all(
+        text.lstrip().startswith(LOCAL_COMMAND) for text in texts)
+
+
+def _opencode_prompt(message: Any) -> bool:
+    if not isinstance(message, dict) or not isinstance(message.get("info"), dict):
+        return False
+    parts: list[Any] = message["parts"] if isinstance(message.get("parts"), list) else []
+    types = {part.get("type") for part in parts if isinstance(part, dict)}
+    return (message["info"].get("role") == "user" and "text" in types
+            and "compaction" not in types)
+
+
+def _response_id(record: Any) -> str | None:
+    """The API response a main-thread Claude Code assistant record belongs to (Claude Code
+    writes one record per content block, each with the response's ``message.id``); None for
+    any other record."""
+    if not isinstance(record, dict) or record.get("type") != "assistant" \
+            or record.get("isSidechain"):
+        return None
+    message = record.get("message")
+    response = message.get("id") if isinstance(message, dict) else None
+    return response if isinstance(response, str) else f"uuid:{record.get('uuid')}"
+
+
+def _opencode_response(message: Any) -> str | None:
+    if not isinstance(message, dict) or not isinstance(message.get("info"), dict) \
+            or message["info"].get("role") != "assistant":
+        return None
+    return str(message["info"].get("id"))
+
+
+def _split(records: list[Any], is_prompt: Any, response_of: Any) -> list[list[Any]]:
+    """Records in turns, one per model call: an assistant response (its records), the tool
+    results that answer it and whatever came before it since the previous response (a user
+    prompt among them). A new turn starts at a prompt or at another response once the turn
+    has its response; records after the last response join the last turn."""
+    turns: list[list[Any]] = []
+    answered: str | None = None
+    for record in records:
+        response = response_of(record)
+        if not turns or (answered is not None and (
+                is_prompt(record) or (response is not None and response != answered))):
+            turns.append([])
+            answered = None
+        turns[-1].append(record)
+        if response is not None:
+            answered = response
+    return turns
+
+
+def load(path: Path, fmt: str | None = None) -> Transcript:
+    """The transcript at ``path`` in turns (``fmt``: None guesses it).
+
+    Raises:
+        ReplayError: it cannot be read as that format, or holds no record.
+    """
+    try:
+        fmt = fmt or guess_format(path)
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ReplayError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if fmt == "opencode":
+        try:
+            document = json.loads(data)
+        except ValueError as exc:
+            raise ReplayError(f"{path} is not an OpenCode export: not JSON ({exc})") from None
+        if not isinstance(document, dict) or not isinstance(document.get("messages"), list):
+            raise ReplayError(f"{path} is not an OpenCode export: it is not an object "
+                              "{info, messages: [...]}")
+        info: dict[str, Any] = document["info"] if isinstance(document.get("info"), dict) \
+            else {}
+        turns = _split(document["messages"], _opencode_prompt, _opencode_response)
+        transcript = Transcript("opencode", turns, info)
+    else:
+        stripped = data.lstrip()
+        if stripped.startswith(b"["):
+            try:
+                array = json.loads(data)
+            except ValueError as exc:
+                raise ReplayError(f"{path} is not a Claude Code transcript: a JSON array "
+                                  f"that does not parse ({exc})") from None
+            lines = [json.dumps(record, ensure_ascii=False).encode() for record in array]
+        else:
+            lines = [line for line in data.splitlines() if line.strip()]
+        records: list[tuple[bytes, Any]] = []
+        for line in lines:
+            try:
+                records.append((line, json.loads(line)))
+            except ValueError:
+                records.append((line, None))
+        if not any(isinstance(record, dict) for _, record in records):
+            raise ReplayError(f"{path} is not a Claude Code transcript: no line is a JSON "
+                              "record")
+        split = _split(records, lambda pair: _is_prompt(pair[1]),
+                       lambda pair: _response_id(pair[1]))
+        transcript = Transcript("claude-code", [[line for line, _ in turn] for turn in split])
+    if not transcript.turns:
+        raise ReplayError(f"{path} holds no message to replay")
+    return transcript
+
+
+# ---- the private daemons -------------------------------------------------------------
+
+class PrivateDaemon:
+    """A ctxd of its own: socket, data directory and configuration under ``root``."""
+
+    def __init__(self, root: Path, name: str, config: str) -> None:
+        self.root = root
+        self.socket = root / f"{name}.sock"
+        self.log = root / f"{name}.log"
+        config_path = root / f"{name}.toml"
+        config_path.write_text(config)
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("CTXD_", "NOTIFY_SOCKET", "LISTEN_", "WATCHDOG_"))}
+        env["XDG_CONFIG_HOME"] = str(root / "config")
+        env["XDG_STATE_HOME"] = str(root / "state")
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "ctxd", "--socket", str(self.socket), "--data-dir",
+                 str(root / f"{name}-data"), "--config", str(config_path)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                start_new_session=True)
+
+    def connect(self) -> Client:
+        """A client once the daemon answers.
+
+        Raises:
+            ReplayError: it exited, or did not answer within `START_WAIT_S`.
+        """
+        deadline = time.monotonic() + START_WAIT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                client = Client(self.socket, timeout=None)
+            except (DaemonUnavailable, OSError):
+                time.sleep(0.02)
+                continue
+            client.call("daemon.ping")
+            return client
+        tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-5:])
+        raise ReplayError(f"the replay's private ctxd did not start; its log ends with:\n"
+                          f"{tail}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+# ---- the replay ------------------------------------------------------------------------
+
+@dataclass
+class Point:
+    turn: int
+    raw_tokens: int
+    tokens: int
+
+
+@dataclass
+class Fact:
+    kind: str
+    """first_request, latest_request, rule, file, command or error."""
+    text: str
+
+
+@dataclass
+class Report:
+    file: str
+    format: str
+    window: int
+    turns: int
+    messages: int
+    raw_peak_tokens: int
+    peak_tokens: int
+    reduction: float
+    trigger_tokens: int
+    """Where automatic compaction triggers (``compact_trigger`` of the effective window):
+    once the raw thread passes it, ctxd's peak cannot be much under it."""
+    floor_share: float
+    """The lowest peak share reachable: min(raw peak, trigger) / raw peak."""
+    key_facts: int
+    key_facts_kept: float
+    facts_missed: list[Fact]
+    removed_messages: int
+    removed_bytes: int
+    retrievable_fraction: float
+    not_retrievable: list[int]
+    """Seqs of removed messages whose original could not be read back exactly."""
+    compacted: int
+    """Main-thread messages compaction took out (cleared, summarized, truncated)."""
+    offloaded: int
+    branches: int
+    final_tokens: int
+    series: list[Point]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _texts(content: Any) -> Iterator[str]:
+    """The strings a content holds: text parts, and every string of a tool call's input."""
+    if isinstance(content, str):
+        yield content
+    elif isinstance(content, list):
+        for item in content:
+            yield from _texts(item)
+    elif isinstance(content, dict):
+        if content.get("type") == "text" and isinstance(content.get("text"), str):
+            yield content["text"]
+        else:
+            for value in content.values():
+                yield from _texts(value)
+
+
+def _text(content: Any) -> str:
+    """A message's text as offload and result.read see it: a string, or its text parts
+    joined by newlines."""
+    if isinstance(content, str):
+        return content
+    return "\n".join(part["text"] for part in content if isinstance(part, dict)
+                     and part.get("type") == "text" and isinstance(part.get("text"), str))
+
+
+def _size(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content.encode())
+    return len(json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+def _list(client: Client, session_id: str) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"session_id": session_id, "limit": 1000}
+        if cursor:
+            params["cursor"] = cursor
+        page = client.call("message.list", params)
+        messages.extend(page["messages"])
+        cursor = page["next_cursor"]
+        if not cursor:
+            return messages
+
+
+def _read(client: Client, session_id: str, ref_id: str) -> str:
+    pages = []
+    offset: int | None = 0
+    while offset is not None:
+        page = client.call("result.read", {"session_id": session_id, "ref_id": ref_id,
+                                           "offset": offset, "limit": READ_PAGE})
+        pages.append(page["content"] or "")
+        offset = page.get("next_offset")
+    return "".join(pages)
+
+
+def _restore_inputs(client: Client, session_id: str, content: Any) -> Any:
+    """A content whose cleared tool-call arguments are read back from their blob."""
+    if isinstance(content, str):
+        match = CLEARED_INPUT.fullmatch(content)
+        if match is None:
+            return content
+        ref, offset, limit = match.group(1), int(match.group(2)), int(match.group(3))
+        pages = []
+        for start in range(offset, offset + limit, READ_PAGE):
+            page = client.call("result.read", {
+                "session_id": session_id, "ref_id": ref, "offset": start,
+                "limit": min(READ_PAGE, offset + limit - start)})
+            pages.append(page["content"] or "")
+        return "".join(pages)
+    if isinstance(content, list):
+        return [_restore_inputs(client, session_id, item) for item in content]
+    if isinstance(content, dict):
+        return {key: _restore_inputs(client, session_id, value)
+                for key, value in content.items()}
+    return content
+
+
+def _main_thread(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The main thread's messages as imported: no branch's, none compaction wrote."""
+    return [m for m in messages if m.get("branch_id") is None and not m.get("discarded")
+            and m.get("at_seq") is None]
+
+
+def _position(message: dict[str, Any]) -> int:
+    source = (message.get("meta") or {}).get("source") or {}
+    value = source.get("line", source.get("index", 0))
+    return value if isinstance(value, int) else 0
+
+
+def _prompt(message: dict[str, Any]) -> str | None:
+    meta = message.get("meta") or {}
+    if message["role"] != "user" or meta.get("is_meta") or meta.get("compact_summary"):
+        return None
+    text = _text(message["content"]).strip()
+    return text if text and not text.startswith(LOCAL_COMMAND) else None
+
+
+def key_facts(raw: list[dict[str, Any]], turn_of: dict[int, int], turns: int) -> list[Fact]:
+    """The key facts of a raw main thread (docs/decisions.md, "Replay: context saved"):
+    ``turn_of`` maps a message's position in the transcript to its turn."""
+    facts: list[Fact] = []
+    prompts = [(m, text) for m in raw if (text := _prompt(m)) is not None]
+    if prompts:
+        facts.append(Fact("first_request", prompts[0][1]))
+        if len(prompts) > 1:
+            facts.append(Fact("latest_request", prompts[-1][1]))
+    rules: list[str] = []
+    for _, text in prompts:
+        for sentence in SENTENCE.split(text):
+            sentence = sentence.strip()
+            if sentence and RULE.search(sentence) and sentence not in rules:
+                rules.append(sentence)
+    facts.extend(Fact("rule", rule) for rule in rules)
+    first_recent = turns - LAST_TURNS
+    seen: set[tuple[str, str]] = set()
+    for message in raw:
+        if turn_of.get(_position(message), 0) < first_recent:
+            continue
+        if message["role"] == "assistant" and isinstance(message["content"], list):
+            for part in message["content"]:
+                inputs = part.get("input") if isinstance(part, dict) \
+                    and part.get("type") == "tool_use" else None
+                if not isinstance(inputs, dict):
+                    continue
+                for key in FACT_KEYS:
+                    value = inputs.get(key)
+                    kind = "command" if key == "command" else "file"
+                    if isinstance(value, str) and value.strip() and (kind, value) not in seen:
+                        seen.add((kind, value))
+                        facts.append(Fact(kind, value))
+        elif message["role"] == "tool":
+            lines = [line.strip() for line in _text(message["content"]).splitlines()
+                     if line.strip()]
+            flagged = bool((message.get("meta") or {}).get("is_error"))
+            if lines and (flagged or ERROR_LINE.search(lines[0])) \
+                    and ("error", lines[0]) not in seen:
+                seen.add(("error", lines[0]))
+                facts.append(Fact("error", lines[0]))
+    return facts
+
+
+def _open(client: Client, session_id: str, window: int | None) -> tuple[int, int]:
+    """The session's context window, and the tokens at which automatic compaction
+    triggers (``compact_trigger`` of the effective window)."""
+    params: dict[str, Any] = {"session_id": session_id}
+    if window is not None:
+        params["budget"] = {"context_window": window}
+    budget = client.call("session.open", params)["session"]["budget"]
+    effective = int(budget["context_window"]) - int(budget["max_output_tokens"])
+    return int(budget["context_window"]), math.floor(effective * budget["compact_trigger"])
+
+
+def replay(path: Path, window: int | None = None, fmt: str | None = None) -> Report:
+    """Replay ``path`` at ``window`` tokens (None: ctxd's default) and report.
+
+    Raises:
+        ReplayError: the file cannot be replayed, or a private daemon did not start.
+    """
+    transcript = load(path, fmt)
+    root = Path(tempfile.mkdtemp(prefix="ctxd-replay-"))
+    daemons = [PrivateDaemon(root, "ctxd", ""), PrivateDaemon(root, "raw", RAW_CONFIG)]
+    try:
+        clients = [daemon.connect() for daemon in daemons]
+        try:
+            return _run(transcript, path, root, window, clients[0], clients[1])
+        finally:
+            for client in clients:
+                client.close()
+    finally:
+        for daemon in daemons:
+            daemon.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _write_turn(transcript: Transcript, feed: Path, upto: int) -> None:
+    """The transcript's first ``upto`` turns in ``feed``, as the importer reads it."""
+    if transcript.format == "claude-code":
+        with feed.open("ab") as file:
+            file.write(b"".join(line + b"\n" for line in transcript.turns[upto - 1]))
+        return
+    messages = [message for turn in transcript.turns[:upto] for message in turn]
+    document = json.dumps({"info": transcript.info, "messages": messages},
+                          ensure_ascii=False)
+    feed.write_bytes(b" " * OPENCODE_PAD + document.encode())
+
+
+def _run(transcript: Transcript, path: Path, root: Path, window: int | None,
+         ctxd: Client, raw: Client) -> Report:
+    window_used, trigger = _open(ctxd, "replay", window)
+    _open(raw, "replay", RAW_WINDOW)
+    feed = root / ("feed.jsonl" if transcript.format == "claude-code" else "feed.json")
+    feed.touch()
+    series: list[Point] = []
+    turn_of: dict[int, int] = {}
+    position = 0
+    branches = 0
+    for turn, records in enumerate(transcript.turns):
+        for _ in records:
+            position += 1
+            turn_of[position] = turn
+        _write_turn(transcript, feed, turn + 1)
+        for client in (ctxd, raw):
+            result = client.call("transcript.import", {
+                "format": transcript.format, "path": str(feed), "session_id": "replay"})
+            if client is ctxd:
+                branches += result["branches"]
+        rendered = ctxd.call("session.get", {"session_id": "replay"})["context_state"]
+        thread = raw.call("session.get", {"session_id": "replay"})["context_state"]
+        series.append(Point(turn + 1, thread["main_thread_tokens"],
+                            rendered["main_thread_tokens"]))
+    raw_messages = _main_thread(_list(raw, "replay"))
+    all_messages = _list(ctxd, "replay")
+    kept = _main_thread(all_messages)
+    render = ctxd.call("ctxd.render", {"session_id": "replay", "branch_id": None})
+    facts = key_facts(raw_messages, turn_of, len(transcript.turns))
+    rendered_text = "\n".join(text for m in render["messages"] for text in _texts(m["content"]))
+    reads: dict[str, str] = {}
+    for ref in dict.fromkeys(REF.findall(rendered_text)):
+        reads[ref] = _read(ctxd, "replay", ref)
+    missed = [fact for fact in facts if fact.text not in rendered_text
+              and not any(fact.text in text for text in reads.values())]
+    removed = removed_bytes = retrievable_bytes = 0
+    not_retrievable: list[int] = []
+    offloaded = 0
+    if len(kept) != len(raw_messages):
+        raise ReplayError(f"the replay imported {len(kept)} main-thread messages and the raw "
+                          f"thread {len(raw_messages)}: the two imports differ")
+    replacement = {m["at_seq"]: m for m in all_messages if m.get("at_seq") is not None}
+    for message, original in zip(kept, raw_messages, strict=True):
+        offloaded += bool(message.get("ref_id"))
+        if not message.get("ref_id") and not message.get("compaction"):
+            continue
+        removed += 1
+        size = _size(original["content"])
+        removed_bytes += size
+        exact = message["content"] == original["content"] and message["role"] == original[
+            "role"]
+        if exact and message.get("compaction") == "cleared" and message["role"] == "assistant":
+            stub = replacement.get(message["seq"], {})
+            exact = _restore_inputs(ctxd, "replay", stub.get("content")) == original["content"]
+        elif exact and message.get("compaction") == "cleared":
+            stub = replacement.get(message["seq"], {})
+            refs = REF.findall(_text(stub.get("content", "")))
+            exact = bool(refs) and _read(ctxd, "replay", refs[0]) == _text(original["content"])
+        elif exact and message.get("ref_id") and not message.get("compaction"):
+            exact = _read(ctxd, "replay", message["ref_id"]) == _text(original["content"])
+        if exact:
+            retrievable_bytes += size
+        else:
+            not_retrievable.append(message["seq"])
+    raw_peak = max(point.raw_tokens for point in series)
+    peak = max(point.tokens for point in series)
+    return Report(
+        file=str(path), format=transcript.format, window=window_used,
+        turns=len(transcript.turns), messages=len(raw_messages), raw_peak_tokens=raw_peak,
+        peak_tokens=peak, reduction=round(1 - peak / raw_peak, 4) if raw_peak else 0.0,
+        trigger_tokens=trigger,
+        floor_share=round(min(raw_peak, trigger) / raw_peak, 4) if raw_peak else 1.0,
+        key_facts=len(facts),
+        key_facts_kept=round(1 - len(missed) / len(facts), 4) if facts else 1.0,
+        facts_missed=missed, removed_messages=removed, removed_bytes=removed_bytes,
+        retrievable_fraction=round(retrievable_bytes / removed_bytes, 4)
+        if removed_bytes else 1.0,
+        not_retrievable=not_retrievable,
+        compacted=sum(bool(m.get("compaction")) for m in kept), offloaded=offloaded,
+        branches=branches, final_tokens=render["tokens"], series=series)
+
+
+# ---- ctxctl replay ---------------------------------------------------------------------
+
+SUMMARY_COLUMNS = (Column("figure"), Column("value", right=True),
+                   Column("detail", wrap=True, keep=10))
+PLOT_INSTALL = "pip install 'ctxd[plot]' (matplotlib)"
+
+
+def summary(report: Report) -> Listing:
+    """The report as one row per figure."""
+    listing = Listing(SUMMARY_COLUMNS, title=f"replay of {Path(report.file).name} at a "
+                                             f"{report.window:,}-token window")
+    missed = ", ".join(f"{fact.kind} {fact.text.splitlines()[0][:60]!r}"
+                       for fact in report.facts_missed[:5])
+    more = len(report.facts_missed) - 5
+    rows = [
+        ("turns", f"{report.turns:,}", f"{report.messages:,} main-thread messages, "
+                                       f"{report.branches:,} sub-agent branches"),
+        ("raw peak tokens", f"{report.raw_peak_tokens:,}", "the thread without hygiene"),
+        ("ctxd peak tokens", f"{report.peak_tokens:,}",
+         f"{report.final_tokens:,} at the end"),
+        ("reduction", f"{report.reduction:.1%}", "1 - peak / raw peak"),
+        ("floor", f"{report.floor_share:.1%}",
+         f"lowest share reachable: compaction triggers at {report.trigger_tokens:,} tokens"),
+        ("key facts kept", f"{report.key_facts_kept:.1%}",
+         f"{report.key_facts - len(report.facts_missed)} of {report.key_facts}"
+         + (f"; missed: {missed}" if missed else "") + (f" and {more} more" if more > 0
+                                                        else "")),
+        ("retrievable", f"{report.retrievable_fraction:.1%}",
+         f"{report.removed_messages:,} messages removed ({report.removed_bytes:,} bytes): "
+         f"{report.offloaded:,} offloaded, {report.compacted:,} compacted"),
+    ]
+    listing.rows = [[cell(a), cell(b), cell(c)] for a, b, c in rows]
+    return listing
+
+
+def plot(report: Report, target: Path) -> None:
+    """A PNG of the context's tokens after each turn, raw against ctxd."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, axes = pyplot.subplots(figsize=(8, 4.5), dpi=100)
+    turns = [point.turn for point in report.series]
+    axes.plot(turns, [point.raw_tokens for point in report.series], label="raw thread")
+    axes.plot(turns, [point.tokens for point in report.series], label="ctxd (rendered)")
+    axes.axhline(report.window, linestyle=":", color="grey", label="context window")
+    axes.set_xlabel("turn")
+    axes.set_ylabel("tokens")
+    axes.set_title(f"{Path(report.file).name}: {report.reduction:.0%} smaller at the peak")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(target, format="png")
+    pyplot.close(figure)
+
+
+def run(args: argparse.Namespace, out: Output) -> int:
+    """``ctxctl replay``: 0 when replayed, 1 when the file cannot be replayed, 2 when it is
+    not there or --plot has no matplotlib."""
+    path = Path(args.file).expanduser().absolute()
+    if not path.is_file():
+        what = "does not exist" if not path.exists() else "is not a regular file"
+        print(f"ctxctl: {path} {what}\nctxctl: next: give the path of a Claude Code "
+              "transcript (JSONL) or an OpenCode export (JSON)", file=sys.stderr)
+        return 2
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        print(f"ctxctl: --plot needs matplotlib, which is not installed\nctxctl: next: "
+              f"{PLOT_INSTALL}", file=sys.stderr)
+        return 2
+    try:
+        report = replay(path, args.window, args.transcript_format)
+    except ReplayError as exc:
+        print(f"ctxctl: {exc}", file=sys.stderr)
+        return 1
+    if args.plot:
+        plot(report, Path(args.plot))
+    if out.json:
+        sys.stdout.write(json.dumps(report.as_dict(), indent=2, ensure_ascii=False) + "\n")
+        return 0
+    out.listing(summary(report), "")
+    if args.plot:
+        out.note(f"(plot written to {args.plot})")
+    return 0
+
+
+def window(text: str) -> int:
+    """``--window``: a context window ctxd accepts."""
+    try:
+        value = int(text.replace("_", "").replace(",", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of tokens") from None
+    if not 1024 <= value <= RAW_WINDOW:
+        raise argparse.ArgumentTypeError(f"a window is 1,024 to {RAW_WINDOW:,} tokens")
+    return value
+
+
+__all__ = [
+    "FORMATS",
+    "Fact",
+    "Point",
+    "ReplayError",
+    "Report",
+    "Transcript",
+    "guess_format",
+    "key_facts",
+    "load",
+    "replay",
+]

@@ -1,0 +1,205 @@
+"""The replay (docs/decisions.md, "Replay: context saved"): a made-up Claude Code transcript
+whose figures are computed here, a shared transcript with its figures pinned, and
+`ctxctl replay` (--json, a bad file, --plot)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxclient._replay import load, replay
+from ctxd.hygiene import ref_id_for
+from ctxd.tokens import TokenCounter
+from ctxd.transcripts import ClaudeCodeParser
+
+TRANSCRIPTS = Path(__file__).resolve().parents[3] / "shared" / "bench-data" / "transcripts"
+DEEP = TRANSCRIPTS / "claude-code_claude-code-log_deep-manifest_a7da6a22.jsonl"
+needs_data = pytest.mark.skipif(not DEEP.exists(), reason="bench-data transcripts absent")
+
+BIG = "".join(f"line {i}: def parse(value): return value\n" for i in range(200))
+FIRST = "Fix the date parser. Always run the tests with pytest -q.\nDon't touch setup.py."
+LATEST = "Now add a changelog entry."
+ERROR = "FAILED tests/test_dates.py::test_iso - AssertionError"
+
+
+def _record(kind: str, content: Any, uuid: str, **extra: Any) -> dict[str, Any]:
+    return {"type": kind, "uuid": uuid, "sessionId": "s1",
+            "message": {"role": kind, "content": content}, **extra}
+
+
+def made_up() -> list[dict[str, Any]]:
+    return [
+        _record("user", FIRST, "u1"),
+        _record("assistant", [{"type": "tool_use", "id": "t1", "name": "Read",
+                               "input": {"file_path": "/p/dates.py"}}], "a1"),
+        _record("user", [{"type": "tool_result", "tool_use_id": "t1", "content": BIG}], "u2"),
+        _record("assistant", [{"type": "tool_use", "id": "t2", "name": "Bash",
+                               "input": {"command": "pytest -q"}}], "a2"),
+        _record("user", [{"type": "tool_result", "tool_use_id": "t2", "is_error": True,
+                          "content": ERROR + "\n1 failed"}], "u3"),
+        _record("assistant", [{"type": "text", "text": "Fixed."}], "a3"),
+        _record("user", LATEST, "u4"),
+        _record("assistant", [{"type": "text", "text": "Done."}], "a4"),
+    ]
+
+
+def write(path: Path, records: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return path
+
+
+def raw_tokens(records: list[dict[str, Any]]) -> int:
+    """The raw thread's tokens: every message the parser makes of the records, counted by
+    ctxd's rule, plus 3 for the reply priming."""
+    data = "".join(json.dumps(record) + "\n" for record in records).encode()
+    entries, _ = ClaudeCodeParser().feed(data, 0, 1)
+    counter = TokenCounter()
+    return 3 + sum(counter.message_tokens(m.role, m.content, m.name, m.tool_call_id)
+                   for entry in entries for m in entry.messages)
+
+
+def test_made_up_transcript_replays_with_exact_figures(tmp_path: Path) -> None:
+    path = write(tmp_path / "t.jsonl", made_up())
+    # A turn is one model call: the prompt, the response and the results answering it.
+    assert [len(turn) for turn in load(path).turns] == [3, 2, 1, 2]
+    report = replay(path)
+    assert report.window == 200_000
+    assert (report.trigger_tokens, report.floor_share) == (182_217, 1.0)  # 0.95 of 191,808
+    assert report.turns == 4
+    assert report.messages == 8
+    assert report.raw_peak_tokens == raw_tokens(made_up())
+    assert [p.raw_tokens for p in report.series] == [
+        raw_tokens(made_up()[:end]) for end in (3, 5, 6, 8)]
+    # The one large result is offloaded: the render holds its stub instead.
+    assert report.offloaded == 1
+    assert report.compacted == 0
+    assert report.peak_tokens == report.final_tokens < report.raw_peak_tokens
+    assert report.removed_messages == 1
+    assert report.removed_bytes == len(BIG.encode())
+    assert report.retrievable_fraction == 1.0
+    assert report.not_retrievable == []
+    # first and latest request, two rules, one file, one command, one error: all kept
+    # (the file's contents one result.read away).
+    assert report.key_facts == 7
+    assert report.facts_missed == []
+    assert report.key_facts_kept == 1.0
+    assert report.reduction == round(1 - report.peak_tokens / report.raw_peak_tokens, 4)
+
+
+def test_a_small_window_compacts_and_every_removed_byte_reads_back(tmp_path: Path) -> None:
+    records = made_up()
+    for n in range(12):
+        records += [_record("user", f"Request {n}: read part {n}.", f"x{n}"),
+                    _record("assistant", [{"type": "tool_use", "id": f"r{n}", "name": "Read",
+                                           "input": {"file_path": f"/p/part{n}.py"}}],
+                            f"y{n}"),
+                    _record("user", [{"type": "tool_result", "tool_use_id": f"r{n}",
+                                      "content": BIG.replace("line", f"p{n}")[:3000]}],
+                                     f"z{n}"),
+                    _record("assistant", [{"type": "text", "text": f"Part {n} read."}],
+                            f"w{n}")]
+    report = replay(write(tmp_path / "t.jsonl", records), window=12_000)
+    assert report.turns == 4 + 12 * 2
+    assert report.compacted > 0
+    assert report.peak_tokens < report.raw_peak_tokens
+    assert report.retrievable_fraction == 1.0
+    assert report.not_retrievable == []
+
+
+@needs_data
+def test_shared_transcript_figures() -> None:
+    """Pinned: a replay is deterministic (ref_ids derive from the session and the seq), and
+    two runs give the same report."""
+    report = replay(DEEP, window=32_000)
+    assert (report.turns, report.messages, report.raw_peak_tokens) == (103, 299, 86_234)
+    assert (report.peak_tokens, report.final_tokens) == (22_590, 14_256)
+    # The first request survives every compaction: each summary carries the last over.
+    assert (report.key_facts, report.key_facts_kept, len(report.facts_missed)) == (10, 1.0, 0)
+    # Old Write/Edit inputs cleared too: fewer messages summarised away.
+    assert (report.removed_messages, report.offloaded, report.compacted) == (201, 52, 201)
+    assert report.retrievable_fraction == 1.0
+    # Automatic compaction keeps the thread under the compact trigger (0.95 of 23,808), and
+    # the peak cannot be much under it: 22,617 / 86,234.
+    assert (report.trigger_tokens, report.floor_share) == (22_617, 0.2623)
+    assert report.peak_tokens < 22_617
+    assert replay(DEEP, window=32_000).as_dict() == report.as_dict()
+
+
+def test_ref_ids_derive_from_the_session_and_the_seq() -> None:
+    assert ref_id_for("replay", 1) == "res_49f0c6489b6cc931"
+    assert ref_id_for("ses_0123456789abcdef", 42) == "res_c26aaefbf9393992"
+
+
+def ctxctl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ctxclient.cli", *args], capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+def test_ctxctl_replay_json(tmp_path: Path) -> None:
+    path = write(tmp_path / "t.jsonl", made_up())
+    done = ctxctl("replay", str(path), "--json", "--window", "32000")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["window"] == 32_000
+    assert report["raw_peak_tokens"] == raw_tokens(made_up())
+    assert report["peak_tokens"] < report["raw_peak_tokens"]
+    assert report["reduction"] == round(1 - report["peak_tokens"]
+                                        / report["raw_peak_tokens"], 4)
+    assert report["key_facts_kept"] == 1.0
+    assert report["facts_missed"] == []
+    assert report["retrievable_fraction"] == 1.0
+    assert [point["turn"] for point in report["series"]] == [1, 2, 3, 4]
+
+
+def test_ctxctl_replay_bad_files(tmp_path: Path) -> None:
+    missing = ctxctl("replay", str(tmp_path / "none.jsonl"))
+    assert missing.returncode == 2
+    assert "does not exist" in missing.stderr
+    bad = tmp_path / "bad.txt"
+    bad.write_text("hello\n")
+    refused = ctxctl("replay", str(bad))
+    assert refused.returncode == 1
+    assert refused.stderr == (f"ctxctl: {bad} is neither a Claude Code transcript (JSONL, or "
+                              "a JSON array of its records) nor an OpenCode export (a JSON "
+                              "object with info and messages); name the format with --from\n")
+    lines = tmp_path / "bad.jsonl"
+    lines.write_text("not json\n")
+    assert ctxctl("replay", str(lines)).stderr == (
+        f"ctxctl: {lines} is not a Claude Code transcript: no line is a JSON record\n")
+
+
+def test_ctxctl_replay_plot_writes_a_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    path = write(tmp_path / "t.jsonl", made_up())
+    png = tmp_path / "replay.png"
+    done = ctxctl("replay", str(path), "--plot", str(png), "--format", "plain")
+    assert done.returncode == 0, done.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert done.stdout.splitlines()[0].split() == ["FIGURE", "VALUE", "DETAIL"]
+
+
+def test_opencode_export_replays_turn_by_turn(tmp_path: Path) -> None:
+    def message(role: str, mid: str, *parts: dict[str, Any]) -> dict[str, Any]:
+        return {"info": {"role": role, "id": mid}, "parts": list(parts)}
+
+    export = {"info": {"id": "ses_x"}, "messages": [
+        message("user", "m1", {"type": "text", "text": "List the files. Never use tabs."}),
+        message("assistant", "m2", {"type": "tool", "callID": "c1", "tool": "bash", "state": {
+            "status": "completed", "input": {"command": "ls"}, "output": BIG}}),
+        message("user", "m3", {"type": "text", "text": "Thanks."}),
+        message("assistant", "m4", {"type": "text", "text": "Done."})]}
+    path = tmp_path / "export.json"
+    path.write_text(json.dumps(export))
+    report = replay(path)
+    assert report.format == "opencode"
+    assert report.turns == 2  # one assistant message each
+    assert report.messages == 5  # the tool call and its result are two messages
+    assert report.offloaded == 1
+    assert report.key_facts == 4  # two requests, one rule, one command
+    assert report.facts_missed == []
+    assert report.retrievable_fraction == 1.0
