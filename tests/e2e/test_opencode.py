@@ -32,6 +32,11 @@ SCRIPT = f"for i in range({LOG_LINES}): print(f'line {{i:04d}} of the build log:
 TURNS = [ToolCall("bash", {"command": f'python3 -c "{SCRIPT}"', "description": "Print the log"}),
          "Deploy it with make ship."]
 """The model's turns: it runs a command that prints `BUILD_LOG`, then answers."""
+SHORT_LOG = "".join(f"line {i:04d} of the build log: ok\n" for i in range(100))
+"""3,100 bytes (1,100 tokens): under the offload threshold, so it stays inline."""
+OVERFLOW = {"prompt_tokens": 3500, "completion_tokens": 34, "total_tokens": 3534}
+"""Usage over the small model's limit (4,000 tokens less 1,000 for the reply): OpenCode
+compacts the session before the next turn."""
 MEMORY = {"title": "Deploying the service",
           "content": "Deploy the service with `make ship` from a clean checkout, never by hand."}
 
@@ -153,3 +158,58 @@ def test_a_pending_injection_joins_the_next_system_prompt_once(
         [injection] = ctxd.call("inject.list", {"session_id": session_id})["injections"]
     assert (injection["injection_id"], injection["state"], injection["deliveries"],
             injection["content"]) == (pushed["injection_id"], "accepted", 1, note)
+
+
+def test_opencodes_compaction_snapshots_ctxds_copy(tmp_path: Path, daemon_root: Path) -> None:
+    """OpenCode compacts by itself when a turn's usage reaches its model's limit; the
+    plugin's `experimental.session.compacting` compacts ctxd's copy first, which saves the
+    snapshot `session.resume` serves. The daemon's window is small (1,500 tokens effective)
+    and keeps no tool result from clearing, so that ctxd's copy (the prompt and a 1,100-token
+    inline output: 75% full, under the 95% at which ctxd compacts by itself) has room to
+    shrink."""
+    config = daemon_root / "config" / "ctxd" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text("[budget]\ncontext_window = 2000\nmax_output_tokens = 500\n\n"
+                      "[hygiene]\nkeep_tool_results = 0\n")
+    command = "python3 -c \"" + SCRIPT.replace("800", "100") + "\""
+    summary = "## Objective\n- Print the build log."
+    with DaemonProcess(daemon_root).running() as daemon, ChatServer() as model:
+        model.summary = summary
+        model.turns = [ToolCall("bash", {"command": command, "description": "Print the log"},
+                                usage=OVERFLOW), "Deploy it with make ship."]
+        project = opencode_project(tmp_path, model.url,
+                                   model_limit={"context": 4000, "output": 1000})
+        opencode = OpenCode(project, hermetic_env(tmp_path, daemon.socket))
+        session_id = opencode.run(PROMPT)
+        turns = model_turns(model.requests)
+        exported = opencode.export(session_id)
+        with daemon.client() as ctxd:
+            resumed = ctxd.call("session.resume", {"session_id": session_id})
+            ref_id = resumed["messages"][1]["content"].split('ref_id="')[1].split('"')[0]
+            whole = ctxd.call("result.read", {"session_id": session_id, "ref_id": ref_id,
+                                              "limit": 1_000_000})
+
+    # OpenCode compacted: its summary replaced the turns before it.
+    assert [part["type"] for part in exported["messages"][2]["parts"]] == ["compaction"]
+    assert exported["messages"][3]["info"]["summary"] is True
+    assert len(turns) == 2
+    assert [m["content"] for m in turns[1]["messages"][1:3]] == [
+        "What did we do so far?", summary]
+    assert "line 0099" not in json.dumps(turns[1])
+
+    # ctxd compacted its copy as OpenCode began to: the output was cleared, the snapshot
+    # kept, and what came after (OpenCode's summary and its next turn) follows it.
+    assert resumed["source"] == "snapshot"
+    assert resumed["compacted_at"] is not None
+    [prompt, cleared, *after] = resumed["messages"]
+    assert prompt["content"] == f'"{PROMPT}"'
+    assert (cleared["role"], cleared["name"], cleared["tool_call_id"]) == (
+        "tool", "bash", "call_1")
+    assert cleared["content"] == \
+        f'[Old tool result content cleared — read it with read_result ref_id="{ref_id}"]'
+    assert [(m["role"], m["content"]) for m in after] == [
+        ("assistant", summary),
+        ("user", "Continue if you have next steps, or stop and ask for clarification if "
+                 "you are unsure how to proceed."),
+        ("assistant", "Deploy it with make ship.")]
+    assert (whole["tool_name"], whole["content"]) == ("bash", SHORT_LOG)
