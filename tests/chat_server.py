@@ -26,6 +26,8 @@ class ToolCall:
     name: str
     arguments: dict[str, Any]
     call_id: str = "call_1"
+    usage: dict[str, int] | None = None
+    """The usage this answer reports (default `USAGE`)."""
 
 
 USAGE = {"prompt_tokens": 1200, "completion_tokens": 34, "total_tokens": 1234}
@@ -42,7 +44,7 @@ class ChatServer:
     A streamed request (``"stream": true``) is answered as server-sent events: one that
     offers tools gets the next of ``turns`` (a text, or a `ToolCall`; ``"done"`` once they
     run out), one without tools (an agent's title or summary request) gets ``summary``.
-    Every streamed answer ends with `USAGE`.
+    Every streamed answer ends with `USAGE` (a `ToolCall`'s own ``usage`` when it has one).
     """
 
     def __init__(self) -> None:
@@ -101,12 +103,14 @@ class ChatServer:
                         "function": {"name": turn.name,
                                      "arguments": json.dumps(turn.arguments)}}]}
                     finish = "tool_calls"
+                    usage = turn.usage or USAGE
                 else:
                     delta, finish = {"role": "assistant", "content": turn}, "stop"
+                    usage = USAGE
                 events = [{**chunk, "choices": [{"index": 0, "delta": delta,
                                                  "finish_reason": None}]},
                           {**chunk, "choices": [{"index": 0, "delta": {},
-                                                 "finish_reason": finish}], "usage": USAGE}]
+                                                 "finish_reason": finish}], "usage": usage}]
                 try:
                     for event in events:
                         self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")

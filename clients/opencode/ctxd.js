@@ -1,8 +1,8 @@
 // ctxd's OpenCode plugin: every OpenCode session is a ctxd session (README.md, "OpenCode").
 //
-// - tool.execute.after: a large tool output is appended to the ctxd session as a `tool`
-//   message; ctxd offloads it (docs/protocol.md, "Offloaded tool results") and the model
-//   sees ctxd's stub instead, with the ref_id to read the rest with result.read.
+// - tool.execute.after: every tool output is appended to the ctxd session as a `tool`
+//   message; ctxd offloads a large one (docs/protocol.md, "Offloaded tool results") and
+//   the model sees ctxd's stub instead, with the ref_id to read the rest with result.read.
 // - experimental.chat.system.transform: the memories that match the user's last prompt
 //   and the session's pending injections (inject.pull, then inject.ack) join the system
 //   prompt.
@@ -93,15 +93,23 @@ export const CtxdPlugin = async ({ directory } = {}) => {
     return opened.get(sessionID)
   }
 
-  // The stub ctxd renders for the tool message just appended (docs/protocol.md,
-  // "Offloaded tool results"); undefined when it stayed inline.
-  const offload = async (sessionID, callID, tool, content) => {
-    if (!(await open(sessionID))) return undefined
+  // A tool's output joins the ctxd session as a `tool` message (a large one is offloaded
+  // there: docs/protocol.md, "Offloaded tool results"); false when it could not.
+  const recordResult = async (sessionID, callID, tool, content, isError) => {
+    if (!(await open(sessionID))) return false
     const appended = await call("message.append", {
       session_id: sessionID,
-      messages: [{ role: "tool", content, name: tool, tool_call_id: callID }],
+      messages: [{
+        role: "tool", content, name: tool, tool_call_id: callID,
+        ...(isError ? { meta: { is_error: true } } : {}),
+      }],
     })
-    if (appended === undefined) return undefined
+    return appended !== undefined
+  }
+
+  // The stub ctxd renders for the tool message just appended; undefined when it stayed
+  // inline.
+  const stubOf = async (sessionID, callID) => {
     const rendered = await call("ctxd.render", { session_id: sessionID, branch_id: null })
     const message = rendered?.messages?.findLast(
       (m) => m.role === "tool" && m.tool_call_id === callID,
@@ -174,20 +182,24 @@ export const CtxdPlugin = async ({ directory } = {}) => {
 
     "tool.execute.after": async (input, output) => {
       try {
+        let text
+        let replace // how the model is shown the stub instead; none: never offloaded
         if (typeof output?.output === "string") {
           // a built-in tool
-          if (Buffer.byteLength(output.output, "utf8") <= OFFLOAD_BYTES) return
-          const stub = await offload(input.sessionID, input.callID, input.tool, output.output)
-          if (stub !== undefined) output.output = stub
+          text = output.output
+          replace = (stub) => { output.output = stub }
         } else if (Array.isArray(output?.content)) {
-          // an MCP tool: its content parts; only all-text results are offloaded
+          // an MCP tool: its content parts; only all-text results are recorded, and an
+          // error is never offloaded
           if (!output.content.every((part) => part?.type === "text")) return
-          if (output.isError) return
-          const text = textOf(output.content)
-          if (Buffer.byteLength(text, "utf8") <= OFFLOAD_BYTES) return
-          const stub = await offload(input.sessionID, input.callID, input.tool, text)
-          if (stub !== undefined) output.content = [{ type: "text", text: stub }]
-        }
+          text = textOf(output.content)
+          if (!output.isError) replace = (stub) => { output.content = [{ type: "text", text: stub }] }
+        } else return
+        const recorded = await recordResult(
+          input.sessionID, input.callID, input.tool, text, output.isError === true)
+        if (!recorded || !replace || Buffer.byteLength(text, "utf8") <= OFFLOAD_BYTES) return
+        const stub = await stubOf(input.sessionID, input.callID)
+        if (stub !== undefined) replace(stub)
       } catch {
         // fail open
       }

@@ -4,18 +4,22 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from chat_server import USAGE, ChatServer, ToolCall
 from conftest import DaemonProcess
-from tests_support import npm_tool
-
-OPENCODE = npm_tool("opencode")
+from mcp_big_output import INVENTORY
+from opencode_runs import (
+    OPENCODE,
+    OpenCode,
+    hermetic_env,
+    model_turns,
+    opencode_project,
+    system_text,
+    tool_messages,
+)
 
 pytestmark = pytest.mark.skipif(
     OPENCODE is None, reason="opencode not installed (npm install opencode-ai; .ci/run does)")
@@ -28,51 +32,13 @@ SCRIPT = f"for i in range({LOG_LINES}): print(f'line {{i:04d}} of the build log:
 TURNS = [ToolCall("bash", {"command": f'python3 -c "{SCRIPT}"', "description": "Print the log"}),
          "Deploy it with make ship."]
 """The model's turns: it runs a command that prints `BUILD_LOG`, then answers."""
+SHORT_LOG = "".join(f"line {i:04d} of the build log: ok\n" for i in range(100))
+"""3,100 bytes (1,100 tokens): under the offload threshold, so it stays inline."""
+OVERFLOW = {"prompt_tokens": 3500, "completion_tokens": 34, "total_tokens": 3534}
+"""Usage over the small model's limit (4,000 tokens less 1,000 for the reply): OpenCode
+compacts the session before the next turn."""
 MEMORY = {"title": "Deploying the service",
           "content": "Deploy the service with `make ship` from a clean checkout, never by hand."}
-
-
-def opencode_project(root: Path, model_url: str) -> Path:
-    """A project with ctxd installed (project scope) and the mock model as its provider."""
-    project = root / "project"
-    project.mkdir()
-    installed = subprocess.run(
-        [sys.executable, "-m", "ctxclient.cli", "install", "opencode", "--scope", "project"],
-        cwd=project, capture_output=True, text=True, timeout=60, check=True)
-    assert installed.stdout.splitlines()[0] == \
-        f"added the plugin in {project}/.opencode/plugin/ctxd.js"
-    config_path = project / "opencode.json"
-    config = json.loads(config_path.read_text())
-    config.update({
-        "model": "mock/m1", "small_model": "mock/m1", "autoupdate": False, "share": "disabled",
-        "permission": {"bash": "allow", "external_directory": "allow"},
-        "provider": {"mock": {
-            "npm": "@ai-sdk/openai-compatible", "name": "Mock",
-            "options": {"baseURL": model_url, "apiKey": "dummy"},
-            "models": {"m1": {"name": "m1", "tool_call": True,
-                              "limit": {"context": 200000, "output": 8192}}}}}})
-    config_path.write_text(json.dumps(config, indent=2))
-    return project
-
-
-def hermetic_env(root: Path, daemon: DaemonProcess) -> dict[str, str]:
-    home = root / "home"
-    env = {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
-           "XDG_DATA_HOME": str(home / ".local/share"), "XDG_CACHE_HOME": str(home / ".cache"),
-           "XDG_STATE_HOME": str(home / ".local/state"), "CTXD_SOCKET": str(daemon.socket),
-           "PATH": os.environ["PATH"], "OPENCODE_DISABLE_AUTOUPDATE": "1",
-           "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1"}
-    home.mkdir()
-    return env
-
-
-def tool_message(request: dict[str, Any]) -> dict[str, Any]:
-    [message] = [m for m in request["messages"] if m["role"] == "tool"]
-    return message
-
-
-def system_text(request: dict[str, Any]) -> str:
-    return "\n".join(str(m["content"]) for m in request["messages"] if m["role"] == "system")
 
 
 def test_opencode_offloads_remembers_and_records(tmp_path: Path, daemon: DaemonProcess) -> None:
@@ -82,16 +48,13 @@ def test_opencode_offloads_remembers_and_records(tmp_path: Path, daemon: DaemonP
         model.summary = "Deploying"
         model.turns = list(TURNS)
         project = opencode_project(tmp_path, model.url)
-        run = subprocess.run([str(OPENCODE), "run", PROMPT], cwd=project,
-                             env=hermetic_env(tmp_path, daemon), capture_output=True,
-                             text=True, timeout=300, check=False)
-        assert run.returncode == 0, run.stderr
-        turns = [seen.body for seen in model.requests if seen.body.get("tools")]
+        session_id = OpenCode(project, hermetic_env(tmp_path, daemon.socket)).run(PROMPT)
+        turns = model_turns(model.requests)
 
     # The model asked for the log and got ctxd's stub in its place.
     assert len(turns) == 2
     assert [m["role"] for m in turns[1]["messages"]][-2:] == ["assistant", "tool"]
-    stub = tool_message(turns[1])["content"]
+    [stub] = [m["content"] for m in tool_messages(turns[1])]
     assert isinstance(stub, str)
     assert stub.startswith(f"[Tool result stored — {len(BUILD_LOG.encode()):,} bytes from "
                            f'"bash". First 200 chars: {BUILD_LOG[:200]}')
@@ -104,7 +67,7 @@ def test_opencode_offloads_remembers_and_records(tmp_path: Path, daemon: DaemonP
 
     with daemon.client() as ctxd:
         [session] = ctxd.call("session.list", {"project": str(project)})["sessions"]
-        session_id = session["session_id"]
+        assert session["session_id"] == session_id
         assert session_id.startswith("ses_")
         whole = ctxd.call("result.read", {"session_id": session_id, "ref_id": ref_id,
                                           "limit": 1_000_000})
@@ -135,11 +98,118 @@ def test_without_a_daemon_opencode_works_as_before(tmp_path: Path,
         config = json.loads((project / "opencode.json").read_text())
         del config["mcp"]
         (project / "opencode.json").write_text(json.dumps(config))
-        run = subprocess.run([str(OPENCODE), "run", PROMPT], cwd=project,
-                             env=hermetic_env(tmp_path, daemon), capture_output=True,
-                             text=True, timeout=300, check=False)
-        assert run.returncode == 0, run.stderr
-        turns = [seen.body for seen in model.requests if seen.body.get("tools")]
+        OpenCode(project, hermetic_env(tmp_path, daemon.socket)).run(PROMPT)
+        turns = model_turns(model.requests)
     assert len(turns) == 2
-    assert tool_message(turns[1])["content"] == BUILD_LOG
+    assert [m["content"] for m in tool_messages(turns[1])] == [BUILD_LOG]
     assert "ctxd" not in system_text(turns[0])
+
+
+def test_an_mcp_tools_large_output_reaches_the_model_as_a_stub(
+        tmp_path: Path, daemon: DaemonProcess) -> None:
+    """`tool.execute.after` on an MCP tool: the plugin replaces its text content."""
+    server = Path(__file__).parent.parent / "mcp_big_output.py"
+    with ChatServer() as model:
+        model.turns = [ToolCall("warehouse_inventory", {}), "400 items."]
+        project = opencode_project(tmp_path, model.url, mcp={"warehouse": {
+            "type": "local", "command": [sys.executable, str(server)]}})
+        session_id = OpenCode(project, hermetic_env(tmp_path, daemon.socket)).run(
+            "What is in the warehouse?")
+        turns = model_turns(model.requests)
+
+    assert len(turns) == 2
+    assert "warehouse_inventory" in [tool["function"]["name"] for tool in turns[0]["tools"]]
+    [stub] = [m["content"] for m in tool_messages(turns[1])]
+    assert isinstance(stub, str)
+    ref_id = stub.split('ref_id="')[1].split('"')[0]
+    assert stub == (f"[Tool result stored — {len(INVENTORY.encode()):,} bytes from "
+                    f'"warehouse_inventory". First 200 chars: {INVENTORY[:200]}] Use '
+                    f'read_result with ref_id="{ref_id}" to read more.')
+    assert "item 0399" not in json.dumps(turns[1])
+    with daemon.client() as ctxd:
+        whole = ctxd.call("result.read", {"session_id": session_id, "ref_id": ref_id,
+                                          "limit": 1_000_000})
+        assert (whole["tool_name"], whole["content"], whole["next_offset"]) == (
+            "warehouse_inventory", INVENTORY, None)
+
+
+def test_a_pending_injection_joins_the_next_system_prompt_once(
+        tmp_path: Path, daemon: DaemonProcess) -> None:
+    """`experimental.chat.system.transform` pulls the session's pending injections, adds
+    them to the system prompt and acknowledges them: the next request has none."""
+    note = "The staging database is read-only until 14:00; deploy to canary instead."
+    with ChatServer() as model:
+        model.turns = ["Hello.", *TURNS]
+        opencode = OpenCode(opencode_project(tmp_path, model.url),
+                            hermetic_env(tmp_path, daemon.socket))
+        session_id = opencode.run("Hello")
+        with daemon.client() as ctxd:
+            pushed = ctxd.call("inject.push", {"session_id": session_id, "content": note,
+                                               "source": "ci"})
+        assert opencode.run(PROMPT, session_id) == session_id
+        turns = model_turns(model.requests)
+
+    assert len(turns) == 3
+    assert note not in system_text(turns[0])
+    assert f"Notes for this session (ctxd):\n{note}" in system_text(turns[1])
+    assert system_text(turns[1]).count(note) == 1
+    assert note not in system_text(turns[2])
+    with daemon.client() as ctxd:
+        [injection] = ctxd.call("inject.list", {"session_id": session_id})["injections"]
+    assert (injection["injection_id"], injection["state"], injection["deliveries"],
+            injection["content"]) == (pushed["injection_id"], "accepted", 1, note)
+
+
+def test_opencodes_compaction_snapshots_ctxds_copy(tmp_path: Path, daemon_root: Path) -> None:
+    """OpenCode compacts by itself when a turn's usage reaches its model's limit; the
+    plugin's `experimental.session.compacting` compacts ctxd's copy first, which saves the
+    snapshot `session.resume` serves. The daemon's window is small (1,500 tokens effective)
+    and keeps no tool result from clearing, so that ctxd's copy (the prompt and a 1,100-token
+    inline output: 75% full, under the 95% at which ctxd compacts by itself) has room to
+    shrink."""
+    config = daemon_root / "config" / "ctxd" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text("[budget]\ncontext_window = 2000\nmax_output_tokens = 500\n\n"
+                      "[hygiene]\nkeep_tool_results = 0\n")
+    command = "python3 -c \"" + SCRIPT.replace("800", "100") + "\""
+    summary = "## Objective\n- Print the build log."
+    with DaemonProcess(daemon_root).running() as daemon, ChatServer() as model:
+        model.summary = summary
+        model.turns = [ToolCall("bash", {"command": command, "description": "Print the log"},
+                                usage=OVERFLOW), "Deploy it with make ship."]
+        project = opencode_project(tmp_path, model.url,
+                                   model_limit={"context": 4000, "output": 1000})
+        opencode = OpenCode(project, hermetic_env(tmp_path, daemon.socket))
+        session_id = opencode.run(PROMPT)
+        turns = model_turns(model.requests)
+        exported = opencode.export(session_id)
+        with daemon.client() as ctxd:
+            resumed = ctxd.call("session.resume", {"session_id": session_id})
+            ref_id = resumed["messages"][1]["content"].split('ref_id="')[1].split('"')[0]
+            whole = ctxd.call("result.read", {"session_id": session_id, "ref_id": ref_id,
+                                              "limit": 1_000_000})
+
+    # OpenCode compacted: its summary replaced the turns before it.
+    assert [part["type"] for part in exported["messages"][2]["parts"]] == ["compaction"]
+    assert exported["messages"][3]["info"]["summary"] is True
+    assert len(turns) == 2
+    assert [m["content"] for m in turns[1]["messages"][1:3]] == [
+        "What did we do so far?", summary]
+    assert "line 0099" not in json.dumps(turns[1])
+
+    # ctxd compacted its copy as OpenCode began to: the output was cleared, the snapshot
+    # kept, and what came after (OpenCode's summary and its next turn) follows it.
+    assert resumed["source"] == "snapshot"
+    assert resumed["compacted_at"] is not None
+    [prompt, cleared, *after] = resumed["messages"]
+    assert prompt["content"] == f'"{PROMPT}"'
+    assert (cleared["role"], cleared["name"], cleared["tool_call_id"]) == (
+        "tool", "bash", "call_1")
+    assert cleared["content"] == \
+        f'[Old tool result content cleared — read it with read_result ref_id="{ref_id}"]'
+    assert [(m["role"], m["content"]) for m in after] == [
+        ("assistant", summary),
+        ("user", "Continue if you have next steps, or stop and ask for clarification if "
+                 "you are unsure how to proceed."),
+        ("assistant", "Deploy it with make ship.")]
+    assert (whole["tool_name"], whole["content"]) == ("bash", SHORT_LOG)
