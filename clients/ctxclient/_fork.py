@@ -117,7 +117,13 @@ def register(commands: Any, common: argparse.ArgumentParser, session_type: Any,
              "results cut, from the latest compaction, within 200,000 characters",
         description="Print the forked context of a session (context.fork): a preamble "
                     "that says what was cut, then the context; or of a transcript file "
-                    "(--from), imported into a temporary session deleted afterwards.")
+                    "(--from), imported into a temporary session deleted afterwards.",
+        epilog="examples:\n"
+               "  ctxctl fork SESSION | less\n"
+               "  ctxctl fork SESSION --branch BRANCH --stats\n"
+               "  ctxctl fork --from claude-code ~/.claude/projects/-home-me-app/ID.jsonl\n"
+               "  ctxctl fork --from opencode EXPORT.json --stats --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     fork.add_argument("session", metavar="SESSION", nargs="?", type=session_type,
                       help="the session's id")
     fork.add_argument("--branch", type=branch_type, metavar="BRANCH",

@@ -1484,13 +1484,20 @@ def parser() -> argparse.ArgumentParser:
                      help="the session its tools work on (default: $CLAUDE_CODE_SESSION_ID, "
                           "else a new one)")
     mcp.set_defaults(run=cmd_mcp, offline=True)
+    _import.register(commands, common, session_id, _Parser)
+    _fork.register(commands, common, session_id, branch_id)
     replay = commands.add_parser(
         "replay", parents=[common],
         help="replay a transcript into a private ctxd and report how much context it saves",
         description="Replay a Claude Code or OpenCode transcript turn by turn into a private "
                     "ctxd (its own temporary data) and report its peak context against the "
                     "raw thread's, the key facts kept, and whether every removed byte reads "
-                    "back.")
+                    "back.",
+        epilog="examples:\n"
+               "  ctxctl replay ~/.claude/projects/-home-me-app/SESSION.jsonl\n"
+               "  ctxctl replay EXPORT.json --window 32000 --json\n"
+               "  ctxctl replay SESSION.jsonl --plot context.png",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     replay.add_argument("file", metavar="FILE", help="a Claude Code transcript (JSONL, or a "
                                                      "JSON array of its records) or an "
                                                      "OpenCode export")
@@ -1508,8 +1515,6 @@ def parser() -> argparse.ArgumentParser:
     completion.add_argument("shell", metavar="SHELL", choices=("bash", "zsh", "fish"),
                             help="bash, zsh or fish")
     completion.set_defaults(run=cmd_completion, offline=True)
-    _import.register(commands, common, session_id, _Parser)
-    _fork.register(commands, common, session_id, branch_id)
     return cli
 
 
