@@ -19,7 +19,9 @@ from opencode_runs import (
     BUILD_LOG,
     OPENCODE,
     SUMMARY,
+    TIER_CALLS,
     exported_compacted_session,
+    exported_tiers_session,
     exported_tool_session,
 )
 
@@ -36,28 +38,72 @@ def tool_text(part: dict[str, Any]) -> str:
     return str(state["output"] if state["status"] == "completed" else state["error"])
 
 
-def imported(item: dict[str, Any]) -> list[tuple[str, str, str | None]]:
-    """The messages an OpenCode message becomes, as (role, formatted block, tool name):
-    each tool part closes an assistant message (its text so far and the call) and adds a
-    ``tool`` message; what follows the last one (text, step, compaction parts) is one more
-    message. A block is ``[role]`` then the text; a call ``[tool_use NAME id=ID] INPUT``."""
+def cut(text: str, limit: int | None, head_tail: bool) -> str:
+    """docs/protocol.md, "context.fork", Stage 2: at most ``limit`` characters and the
+    marker; 80% head and 20% tail, or the head only."""
+    if limit is None or len(text) <= limit:
+        return text
+    marker = f"…[truncated {len(text) - limit} chars]…"
+    head = int(limit * 0.8) if head_tail else limit
+    tail = limit - head
+    return text[:head] + marker + (text[len(text) - tail:] if tail else "")
+
+
+def head_tail(tool: str, text: str) -> bool:
+    return "bash" in tool.lower() or any(word in text for word in ERROR_WORDS)
+
+
+class Stage2:
+    """Stage 2's tiers (by call id) and what it cut, counted as the stats count them."""
+
+    def __init__(self, parts: list[dict[str, Any]]) -> None:
+        ranks = range(len(parts) - 1, -1, -1)
+        self.tiers = {p["callID"]: 0 if r < 5 else 1 if r < 15 else 2
+                      for p, r in zip(parts, ranks, strict=True)}
+        self.truncated = self.head_tail = self.params = 0
+
+    def result(self, part: dict[str, Any]) -> str:
+        text = tool_text(part)
+        limit = (None, 3_000, 500)[self.tiers[part["callID"]]]
+        if limit is not None and len(text) > limit:
+            self.truncated += 1
+            self.head_tail += head_tail(part["tool"], text)
+            return cut(text, limit, head_tail(part["tool"], text))
+        return text
+
+    def call(self, part: dict[str, Any]) -> str:
+        params = part["state"]["input"]
+        text = json.dumps(params, ensure_ascii=False)
+        limit = (500, 200, 100)[self.tiers[part["callID"]]]
+        if len(text) > limit:
+            self.params += 1
+            self.head_tail += head_tail(part["tool"], text)
+            params = {"truncated_input": cut(text, limit, head_tail(part["tool"], text))}
+        return json.dumps(params, ensure_ascii=False)
+
+
+def imported(item: dict[str, Any], stage2: Stage2 | None = None) -> list[str]:
+    """The blocks of the messages an OpenCode message becomes: each tool part closes an
+    assistant message (its text so far and the call) and adds a ``tool`` message; what
+    follows the last one (text, step, compaction parts) is one more message. A block is
+    ``[role]`` then the text; a call ``[tool_use NAME id=ID] INPUT``."""
     role = item["info"]["role"]
-    out: list[tuple[str, str, str | None]] = []
+    out: list[str] = []
     lines: list[str] = []
     pending = False
     for part in item["parts"]:
         if part["type"] == "text":
             lines.append(part["text"])
         elif part["type"] == "tool":
-            lines.append(f"[tool_use {part['tool']} id={part['callID']}] "
-                         + json.dumps(part["state"]["input"], ensure_ascii=False))
-            out.append((role, "\n".join([f"[{role}]", *lines]), None))
-            out.append(("tool", f"[tool: {part['tool']}]\n{tool_text(part)}", part["tool"]))
+            params = stage2.call(part) if stage2 else ""
+            lines.append(f"[tool_use {part['tool']} id={part['callID']}] {params}")
+            out.append("\n".join([f"[{role}]", *lines]))
+            out.append(f"[tool: {part['tool']}]\n" + (stage2.result(part) if stage2 else ""))
             lines, pending = [], False
             continue
         pending = True
     if lines or pending:
-        out.append((role, "\n".join([f"[{role}]", *lines]) if lines else f"[{role}]\n", None))
+        out.append("\n".join([f"[{role}]", *lines]) if lines else f"[{role}]\n")
     return out
 
 
@@ -82,37 +128,23 @@ def kept(export: dict[str, Any]) -> tuple[list[dict[str, Any]], int | None, int]
             sum(len(imported(item)) for item in tail))
 
 
-def tier(rank: int) -> int:
-    return 0 if rank < 5 else 1 if rank < 15 else 2
-
-
 def expected(export: dict[str, Any]) -> tuple[dict[str, Any], str, int]:
-    """The fork's stats, context and tail length for ``export`` (nothing in these exports
-    is cut: asserted here, so that the blocks are the messages' whole texts)."""
+    """The fork's stats, context and tail length for ``export``."""
     items, summary, tail = kept(export)
-    messages = [m for item in items for m in imported(item)]
-    results = [m for m in messages if m[0] == "tool"]
-    parts = [p for item in items for p in item["parts"] if p["type"] == "tool"]
-    tiers = [tier(len(results) - 1 - n) for n in range(len(results))]
-    limits = [None if t == 0 else (3_000, 500)[t - 1] for t in tiers]
-    over = [limit is not None and len(tool_text(p)) > limit
-            for p, limit in zip(parts, limits, strict=True)]
-    params = [len(json.dumps(p["state"]["input"], ensure_ascii=False)) > (500, 200, 100)[t]
-              for p, t in zip(parts, tiers, strict=True)]
-    head_tail = [cut and ("bash" in p["tool"].lower() or any(
-        w in tool_text(p) for w in ERROR_WORDS)) for p, cut in zip(parts, over, strict=True)]
-    assert (any(over), any(params)) == (False, False)
-    context = "\n\n".join(block for _, block, _ in messages)
-    assert len(context) <= 120_000
+    stage2 = Stage2([p for item in items for p in item["parts"] if p["type"] == "tool"])
+    blocks = [block for item in items for block in imported(item, stage2)]
+    context = "\n\n".join(blocks)
+    assert len(context) <= 120_000  # so Stage 3 removes nothing
+    tiers = list(stage2.tiers.values())
     stats = {
         "original_count": sum(len(imported(item)) for item in export["messages"]),
-        "final_count": len(messages), "total_chars": len(context), "removed_messages": 0,
+        "final_count": len(blocks), "total_chars": len(context), "removed_messages": 0,
         "compaction_detected": summary is not None, "compaction_slice_index": summary,
-        "truncated_results": sum(over),
+        "truncated_results": stage2.truncated,
         "tier_distribution": {"tier1": tiers.count(0), "tier2": tiers.count(1),
                               "tier3": tiers.count(2)},
-        "head_tail_applied": sum(head_tail), "cleared_results": 0,
-        "truncated_params": sum(params)}
+        "head_tail_applied": stage2.head_tail, "cleared_results": 0,
+        "truncated_params": stage2.params}
     return stats, context, tail
 
 
@@ -210,4 +242,33 @@ def test_fork_of_a_session_opencode_compacted(tmp_path: Path,
            '"description": "Deploy"}\n\n[tool: bash]\ndeployed\n' in got["context"]
     assert blocks[-1] == "[assistant]\nDeployed."
     assert "of the log 0: ok" not in got["context"]
+    assert got["tokens"] == TokenCounter().count(got["preamble"] + "\n\n" + got["context"])
+
+
+def test_fork_of_a_session_with_every_tier(tmp_path: Path, daemon: DaemonProcess) -> None:
+    export = exported_tiers_session(tmp_path / "run")
+    got = forked(daemon, tmp_path / "export.json", export)
+    stats, context, _ = expected(export)
+    # 17 results (tests/opencode_runs.py, `exported_tiers_session`), oldest first:
+    # tier 3: two bash outputs of 4,500 characters, cut to 500 head+tail, and their
+    # parameters (117 characters) to 100, head+tail too; tier 2: seven over 3,000 cut —
+    # three bash outputs and two reads of errors.txt (its ERROR, and its name in the
+    # output's path) head+tail, two reads of big.txt head only — and three bash outputs of
+    # 1,500 characters whole; tier 1: the newest five whole. Counted by hand from the
+    # kinds of `exported_tiers_session`, and computed from the export by `expected`.
+    assert stats == {
+        # The prompt; per step a call, its result and the step's end; the answer.
+        "original_count": 3 * TIER_CALLS + 2, "final_count": 3 * TIER_CALLS + 2,
+        "total_chars": len(context), "removed_messages": 0, "compaction_detected": False,
+        "compaction_slice_index": None, "truncated_results": 9,
+        "tier_distribution": {"tier1": 5, "tier2": 10, "tier3": 2},
+        "head_tail_applied": 9, "cleared_results": 0, "truncated_params": 2}
+    assert (got["stats"], got["context"], got["preamble"]) == (
+        stats, context, preamble(stats, 0))
+    # The oldest result, by the rule: its first 400 characters and its last 100.
+    output = "".join(f"line {i:04d} of the output 0: ok\n" for i in range(150))
+    call = got["context"].index("[tool_use bash id=call_00]")
+    assert got["context"][call:].split("\n\n", 1)[1].startswith(
+        "[tool: bash]\n" + output[:400] + "…[truncated 4000 chars]…" + output[-100:]
+        + "\n\n[assistant]\n")
     assert got["tokens"] == TokenCounter().count(got["preamble"] + "\n\n" + got["context"])
