@@ -204,3 +204,44 @@ def exported_compacted_session(root: Path) -> dict[str, Any]:
         opencode.run("Deploy it.", session_id)
         assert model.turns == []
         return opencode.export(session_id)
+
+
+BIG_FILE = "".join(f"row {i:03d}: value {i * 7}\n" for i in range(200))
+"""A file whose read output (with OpenCode's line numbers) is over 3,000 characters."""
+ERROR_FILE = "ERROR: disk full at block 7\n" + "".join(f"retry {i:03d}: waiting\n"
+                                                       for i in range(200))
+"""A file whose text shows an error: a cut keeps its head and its tail."""
+TIER_CALLS = 17
+"""Results enough for every tier: the newest 5 whole, the next 10 cut to 3,000 characters,
+the oldest 2 to 500."""
+
+
+def exported_tiers_session(root: Path) -> dict[str, Any]:
+    """One turn of `TIER_CALLS` tool calls, oldest first: two bash commands of 150 lines
+    (over 500 characters, their parameters over 100), then bash commands of 150 lines and
+    of 50 (under 3,000 characters), reads of `BIG_FILE` and of `ERROR_FILE`, then five more
+    calls; a text answer. OpenCode's export of it."""
+    from chat_server import ChatServer, ToolCall
+
+    with ChatServer() as model:
+        model.summary = "Tiers"
+        project = opencode_project(root, model.url, ctxd=False)
+        (project / "big.txt").write_text(BIG_FILE)
+        (project / "errors.txt").write_text(ERROR_FILE)
+        kinds = ["long", "long", "long", "short", "big", "errors", "long", "short", "big",
+                 "errors", "long", "short", "long", "big", "short", "errors", "long"]
+        assert len(kinds) == TIER_CALLS
+        calls: list[Any] = []
+        for n, kind in enumerate(kinds):
+            if kind in ("long", "short"):
+                command = _log_command(150 if kind == "long" else 50, f"output {n}")
+                calls.append(ToolCall("bash", {"command": command, "description": f"Out {n}"},
+                                      call_id=f"call_{n:02d}"))
+            else:
+                calls.append(ToolCall("read", {"filePath": str(project / f"{kind}.txt")},
+                                      call_id=f"call_{n:02d}"))
+        model.turns = [*calls, "All read."]
+        opencode = OpenCode(project, hermetic_env(root, root / "no-ctxd.sock"))
+        session_id = opencode.run("Run the commands and read the files.")
+        assert model.turns == []
+        return opencode.export(session_id)

@@ -60,32 +60,74 @@ class Fork:
 
 # ---- Stage 1: the latest compaction boundary --------------------------------------------
 
-def _has_compaction_part(meta: dict[str, Any]) -> bool:
-    parts = meta.get("parts")
-    return isinstance(parts, list) and any(
-        isinstance(part, dict) and part.get("type") == "compaction" for part in parts)
+def _source_id(meta: dict[str, Any]) -> str | None:
+    """The id of the message an importer read a message from (OpenCode: its message id)."""
+    source = meta.get("source")
+    found = source.get("id") if isinstance(source, dict) else None
+    return found if isinstance(found, str) else None
 
 
-def compaction_boundary(messages: Sequence[StoredMessage]) -> int | None:
-    """The index of the latest compaction summary, or None. A summary is Claude Code's
+@dataclass(frozen=True)
+class Boundary:
+    """The latest compaction: its summary's index, and the messages before the summary that
+    the compacted agent still saw verbatim after it (OpenCode's tail; else empty)."""
+
+    summary: int
+    tail: range = range(0)
+
+
+def compaction_slice(messages: Sequence[StoredMessage]) -> Boundary | None:
+    """The latest compaction boundary, or None. A summary is Claude Code's
     ``isCompactSummary`` record (``meta.compact_summary``), OpenCode's ``summary: true``
     assistant message after a user message with a ``compaction`` part, or a message ctxd's
-    own compaction wrote for a span (``meta.compaction``: ``summary`` or ``truncated``)."""
-    boundary = None
-    compaction_asked = False
+    own compaction wrote for a span (``meta.compaction``: ``summary`` or ``truncated``).
+
+    OpenCode's compaction part may name, in ``tail_start_id``, the first message of the
+    newest turns it keeps verbatim: the tail runs from the first message imported from that
+    OpenCode message up to the compaction request (excluded). Without it, or when no message
+    before the request has that id, there is no tail."""
+    boundary: Boundary | None = None
+    first_of: dict[str, int] = {}
+    request: tuple[int, str | None] | None = None
     for index, message in enumerate(messages):
         meta = message.meta
         if not meta:
             continue
+        source = _source_id(meta)
+        if source is not None:
+            first_of.setdefault(source, index)
         if meta.get("compact_summary") is True \
                 or meta.get(COMPACTION_META) in ("summary", "truncated"):
-            boundary = index
-        elif message.role == "user" and _has_compaction_part(meta):
-            compaction_asked = True
-        elif compaction_asked and message.role == "assistant" and meta.get("summary") is True:
-            boundary = index
-            compaction_asked = False
+            boundary = Boundary(index)
+        elif message.role == "user" and (tail_id := _compaction_part(meta)) is not None:
+            request = (index, tail_id or None)
+        elif request is not None and message.role == "assistant" \
+                and meta.get("summary") is True:
+            asked, tail_id = request
+            start = first_of.get(tail_id) if tail_id else None
+            boundary = Boundary(index, range(start, asked) if start is not None
+                                and start < asked else range(0))
+            request = None
     return boundary
+
+
+def _compaction_part(meta: dict[str, Any]) -> str | None:
+    """A compaction part's ``tail_start_id`` ("" without one), or None: no compaction part."""
+    parts = meta.get("parts")
+    if not isinstance(parts, list):
+        return None
+    found = None
+    for part in parts:
+        if isinstance(part, dict) and part.get("type") == "compaction":
+            tail = part.get("tail_start_id")
+            found = tail if isinstance(tail, str) else ""
+    return found
+
+
+def compaction_boundary(messages: Sequence[StoredMessage]) -> int | None:
+    """The index of the latest compaction summary (`compaction_slice`), or None."""
+    boundary = compaction_slice(messages)
+    return None if boundary is None else boundary.summary
 
 
 # ---- Stage 2: graduated truncation -------------------------------------------------------
@@ -256,12 +298,16 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}" + ("" if count == 1 else "s")
 
 
-def preamble(stats: ForkStats, skipped: int) -> str:
-    """What the child is told was cut."""
+def preamble(stats: ForkStats, skipped: int, tail: int = 0) -> str:
+    """What the child is told was cut (``tail``: the messages kept verbatim before the
+    summary, shown after it)."""
     tiers = stats.tier_distribution
     if stats.compaction_detected:
+        kept = (f", then the {_plural(tail, 'message')} the agent kept verbatim before it"
+                if tail else "")
         compaction = (f"Compaction: the context was compacted before; it starts at the latest "
-                      f"compaction summary ({_plural(skipped, 'earlier message')} left out).")
+                      f"compaction summary{kept} ({_plural(skipped, 'earlier message')} left "
+                      "out).")
     else:
         compaction = "Compaction: none found; the context starts at the first message."
     return "\n".join((
@@ -278,21 +324,30 @@ def fork(messages: Sequence[StoredMessage], count_tokens: Callable[[str], int],
          char_budget: int = CHAR_BUDGET, no_removal_chars: int = NO_REMOVAL_CHARS) -> Fork:
     """The forked context of a thread's messages (in thread order), and its exact tokens
     counted by ``count_tokens``."""
-    boundary = compaction_boundary(messages)
-    start = 0 if boundary is None else boundary
-    forked, counts = truncate(messages[start:])
+    boundary = compaction_slice(messages)
+    kept: Sequence[StoredMessage]
+    if boundary is None:
+        kept, skipped = messages, 0
+    else:
+        # The summary, then the tail the agent kept (OpenCode), then what followed: the
+        # order the compacted agent saw them in (docs/decisions.md, "Fork pipeline").
+        summary, tail = boundary.summary, boundary.tail
+        kept = [messages[summary], *(messages[i] for i in tail), *messages[summary + 1:]]
+        skipped = summary - len(tail)
+    forked, counts = truncate(kept)
     blocks = [block(message) for message in forked]
     removed = fit(blocks, [m.role for m in forked], char_budget, no_removal_chars)
     context = SEPARATOR.join(blocks[removed:])
     stats = ForkStats(
         original_count=len(messages), final_count=len(forked) - removed,
         total_chars=len(context), removed_messages=removed,
-        compaction_detected=boundary is not None, compaction_slice_index=boundary,
+        compaction_detected=boundary is not None,
+        compaction_slice_index=None if boundary is None else boundary.summary,
         truncated_results=counts.truncated,
         tier_distribution=TierDistribution(tier1=counts.tiers[0], tier2=counts.tiers[1],
                                            tier3=counts.tiers[2]),
         head_tail_applied=counts.head_tail, cleared_results=counts.cleared,
         truncated_params=counts.params)
-    head = preamble(stats, start)
+    head = preamble(stats, skipped, 0 if boundary is None else len(boundary.tail))
     return Fork(preamble=head, context=context, messages=forked[removed:], stats=stats,
                 tokens=count_tokens(head + SEPARATOR + context if context else head))

@@ -8,6 +8,9 @@ and a ``tool`` message. ``state.time.compacted`` marks an output OpenCode no lon
 the model; it is still in the export, so it is imported, with ``meta.compacted``. Parts that
 are not conversation (step-start, step-finish, patch, snapshot, agent, subtask, compaction,
 retry, file, reasoning) are kept in the message's ``meta.parts``; an unknown part type too.
+Every message's ``meta.source.id`` is its OpenCode message id: a compaction part's
+``tail_start_id`` names one (the fork pipeline keeps that tail, docs/protocol.md,
+"context.fork").
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ META_PARTS = ("reasoning", "file", "step-start", "step-finish", "patch", "snapsh
 
 _PART_FIELDS = ("text", "mime", "filename", "url", "reason", "snapshot", "hash", "files",
                 "name", "prompt", "description", "agent", "auto", "attempt", "error", "cost",
-                "tokens", "synthetic")
+                "tokens", "synthetic", "overflow", "tail_start_id")
 
 
 def _dict(value: Any) -> dict[str, Any]:

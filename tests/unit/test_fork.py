@@ -8,7 +8,9 @@ import pytest
 
 from ctxd.hygiene import fork
 from ctxd.hygiene._fork import (
+    Boundary,
     compaction_boundary,
+    compaction_slice,
     cut,
     fit,
     truncate,
@@ -199,6 +201,97 @@ def test_the_latest_of_different_sources_wins() -> None:
                 meta={"parts": [{"type": "compaction"}]}),
                 msg("assistant", "x", meta={"summary": True}), msg("user", "tail")]
     assert compaction_boundary(messages) == 2
+
+
+# OpenCode 1.18 keeps the newest turns verbatim: its compaction part's `tail_start_id`
+# names the first message of that tail (an OpenCode message id: meta.source.id), which comes
+# before the compaction request; the agent then sees the summary, the tail, what followed.
+
+def oc(role: Role, content: Content, message_id: str, **meta: Any) -> StoredMessage:
+    return msg(role, content, meta={"source": {"format": "opencode", "id": message_id},
+                                    **meta})
+
+
+def asked(tail_start_id: str | None) -> dict[str, Any]:
+    part: dict[str, Any] = {"type": "compaction", "auto": True, "overflow": False}
+    if tail_start_id is not None:
+        part["tail_start_id"] = tail_start_id
+    return {"parts": [part]}
+
+
+def compacted(tail_start_id: str | None) -> list[StoredMessage]:
+    return [oc("user", "first", "u1"),
+            oc("assistant", [{"type": "tool_use", "id": "c0", "name": "bash",
+                              "input": {"command": "make"}}], "a1"),
+            msg("tool", "y" * 600, name="bash", call_id="c0",
+                meta={"source": {"format": "opencode", "id": "a1"}}),
+            oc("assistant", "", "a1"),
+            oc("user", "second", "u2"),
+            oc("assistant", "answer", "a2"),
+            oc("user", "", "u3", **asked(tail_start_id)),
+            oc("assistant", "the summary", "a3", summary=True),
+            oc("user", "Continue", "u4")]
+
+
+def test_opencode_tail_runs_from_its_first_message_to_the_request() -> None:
+    # a1 was imported as three messages (call, result, step-finish): the tail starts at the
+    # first of them and stops before the request (index 6).
+    assert compaction_slice(compacted("a1")) == Boundary(summary=7, tail=range(1, 6))
+    assert compaction_slice(compacted("u2")) == Boundary(summary=7, tail=range(4, 6))
+    assert compaction_boundary(compacted("a1")) == 7
+
+
+@pytest.mark.parametrize("tail_start_id", [None, "nowhere", "u3", "a3", "u4"])
+def test_opencode_without_a_tail_before_the_request(tail_start_id: str | None) -> None:
+    # No tail_start_id, an unknown one, or one naming the request or a later message:
+    # the summary and what follows it, as before.
+    assert compaction_slice(compacted(tail_start_id)) == Boundary(summary=7, tail=range(0))
+
+
+def test_the_latest_compactions_tail_wins() -> None:
+    messages = [*compacted("u2"), oc("assistant", "more", "a4"), oc("user", "", "u5",
+                                                                    **asked("a4")),
+                oc("assistant", "second summary", "a5", summary=True)]
+    assert compaction_slice(messages) == Boundary(summary=11, tail=range(9, 10))
+    # A later summary of ctxd's own compaction has no tail.
+    assert compaction_slice([*messages, msg("user", "s", meta={"compaction": "summary"})]) == \
+        Boundary(summary=12, tail=range(0))
+
+
+def test_fork_shows_the_summary_then_the_tail_then_what_followed() -> None:
+    messages = compacted("a1")
+    for index in range(15):
+        messages += [call(f"c{index + 1}", "read", {}), result(f"c{index + 1}", "ok")]
+    messages.append(msg("assistant", "done"))
+    forked = fork(messages, len)
+    # The tail's result is the 16th newest: tier 3, cut to 500, head and tail (bash).
+    assert forked.context.startswith("\n\n".join([
+        "[assistant]\nthe summary",
+        '[assistant]\n[tool_use bash id=c0] {"command": "make"}',
+        "[tool: bash]\n" + "y" * 400 + "…[truncated 100 chars]…" + "y" * 100,
+        "[assistant]\n", "[user]\nsecond", "[assistant]\nanswer", "[user]\nContinue",
+        "[assistant]\n[tool_use read id=c1] {}"]))
+    assert forked.context.endswith("[tool: read]\nok\n\n[assistant]\ndone")
+    assert forked.stats == ForkStats(
+        original_count=40, final_count=38, total_chars=len(forked.context),
+        removed_messages=0, compaction_detected=True, compaction_slice_index=7,
+        truncated_results=1, tier_distribution=TierDistribution(tier1=5, tier2=10, tier3=1),
+        head_tail_applied=1, cleared_results=0, truncated_params=0)
+    assert forked.preamble.splitlines()[1:3] == [
+        "Compaction: the context was compacted before; it starts at the latest compaction "
+        "summary, then the 5 messages the agent kept verbatim before it (2 earlier messages "
+        "left out).",
+        "Tool results: 5 newest kept whole, 10 cut to 3,000 characters, 1 cut to 500 "
+        "characters (1 truncated, 0 already cleared)."]
+
+
+def test_fork_without_a_tail_starts_at_the_summary() -> None:
+    forked = fork(compacted(None), len)
+    assert forked.context == "[assistant]\nthe summary\n\n[user]\nContinue"
+    assert (forked.stats.final_count, forked.stats.compaction_slice_index) == (2, 7)
+    assert forked.preamble.splitlines()[1] == (
+        "Compaction: the context was compacted before; it starts at the latest compaction "
+        "summary (7 earlier messages left out).")
 
 
 # ---- Stage 3 -------------------------------------------------------------------------------

@@ -243,6 +243,22 @@ def test_opencode_summary_skip_unknown_role_and_malformed() -> None:
               error="a message must be an object with an `info` object")]
 
 
+def test_opencode_compaction_part_keeps_its_tail_start_id() -> None:
+    # OpenCode 1.18's compaction request: the fork pipeline finds the tail it kept by
+    # `tail_start_id`, an OpenCode message id (each message's meta.source.id).
+    part = {"id": "prt_1", "sessionID": "ses_x", "messageID": "u2", "type": "compaction",
+            "auto": True, "overflow": False, "tail_start_id": "a1"}
+    _, entries, _ = parse_opencode(export(
+        {"info": {"id": "a1", "role": "assistant"}, "parts": [{"type": "text", "text": "ok"}]},
+        {"info": {"id": "u2", "role": "user"}, "parts": [part]}))
+    assert [entry.messages for entry in entries] == [
+        [MessageIn(role="assistant", content=[{"type": "text", "text": "ok"}],
+                   meta={"source": osrc("a1", 1)})],
+        [MessageIn(role="user", content="", meta={"source": osrc("u2", 2), "parts": [
+            {"type": "compaction", "auto": True, "overflow": False,
+             "tail_start_id": "a1"}]})]]
+
+
 @pytest.mark.parametrize(("data", "match"), [
     (b"{", "Expecting property name"), (b"[]", "an OpenCode export is an object"),
     (b'{"info": {}}', "an OpenCode export is an object")])
