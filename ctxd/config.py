@@ -441,7 +441,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
             metavar = ("{" + ",".join(options) + "}" if options else
                        _METAVAR[type(msgspec.inspect.type_info(_field(path).type)).__name__])
         parser.add_argument(flag_name(path), dest="cfg:" + ".".join(path), default=None,
-                            metavar=metavar, help=help_text)
+                            metavar=metavar, help=help_text.replace("%", "%%"))  # argparse
 
 
 _METAVAR = {"IntType": "N", "FloatType": "X", "BoolType": "{true,false}", "StrType": "TEXT"}

@@ -160,6 +160,18 @@ def test_a_bad_encoding_is_a_clean_start_up_error(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_help_shows_every_key_and_a_default_with_a_percent_sign(tmp_path: Path) -> None:
+    result = _run_ctxd(tmp_path, "--help")
+    assert (result.returncode, result.stderr) == (0, "")
+    flags = {line.split()[0] for line in result.stdout.splitlines()
+             if line.startswith("  --")}
+    assert {config.flag_name(path) for path in config._keys()} <= flags
+    note = " ".join(result.stdout.rpartition("--hygiene-context-note TEXT")[2].split())
+    assert note.startswith("note ctxd.render adds above budget.warn; {percent} is the usage "
+                           "(empty: no note); text; default [Context: {percent}% used. Call "
+                           "compact_context to free space before large operations.]")
+
+
 @pytest.mark.parametrize(("args", "env", "message"), [
     (["--max-connections", "lots"], {}, "--max-connections: expected an integer >= 1, got 'lots'"),
     (["--log-level", "loud"], {},
