@@ -29,14 +29,16 @@ FORK_META = "fork"
 """The ``meta`` key of the preamble that seeds a forked session: the source."""
 
 
-def _whole_thread(conn: Any, session_id: str, branch_id: str | None) -> list[StoredMessage]:
+def _whole_thread(conn: Any, session_id: str,
+                  branch_id: str | None) -> tuple[list[StoredMessage], bool]:
     """The thread's kept messages in thread order, offloaded tool results whole (a result
-    compaction cleared keeps its marker), in the store's thread."""
+    compaction cleared keeps its marker), in the store's thread; and whether any original
+    was loaded (its stored row's tokens are its stub's, not its size)."""
     messages = q.thread_rows(conn, session_id, branch_id)
     whole = originals(conn, session_id, [m.seq for m in messages if m.role == "tool"
                                          and not (m.meta and COMPACTION_META in m.meta)])
     return [m if m.seq not in whole else msgspec.structs.replace(m, content=whole[m.seq][1])
-            for m in messages]
+            for m in messages], bool(whole)
 
 
 async def forked(actor: SessionActor, branch_id: str | None, char_budget: int,
@@ -57,12 +59,13 @@ async def forked(actor: SessionActor, branch_id: str | None, char_budget: int,
     if branch_id is not None:
         await actor.branches.stored(branch_id)
     store = actor.supervisor.store
-    messages = await store.read(_whole_thread, actor.session_id, branch_id)
+    messages, loaded = await store.read(_whole_thread, actor.session_id, branch_id)
     count = actor.supervisor.counter.count
-    if sum(m.tokens for m in messages) <= ON_LOOP_TOKENS:
+    if not loaded and sum(m.tokens for m in messages) <= ON_LOOP_TOKENS:
         return fork(messages, count, char_budget, no_removal_chars)
     # Off the loop: a thread of millions of characters takes tens of milliseconds
-    # (docs/performance.md, "Fork pipeline"); its messages are immutable.
+    # (docs/performance.md, "Fork pipeline"), and an offloaded original's size is known
+    # only once loaded (its row counts its stub); the messages are immutable.
     return await trio.to_thread.run_sync(fork, messages, count, char_budget, no_removal_chars)
 
 

@@ -1446,7 +1446,10 @@ class TranscriptImportResult(Result, frozen=True):
 
 # ---- context.fork, session.open's fork_from (docs/protocol.md, "context.fork") ---------
 
-ForkChars = Annotated[int, Meta(ge=1, le=100_000_000)]
+MAX_FORK_CHARS = 2_000_000
+"""The largest ``char_budget`` / ``no_removal_chars``: ten times the default budget bounds
+a fork's work (its formatted context and the exact count of its tokens)."""
+ForkChars = Annotated[int, Meta(ge=1, le=MAX_FORK_CHARS)]
 
 
 class ForkFrom(Params, frozen=True):
