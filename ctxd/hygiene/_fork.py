@@ -32,6 +32,12 @@ ERROR_WORDS = ("error", "Error", "ERROR", "failed", "FAILED", "exception", "trac
 CLEARED_MARKER = "[Old tool result content cleared]"
 """What Claude Code and OpenCode show for a cleared result (OpenCode: a tool part with
 ``state.time.compacted``, imported with ``meta.compacted``)."""
+OWN_MARKERS = (STUB_PREFIX, CLEARED_MARKER[:-1] + " — ")
+"""How ctxd's offload stub and cleared result start: in a fork, `CLEARED_MARKER`."""
+INPUT_MARKER_START = "[Old tool input cleared — "
+"""How ctxd's marker of a cleared tool-call argument starts (it names a blob)."""
+CLEARED_INPUT = "[Old tool input cleared]"
+"""What a fork shows for such an argument."""
 NO_REMOVAL_CHARS = 120_000
 CHAR_BUDGET = 200_000
 SEPARATOR = "\n\n"
@@ -189,6 +195,24 @@ class _Counts:
     params: int = 0
 
 
+def _plain_inputs(value: Any) -> tuple[Any, int]:
+    """``value`` with each of ctxd's cleared-input markers (a whole string) replaced by
+    `CLEARED_INPUT`, and how many there were."""
+    if isinstance(value, str):
+        return (CLEARED_INPUT, 1) if value.startswith(INPUT_MARKER_START) else (value, 0)
+    if isinstance(value, dict):
+        found = 0
+        plain = {}
+        for key, item in value.items():
+            plain[key], more = _plain_inputs(item)
+            found += more
+        return plain, found
+    if isinstance(value, list):
+        pairs = [_plain_inputs(item) for item in value]
+        return [item for item, _ in pairs], sum(more for _, more in pairs)
+    return value, 0
+
+
 def _cut_calls(content: Content, tiers: dict[str, int], counts: _Counts) -> Content:
     if isinstance(content, str) or not any(p.get("type") == "tool_use" for p in content):
         return content
@@ -196,8 +220,13 @@ def _cut_calls(content: Content, tiers: dict[str, int], counts: _Counts) -> Cont
     for part in content:
         if part.get("type") == "tool_use":
             limit = PARAM_CHARS[tiers.get(str(part.get("id")), 0)]
-            text = json.dumps(part.get("input"), ensure_ascii=False)
-            if len(text) > limit:
+            params, markers = _plain_inputs(part.get("input"))
+            if markers:
+                part = {**part, "input": params}
+            text = json.dumps(params, ensure_ascii=False)
+            # An input that holds only cleared markers besides what fits is already cleared:
+            # never cut a marker in half.
+            if len(text) - markers * len(CLEARED_INPUT) > limit:
                 name = part.get("name")
                 head_tail = wants_head_tail(name if isinstance(name, str) else None, text)
                 counts.params += 1
@@ -231,7 +260,10 @@ def truncate(messages: Sequence[StoredMessage]) -> tuple[list[ForkedMessage], _C
             limit = RESULT_CHARS[tier]
             if is_cleared(message):
                 counts.cleared += 1
-                if message.meta and message.meta.get("compacted") is not None:
+                if (message.meta and message.meta.get("compacted") is not None) \
+                        or (isinstance(content, str) and content.startswith(OWN_MARKERS)):
+                    # ctxd's own markers name a blob of the forked session, which a child
+                    # cannot read: the plain marker (docs/decisions.md, "Fork pipeline").
                     content = CLEARED_MARKER
             elif limit is not None:
                 text = content_text(content)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from conftest import DaemonProcess
 
 from ctxd.hygiene import ref_id_for
@@ -49,3 +51,34 @@ def test_fork_from_fits_the_seed_to_the_child_and_offloads_its_results(
         more = client.call("message.append", {"session_id": child, "messages": [
             {"role": "user", "content": "next"}]})
         assert more["context_state"]["health"] == "ok"
+
+
+def test_a_fork_names_no_blob_of_the_forked_session(shared_daemon: DaemonProcess,
+                                                    sid: str) -> None:
+    with shared_daemon.client() as client:
+        client.call("session.open", {"session_id": sid, "budget": {
+            "context_window": 8_192, "max_output_tokens": 0}})
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "read them"}]
+        for index in range(12):
+            messages += [
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": f"c{index}", "name": "read",
+                     "input": {"path": f"f{index}.py", "note": "x" * 2_000}}]},
+                {"role": "tool", "content": f"file {index} " * 150, "tool_call_id": f"c{index}",
+                 "name": "read"}]
+        # The append reaches the compaction trigger: the oldest results and inputs are
+        # cleared, their markers naming blobs of this session.
+        client.call("message.append", {"session_id": sid, "allow_over": True,
+                                       "messages": messages})
+        rendered = client.call("ctxd.render", {"session_id": sid})["messages"]
+        assert rendered[2]["content"].startswith(
+            '[Old tool result content cleared — read it with read_result ref_id="res_')
+        got = client.call("context.fork", {"session_id": sid})
+    assert "res_" not in got["context"]
+    assert got["context"].startswith("\n\n".join([
+        "[user]\nread them",
+        '[assistant]\n[tool_use read id=c0] {"path": "f0.py", "note": '
+        '"[Old tool input cleared]"}',
+        "[tool: read]\n[Old tool result content cleared]"]))
+    assert (got["stats"]["cleared_results"], got["context"].count("[Old tool input cleared]"),
+            got["context"].count("[Old tool result content cleared]")) == (6, 7, 6)

@@ -159,10 +159,32 @@ def test_cleared_results_pass_through() -> None:
                 result("c", stub), result("d", "o" * 800, meta={"compacted": 1700000000000})] + \
         [result(f"n{i}", "ok") for i in range(15)]
     forked, counts = truncate(messages)
-    assert [m.content for m in forked[:4]] == [
-        "[Old tool result content cleared]", ctxd_cleared, stub,
-        "[Old tool result content cleared]"]
+    # ctxd's markers name blobs of the forked session, which a child cannot read.
+    assert [m.content for m in forked[:4]] == ["[Old tool result content cleared]"] * 4
     assert (counts.cleared, counts.truncated, counts.tiers) == (4, 0, [5, 10, 4])
+
+
+def test_cleared_inputs_become_the_plain_marker_and_are_never_cut() -> None:
+    marker = ('[Old tool input cleared — 5,000 chars; read it with read_result '
+              'ref_id="res_0123456789abcdef" offset={} limit=5000]')
+    edit = call("e1", "Edit", {"file_path": "/src/a.py", "old_string": marker.format(0),
+                               "new_string": marker.format(5000)})
+    big = call("e2", "Edit", {"file_path": "/src/b.py", "old_string": marker.format(0),
+                              "new_string": "n" * 300})
+    messages = [edit, result("e1", "ok"), big, result("e2", "ok")] + [
+        result(f"n{index}", "ok") for index in range(15)]
+    forked, counts = truncate(messages)
+    # Both calls' results are tier 3 (parameters: 100 characters). The first holds only
+    # markers besides its path: whole, its markers plain; the second is cut as usual,
+    # after its marker was made plain.
+    assert forked[0].content == [{"type": "tool_use", "id": "e1", "name": "Edit", "input": {
+        "file_path": "/src/a.py", "old_string": "[Old tool input cleared]",
+        "new_string": "[Old tool input cleared]"}}]
+    assert forked[2].content == [{"type": "tool_use", "id": "e2", "name": "Edit", "input": {
+        "truncated_input": '{"file_path": "/src/b.py", "old_string": "[Old tool input '
+                           'cleared]", "new_string": "nnnnnnnnnnnnnnnn…[truncated 286 '
+                           'chars]…'}}]
+    assert counts.params == 1
 
 
 # ---- Stage 1 -------------------------------------------------------------------------------
