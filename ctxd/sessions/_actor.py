@@ -403,7 +403,8 @@ class SessionActor:
                             {"project": record.project, "title": _shown(record.title),
                              "created": True})
             return SessionOpenResult(session=record.info(self.branches), created=True,
-                                     context_state=self.context_state())
+                                     context_state=self.context_state(),
+                                     fork=msgspec.UNSET if seed is None else seed.info)
         record = dataclasses.replace(self.record)
         reopened = record.state != "open"
         if reopened:

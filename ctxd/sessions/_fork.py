@@ -29,6 +29,7 @@ from ctxd.wire.types import (
     ContextForkParams,
     ContextForkResult,
     ForkFrom,
+    ForkSeedInfo,
     MessageIn,
     StoredMessage,
 )
@@ -120,6 +121,7 @@ class Seed:
     messages: list[MessageIn]
     tokens: list[int]
     blobs: list[ToolResultBlob]
+    info: ForkSeedInfo
 
 
 async def fork_seed(actor: SessionActor, source: ForkFrom, session_id: str,
@@ -151,4 +153,6 @@ async def fork_seed(actor: SessionActor, source: ForkFrom, session_id: str,
         no_removal = min(no_removal, char_budget)
     blobs = [offloaded[1].placed(seq, None, 0.0)
              for seq, offloaded in enumerate(offloads, 1) if offloaded is not None]
-    return Seed(messages=shown, tokens=tokens, blobs=blobs)
+    info = ForkSeedInfo(preamble=done.preamble, stats=done.stats, char_budget=char_budget,
+                        tokens=total)
+    return Seed(messages=shown, tokens=tokens, blobs=blobs, info=info)
