@@ -52,6 +52,12 @@ class ForkedMessage:
     content: Content
     name: str | None = None
     tool_call_id: str | None = None
+    tier: int | None = None
+    """A tool result's tier (0, 1, 2); None for other messages."""
+    cut: bool = False
+    """A tool result cut by stage 2."""
+    cleared: bool = False
+    """A tool result already cleared."""
 
 
 @dataclass(frozen=True)
@@ -254,11 +260,14 @@ def truncate(messages: Sequence[StoredMessage]) -> tuple[list[ForkedMessage], _C
     forked = []
     for index, message in enumerate(messages):
         content = message.content
+        tier = cleared = None
+        truncated = False
         if message.role == "tool":
             tier = tier_of(rank_of[index])
             counts.tiers[tier] += 1
             limit = RESULT_CHARS[tier]
-            if is_cleared(message):
+            cleared = is_cleared(message)
+            if cleared:
                 counts.cleared += 1
                 if (message.meta and message.meta.get("compacted") is not None) \
                         or (isinstance(content, str) and content.startswith(OWN_MARKERS)):
@@ -272,10 +281,12 @@ def truncate(messages: Sequence[StoredMessage]) -> tuple[list[ForkedMessage], _C
                     counts.truncated += 1
                     counts.head_tail += head_tail
                     content = cut(text, limit, head_tail)
+                    truncated = True
         elif message.role == "assistant":
             content = _cut_calls(content, tiers, counts)
         forked.append(ForkedMessage(role=message.role, content=content, name=message.name,
-                                    tool_call_id=message.tool_call_id))
+                                    tool_call_id=message.tool_call_id, tier=tier,
+                                    cut=truncated, cleared=bool(cleared)))
     return forked, counts
 
 
@@ -454,11 +465,15 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}" + ("" if count == 1 else "s")
 
 
-def preamble(stats: ForkStats, skipped: int, tail: int = 0, cut_to_fit: int = 0) -> str:
+def preamble(stats: ForkStats, skipped: int, tail: int, cut_to_fit: int,
+             shown: Sequence[ForkedMessage]) -> str:
     """What the child is told was cut (``tail``: the messages kept verbatim before the
     summary, shown after it; ``cut_to_fit``: messages that must stay, cut to fit the
-    budget)."""
-    tiers = stats.tier_distribution
+    budget; ``shown``: the messages the context holds, whose tool results are counted)."""
+    results = [message for message in shown if message.tier is not None]
+    tiers = [sum(message.tier == tier for message in results) for tier in range(3)]
+    truncated = sum(message.cut for message in results)
+    cleared = sum(message.cleared for message in results)
     if stats.compaction_detected:
         kept = (f", then the {_plural(tail, 'message')} the agent kept verbatim before it"
                 if tail else "")
@@ -470,9 +485,9 @@ def preamble(stats: ForkStats, skipped: int, tail: int = 0, cut_to_fit: int = 0)
     return "\n".join((
         "[Forked context: a bounded copy of another session's conversation.]",
         compaction,
-        f"Tool results: {tiers.tier1} newest kept whole, {tiers.tier2} cut to 3,000 "
-        f"characters, {tiers.tier3} cut to 500 characters ({stats.truncated_results} "
-        f"truncated, {stats.cleared_results} already cleared).",
+        f"Tool results: {tiers[0]} newest kept whole, {tiers[1]} cut to at most 3,000 "
+        f"characters, {tiers[2]} cut to at most 500 characters ({truncated} truncated, "
+        f"{cleared} already cleared).",
         f"Messages removed to fit the character budget: {stats.removed_messages}"
         + (f"; {_plural(cut_to_fit, 'message')} that must stay (the newest, the latest user "
            "request) cut to fit it." if cut_to_fit else "."),
@@ -514,6 +529,6 @@ def fork(messages: Sequence[StoredMessage], count_tokens: Callable[[str], int],
         head_tail_applied=counts.head_tail, cleared_results=counts.cleared,
         truncated_params=counts.params)
     head = preamble(stats, skipped, 0 if boundary is None else len(boundary.tail),
-                    len(fitted.caps))
+                    len(fitted.caps), final)
     return Fork(preamble=head, context=context, messages=final, stats=stats,
                 tokens=count_tokens(head + SEPARATOR + context if context else head))

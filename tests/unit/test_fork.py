@@ -305,8 +305,8 @@ def test_fork_shows_the_summary_then_the_tail_then_what_followed() -> None:
         "Compaction: the context was compacted before; it starts at the latest compaction "
         "summary, then the 5 messages the agent kept verbatim before it (2 earlier messages "
         "left out).",
-        "Tool results: 5 newest kept whole, 10 cut to 3,000 characters, 1 cut to 500 "
-        "characters (1 truncated, 0 already cleared)."]
+        "Tool results: 5 newest kept whole, 10 cut to at most 3,000 characters, 1 cut to "
+        "at most 500 characters (1 truncated, 0 already cleared)."]
 
 
 def test_fork_without_a_tail_starts_at_the_summary() -> None:
@@ -388,6 +388,29 @@ def test_the_latest_user_request_stays_when_older_messages_go() -> None:
     assert forked.stats.removed_messages == 2
 
 
+def test_the_preamble_counts_the_results_kept_and_what_was_done_to_them() -> None:
+    # 17 results: the two oldest (tier 3, 10,000 characters: cut to 500), then ten tier 2
+    # (two of 10,000 cut to 3,000, eight of 10 characters left as they are), five whole.
+    messages: list[StoredMessage] = [msg("user", "go")]
+    sizes = [10_000] * 4 + [10] * 8 + [10] * 5
+    for index, size in enumerate(sizes):
+        messages += [call(f"c{index}", "read", {}), result(f"c{index}", "z" * size)]
+    whole = fork(messages, len)
+    assert whole.preamble.splitlines()[2] == (
+        "Tool results: 5 newest kept whole, 10 cut to at most 3,000 characters, 2 cut to at "
+        "most 500 characters (4 truncated, 0 already cleared).")
+    # A budget that removes the oldest results: only those kept are counted.
+    small = fork(messages, len, char_budget=5_000, no_removal_chars=100)
+    assert small.stats.removed_messages == 6
+    assert small.preamble.splitlines()[2:4] == [
+        "Tool results: 5 newest kept whole, 9 cut to at most 3,000 characters, 0 cut to at "
+        "most 500 characters (1 truncated, 0 already cleared).",
+        "Messages removed to fit the character budget: 6."]
+    # The stats keep stage 2's counts of every result.
+    assert (small.stats.truncated_results, small.stats.tier_distribution) == (
+        4, TierDistribution(tier1=5, tier2=10, tier3=2))
+
+
 def test_cut_within_counts_the_marker() -> None:
     assert cut_within("abcdefghijklmnopqrstuvwxyz0123456789", 30) == (
         "abcdef…[truncated 28 chars]…89")
@@ -409,8 +432,8 @@ def test_fork_formats_the_context_and_counts_its_tokens() -> None:
         "[Forked context: a bounded copy of another session's conversation.]\n"
         "Compaction: the context was compacted before; it starts at the latest compaction "
         "summary (2 earlier messages left out).\n"
-        "Tool results: 1 newest kept whole, 0 cut to 3,000 characters, 0 cut to 500 "
-        "characters (0 truncated, 0 already cleared).\n"
+        "Tool results: 1 newest kept whole, 0 cut to at most 3,000 characters, 0 cut to "
+        "at most 500 characters (0 truncated, 0 already cleared).\n"
         "Messages removed to fit the character budget: 0.\n"
         "Cut text is marked …[truncated N chars]…: re-read files for full contents.")
     assert forked.context == (
