@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ctxd.hygiene._compact import COMPACTION_META
@@ -32,6 +32,12 @@ ERROR_WORDS = ("error", "Error", "ERROR", "failed", "FAILED", "exception", "trac
 CLEARED_MARKER = "[Old tool result content cleared]"
 """What Claude Code and OpenCode show for a cleared result (OpenCode: a tool part with
 ``state.time.compacted``, imported with ``meta.compacted``)."""
+OWN_MARKERS = (STUB_PREFIX, CLEARED_MARKER[:-1] + " — ")
+"""How ctxd's offload stub and cleared result start: in a fork, `CLEARED_MARKER`."""
+INPUT_MARKER_START = "[Old tool input cleared — "
+"""How ctxd's marker of a cleared tool-call argument starts (it names a blob)."""
+CLEARED_INPUT = "[Old tool input cleared]"
+"""What a fork shows for such an argument."""
 NO_REMOVAL_CHARS = 120_000
 CHAR_BUDGET = 200_000
 SEPARATOR = "\n\n"
@@ -46,6 +52,12 @@ class ForkedMessage:
     content: Content
     name: str | None = None
     tool_call_id: str | None = None
+    tier: int | None = None
+    """A tool result's tier (0, 1, 2); None for other messages."""
+    cut: bool = False
+    """A tool result cut by stage 2."""
+    cleared: bool = False
+    """A tool result already cleared."""
 
 
 @dataclass(frozen=True)
@@ -189,6 +201,24 @@ class _Counts:
     params: int = 0
 
 
+def _plain_inputs(value: Any) -> tuple[Any, int]:
+    """``value`` with each of ctxd's cleared-input markers (a whole string) replaced by
+    `CLEARED_INPUT`, and how many there were."""
+    if isinstance(value, str):
+        return (CLEARED_INPUT, 1) if value.startswith(INPUT_MARKER_START) else (value, 0)
+    if isinstance(value, dict):
+        found = 0
+        plain = {}
+        for key, item in value.items():
+            plain[key], more = _plain_inputs(item)
+            found += more
+        return plain, found
+    if isinstance(value, list):
+        pairs = [_plain_inputs(item) for item in value]
+        return [item for item, _ in pairs], sum(more for _, more in pairs)
+    return value, 0
+
+
 def _cut_calls(content: Content, tiers: dict[str, int], counts: _Counts) -> Content:
     if isinstance(content, str) or not any(p.get("type") == "tool_use" for p in content):
         return content
@@ -196,8 +226,13 @@ def _cut_calls(content: Content, tiers: dict[str, int], counts: _Counts) -> Cont
     for part in content:
         if part.get("type") == "tool_use":
             limit = PARAM_CHARS[tiers.get(str(part.get("id")), 0)]
-            text = json.dumps(part.get("input"), ensure_ascii=False)
-            if len(text) > limit:
+            params, markers = _plain_inputs(part.get("input"))
+            if markers:
+                part = {**part, "input": params}
+            text = json.dumps(params, ensure_ascii=False)
+            # An input that holds only cleared markers besides what fits is already cleared:
+            # never cut a marker in half.
+            if len(text) - markers * len(CLEARED_INPUT) > limit:
                 name = part.get("name")
                 head_tail = wants_head_tail(name if isinstance(name, str) else None, text)
                 counts.params += 1
@@ -225,13 +260,19 @@ def truncate(messages: Sequence[StoredMessage]) -> tuple[list[ForkedMessage], _C
     forked = []
     for index, message in enumerate(messages):
         content = message.content
+        tier = cleared = None
+        truncated = False
         if message.role == "tool":
             tier = tier_of(rank_of[index])
             counts.tiers[tier] += 1
             limit = RESULT_CHARS[tier]
-            if is_cleared(message):
+            cleared = is_cleared(message)
+            if cleared:
                 counts.cleared += 1
-                if message.meta and message.meta.get("compacted") is not None:
+                if (message.meta and message.meta.get("compacted") is not None) \
+                        or (isinstance(content, str) and content.startswith(OWN_MARKERS)):
+                    # ctxd's own markers name a blob of the forked session, which a child
+                    # cannot read: the plain marker (docs/decisions.md, "Fork pipeline").
                     content = CLEARED_MARKER
             elif limit is not None:
                 text = content_text(content)
@@ -240,10 +281,12 @@ def truncate(messages: Sequence[StoredMessage]) -> tuple[list[ForkedMessage], _C
                     counts.truncated += 1
                     counts.head_tail += head_tail
                     content = cut(text, limit, head_tail)
+                    truncated = True
         elif message.role == "assistant":
             content = _cut_calls(content, tiers, counts)
         forked.append(ForkedMessage(role=message.role, content=content, name=message.name,
-                                    tool_call_id=message.tool_call_id))
+                                    tool_call_id=message.tool_call_id, tier=tier,
+                                    cut=truncated, cleared=bool(cleared)))
     return forked, counts
 
 
@@ -275,21 +318,145 @@ def block(message: ForkedMessage) -> str:
     return "\n".join(lines)
 
 
+def cut_within(text: str, size: int) -> str:
+    """``text`` cut head+tail (80/20) so that, with its marker, it holds at most ``size``
+    characters (a text that fits is left alone; a marker alone longer than ``size`` is all
+    that is left)."""
+    if len(text) <= size:
+        return text
+    limit = size
+    while True:
+        shorter = max(0, size - len(f"…[truncated {len(text) - limit} chars]…"))
+        if shorter == limit:
+            return cut(text, limit, head_tail=True)
+        limit = shorter
+
+
+def _shrunk(message: ForkedMessage, excess: int) -> ForkedMessage:
+    """The message with its text ``excess`` characters shorter, cut head+tail: a string
+    content, else its longest text parts (a tool call's parameters stay as stage 2 left
+    them)."""
+    if isinstance(message.content, str):
+        text = message.content
+        return replace(message, content=cut_within(text, max(0, len(text) - excess)))
+    parts = list(message.content)
+    order = sorted((i for i, part in enumerate(parts) if part.get("type") == "text"),
+                   key=lambda i: -len(str(parts[i].get("text", ""))))
+    for index in order:
+        if excess <= 0:
+            break
+        text = str(parts[index].get("text", ""))
+        shorter = cut_within(text, max(0, len(text) - excess))
+        excess -= len(text) - len(shorter)
+        parts[index] = {**parts[index], "text": shorter}
+    return replace(message, content=parts)
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """Stage 3's outcome: the messages kept (indices, in order), and the ones that must
+    stay cut to a block length (index: characters) when they alone exceed the budget."""
+
+    kept: list[int]
+    caps: dict[int, int] = field(default_factory=dict)
+
+
 def fit(blocks: Sequence[str], roles: Sequence[Role], char_budget: int,
-        no_removal_chars: int) -> int:
-    """Stage 3: how many of the oldest messages go so that the formatted context fits in
-    ``char_budget`` (none at or under ``no_removal_chars``, nor under ``char_budget``);
-    tool results left without their call go with it."""
-    total = sum(len(text) for text in blocks) + len(SEPARATOR) * max(0, len(blocks) - 1)
-    if total <= no_removal_chars or total <= char_budget:
-        return 0
-    removed = 0
-    while removed < len(blocks) - 1 and total > char_budget:
-        total -= len(blocks[removed]) + len(SEPARATOR)
-        removed += 1
-    while removed < len(blocks) and roles[removed] == "tool":
-        removed += 1
-    return removed
+        no_removal_chars: int, keep: frozenset[int] = frozenset(),
+        parents: Sequence[int | None] | None = None) -> Fitted:
+    """Stage 3: which messages stay so that the formatted context fits in ``char_budget``
+    (all at or under ``no_removal_chars``, or under ``char_budget``): the oldest go first,
+    except those in ``keep`` (the newest message, the latest user request: they always
+    stay); a tool result goes with its call (``parents``: the index of each result's call,
+    None when it is not in the context; by default the message before the results). When
+    what stays is still over the budget, it is all in ``keep``: the longest of those are
+    capped to share the budget."""
+    count = len(blocks)
+    if parents is None:
+        parents = _preceding(roles)
+    chars = sum(len(text) for text in blocks)
+    if chars + len(SEPARATOR) * max(0, count - 1) <= max(no_removal_chars, char_budget):
+        return Fitted(list(range(count)))
+    removed = [False] * count
+    left = count
+    for index in range(count):
+        if chars + len(SEPARATOR) * max(0, left - 1) <= char_budget:
+            break
+        if index not in keep:
+            removed[index] = True
+            chars -= len(blocks[index])
+            left -= 1
+    for index in range(count):
+        if removed[index] or roles[index] != "tool" or index in keep:
+            continue
+        parent = parents[index]
+        if parent is not None and removed[parent]:
+            removed[index] = True
+            chars -= len(blocks[index])
+            left -= 1
+    kept = [index for index in range(count) if not removed[index]]
+    available = char_budget - len(SEPARATOR) * max(0, left - 1)
+    if chars <= available:
+        return Fitted(kept)
+    # Share what is available: blocks under an equal share stay whole, the rest are capped.
+    caps: dict[int, int] = {}
+    by_length = sorted(kept, key=lambda index: len(blocks[index]))
+    for position, index in enumerate(by_length):
+        share = max(0, available) // (len(by_length) - position)
+        if len(blocks[index]) <= share:
+            available -= len(blocks[index])
+            continue
+        caps.update((longer, share) for longer in by_length[position:])
+        break
+    return Fitted(kept, caps)
+
+
+def _preceding(roles: Sequence[Role]) -> list[int | None]:
+    """For each tool result, the latest message before it that is not a tool result."""
+    parents: list[int | None] = []
+    last: int | None = None
+    for index, role in enumerate(roles):
+        parents.append(last if role == "tool" else None)
+        if role != "tool":
+            last = index
+    return parents
+
+
+def protected(messages: Sequence[ForkedMessage]) -> frozenset[int]:
+    """The messages stage 3 never removes: the newest (and, a tool result, its call) and
+    the latest user request."""
+    if not messages:
+        return frozenset()
+    keep = {len(messages) - 1}
+    newest = messages[-1]
+    if newest.role == "tool" and newest.tool_call_id is not None:
+        for index in range(len(messages) - 2, -1, -1):
+            if newest.tool_call_id in _call_ids(messages[index]):
+                keep.add(index)
+                break
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].role == "user":
+            keep.add(index)
+            break
+    return frozenset(keep)
+
+
+def _call_ids(message: ForkedMessage) -> list[str]:
+    if message.role != "assistant" or isinstance(message.content, str):
+        return []
+    return [str(part.get("id")) for part in message.content if part.get("type") == "tool_use"]
+
+
+def call_parents(messages: Sequence[ForkedMessage]) -> list[int | None]:
+    """For each tool result, the index of the message with its call (None: unknown)."""
+    call_at: dict[str, int] = {}
+    parents: list[int | None] = []
+    for index, message in enumerate(messages):
+        for call_id in _call_ids(message):
+            call_at[call_id] = index
+        parents.append(call_at.get(message.tool_call_id or "")
+                       if message.role == "tool" else None)
+    return parents
 
 
 # ---- the pipeline ----------------------------------------------------------------------------
@@ -298,10 +465,15 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}" + ("" if count == 1 else "s")
 
 
-def preamble(stats: ForkStats, skipped: int, tail: int = 0) -> str:
+def preamble(stats: ForkStats, skipped: int, tail: int, cut_to_fit: int,
+             shown: Sequence[ForkedMessage]) -> str:
     """What the child is told was cut (``tail``: the messages kept verbatim before the
-    summary, shown after it)."""
-    tiers = stats.tier_distribution
+    summary, shown after it; ``cut_to_fit``: messages that must stay, cut to fit the
+    budget; ``shown``: the messages the context holds, whose tool results are counted)."""
+    results = [message for message in shown if message.tier is not None]
+    tiers = [sum(message.tier == tier for message in results) for tier in range(3)]
+    truncated = sum(message.cut for message in results)
+    cleared = sum(message.cleared for message in results)
     if stats.compaction_detected:
         kept = (f", then the {_plural(tail, 'message')} the agent kept verbatim before it"
                 if tail else "")
@@ -313,10 +485,12 @@ def preamble(stats: ForkStats, skipped: int, tail: int = 0) -> str:
     return "\n".join((
         "[Forked context: a bounded copy of another session's conversation.]",
         compaction,
-        f"Tool results: {tiers.tier1} newest kept whole, {tiers.tier2} cut to 3,000 "
-        f"characters, {tiers.tier3} cut to 500 characters ({stats.truncated_results} "
-        f"truncated, {stats.cleared_results} already cleared).",
-        f"Messages removed to fit the character budget: {stats.removed_messages}.",
+        f"Tool results: {tiers[0]} newest kept whole, {tiers[1]} cut to at most 3,000 "
+        f"characters, {tiers[2]} cut to at most 500 characters ({truncated} truncated, "
+        f"{cleared} already cleared).",
+        f"Messages removed to fit the character budget: {stats.removed_messages}"
+        + (f"; {_plural(cut_to_fit, 'message')} that must stay (the newest, the latest user "
+           "request) cut to fit it." if cut_to_fit else "."),
         "Cut text is marked …[truncated N chars]…: re-read files for full contents."))
 
 
@@ -336,8 +510,14 @@ def fork(messages: Sequence[StoredMessage], count_tokens: Callable[[str], int],
         skipped = summary - len(tail)
     forked, counts = truncate(kept)
     blocks = [block(message) for message in forked]
-    removed = fit(blocks, [m.role for m in forked], char_budget, no_removal_chars)
-    context = SEPARATOR.join(blocks[removed:])
+    fitted = fit(blocks, [m.role for m in forked], char_budget, no_removal_chars,
+                 protected(forked), call_parents(forked))
+    for index, cap in fitted.caps.items():
+        forked[index] = _shrunk(forked[index], len(blocks[index]) - cap)
+        blocks[index] = block(forked[index])
+    final = [forked[index] for index in fitted.kept]
+    removed = len(forked) - len(final)
+    context = SEPARATOR.join(blocks[index] for index in fitted.kept)
     stats = ForkStats(
         original_count=len(messages), final_count=len(forked) - removed,
         total_chars=len(context), removed_messages=removed,
@@ -348,6 +528,7 @@ def fork(messages: Sequence[StoredMessage], count_tokens: Callable[[str], int],
                                            tier3=counts.tiers[2]),
         head_tail_applied=counts.head_tail, cleared_results=counts.cleared,
         truncated_params=counts.params)
-    head = preamble(stats, skipped, 0 if boundary is None else len(boundary.tail))
-    return Fork(preamble=head, context=context, messages=forked[removed:], stats=stats,
+    head = preamble(stats, skipped, 0 if boundary is None else len(boundary.tail),
+                    len(fitted.caps), final)
+    return Fork(preamble=head, context=context, messages=final, stats=stats,
                 tokens=count_tokens(head + SEPARATOR + context if context else head))

@@ -26,11 +26,13 @@ from ctxd.wire.types import (
     ContextCompactResult,
     ContextForkArgs,
     ContextForkResult,
+    ContextForkToolResult,
     ContextListBranchesArgs,
     ContextListBranchesResult,
     ContextReturnArgs,
     ContextRollbackArgs,
     ContextState,
+    ForkSeedInfo,
     MemoryRecordArgs,
     MemoryRecordResult,
     MemoryRecordToolResult,
@@ -49,6 +51,9 @@ from ctxd.wire.types import (
     ToolsSearchResult,
     project_scope,
 )
+
+NO_REMOVAL_CHARS = 120_000
+"""``context.fork``'s default ``no_removal_chars`` (docs/protocol.md, "context.fork")."""
 
 A = TypeVar("A", bound=ToolArgs)
 EARLY_CANCELS_KEPT = 256
@@ -261,12 +266,24 @@ async def _compact(context: ToolContext, args: CompactContextArgs) -> ContextCom
     return compacted
 
 
-async def _fork(context: ToolContext, args: ContextForkArgs) -> ContextForkResult:
+async def _fork(context: ToolContext, args: ContextForkArgs) -> ContextForkToolResult:
+    """A new session seeded with this one's forked context: the sub-agent works on it, and
+    only what was cut comes back to the calling model (docs/protocol.md, "MCP")."""
     session_id = await context.session(args)
-    forked: ContextForkResult = await context.native("context.fork", {
-        "session_id": session_id, **_fields(args, "branch_id", "char_budget",
-                                            "no_removal_chars")})
-    return forked
+    source = {"session_id": session_id, "branch_id": args.branch_id}
+    opened: SessionOpenResult = await context.native("session.open", {
+        **_fields(args, "session_id"), "project": context.connection.project,
+        "fork_from": source})
+    seed = opened.fork
+    assert isinstance(seed, ForkSeedInfo)
+    text: str | msgspec.UnsetType = msgspec.UNSET
+    if args.include_context:
+        forked: ContextForkResult = await context.native("context.fork", {
+            **source, "char_budget": seed.char_budget,
+            "no_removal_chars": min(seed.char_budget, NO_REMOVAL_CHARS)})
+        text = forked.context
+    return ContextForkToolResult(session_id=opened.session.session_id, preamble=seed.preamble,
+                                 stats=seed.stats, tokens=seed.tokens, context=text)
 
 
 async def _tool_search(context: ToolContext, args: ToolSearchArgs) -> ToolSearchToolResult:
@@ -317,11 +334,13 @@ TOOLS: tuple[Tool[Any], ...] = (
          "Tools left out of the context to save tokens: find those matching the query; "
          "they are offered again from the next turn.",
          ToolSearchArgs, ToolSearchToolResult, _tool_search, False),
-    Tool("context_fork", "Fork the context for a sub-agent",
-         "This session's context (or a branch's) bounded for a sub-agent: from the latest "
-         "compaction summary, old tool results and parameters cut, the oldest messages "
-         "removed over char_budget; a preamble says what was cut.",
-         ContextForkArgs, ContextForkResult, _fork, True),
+    Tool("context_fork", "Fork the context into a session for a sub-agent",
+         "Open a new session (session_id, or a new id) seeded with this session's context "
+         "(or a branch's) bounded for a sub-agent: from the latest compaction summary, old "
+         "tool results and parameters cut, the oldest messages removed to fit. Returns its "
+         "session_id, the preamble that says what was cut, stats and tokens; the sub-agent "
+         "works on that session. include_context also returns the context's text.",
+         ContextForkArgs, ContextForkToolResult, _fork, False),
 )
 """In the order tools/list gives them (fixed: clients cache the prompt that holds them)."""
 

@@ -124,6 +124,7 @@ from ctxd.wire.types import (
 )
 
 if TYPE_CHECKING:
+    from ctxd.sessions._fork import Seed
     from ctxd.sessions._supervisor import Supervisor
 
 log = logging.getLogger("ctxd.sessions")
@@ -377,7 +378,7 @@ class SessionActor:
     # ---- sessions ----------------------------------------------------------------------
 
     async def open(self, params: SessionOpenParams,
-                   seed: list[MessageIn] | None = None) -> SessionOpenResult:
+                   seed: Seed | None = None) -> SessionOpenResult:
         """session.open; ``seed``: the messages of a session forked from another, stored
         in the transaction that creates it (docs/protocol.md, "context.fork")."""
         now = time.time()
@@ -393,7 +394,7 @@ class SessionActor:
                 state="open", budget=resolve_budget(params.budget, sup.config.budget),
                 created_at=now, updated_at=now)
             with sup.open_slot():
-                if seed:
+                if seed is not None:
                     await self._create_seeded(record, seed)
                 else:
                     await self._save(record)
@@ -402,7 +403,8 @@ class SessionActor:
                             {"project": record.project, "title": _shown(record.title),
                              "created": True})
             return SessionOpenResult(session=record.info(self.branches), created=True,
-                                     context_state=self.context_state())
+                                     context_state=self.context_state(),
+                                     fork=msgspec.UNSET if seed is None else seed.info)
         record = dataclasses.replace(self.record)
         reopened = record.state != "open"
         if reopened:
@@ -425,15 +427,16 @@ class SessionActor:
         return SessionOpenResult(session=record.info(self.branches), created=False,
                                  context_state=self.context_state())
 
-    async def _create_seeded(self, record: SessionRecord, seed: list[MessageIn]) -> None:
-        """Create the session with its first messages, in one transaction."""
-        counts = await self.supervisor.counter.count_messages(seed)
+    async def _create_seeded(self, record: SessionRecord, seed: Seed) -> None:
+        """Create the session with its first messages and their blobs, in one
+        transaction."""
         stored = [StoredMessage(seq=seq, role=m.role, content=m.content,
                                 component="system_prompt" if m.role == "system"
                                 else "conversation", tokens=tokens,
                                 created_at=record.created_at, name=m.name,
                                 tool_call_id=m.tool_call_id, meta=m.meta)
-                  for seq, (m, tokens) in enumerate(zip(seed, counts, strict=True), 1)]
+                  for seq, (m, tokens) in enumerate(zip(seed.messages, seed.tokens,
+                                                        strict=True), 1)]
         record.component_tokens = dict(record.component_tokens)
         for message in stored:
             record.component_tokens[message.component] += message.tokens
@@ -441,6 +444,8 @@ class SessionActor:
         transaction = Transaction()
         transaction.add(q.save_session, record)
         transaction.add(q.insert_messages, self.session_id, stored)
+        stage_blobs(transaction, self.session_id,
+                    [blob.placed(blob.seq, None, record.created_at) for blob in seed.blobs])
         await self.supervisor.store.commit(transaction)
         self.record = record
 

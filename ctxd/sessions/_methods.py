@@ -6,9 +6,10 @@ from __future__ import annotations
 import secrets
 
 from ctxd.sessions import _queries as q
-from ctxd.sessions._fork import context_fork, fork_seed
+from ctxd.sessions._fork import context_fork, fork_seed, seed_target
 from ctxd.sessions._import import register_import
 from ctxd.sessions._injection_methods import register_injection
+from ctxd.sessions._state import resolve_budget
 from ctxd.sessions._supervisor import Supervisor
 from ctxd.wire import Call, Dispatcher
 from ctxd.wire.types import (
@@ -62,9 +63,12 @@ def register(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
         source = p.fork_from
         if source is None:
             return await supervisor.call(p.session_id or new_session_id(), lambda a: a.open(p))
-        seed = await supervisor.call(source.session_id, lambda a: fork_seed(a, source))
-        return await supervisor.call(p.session_id or new_session_id(),
-                                     lambda a: a.open(p, seed))
+        session_id = p.session_id or new_session_id()
+        target = seed_target(resolve_budget(p.budget, supervisor.config.budget),
+                             supervisor.config.hygiene.compact_target)
+        seed = await supervisor.call(source.session_id,
+                                     lambda a: fork_seed(a, source, session_id, target))
+        return await supervisor.call(session_id, lambda a: a.open(p, seed))
 
     async def session_get(call: Call, p: SessionIdParams) -> SessionResult:
         return await supervisor.call(p.session_id, lambda a: a.get())

@@ -214,6 +214,8 @@ class SessionOpenResult(Result, frozen=True):
     session: SessionInfo
     created: bool
     context_state: ContextState
+    fork: ForkSeedInfo | msgspec.UnsetType = msgspec.UNSET
+    """With ``fork_from`` only: what seeded the session (docs/protocol.md, "context.fork")."""
 
 
 class SessionListResult(Result, frozen=True):
@@ -1446,7 +1448,10 @@ class TranscriptImportResult(Result, frozen=True):
 
 # ---- context.fork, session.open's fork_from (docs/protocol.md, "context.fork") ---------
 
-ForkChars = Annotated[int, Meta(ge=1, le=100_000_000)]
+MAX_FORK_CHARS = 2_000_000
+"""The largest ``char_budget`` / ``no_removal_chars``: ten times the default budget bounds
+a fork's work (its formatted context and the exact count of its tokens)."""
+ForkChars = Annotated[int, Meta(ge=1, le=MAX_FORK_CHARS)]
 
 
 class ForkFrom(Params, frozen=True):
@@ -1513,8 +1518,36 @@ class ContextForkResult(Result, frozen=True):
 
 
 class ContextForkArgs(ToolArgs, frozen=True):
-    """MCP ``context_fork``: the connection's session forked (``context.fork``)."""
+    """MCP ``context_fork``: a new session seeded with the connection's session forked
+    (``session.open`` with ``fork_from``)."""
 
+    session_id: SessionId | None = None
+    """The new session's id (default: a new one)."""
     branch_id: BranchId | None = None
-    char_budget: ForkChars | None = None
-    no_removal_chars: ForkChars | None = None
+    """The thread to fork: a branch's own messages, or (null) the main thread."""
+    include_context: bool = False
+    """Also return the forked context's text (``context.fork`` at the seed's budget)."""
+
+
+# ---- session.open fork_from's seed, MCP context_fork (docs/protocol.md, "context.fork") ----
+
+class ForkSeedInfo(Result, frozen=True):
+    """What seeded a session opened with ``fork_from``."""
+
+    preamble: str
+    stats: ForkStats
+    char_budget: int
+    """The character budget the seed was fitted with (``context.fork`` with it gives the
+    seed's context)."""
+    tokens: int
+    """The seed's tokens as the new session stores them (offloaded results: their stubs)."""
+
+
+class ContextForkToolResult(Result, frozen=True):
+    session_id: str
+    """The new session, seeded: a sub-agent works on it."""
+    preamble: str
+    stats: ForkStats
+    tokens: int
+    context: str | msgspec.UnsetType = msgspec.UNSET
+    """With ``include_context`` only: the forked context's text."""

@@ -62,14 +62,16 @@ def test_fork_of_a_made_up_session(shared_daemon: DaemonProcess, sid: str) -> No
             truncated_results=11,
             tier_distribution={"tier1": 5, "tier2": 10, "tier3": 1})
         assert got["preamble"].splitlines()[2] == (
-            "Tool results: 5 newest kept whole, 10 cut to 3,000 characters, 1 cut to 500 "
-            "characters (11 truncated, 0 already cleared).")
+            "Tool results: 5 newest kept whole, 10 cut to at most 3,000 characters, 1 cut to "
+            "at most 500 characters (11 truncated, 0 already cleared).")
         assert got["tokens"] == TokenCounter().count(got["preamble"] + "\n\n" + got["context"])
         small = client.call("context.fork", {"session_id": sid, "char_budget": 20_000,
                                              "no_removal_chars": 10_000})
-        # Kept from the call of result 12 on: four results whole and the tail fit 20,000.
-        assert small["stats"]["removed_messages"] == 25
-        assert small["context"].startswith("[assistant]\n[tool_use read id=c12]")
+        # The request (the only user message) always stays; then from the call of result
+        # 12 on: four results whole and the tail fit 20,000.
+        assert small["stats"]["removed_messages"] == 24
+        assert small["context"].startswith(
+            "[user]\nread the files\n\n[assistant]\n[tool_use read id=c12]")
         assert small["stats"]["total_chars"] <= 20_000
 
 

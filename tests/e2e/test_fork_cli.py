@@ -31,8 +31,8 @@ MESSAGES = [
 PREAMBLE = (
     "[Forked context: a bounded copy of another session's conversation.]\n"
     "Compaction: none found; the context starts at the first message.\n"
-    "Tool results: 1 newest kept whole, 0 cut to 3,000 characters, 0 cut to 500 characters "
-    "(0 truncated, 0 already cleared).\n"
+    "Tool results: 1 newest kept whole, 0 cut to at most 3,000 characters, 0 cut to at most "
+    "500 characters (0 truncated, 0 already cleared).\n"
     "Messages removed to fit the character budget: 0.\n"
     "Cut text is marked …[truncated N chars]…: re-read files for full contents.")
 CONTEXT = ("[user]\nrun the tests\n\n"

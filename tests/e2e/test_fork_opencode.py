@@ -159,8 +159,8 @@ def preamble(stats: dict[str, Any], tail: int) -> str:
         compaction = "Compaction: none found; the context starts at the first message."
     return "\n".join((
         "[Forked context: a bounded copy of another session's conversation.]", compaction,
-        f"Tool results: {tiers['tier1']} newest kept whole, {tiers['tier2']} cut to 3,000 "
-        f"characters, {tiers['tier3']} cut to 500 characters "
+        f"Tool results: {tiers['tier1']} newest kept whole, {tiers['tier2']} cut to at most "
+        f"3,000 characters, {tiers['tier3']} cut to at most 500 characters "
         f"({stats['truncated_results']} truncated, 0 already cleared).",
         "Messages removed to fit the character budget: 0.",
         "Cut text is marked …[truncated N chars]…: re-read files for full contents."))

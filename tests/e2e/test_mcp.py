@@ -183,10 +183,20 @@ async def test_every_tool(shared_daemon: DaemonProcess, sid: str) -> None:
             searched = await call("tool_search", query="weather")
             assert searched == {"matches": [], "deferred": 0,
                                 "context_state": compacted["context_state"]}
-            forked = await call("context_fork", char_budget=150_000)
-            assert forked == client.call("context.fork", {"session_id": sid,
-                                                          "char_budget": 150_000})
-            assert forked["stats"]["original_count"] > 0
+            # The fork goes into a new session, not into the calling model's context: only
+            # the preamble, the stats and the tokens come back.
+            forked = await call("context_fork", session_id=sid + "-sub")
+            native = client.call("context.fork", {"session_id": sid})
+            child = client.call("session.get", {"session_id": sid + "-sub"})
+            assert forked == {"session_id": sid + "-sub", "preamble": native["preamble"],
+                              "stats": native["stats"],
+                              "tokens": child["context_state"]["total_tokens"]}
+            listed = client.call("message.list", {"session_id": sid + "-sub"})["messages"]
+            assert listed[0]["content"] == native["preamble"]
+            assert len(listed) == native["stats"]["final_count"] + 1
+            again = await call("context_fork", include_context=True)
+            assert again["session_id"].startswith("ses_")
+            assert (again["context"], again["stats"]) == (native["context"], native["stats"])
     assert progress == [
         (0.0, 1.0, "compacting the main thread"),
         (1.0, 1.0, f"compacted the main thread: {compacted['before_tokens']} → "

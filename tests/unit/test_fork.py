@@ -9,9 +9,11 @@ import pytest
 from ctxd.hygiene import fork
 from ctxd.hygiene._fork import (
     Boundary,
+    Fitted,
     compaction_boundary,
     compaction_slice,
     cut,
+    cut_within,
     fit,
     truncate,
     wants_head_tail,
@@ -157,10 +159,32 @@ def test_cleared_results_pass_through() -> None:
                 result("c", stub), result("d", "o" * 800, meta={"compacted": 1700000000000})] + \
         [result(f"n{i}", "ok") for i in range(15)]
     forked, counts = truncate(messages)
-    assert [m.content for m in forked[:4]] == [
-        "[Old tool result content cleared]", ctxd_cleared, stub,
-        "[Old tool result content cleared]"]
+    # ctxd's markers name blobs of the forked session, which a child cannot read.
+    assert [m.content for m in forked[:4]] == ["[Old tool result content cleared]"] * 4
     assert (counts.cleared, counts.truncated, counts.tiers) == (4, 0, [5, 10, 4])
+
+
+def test_cleared_inputs_become_the_plain_marker_and_are_never_cut() -> None:
+    marker = ('[Old tool input cleared — 5,000 chars; read it with read_result '
+              'ref_id="res_0123456789abcdef" offset={} limit=5000]')
+    edit = call("e1", "Edit", {"file_path": "/src/a.py", "old_string": marker.format(0),
+                               "new_string": marker.format(5000)})
+    big = call("e2", "Edit", {"file_path": "/src/b.py", "old_string": marker.format(0),
+                              "new_string": "n" * 300})
+    messages = [edit, result("e1", "ok"), big, result("e2", "ok")] + [
+        result(f"n{index}", "ok") for index in range(15)]
+    forked, counts = truncate(messages)
+    # Both calls' results are tier 3 (parameters: 100 characters). The first holds only
+    # markers besides its path: whole, its markers plain; the second is cut as usual,
+    # after its marker was made plain.
+    assert forked[0].content == [{"type": "tool_use", "id": "e1", "name": "Edit", "input": {
+        "file_path": "/src/a.py", "old_string": "[Old tool input cleared]",
+        "new_string": "[Old tool input cleared]"}}]
+    assert forked[2].content == [{"type": "tool_use", "id": "e2", "name": "Edit", "input": {
+        "truncated_input": '{"file_path": "/src/b.py", "old_string": "[Old tool input '
+                           'cleared]", "new_string": "nnnnnnnnnnnnnnnn…[truncated 286 '
+                           'chars]…'}}]
+    assert counts.params == 1
 
 
 # ---- Stage 1 -------------------------------------------------------------------------------
@@ -281,8 +305,8 @@ def test_fork_shows_the_summary_then_the_tail_then_what_followed() -> None:
         "Compaction: the context was compacted before; it starts at the latest compaction "
         "summary, then the 5 messages the agent kept verbatim before it (2 earlier messages "
         "left out).",
-        "Tool results: 5 newest kept whole, 10 cut to 3,000 characters, 1 cut to 500 "
-        "characters (1 truncated, 0 already cleared)."]
+        "Tool results: 5 newest kept whole, 10 cut to at most 3,000 characters, 1 cut to "
+        "at most 500 characters (1 truncated, 0 already cleared)."]
 
 
 def test_fork_without_a_tail_starts_at_the_summary() -> None:
@@ -297,21 +321,100 @@ def test_fork_without_a_tail_starts_at_the_summary() -> None:
 # ---- Stage 3 -------------------------------------------------------------------------------
 
 def test_no_removal_under_the_budget() -> None:
-    assert fit(["a" * 150_000, "b" * 49_998], ["user", "assistant"], 200_000, 120_000) == 0
+    assert fit(["a" * 150_000, "b" * 49_998], ["user", "assistant"], 200_000,
+               120_000) == Fitted([0, 1])
 
 
 def test_oldest_removed_above_the_budget() -> None:
     blocks = ["a" * 100_000, "b" * 50_000, "c" * 60_000]
-    assert fit(blocks, ["user", "assistant", "user"], 200_000, 120_000) == 1
+    assert fit(blocks, ["user", "assistant", "user"], 200_000, 120_000) == Fitted([1, 2])
 
 
 def test_a_tool_result_never_left_without_its_call() -> None:
     blocks = ["a" * 50_000, "b" * 60_000, "c" * 60_000, "d" * 10]
-    assert fit(blocks, ["user", "assistant", "tool", "user"], 120_000, 120_000) == 3
+    assert fit(blocks, ["user", "assistant", "tool", "user"], 120_000, 120_000) == Fitted([3])
 
 
 def test_smaller_budget() -> None:
-    assert fit(["a" * 10, "b" * 10, "c" * 10], ["user"] * 3, 20, 5) == 2
+    assert fit(["a" * 10, "b" * 10, "c" * 10], ["user"] * 3, 20, 5) == Fitted([2])
+
+
+def test_what_must_stay_shares_the_budget() -> None:
+    # Both kept: the newest and the latest user request; 100 - 2 for the separator: each
+    # under an equal share stays whole, the rest share what is left.
+    assert fit(["u" * 10, "a" * 500, "b" * 300], ["user", "assistant", "assistant"], 100,
+               5, frozenset({0, 2})) == Fitted([0, 2], {2: 88})
+
+
+def test_stage_3_never_leaves_an_empty_fork_of_tool_results_only() -> None:
+    # Seven results of 50,000 characters without their calls: the two oldest (tier 2, cut
+    # to 3,000) and the two next go; the three newest (3 x 50,013 and two separators) stay.
+    messages = [result(f"c{index}", "x" * 50_000) for index in range(7)]
+    forked = fork(messages, len)
+    assert forked.context == "\n\n".join(["[tool: read]\n" + "x" * 50_000] * 3)
+    assert (forked.stats.final_count, forked.stats.removed_messages,
+            forked.stats.total_chars) == (3, 4, 150_043)
+
+
+def test_a_huge_newest_result_stays_with_its_call_and_the_request_cut_to_fit() -> None:
+    messages = [msg("user", "do it"), call("c1", "read", {"p": "x"}),
+                result("c1", "y" * 3_000_000)]
+    forked = fork(messages, len)
+    # 12 + 44 characters, two separators: 199,940 left for the result's block, whose text
+    # keeps 159,920 + 39,980 characters around its marker (head+tail).
+    assert forked.context == (
+        '[user]\ndo it\n\n[assistant]\n[tool_use read id=c1] {"p": "x"}\n\n[tool: read]\n'
+        + "y" * 159_920 + "…[truncated 2800100 chars]…" + "y" * 39_980)
+    assert (forked.stats.final_count, forked.stats.removed_messages,
+            forked.stats.total_chars) == (3, 0, 200_000)
+    assert forked.preamble.splitlines()[3] == (
+        "Messages removed to fit the character budget: 0; 1 message that must stay (the "
+        "newest, the latest user request) cut to fit it.")
+
+
+def test_a_huge_single_user_message_is_cut_head_and_tail_to_the_budget() -> None:
+    forked = fork([msg("user", "a" * 1_000_000)], len)
+    assert forked.context == ("[user]\n" + "a" * 159_973 + "…[truncated 800033 chars]…"
+                              + "a" * 39_994)
+    assert (forked.stats.final_count, forked.stats.total_chars) == (1, 200_000)
+
+
+def test_the_latest_user_request_stays_when_older_messages_go() -> None:
+    messages = [msg("user", "first"), msg("user", "the request"), msg("assistant", "a" * 100),
+                msg("assistant", "b" * 100), msg("assistant", "done")]
+    forked = fork(messages, len, char_budget=150, no_removal_chars=50)
+    assert forked.context == "[user]\nthe request\n\n[assistant]\n" + "b" * 100 + (
+        "\n\n[assistant]\ndone")
+    assert forked.stats.removed_messages == 2
+
+
+def test_the_preamble_counts_the_results_kept_and_what_was_done_to_them() -> None:
+    # 17 results: the two oldest (tier 3, 10,000 characters: cut to 500), then ten tier 2
+    # (two of 10,000 cut to 3,000, eight of 10 characters left as they are), five whole.
+    messages: list[StoredMessage] = [msg("user", "go")]
+    sizes = [10_000] * 4 + [10] * 8 + [10] * 5
+    for index, size in enumerate(sizes):
+        messages += [call(f"c{index}", "read", {}), result(f"c{index}", "z" * size)]
+    whole = fork(messages, len)
+    assert whole.preamble.splitlines()[2] == (
+        "Tool results: 5 newest kept whole, 10 cut to at most 3,000 characters, 2 cut to at "
+        "most 500 characters (4 truncated, 0 already cleared).")
+    # A budget that removes the oldest results: only those kept are counted.
+    small = fork(messages, len, char_budget=5_000, no_removal_chars=100)
+    assert small.stats.removed_messages == 6
+    assert small.preamble.splitlines()[2:4] == [
+        "Tool results: 5 newest kept whole, 9 cut to at most 3,000 characters, 0 cut to at "
+        "most 500 characters (1 truncated, 0 already cleared).",
+        "Messages removed to fit the character budget: 6."]
+    # The stats keep stage 2's counts of every result.
+    assert (small.stats.truncated_results, small.stats.tier_distribution) == (
+        4, TierDistribution(tier1=5, tier2=10, tier3=2))
+
+
+def test_cut_within_counts_the_marker() -> None:
+    assert cut_within("abcdefghijklmnopqrstuvwxyz0123456789", 30) == (
+        "abcdef…[truncated 28 chars]…89")
+    assert cut_within("abc", 3) == "abc"
 
 
 # ---- the pipeline ------------------------------------------------------------------------
@@ -329,8 +432,8 @@ def test_fork_formats_the_context_and_counts_its_tokens() -> None:
         "[Forked context: a bounded copy of another session's conversation.]\n"
         "Compaction: the context was compacted before; it starts at the latest compaction "
         "summary (2 earlier messages left out).\n"
-        "Tool results: 1 newest kept whole, 0 cut to 3,000 characters, 0 cut to 500 "
-        "characters (0 truncated, 0 already cleared).\n"
+        "Tool results: 1 newest kept whole, 0 cut to at most 3,000 characters, 0 cut to "
+        "at most 500 characters (0 truncated, 0 already cleared).\n"
         "Messages removed to fit the character budget: 0.\n"
         "Cut text is marked …[truncated N chars]…: re-read files for full contents.")
     assert forked.context == (

@@ -42,10 +42,11 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
     ("tool_search", {"query": "q", "limit": 50, "project_path": "/p"}, True),
     ("tool_search", {"query": "q", "limit": 51}, False),
     ("context_fork", {}, True),
-    ("context_fork", {"char_budget": 1_000, "no_removal_chars": 500}, True),
-    ("context_fork", {"char_budget": 0}, False),
+    ("context_fork", {"session_id": "sub-1", "include_context": True}, True),
+    ("context_fork", {"session_id": "-sub"}, False),
+    ("context_fork", {"include_context": "yes"}, False),
+    ("context_fork", {"char_budget": 1_000}, False),
     ("context_fork", {"branch_id": "main"}, False),
-    ("context_fork", {"budget": 10}, False),
 ]
 
 
