@@ -16,6 +16,7 @@ with the raw session's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
@@ -26,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -38,6 +40,10 @@ from ctxclient._sync import Client
 
 FORMATS = ("claude-code", "opencode")
 START_WAIT_S = 30.0
+STOP_WAIT_S = 20.0
+"""A private daemon asked to stop is killed after this long."""
+INTERRUPTED = 130
+"""``ctxctl replay``'s exit code when interrupted (SIGINT, SIGTERM, SIGHUP)."""
 LAST_TURNS = 20
 """Files, commands and errors count as key facts in this many last turns (model calls)."""
 OPENCODE_PAD = 4096
@@ -261,14 +267,58 @@ class PrivateDaemon:
         raise ReplayError(f"the replay's private ctxd did not start; its log ends with:\n"
                           f"{tail}")
 
-    def stop(self) -> None:
+    def terminate(self) -> None:
+        """Ask it to stop (SIGTERM) if it still runs."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
+
+
+def stop_all(daemons: list[PrivateDaemon], root: Path) -> None:
+    """Stop every daemon and remove ``root``, whatever interrupts it: all are asked to stop
+    first, then each is waited for on its own (killed after `STOP_WAIT_S`, or at once when
+    an interrupt lands in its wait, which is raised again at the end); ``root`` goes last,
+    in any case."""
+    interrupted: BaseException | None = None
+    try:
+        for daemon in daemons:
             try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                daemon.terminate()
+            except (OSError, KeyboardInterrupt) as exc:
+                interrupted = interrupted or (exc if isinstance(exc, KeyboardInterrupt)
+                                              else None)
+        for daemon in daemons:
+            try:
+                daemon.proc.wait(STOP_WAIT_S)
+            except (subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
+                if isinstance(exc, KeyboardInterrupt):
+                    interrupted = interrupted or exc
+                daemon.proc.kill()
+                daemon.proc.wait()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if interrupted is not None:
+        raise interrupted
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt, as SIGINT does, while in the block (the
+    main thread only), so that a replay killed or whose terminal closes stops its private
+    daemons and removes their files; the previous handlers come back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = {signum: signal.signal(signum, interrupt)
+                for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 # ---- the replay ------------------------------------------------------------------------
@@ -481,18 +531,20 @@ def replay(path: Path, window: int | None = None, fmt: str | None = None) -> Rep
     """
     transcript = load(path, fmt)
     root = Path(tempfile.mkdtemp(prefix="ctxd-replay-"))
-    daemons = [PrivateDaemon(root, "ctxd", ""), PrivateDaemon(root, "raw", RAW_CONFIG)]
+    daemons: list[PrivateDaemon] = []
+    clients: list[Client] = []
     try:
-        clients = [daemon.connect() for daemon in daemons]
+        daemons.append(PrivateDaemon(root, "ctxd", ""))
+        daemons.append(PrivateDaemon(root, "raw", RAW_CONFIG))
+        for daemon in daemons:
+            clients.append(daemon.connect())
+        return _run(transcript, path, root, window, clients[0], clients[1])
+    finally:
         try:
-            return _run(transcript, path, root, window, clients[0], clients[1])
-        finally:
             for client in clients:
                 client.close()
-    finally:
-        for daemon in daemons:
-            daemon.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        finally:
+            stop_all(daemons, root)
 
 
 def _write_turn(transcript: Transcript, feed: Path, upto: int) -> None:
@@ -659,10 +711,14 @@ def run(args: argparse.Namespace, out: Output) -> int:
               f"{PLOT_INSTALL}", file=sys.stderr)
         return 2
     try:
-        report = replay(path, args.window, args.transcript_format)
+        with interruptible():
+            report = replay(path, args.window, args.transcript_format)
     except ReplayError as exc:
         print(f"ctxctl: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("ctxctl: interrupted", file=sys.stderr)
+        return INTERRUPTED
     if args.plot:
         plot(report, Path(args.plot))
     if out.json:
@@ -693,7 +749,9 @@ __all__ = [
     "Report",
     "Transcript",
     "guess_format",
+    "interruptible",
     "key_facts",
     "load",
     "replay",
+    "stop_all",
 ]

@@ -5,8 +5,12 @@ whose figures are computed here, a shared transcript with its figures pinned, an
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -203,3 +207,58 @@ def test_opencode_export_replays_turn_by_turn(tmp_path: Path) -> None:
     assert report.key_facts == 4  # two requests, one rule, one command
     assert report.facts_missed == []
     assert report.retrievable_fraction == 1.0
+
+
+def _ctxd_processes_naming(folder: Path) -> list[str]:
+    """The command lines of the running processes that name ``folder``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # exited meanwhile, or not ours to read
+        line = " ".join(part.decode(errors="replace") for part in argv if part)
+        if str(folder) in line:
+            found.append(line)
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_ctxctl_replay_interrupted_leaves_no_daemon_and_no_file(
+        tmp_path: Path, signum: signal.Signals) -> None:
+    """Killed (SIGTERM), interrupted (SIGINT) or hung up on (SIGHUP) once its two private
+    daemons are up, `ctxctl replay` stops them, removes their directory and says so in one
+    line."""
+    records = made_up()
+    for n in range(400):
+        records += [_record("user", f"Request {n}.", f"x{n}"),
+                    _record("assistant", [{"type": "text", "text": f"Answer {n}."}], f"y{n}")]
+    path = write(tmp_path / "t.jsonl", records)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    # tiktoken caches its encodings under $TMPDIR unless told where: the usual place.
+    cache = os.environ.get("TIKTOKEN_CACHE_DIR",
+                           os.path.join(tempfile.gettempdir(), "data-gym-cache"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ctxclient.cli", "replay", str(path)],
+        env={**os.environ, "TMPDIR": str(tmp), "TIKTOKEN_CACHE_DIR": cache},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        # Both daemons are up once both sockets exist (each binds it before serving).
+        while proc.poll() is None and len(list(tmp.glob("ctxd-replay-*/*.sock"))) < 2:
+            time.sleep(0.01)
+        assert proc.poll() is None, proc.communicate()
+        sockets = sorted(p.name for p in tmp.glob("ctxd-replay-*/*.sock"))
+        assert sockets == ["ctxd.sock", "raw.sock"]
+        proc.send_signal(signum)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, stdout, stderr) == (130, "", "ctxctl: interrupted\n")
+    assert _ctxd_processes_naming(tmp) == []
+    assert list(tmp.iterdir()) == []
