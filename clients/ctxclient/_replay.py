@@ -46,9 +46,10 @@ INTERRUPTED = 130
 """``ctxctl replay``'s exit code when interrupted (SIGINT, SIGTERM, SIGHUP)."""
 LAST_TURNS = 20
 """Files, commands and errors count as key facts in this many last turns (model calls)."""
-OPENCODE_PAD = 4096
-"""Leading blanks of each OpenCode export written: the importer tells a grown file from a
-replaced one by the hash of its first 4,096 bytes, which then never change."""
+HEAD_PAD = 4096
+"""Leading blanks of each document written whole (an OpenCode export, a JSON array of
+Claude Code records): the importer tells a grown file from a replaced one by the hash of its
+first 4,096 bytes, which then never change."""
 RULE = re.compile(r"\b(always|never|must|don't|do not|please use|make sure)\b", re.I)
 ERROR_LINE = re.compile(r"\b(error|exception|traceback|failed)\b", re.I)
 REF = re.compile(r"res_[0-9a-f]{16}")
@@ -78,6 +79,8 @@ class Transcript:
     turns: list[list[Any]]
     info: dict[str, Any] = field(default_factory=dict)
     """OpenCode: the export's session info."""
+    array: bool = False
+    """Claude Code records saved as one JSON array (a turn holds records, not lines)."""
 
 
 def guess_format(path: Path) -> str:
@@ -197,28 +200,33 @@ def load(path: Path, fmt: str | None = None) -> Transcript:
         turns = _split(document["messages"], _opencode_prompt, _opencode_response)
         transcript = Transcript("opencode", turns, info)
     else:
-        stripped = data.lstrip()
-        if stripped.startswith(b"["):
+        # A JSON array of records is imported as it is (transcript.import reads it whole):
+        # each turn is then its records, else its lines.
+        records: list[tuple[Any, Any]] = []
+        array = data.lstrip()[:1] == b"["
+        if array:
             try:
-                array = json.loads(data)
+                elements = json.loads(data)
             except ValueError as exc:
                 raise ReplayError(f"{path} is not a Claude Code transcript: a JSON array "
                                   f"that does not parse ({exc})") from None
-            lines = [json.dumps(record, ensure_ascii=False).encode() for record in array]
+            records = [(record, record) for record in elements] \
+                if isinstance(elements, list) else []
         else:
-            lines = [line for line in data.splitlines() if line.strip()]
-        records: list[tuple[bytes, Any]] = []
-        for line in lines:
-            try:
-                records.append((line, json.loads(line)))
-            except ValueError:
-                records.append((line, None))
+            for line in data.splitlines():
+                if not line.strip():
+                    continue
+                try:
+                    records.append((line, json.loads(line)))
+                except ValueError:
+                    records.append((line, None))
         if not any(isinstance(record, dict) for _, record in records):
-            raise ReplayError(f"{path} is not a Claude Code transcript: no line is a JSON "
-                              "record")
+            raise ReplayError(f"{path} is not a Claude Code transcript: no "
+                              f"{'element' if array else 'line'} is a JSON record")
         split = _split(records, lambda pair: _is_prompt(pair[1]),
                        lambda pair: _response_id(pair[1]))
-        transcript = Transcript("claude-code", [[line for line, _ in turn] for turn in split])
+        transcript = Transcript("claude-code", [[raw for raw, _ in turn] for turn in split],
+                                array=array)
     if not transcript.turns:
         raise ReplayError(f"{path} holds no message to replay")
     return transcript
@@ -549,21 +557,22 @@ def replay(path: Path, window: int | None = None, fmt: str | None = None) -> Rep
 
 def _write_turn(transcript: Transcript, feed: Path, upto: int) -> None:
     """The transcript's first ``upto`` turns in ``feed``, as the importer reads it."""
-    if transcript.format == "claude-code":
+    if transcript.format == "claude-code" and not transcript.array:
         with feed.open("ab") as file:
             file.write(b"".join(line + b"\n" for line in transcript.turns[upto - 1]))
         return
-    messages = [message for turn in transcript.turns[:upto] for message in turn]
-    document = json.dumps({"info": transcript.info, "messages": messages},
-                          ensure_ascii=False)
-    feed.write_bytes(b" " * OPENCODE_PAD + document.encode())
+    records = [record for turn in transcript.turns[:upto] for record in turn]
+    document = json.dumps(records if transcript.array else {
+        "info": transcript.info, "messages": records}, ensure_ascii=False)
+    feed.write_bytes(b" " * HEAD_PAD + document.encode())
 
 
 def _run(transcript: Transcript, path: Path, root: Path, window: int | None,
          ctxd: Client, raw: Client) -> Report:
     window_used, trigger = _open(ctxd, "replay", window)
     _open(raw, "replay", RAW_WINDOW)
-    feed = root / ("feed.jsonl" if transcript.format == "claude-code" else "feed.json")
+    feed = root / ("feed.jsonl" if transcript.format == "claude-code" and not transcript.array
+                   else "feed.json")
     feed.touch()
     series: list[Point] = []
     turn_of: dict[int, int] = {}

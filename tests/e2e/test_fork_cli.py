@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import DaemonProcess
 
 
@@ -168,3 +169,19 @@ def test_fork_a_branch(shared_daemon: DaemonProcess, sid: str, tmp_path: Path) -
                   "--branch", branch)
     assert (both.returncode, both.stderr) == (
         2, "ctxctl: --branch forks a branch of a SESSION, not of --from's file\n")
+
+
+TRANSCRIPTS = Path(__file__).resolve().parents[3] / "shared" / "bench-data" / "transcripts"
+TEMPLAR = TRANSCRIPTS / "claude-code_templar_chat.json"
+
+
+@pytest.mark.skipif(not TEMPLAR.exists(), reason="bench-data transcripts absent")
+def test_fork_from_a_json_array_of_claude_code_records(shared_daemon: DaemonProcess) -> None:
+    """templar's records saved as one JSON array fork like its JSONL would (the counts of
+    tests/e2e/test_fork.py)."""
+    done = ctxctl(shared_daemon.socket, "fork", "--from", "claude-code", str(TEMPLAR),
+                  "--stats", "--json")
+    assert done.returncode == 0, done.stderr
+    stats = json.loads(done.stdout)["stats"]
+    assert (stats["original_count"], stats["final_count"], stats["compaction_slice_index"],
+            stats["total_chars"]) == (167, 32, 135, 21_503)

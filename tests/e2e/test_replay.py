@@ -274,3 +274,18 @@ def test_ctxctl_replay_interrupted_leaves_no_daemon_and_no_file(
     assert (proc.returncode, stdout, stderr) == (130, "", "ctxctl: interrupted\n")
     assert _ctxd_processes_naming(tmp) == []
     assert list(tmp.iterdir()) == []
+
+
+def test_json_array_replays_turn_by_turn_as_its_jsonl(tmp_path: Path) -> None:
+    """Claude Code records saved as one JSON array replay as they are (transcript.import
+    reads the array): the same turns, figures and facts as the same records in JSONL."""
+    array = tmp_path / "t.json"
+    array.write_text(json.dumps(made_up(), indent=2))
+    assert [len(turn) for turn in load(array).turns] == [3, 2, 1, 2]
+    assert load(array).turns[0] == made_up()[:3]
+    got = replay(array).as_dict()
+    want = replay(write(tmp_path / "t.jsonl", made_up())).as_dict()
+    assert got.pop("file") == str(array)
+    assert want.pop("file") == str(tmp_path / "t.jsonl")
+    assert got == want
+    assert [point["turn"] for point in got["series"]] == [1, 2, 3, 4]
