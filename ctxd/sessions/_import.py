@@ -206,17 +206,41 @@ def _starts_array(path: Path) -> bool:
     return False
 
 
-def _claude_session_id(path: Path) -> str | None:
-    """The ``sessionId`` of the first record that has one, within the file's first MB."""
+def _is_record(record: object) -> bool:
+    """A Claude Code record: a JSON object with a string ``type`` (one of a type the parser
+    does not know is kept, docs/decisions.md, "Transcript importers")."""
+    return isinstance(record, dict) and isinstance(record.get("type"), str)
+
+
+def _scan_claude(path: Path) -> tuple[str | None, str | None]:
+    """The ``sessionId`` of the first record that has one, within the file's first MB, and
+    why the file is not a Claude Code transcript (None when it is, or cannot be told:
+    complete lines there, and not one of them is a record)."""
     with path.open("rb") as file:
-        for raw in file.read(SESSION_ID_SCAN_BYTES).splitlines():
-            try:
-                record = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and isinstance(record.get("sessionId"), str):
-                return str(record["sessionId"])
-    return None
+        data = file.read(SESSION_ID_SCAN_BYTES)
+    session_id: str | None = None
+    recognised = False
+    # Complete lines only: the last one too when the whole file was read.
+    whole = len(data) < SESSION_ID_SCAN_BYTES
+    lines = [raw for raw in (data if whole else data[:data.rfind(b"\n") + 1]).splitlines()
+             if raw.strip()]
+    for raw in lines:
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue
+        recognised = recognised or _is_record(record)
+        if session_id is None and isinstance(record, dict) \
+                and isinstance(record.get("sessionId"), str):
+            session_id = str(record["sessionId"])
+        if recognised and session_id is not None:
+            break
+    if recognised or not lines:
+        return session_id, None
+    which = "its one line is not" if len(lines) == 1 \
+        else f"none of the {len(lines)} lines read is"
+    return None, (f"{path} is not a Claude Code transcript: {which} a JSON record (an object "
+                  "with a `type`); an OpenCode export is imported with format opencode")
 
 
 @dataclass
@@ -606,8 +630,11 @@ def register_import(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
                                              f"of Claude Code records: {exc}") from exc
             whole = (entries, total)
             session_id = session_id or found
-        elif session_id is None:
-            session_id = await trio.to_thread.run_sync(_claude_session_id, path)
+        else:
+            found, refused = await trio.to_thread.run_sync(_scan_claude, path)
+            if refused is not None:
+                raise params_error("$.path", refused)
+            session_id = session_id or found
         if session_id is None:
             raise params_error("$.session_id", f"{p.path} names no session id; give one "
                                                "(ctxctl import --session ID)")

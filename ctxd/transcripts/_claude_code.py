@@ -229,6 +229,10 @@ def parse_claude_code_array(data: bytes) -> tuple[list[Entry], int, str | None]:
     records = json.loads(data)
     if not isinstance(records, list):
         raise ValueError("Claude Code records saved whole are a JSON array [record, ...]")
+    if records and not any(isinstance(record, dict) and isinstance(record.get("type"), str)
+                           for record in records):
+        raise ValueError(f"none of its {len(records)} elements is a Claude Code record (an "
+                         "object with a `type`)")
     parser = ClaudeCodeParser()
     entries = [parser.parse_record(record, index, index)
                for index, record in enumerate(records, 1)]

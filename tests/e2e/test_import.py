@@ -489,6 +489,41 @@ def test_errors_say_what_to_do_next(shared_daemon: DaemonProcess, tmp_path: Path
     assert (as_json.returncode, json.loads(as_json.stdout)["error"]["code"]) == (1, -32602)
 
 
+def test_a_file_that_is_not_a_transcript_is_refused(shared_daemon: DaemonProcess,
+                                                     tmp_path: Path, sid: str) -> None:
+    """A file of which no line (element) is a record is refused, not imported as nothing
+    (docs/decisions.md, "Transcript importers"); records of types the parser does not know
+    are kept as before."""
+    readme = tmp_path / "README.md"
+    readme.write_text("# ctxd\n\nA daemon.\n")
+    array = tmp_path / "numbers.json"
+    array.write_text("[1, 2]")
+    with shared_daemon.client() as client:
+        error = import_error(client, readme, session_id=sid)
+        assert (error.code, error.data["path"], error.data["reason"]) == (
+            -32602, "$.path", f"{readme} is not a Claude Code transcript: none of the 2 lines "
+                              "read is a JSON record (an object with a `type`); an OpenCode "
+                              "export is imported with format opencode")
+        error = import_error(client, array, session_id=sid)
+        assert (error.code, error.data["reason"]) == (
+            -32602, f"{array} starts with [ but is not a JSON array of Claude Code records: "
+                    "none of its 2 elements is a Claude Code record (an object with a `type`)")
+        # Refused before anything is written: no session was opened for it.
+        assert sid not in [s["session_id"] for s in client.call("session.list",
+                                                                 {})["sessions"]]
+        kept = tmp_path / "kept.jsonl"
+        kept.write_text('{"type": "summary", "summary": "x"}\n')
+        got = do_import(client, kept, session_id=sid)
+        assert (got["messages_added"], got["lines_read"], got["unknown_kept"]) == (
+            0, 1, {"summary": 1})
+    done = ctxctl(shared_daemon.socket, "import", "claude-code", str(readme), "--session", sid)
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1, "", f"ctxctl: {readme} is not a Claude Code transcript: none of the 2 lines read is "
+               "a JSON record (an object with a `type`); an OpenCode export is imported with "
+               "format opencode\nctxctl: next: give the path of a Claude Code JSONL "
+               "transcript (~/.claude/projects/*/ID.jsonl)\n")
+
+
 def test_no_daemon(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     path.write_text("{}\n")
