@@ -59,6 +59,9 @@ LOCAL_COMMAND = ("<command-", "<local-command-")
 """How Claude Code records a slash command the user ran and its output, as user messages:
 not a request."""
 SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+PATH_CHARS = r"\w/\\.\-"
+"""Word and path characters: a key fact is kept only where none continues it
+(`kept_in`)."""
 FACT_KEYS = ("file_path", "path", "notebook_path", "command")
 RAW_CONFIG = "[hygiene]\nauto_compact = false\noffload_threshold_bytes = 1073741824\n"
 RAW_WINDOW = 10_000_000
@@ -476,6 +479,19 @@ def _prompt(message: dict[str, Any]) -> str | None:
     return text if text and not text.startswith(LOCAL_COMMAND) else None
 
 
+def kept_in(fact: str, text: str) -> bool:
+    """Whether ``fact`` appears in ``text`` delimited: an edge of the fact that is a word or
+    path character (letters, digits, ``_``, ``/``, ``\\``, ``.``, ``-``) is not continued by
+    one in ``text`` (a ``.`` then a blank or the end is punctuation, not a path), so that
+    ``ls`` is not kept by ``tools`` nor ``README.md`` by ``docs/README.md``."""
+    if not fact:
+        return False
+    before = rf"(?<![{PATH_CHARS}])" if re.match(rf"[{PATH_CHARS}]", fact[0]) else ""
+    after = rf"(?![{PATH_CHARS}]*[\w/\\-])" if re.match(rf"[{PATH_CHARS}]", fact[-1]) \
+        else ""
+    return re.search(before + re.escape(fact) + after, text) is not None
+
+
 def key_facts(raw: list[dict[str, Any]], turn_of: dict[int, int], turns: int) -> list[Fact]:
     """The key facts of a raw main thread (docs/decisions.md, "Replay: context saved"):
     ``turn_of`` maps a message's position in the transcript to its turn."""
@@ -601,8 +617,8 @@ def _run(transcript: Transcript, path: Path, root: Path, window: int | None,
     reads: dict[str, str] = {}
     for ref in dict.fromkeys(REF.findall(rendered_text)):
         reads[ref] = _read(ctxd, "replay", ref)
-    missed = [fact for fact in facts if fact.text not in rendered_text
-              and not any(fact.text in text for text in reads.values())]
+    missed = [fact for fact in facts if not kept_in(fact.text, rendered_text)
+              and not any(kept_in(fact.text, text) for text in reads.values())]
     removed = removed_bytes = retrievable_bytes = 0
     not_retrievable: list[int] = []
     offloaded = 0
@@ -759,6 +775,7 @@ __all__ = [
     "Transcript",
     "guess_format",
     "interruptible",
+    "kept_in",
     "key_facts",
     "load",
     "replay",

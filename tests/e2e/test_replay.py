@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ctxclient._replay import load, replay
+from ctxclient._replay import kept_in, load, replay
 from ctxd.hygiene import ref_id_for
 from ctxd.tokens import TokenCounter
 from ctxd.transcripts import ClaudeCodeParser
@@ -131,6 +131,30 @@ def test_shared_transcript_figures() -> None:
     # the peak cannot be much under it: 22,617 / 86,234.
     assert (report.trigger_tokens, report.floor_share) == (22_617, 0.2623)
     assert replay(DEEP, window=32_000).as_dict() == report.as_dict()
+
+
+@pytest.mark.parametrize(("fact", "text", "kept"), [
+    ("ls", "$ ls -la", True),
+    ("ls", "ran ls", True),
+    ("ls", "the tools are false", False),
+    ("ls", "ls_colors", False),
+    ("README.md", "Edit README.md.", True),
+    ("README.md", "see README.md, then", True),
+    ("README.md", "docs/README.md", False),
+    ("README.md", "README.md.bak", False),
+    ("README.md", "old-README.md", False),
+    ("/p/a.py", "read /p/a.py\n", True),
+    ("/p/a.py", "read /p/a.pyc", False),
+    ("/p/a.py", "/p/a.py/x", False),
+    ("pytest -q", "`pytest -q`", True),
+    ("pytest -q", "pytest -qq", False),
+    ("Error: boom!", "x Error: boom!y", True),  # edges that are not word characters
+    ("", "anything", False),
+])
+def test_a_key_fact_is_kept_only_delimited(fact: str, text: str, kept: bool) -> None:
+    """A fact counts as kept where no word or path character continues it (docs/decisions.md,
+    "Replay: context saved"): a substring would keep `ls` in any "tools"."""
+    assert kept_in(fact, text) is kept
 
 
 def test_ref_ids_derive_from_the_session_and_the_seq() -> None:
