@@ -399,6 +399,24 @@ def test_import_real_transcript_summary_then_nothing_new(shared_daemon: DaemonPr
                             f"{want['size']:,} of {want['size']:,} bytes\n")
 
 
+@needs_data
+def test_import_json_array_summary_counts_records(shared_daemon: DaemonProcess,
+                                                  sid: str) -> None:
+    """An array's position is in records, not bytes: the summary and "nothing new" say so."""
+    records = records_of(TEMPLAR)
+    size = TEMPLAR.stat().st_size
+    first = ctxctl(shared_daemon.socket, "import", "claude-code", str(TEMPLAR), "--session",
+                   sid, "--format", "tsv", "--no-headers")
+    assert first.returncode == 0, first.stderr
+    rows = {row[0]: row[1:] for row in (line.split("\t") for line in first.stdout.splitlines())}
+    assert rows["bytes read"] == [f"{size:,}", f"{len(records)} records in the array"]
+    again = ctxctl(shared_daemon.socket, "import", "claude-code", str(TEMPLAR), "--session",
+                   sid)
+    assert (again.returncode, again.stdout, again.stderr) == (
+        0, "", f"nothing new: {TEMPLAR} is imported into session {sid} up to its "
+               f"{len(records)} records\n")
+
+
 def test_relative_path_json_and_malformed_lines(shared_daemon: DaemonProcess, tmp_path: Path,
                                                 sid: str) -> None:
     record = {"type": "user", "uuid": "u1", "parentUuid": None, "sessionId": sid,
