@@ -42,6 +42,7 @@ FORMATS = ("claude-code", "opencode")
 START_WAIT_S = 30.0
 STOP_WAIT_S = 20.0
 """A private daemon asked to stop is killed after this long."""
+PR_SET_PDEATHSIG = 1
 INTERRUPTED = 130
 """``ctxctl replay``'s exit code when interrupted (SIGINT, SIGTERM, SIGHUP)."""
 LAST_TURNS = 20
@@ -237,6 +238,15 @@ def load(path: Path, fmt: str | None = None) -> Transcript:
 
 # ---- the private daemons -------------------------------------------------------------
 
+def _die_with_parent() -> None:
+    """In the daemon's child, before exec: SIGTERM when the replay's process dies, even of
+    SIGKILL (Linux's PR_SET_PDEATHSIG), since its own session keeps it from the terminal's
+    signals."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class PrivateDaemon:
     """A ctxd of its own: socket, data directory and configuration under ``root``."""
 
@@ -255,7 +265,8 @@ class PrivateDaemon:
                 [sys.executable, "-m", "ctxd", "--socket", str(self.socket), "--data-dir",
                  str(root / f"{name}-data"), "--config", str(config_path)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-                start_new_session=True)
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
 
     def connect(self) -> Client:
         """A client once the daemon answers.

@@ -313,3 +313,38 @@ def test_json_array_replays_turn_by_turn_as_its_jsonl(tmp_path: Path) -> None:
     assert want.pop("file") == str(tmp_path / "t.jsonl")
     assert got == want
     assert [point["turn"] for point in got["series"]] == [1, 2, 3, 4]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_private_daemons_stop_when_ctxctl_replay_is_killed(tmp_path: Path) -> None:
+    """Even a SIGKILL, which nothing can catch, leaves no daemon running: each is told to
+    stop when its parent dies."""
+    records = made_up()
+    for n in range(400):
+        records += [_record("user", f"Request {n}.", f"x{n}"),
+                    _record("assistant", [{"type": "text", "text": f"Answer {n}."}], f"y{n}")]
+    path = write(tmp_path / "t.jsonl", records)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    cache = os.environ.get("TIKTOKEN_CACHE_DIR",
+                           os.path.join(tempfile.gettempdir(), "data-gym-cache"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ctxclient.cli", "replay", str(path)],
+        env={**os.environ, "TMPDIR": str(tmp), "TIKTOKEN_CACHE_DIR": cache},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while proc.poll() is None and len(list(tmp.glob("ctxd-replay-*/*.sock"))) < 2:
+            time.sleep(0.01)
+        assert proc.poll() is None
+        assert len(_ctxd_processes_naming(tmp)) == 2
+        proc.kill()
+        proc.wait()
+        # Each daemon exits on its own SIGTERM: wait for that, up to a minute.
+        deadline = time.monotonic() + 60
+        while _ctxd_processes_naming(tmp) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _ctxd_processes_naming(tmp) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
