@@ -25,7 +25,7 @@ TARGET_FACTS = 0.90
 
 
 def main() -> int:
-    from ctxclient._replay import replay
+    from ctxclient._replay import interruptible, replay
 
     cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cli.add_argument("files", nargs="*", type=Path,
@@ -42,7 +42,8 @@ def main() -> int:
               f"{'reduction':>9} {'floor':>6} {'facts':>7} {'kept':>6} {'retrievable':>11} "
               f"{'offloaded':>9} {'compacted':>9}")
         for window in WINDOWS:
-            report = replay(path, window)
+            with interruptible():  # killed, its private daemons stop too
+                report = replay(path, window)
             share = report.peak_tokens / report.raw_peak_tokens
             print(f"  {report.window:>8,} {report.turns:>5} {report.raw_peak_tokens:>9,} "
                   f"{report.peak_tokens:>9,} {share:>6.1%} {report.reduction:>9.1%} "

@@ -53,6 +53,18 @@ def _print(result: dict[str, Any], args: argparse.Namespace, out: Output, title:
         sys.stdout.write(text + "\n")
 
 
+def _read(imported: dict[str, Any]) -> str:
+    """What an import that added nothing read: its records, malformed and of other types."""
+    unknown = sum(imported["unknown_kept"].values())
+    parts = [f"{imported['lines_read']:,} records read"]
+    if imported["malformed"]:
+        parts.append(f"{len(imported['malformed']):,} malformed")
+    if unknown:
+        parts.append(f"{unknown:,} of another type: "
+                     + ", ".join(sorted(imported["unknown_kept"])))
+    return "; ".join(parts)
+
+
 def _from_file(client: Client, args: argparse.Namespace, out: Output) -> int:
     fmt, file = args.source
     if fmt not in FORMATS:
@@ -64,17 +76,25 @@ def _from_file(client: Client, args: argparse.Namespace, out: Output) -> int:
         print(f"ctxctl: {path} {what}\nctxctl: next: give the path of {FORMATS[fmt]}",
               file=sys.stderr)
         return 2
+    other = next(name for name in FORMATS if name != fmt)
+    pick = f"ctxctl: next: give the path of {FORMATS[fmt]}, or, if it is {FORMATS[other]}: " \
+           f"ctxctl fork --from {other} {path}"
     session = "fork-" + secrets.token_hex(8)
     try:
-        client.call("transcript.import", {"format": fmt, "path": str(path),
-                                          "session_id": session}, timeout=None)
+        imported = client.call("transcript.import", {"format": fmt, "path": str(path),
+                                                     "session_id": session}, timeout=None)
+        if not imported["messages_added"] and not imported["usage_records"] \
+                and imported["size"]:
+            # Read, but nothing in it is a conversation: not the format asked for.
+            print(f"ctxctl: {path}: nothing to fork: no message in it as {FORMATS[fmt]} "
+                  f"({_read(imported)})\n{pick}", file=sys.stderr)
+            return 1
         result = client.call("context.fork", {"session_id": session})
     except RpcError as exc:
         if out.json or exc.code != -32602:
             raise
         data = exc.data if isinstance(exc.data, dict) else {}
-        print(f"ctxctl: {path}: {data.get('reason', exc.message)}\nctxctl: next: give the "
-              f"path of {FORMATS[fmt]}", file=sys.stderr)
+        print(f"ctxctl: {data.get('reason', exc.message)}\n{pick}", file=sys.stderr)
         return 1
     finally:
         # The transcript was read only to be forked: nothing of it stays in ctxd.

@@ -27,7 +27,22 @@ def _count(n: int) -> str:
     return f"{n:,}"
 
 
-def summary(result: dict[str, Any]) -> Listing:
+def whole_document(result: dict[str, Any], path: Path) -> bool:
+    """Whether the import read ``path`` whole (an OpenCode export, Claude Code records as
+    one JSON array: its position counts records, not bytes)."""
+    if result["format"] != "claude-code":
+        return True
+    try:
+        with path.open("rb") as file:
+            while chunk := file.read(4096):
+                if chunk.strip():
+                    return chunk.lstrip()[:1] == b"["
+    except OSError:
+        pass
+    return False
+
+
+def summary(result: dict[str, Any], whole: bool = False) -> Listing:
     """What an import added, one row per kind of thing (fits a narrow terminal: the detail
     column wraps, and is the first left out)."""
     listing = Listing(SUMMARY_COLUMNS, title=f"{result['format']} → session "
@@ -41,7 +56,8 @@ def summary(result: dict[str, Any]) -> Listing:
         ("branches", result["branches"], "sub-agents, folded"),
         ("compactions", result["compactions"], ""),
         ("bytes read", result["bytes_read"],
-         f"at {_count(result['offset'])} of {_count(result['size'])}"
+         f"at {_count(result['offset'])} of {_count(result['size'])}" if not whole else
+         f"{_count(result['offset'])} records in the array"
          if result["format"] == "claude-code" else
          f"{_count(result['offset'])} messages in the export"),
     ]
@@ -113,12 +129,15 @@ def cmd_import(client: Client, args: argparse.Namespace, out: Output) -> int:
     if out.json:
         sys.stdout.write(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
         return 0
+    whole = whole_document(result, path)
     if _nothing_new(result):
-        out.note(f"nothing new: {path} is imported into session {result['session_id']} up "
-                 f"to {result['offset']:,} of {result['size']:,} "
-                 + ("bytes" if result["format"] == "claude-code" else "messages"), style="")
+        out.note(f"nothing new: {path} is imported into session {result['session_id']} "
+                 + (f"up to {result['offset']:,} of {result['size']:,} bytes" if not whole
+                    else f"up to its {result['offset']:,} "
+                    + ("records" if result["format"] == "claude-code" else "messages")),
+                 style="")
         return 0
-    out.listing(summary(result), "")
+    out.listing(summary(result, whole), "")
     verb = "created" if result["created"] else "added to"
     out.note(f"({verb} session {result['session_id']}"
              + (", imported again from the start" if result["restarted"] else "") + ")")

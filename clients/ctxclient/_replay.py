@@ -16,6 +16,7 @@ with the raw session's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
@@ -26,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -38,11 +40,17 @@ from ctxclient._sync import Client
 
 FORMATS = ("claude-code", "opencode")
 START_WAIT_S = 30.0
+STOP_WAIT_S = 20.0
+"""A private daemon asked to stop is killed after this long."""
+PR_SET_PDEATHSIG = 1
+INTERRUPTED = 130
+"""``ctxctl replay``'s exit code when interrupted (SIGINT, SIGTERM, SIGHUP)."""
 LAST_TURNS = 20
 """Files, commands and errors count as key facts in this many last turns (model calls)."""
-OPENCODE_PAD = 4096
-"""Leading blanks of each OpenCode export written: the importer tells a grown file from a
-replaced one by the hash of its first 4,096 bytes, which then never change."""
+HEAD_PAD = 4096
+"""Leading blanks of each document written whole (an OpenCode export, a JSON array of
+Claude Code records): the importer tells a grown file from a replaced one by the hash of its
+first 4,096 bytes, which then never change."""
 RULE = re.compile(r"\b(always|never|must|don't|do not|please use|make sure)\b", re.I)
 ERROR_LINE = re.compile(r"\b(error|exception|traceback|failed)\b", re.I)
 REF = re.compile(r"res_[0-9a-f]{16}")
@@ -52,6 +60,9 @@ LOCAL_COMMAND = ("<command-", "<local-command-")
 """How Claude Code records a slash command the user ran and its output, as user messages:
 not a request."""
 SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+PATH_CHARS = r"\w/\\.\-"
+"""Word and path characters: a key fact is kept only where none continues it
+(`kept_in`)."""
 FACT_KEYS = ("file_path", "path", "notebook_path", "command")
 RAW_CONFIG = "[hygiene]\nauto_compact = false\noffload_threshold_bytes = 1073741824\n"
 RAW_WINDOW = 10_000_000
@@ -72,6 +83,8 @@ class Transcript:
     turns: list[list[Any]]
     info: dict[str, Any] = field(default_factory=dict)
     """OpenCode: the export's session info."""
+    array: bool = False
+    """Claude Code records saved as one JSON array (a turn holds records, not lines)."""
 
 
 def guess_format(path: Path) -> str:
@@ -191,34 +204,48 @@ def load(path: Path, fmt: str | None = None) -> Transcript:
         turns = _split(document["messages"], _opencode_prompt, _opencode_response)
         transcript = Transcript("opencode", turns, info)
     else:
-        stripped = data.lstrip()
-        if stripped.startswith(b"["):
+        # A JSON array of records is imported as it is (transcript.import reads it whole):
+        # each turn is then its records, else its lines.
+        records: list[tuple[Any, Any]] = []
+        array = data.lstrip()[:1] == b"["
+        if array:
             try:
-                array = json.loads(data)
+                elements = json.loads(data)
             except ValueError as exc:
                 raise ReplayError(f"{path} is not a Claude Code transcript: a JSON array "
                                   f"that does not parse ({exc})") from None
-            lines = [json.dumps(record, ensure_ascii=False).encode() for record in array]
+            records = [(record, record) for record in elements] \
+                if isinstance(elements, list) else []
         else:
-            lines = [line for line in data.splitlines() if line.strip()]
-        records: list[tuple[bytes, Any]] = []
-        for line in lines:
-            try:
-                records.append((line, json.loads(line)))
-            except ValueError:
-                records.append((line, None))
+            for line in data.splitlines():
+                if not line.strip():
+                    continue
+                try:
+                    records.append((line, json.loads(line)))
+                except ValueError:
+                    records.append((line, None))
         if not any(isinstance(record, dict) for _, record in records):
-            raise ReplayError(f"{path} is not a Claude Code transcript: no line is a JSON "
-                              "record")
+            raise ReplayError(f"{path} is not a Claude Code transcript: no "
+                              f"{'element' if array else 'line'} is a JSON record")
         split = _split(records, lambda pair: _is_prompt(pair[1]),
                        lambda pair: _response_id(pair[1]))
-        transcript = Transcript("claude-code", [[line for line, _ in turn] for turn in split])
+        transcript = Transcript("claude-code", [[raw for raw, _ in turn] for turn in split],
+                                array=array)
     if not transcript.turns:
         raise ReplayError(f"{path} holds no message to replay")
     return transcript
 
 
 # ---- the private daemons -------------------------------------------------------------
+
+def _die_with_parent() -> None:
+    """In the daemon's child, before exec: SIGTERM when the replay's process dies, even of
+    SIGKILL (Linux's PR_SET_PDEATHSIG), since its own session keeps it from the terminal's
+    signals."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
 
 class PrivateDaemon:
     """A ctxd of its own: socket, data directory and configuration under ``root``."""
@@ -238,7 +265,8 @@ class PrivateDaemon:
                 [sys.executable, "-m", "ctxd", "--socket", str(self.socket), "--data-dir",
                  str(root / f"{name}-data"), "--config", str(config_path)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-                start_new_session=True)
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
 
     def connect(self) -> Client:
         """A client once the daemon answers.
@@ -261,14 +289,58 @@ class PrivateDaemon:
         raise ReplayError(f"the replay's private ctxd did not start; its log ends with:\n"
                           f"{tail}")
 
-    def stop(self) -> None:
+    def terminate(self) -> None:
+        """Ask it to stop (SIGTERM) if it still runs."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
+
+
+def stop_all(daemons: list[PrivateDaemon], root: Path) -> None:
+    """Stop every daemon and remove ``root``, whatever interrupts it: all are asked to stop
+    first, then each is waited for on its own (killed after `STOP_WAIT_S`, or at once when
+    an interrupt lands in its wait, which is raised again at the end); ``root`` goes last,
+    in any case."""
+    interrupted: BaseException | None = None
+    try:
+        for daemon in daemons:
             try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                daemon.terminate()
+            except (OSError, KeyboardInterrupt) as exc:
+                interrupted = interrupted or (exc if isinstance(exc, KeyboardInterrupt)
+                                              else None)
+        for daemon in daemons:
+            try:
+                daemon.proc.wait(STOP_WAIT_S)
+            except (subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
+                if isinstance(exc, KeyboardInterrupt):
+                    interrupted = interrupted or exc
+                daemon.proc.kill()
+                daemon.proc.wait()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if interrupted is not None:
+        raise interrupted
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt, as SIGINT does, while in the block (the
+    main thread only), so that a replay killed or whose terminal closes stops its private
+    daemons and removes their files; the previous handlers come back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = {signum: signal.signal(signum, interrupt)
+                for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 # ---- the replay ------------------------------------------------------------------------
@@ -418,6 +490,19 @@ def _prompt(message: dict[str, Any]) -> str | None:
     return text if text and not text.startswith(LOCAL_COMMAND) else None
 
 
+def kept_in(fact: str, text: str) -> bool:
+    """Whether ``fact`` appears in ``text`` delimited: an edge of the fact that is a word or
+    path character (letters, digits, ``_``, ``/``, ``\\``, ``.``, ``-``) is not continued by
+    one in ``text`` (a ``.`` then a blank or the end is punctuation, not a path), so that
+    ``ls`` is not kept by ``tools`` nor ``README.md`` by ``docs/README.md``."""
+    if not fact:
+        return False
+    before = rf"(?<![{PATH_CHARS}])" if re.match(rf"[{PATH_CHARS}]", fact[0]) else ""
+    after = rf"(?![{PATH_CHARS}]*[\w/\\-])" if re.match(rf"[{PATH_CHARS}]", fact[-1]) \
+        else ""
+    return re.search(before + re.escape(fact) + after, text) is not None
+
+
 def key_facts(raw: list[dict[str, Any]], turn_of: dict[int, int], turns: int) -> list[Fact]:
     """The key facts of a raw main thread (docs/decisions.md, "Replay: context saved"):
     ``turn_of`` maps a message's position in the transcript to its turn."""
@@ -481,37 +566,40 @@ def replay(path: Path, window: int | None = None, fmt: str | None = None) -> Rep
     """
     transcript = load(path, fmt)
     root = Path(tempfile.mkdtemp(prefix="ctxd-replay-"))
-    daemons = [PrivateDaemon(root, "ctxd", ""), PrivateDaemon(root, "raw", RAW_CONFIG)]
+    daemons: list[PrivateDaemon] = []
+    clients: list[Client] = []
     try:
-        clients = [daemon.connect() for daemon in daemons]
+        daemons.append(PrivateDaemon(root, "ctxd", ""))
+        daemons.append(PrivateDaemon(root, "raw", RAW_CONFIG))
+        for daemon in daemons:
+            clients.append(daemon.connect())
+        return _run(transcript, path, root, window, clients[0], clients[1])
+    finally:
         try:
-            return _run(transcript, path, root, window, clients[0], clients[1])
-        finally:
             for client in clients:
                 client.close()
-    finally:
-        for daemon in daemons:
-            daemon.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        finally:
+            stop_all(daemons, root)
 
 
 def _write_turn(transcript: Transcript, feed: Path, upto: int) -> None:
     """The transcript's first ``upto`` turns in ``feed``, as the importer reads it."""
-    if transcript.format == "claude-code":
+    if transcript.format == "claude-code" and not transcript.array:
         with feed.open("ab") as file:
             file.write(b"".join(line + b"\n" for line in transcript.turns[upto - 1]))
         return
-    messages = [message for turn in transcript.turns[:upto] for message in turn]
-    document = json.dumps({"info": transcript.info, "messages": messages},
-                          ensure_ascii=False)
-    feed.write_bytes(b" " * OPENCODE_PAD + document.encode())
+    records = [record for turn in transcript.turns[:upto] for record in turn]
+    document = json.dumps(records if transcript.array else {
+        "info": transcript.info, "messages": records}, ensure_ascii=False)
+    feed.write_bytes(b" " * HEAD_PAD + document.encode())
 
 
 def _run(transcript: Transcript, path: Path, root: Path, window: int | None,
          ctxd: Client, raw: Client) -> Report:
     window_used, trigger = _open(ctxd, "replay", window)
     _open(raw, "replay", RAW_WINDOW)
-    feed = root / ("feed.jsonl" if transcript.format == "claude-code" else "feed.json")
+    feed = root / ("feed.jsonl" if transcript.format == "claude-code" and not transcript.array
+                   else "feed.json")
     feed.touch()
     series: list[Point] = []
     turn_of: dict[int, int] = {}
@@ -540,8 +628,8 @@ def _run(transcript: Transcript, path: Path, root: Path, window: int | None,
     reads: dict[str, str] = {}
     for ref in dict.fromkeys(REF.findall(rendered_text)):
         reads[ref] = _read(ctxd, "replay", ref)
-    missed = [fact for fact in facts if fact.text not in rendered_text
-              and not any(fact.text in text for text in reads.values())]
+    missed = [fact for fact in facts if not kept_in(fact.text, rendered_text)
+              and not any(kept_in(fact.text, text) for text in reads.values())]
     removed = removed_bytes = retrievable_bytes = 0
     not_retrievable: list[int] = []
     offloaded = 0
@@ -659,10 +747,14 @@ def run(args: argparse.Namespace, out: Output) -> int:
               f"{PLOT_INSTALL}", file=sys.stderr)
         return 2
     try:
-        report = replay(path, args.window, args.transcript_format)
+        with interruptible():
+            report = replay(path, args.window, args.transcript_format)
     except ReplayError as exc:
         print(f"ctxctl: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("ctxctl: interrupted", file=sys.stderr)
+        return INTERRUPTED
     if args.plot:
         plot(report, Path(args.plot))
     if out.json:
@@ -693,7 +785,10 @@ __all__ = [
     "Report",
     "Transcript",
     "guess_format",
+    "interruptible",
+    "kept_in",
     "key_facts",
     "load",
     "replay",
+    "stop_all",
 ]

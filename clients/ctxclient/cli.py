@@ -1324,12 +1324,15 @@ class _Parser(argparse.ArgumentParser):
                                              f"{', '.join(known)})")
 
 
-def _common_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
+def _common_options(parser: argparse.ArgumentParser, defaults: bool,
+                    socket: bool = True) -> None:
     # Accepted before and after the command; a subcommand's default must not clobber a
-    # value given before it, hence SUPPRESS there.
+    # value given before it, hence SUPPRESS there. ``socket``: False for a command that
+    # talks to no running daemon (replay starts its own).
     suppress: dict[str, Any] = {} if defaults else {"default": argparse.SUPPRESS}
-    parser.add_argument("--socket", metavar="PATH", **suppress,
-                        help="the daemon's socket (default: $CTXD_SOCKET or ctxd's)")
+    if socket:
+        parser.add_argument("--socket", metavar="PATH", **suppress,
+                            help="the daemon's socket (default: $CTXD_SOCKET or ctxd's)")
     parser.add_argument("--format", choices=FORMATS, **suppress,
                         help="table (the default on a terminal), plain (one row a line, the "
                              "default otherwise), tsv or json")
@@ -1486,8 +1489,10 @@ def parser() -> argparse.ArgumentParser:
     mcp.set_defaults(run=cmd_mcp, offline=True)
     _import.register(commands, common, session_id, _Parser)
     _fork.register(commands, common, session_id, branch_id)
+    private = _Parser(add_help=False)
+    _common_options(private, defaults=False, socket=False)
     replay = commands.add_parser(
-        "replay", parents=[common],
+        "replay", parents=[private],
         help="replay a transcript into a private ctxd and report how much context it saves",
         description="Replay a Claude Code or OpenCode transcript turn by turn into a private "
                     "ctxd (its own temporary data) and report its peak context against the "

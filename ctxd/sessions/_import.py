@@ -29,7 +29,14 @@ from ctxd.sessions._actor import SessionActor
 from ctxd.sessions._queries import decode_meta, scalar_rowid
 from ctxd.sessions._supervisor import Supervisor
 from ctxd.store import Transaction
-from ctxd.transcripts import ClaudeCodeParser, Entry, Usage, parse_opencode
+from ctxd.transcripts import (
+    ClaudeCodeParser,
+    Entry,
+    Usage,
+    is_array,
+    parse_claude_code_array,
+    parse_opencode,
+)
 from ctxd.wire import Call, Dispatcher
 from ctxd.wire.types import (
     BranchCreateParams,
@@ -50,8 +57,9 @@ BATCH_MESSAGES = 500
 """Main-thread messages appended in one transaction at most."""
 HEAD_BYTES = 4096
 """The first bytes of the file whose hash tells a grown file from a replaced one."""
-OPENCODE_MAX_BYTES = 256 << 20
-"""An OpenCode export is one JSON document, read whole: at most this large."""
+WHOLE_MAX_BYTES = 256 << 20
+"""An OpenCode export, or Claude Code records saved as a JSON array, is one JSON document,
+read whole: at most this large."""
 AGENT_PROMPT_CHARS = 20_000
 """A sub-agent branch's prompt (its first user message), cut to this many characters."""
 AGENT_BUDGET = 32_768
@@ -188,17 +196,51 @@ def check_path(raw: str) -> tuple[Path, int]:
     return path, info.st_size
 
 
-def _claude_session_id(path: Path) -> str | None:
-    """The ``sessionId`` of the first record that has one, within the file's first MB."""
+def _starts_array(path: Path) -> bool:
+    """Whether the file's first non-blank byte is ``[`` (Claude Code records saved as one
+    JSON array rather than JSONL)."""
     with path.open("rb") as file:
-        for raw in file.read(SESSION_ID_SCAN_BYTES).splitlines():
-            try:
-                record = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and isinstance(record.get("sessionId"), str):
-                return str(record["sessionId"])
-    return None
+        while chunk := file.read(HEAD_BYTES):
+            if chunk.strip():
+                return is_array(chunk)
+    return False
+
+
+def _is_record(record: object) -> bool:
+    """A Claude Code record: a JSON object with a string ``type`` (one of a type the parser
+    does not know is kept, docs/decisions.md, "Transcript importers")."""
+    return isinstance(record, dict) and isinstance(record.get("type"), str)
+
+
+def _scan_claude(path: Path) -> tuple[str | None, str | None]:
+    """The ``sessionId`` of the first record that has one, within the file's first MB, and
+    why the file is not a Claude Code transcript (None when it is, or cannot be told:
+    complete lines there, and not one of them is a record)."""
+    with path.open("rb") as file:
+        data = file.read(SESSION_ID_SCAN_BYTES)
+    session_id: str | None = None
+    recognised = False
+    # Complete lines only: the last one too when the whole file was read.
+    whole = len(data) < SESSION_ID_SCAN_BYTES
+    lines = [raw for raw in (data if whole else data[:data.rfind(b"\n") + 1]).splitlines()
+             if raw.strip()]
+    for raw in lines:
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue
+        recognised = recognised or _is_record(record)
+        if session_id is None and isinstance(record, dict) \
+                and isinstance(record.get("sessionId"), str):
+            session_id = str(record["sessionId"])
+        if recognised and session_id is not None:
+            break
+    if recognised or not lines:
+        return session_id, None
+    which = "its one line is not" if len(lines) == 1 \
+        else f"none of the {len(lines)} lines read is"
+    return None, (f"{path} is not a Claude Code transcript: {which} a JSON record (an object "
+                  "with a `type`); an OpenCode export is imported with format opencode")
 
 
 @dataclass
@@ -435,13 +477,25 @@ async def _import_claude_code(job: _Import, path: Path, size: int) -> int:
     return read - len(carry)
 
 
-async def _import_opencode(job: _Import, entries: list[Entry], total: int) -> None:
+async def _import_whole(job: _Import, entries: list[Entry], total: int) -> None:
+    """A document read whole (an OpenCode export, Claude Code records as a JSON array): the
+    records after the ``job.state.offset`` already imported (a record's position is its
+    1-based index); a sub-agent's records, buffered, become its branch before the next
+    main-thread record, as in a JSONL file."""
     for entry in entries:
         if entry.line <= job.state.offset:
             continue
+        if entry.thread is None and entry.kind == "message" and job.agents:
+            await job.flush_main(job.safe_end, job.safe_line)
+            await job.flush_agents()
         job.take(entry)
-        if len(job.main) >= BATCH_MESSAGES:
-            await job.flush_main(entry.end, entry.end)
+        if not job.agents:
+            job.safe_end = job.safe_line = entry.line
+            if len(job.main) >= BATCH_MESSAGES:
+                await job.flush_main(entry.line, entry.line)
+    if job.agents:
+        await job.flush_main(job.safe_end, job.safe_line)
+        await job.flush_agents()
     await job.flush_main(total, total)
 
 
@@ -456,7 +510,7 @@ def subagent_files(path: Path) -> list[Path]:
 
 
 async def _import_file(actor: SessionActor, p: TranscriptImportParams, path: Path, size: int,
-                       opencode: tuple[list[Entry], int] | None,
+                       whole: tuple[list[Entry], int] | None,
                        subagent_file: bool = False) -> tuple[_Import, int, bool]:
     """One file from its committed position: the job (its counts), the bytes read and
     whether it was restarted."""
@@ -467,7 +521,7 @@ async def _import_file(actor: SessionActor, p: TranscriptImportParams, path: Pat
     head = await trio.to_thread.run_sync(_head_hash, path, head_bytes)
     restarted = False
     if stored is not None:
-        position = stored.offset if opencode is None else stored.size
+        position = stored.offset if whole is None else stored.size
         if size < position or head != stored.head_hash:
             if not p.restart:
                 raise invalid_state(
@@ -487,26 +541,27 @@ async def _import_file(actor: SessionActor, p: TranscriptImportParams, path: Pat
     job.safe_end, job.safe_line = state.offset, state.lines
     start = state.offset
     bytes_read = 0
-    if opencode is None:
+    if whole is None:
         if state.offset < size:
             bytes_read = await _import_claude_code(job, path, size)
     else:
-        entries, total = opencode
+        entries, total = whole
         if total > state.offset or stored is None:
-            await _import_opencode(job, entries, total)
+            await _import_whole(job, entries, total)
         bytes_read = size if job.state.offset > start or stored is None else 0
     return job, bytes_read, restarted
 
 
 async def run_import(actor: SessionActor, p: TranscriptImportParams, path: Path, size: int,
-                     opencode: tuple[list[Entry], int] | None) -> TranscriptImportResult:
-    """The import on the session's actor (one at a time per session): the file, then (Claude
-    Code) the sub-agent files beside it, each from its own position, as branches."""
+                     whole: tuple[list[Entry], int] | None) -> TranscriptImportResult:
+    """The import on the session's actor (one at a time per session): the file (``whole``:
+    its entries and record count when it is read whole), then (Claude Code) the sub-agent
+    files beside it, each from its own position, as branches."""
     created = actor.record is None
     await actor.open(SessionOpenParams(session_id=actor.session_id, project=p.project))
-    job, bytes_read, restarted = await _import_file(actor, p, path, size, opencode)
+    job, bytes_read, restarted = await _import_file(actor, p, path, size, whole)
     jobs = [job]
-    subagents = [] if opencode is not None else await trio.to_thread.run_sync(
+    subagents = [] if p.format != "claude-code" else await trio.to_thread.run_sync(
         subagent_files, path)
     for found in subagents:
         try:
@@ -546,22 +601,40 @@ def register_import(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
                                 ) -> TranscriptImportResult:
         path, size = check_path(p.path)
         session_id = p.session_id
-        opencode: tuple[list[Entry], int] | None = None
+        whole: tuple[list[Entry], int] | None = None
         if p.format == "opencode":
-            if size > OPENCODE_MAX_BYTES:
+            if size > WHOLE_MAX_BYTES:
                 raise params_error("$.path", f"{p.path} is {size} bytes; an OpenCode export "
-                                             f"is read whole, at most {OPENCODE_MAX_BYTES}")
+                                             f"is read whole, at most {WHOLE_MAX_BYTES}")
             data = await trio.to_thread.run_sync(path.read_bytes)
             try:
                 info, entries, total = await trio.to_thread.run_sync(parse_opencode, data)
             except ValueError as exc:
                 raise params_error("$.path", f"{p.path} is not an OpenCode export: {exc}"
                                    ) from exc
-            opencode = (entries, total)
+            whole = (entries, total)
             session_id = session_id or (info.get("id") if isinstance(info.get("id"), str)
                                         else None)
-        elif session_id is None:
-            session_id = await trio.to_thread.run_sync(_claude_session_id, path)
+        elif await trio.to_thread.run_sync(_starts_array, path):
+            # Claude Code records saved as one JSON array: read whole, like an export.
+            if size > WHOLE_MAX_BYTES:
+                raise params_error("$.path", f"{p.path} is {size} bytes; a JSON array of "
+                                             f"records is read whole, at most "
+                                             f"{WHOLE_MAX_BYTES}")
+            data = await trio.to_thread.run_sync(path.read_bytes)
+            try:
+                entries, total, found = await trio.to_thread.run_sync(
+                    parse_claude_code_array, data)
+            except ValueError as exc:
+                raise params_error("$.path", f"{p.path} starts with [ but is not a JSON array "
+                                             f"of Claude Code records: {exc}") from exc
+            whole = (entries, total)
+            session_id = session_id or found
+        else:
+            found, refused = await trio.to_thread.run_sync(_scan_claude, path)
+            if refused is not None:
+                raise params_error("$.path", refused)
+            session_id = session_id or found
         if session_id is None:
             raise params_error("$.session_id", f"{p.path} names no session id; give one "
                                                "(ctxctl import --session ID)")
@@ -574,7 +647,7 @@ def register_import(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
                                                "id; give one (ctxctl import --session ID)"
                                ) from exc
         return await supervisor.call(session_id, lambda a: run_import(a, p, path, size,
-                                                                      opencode))
+                                                                      whole))
 
     dispatcher.register("transcript.import", TranscriptImportParams, transcript_import)
 

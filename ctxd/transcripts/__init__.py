@@ -4,8 +4,9 @@ Pure: they read the bytes given to them and nothing else (no files, no store); t
 importer (``transcript.import``, docs/protocol.md) feeds them and appends what they yield.
 """
 
-from ctxd.transcripts._claude_code import ClaudeCodeParser
+from ctxd.transcripts._claude_code import ClaudeCodeParser, is_array, parse_claude_code_array
 from ctxd.transcripts._model import Entry, Usage
 from ctxd.transcripts._opencode import parse_opencode
 
-__all__ = ["ClaudeCodeParser", "Entry", "Usage", "parse_opencode"]
+__all__ = ["ClaudeCodeParser", "Entry", "Usage", "is_array", "parse_claude_code_array",
+           "parse_opencode"]

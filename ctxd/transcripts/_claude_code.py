@@ -8,6 +8,9 @@ the same ``usage`` (counted once). Records link through ``uuid``/``parentUuid``;
 ``subtype: compact_boundary`` starts a new root after a compaction; the ``user`` record
 after it with ``isCompactSummary`` holds the summary. Other record types (``summary``,
 ``file-history-snapshot``, hook ``system`` records …) are kept by type, never an error.
+
+The same records saved as one JSON array (``[record, …]``) are read whole
+(`parse_claude_code_array`): a record's ``line`` is then its 1-based index in the array.
 """
 
 from __future__ import annotations
@@ -79,6 +82,10 @@ class ClaudeCodeParser:
             record = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             return Entry(line=line, end=end, kind="malformed", error=f"not JSON: {exc}")
+        return self.parse_record(record, line, end)
+
+    def parse_record(self, record: Any, line: int, end: int) -> Entry:
+        """One decoded record (a line's JSON, or an element of a JSON array)."""
         if not isinstance(record, dict):
             return Entry(line=line, end=end, kind="malformed",
                          error="a record must be a JSON object")
@@ -204,3 +211,32 @@ class ClaudeCodeParser:
                 texts.append(f"[{block['type']}]")
         if texts:
             entry.messages.append(MessageIn(role="user", content="\n".join(texts), meta=meta))
+
+
+def is_array(head: bytes) -> bool:
+    """Whether a file whose first non-blank bytes are ``head`` is one JSON array of records
+    (a JSONL line starts with ``{``)."""
+    return head.lstrip()[:1] == b"["
+
+
+def parse_claude_code_array(data: bytes) -> tuple[list[Entry], int, str | None]:
+    """Claude Code records saved as one JSON array: their entries (``line`` and ``end`` are
+    a record's 1-based index), the number of records, and the first ``sessionId``.
+
+    Raises:
+        ValueError: the document is not JSON, or not an array.
+    """
+    records = json.loads(data)
+    if not isinstance(records, list):
+        raise ValueError("Claude Code records saved whole are a JSON array [record, ...]")
+    if records and not any(isinstance(record, dict) and isinstance(record.get("type"), str)
+                           for record in records):
+        raise ValueError(f"none of its {len(records)} elements is a Claude Code record (an "
+                         "object with a `type`)")
+    parser = ClaudeCodeParser()
+    entries = [parser.parse_record(record, index, index)
+               for index, record in enumerate(records, 1)]
+    session_id = next((str(record["sessionId"]) for record in records
+                       if isinstance(record, dict) and isinstance(record.get("sessionId"), str)),
+                      None)
+    return entries, len(records), session_id

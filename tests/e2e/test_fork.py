@@ -232,15 +232,12 @@ def fork_of(client: Any, path: Path, fmt: str = "claude-code") -> dict[str, Any]
     ("templar", {"original_count": 167, "final_count": 32, "total_chars": 21_503,
                  "removed_messages": 0, "compaction_slice_index": 135,
                  "truncated_results": 0, "head_tail_applied": 7, "truncated_params": 14})])
-def test_recorded_claude_code_transcripts(shared_daemon: DaemonProcess, tmp_path: Path,
+def test_recorded_claude_code_transcripts(shared_daemon: DaemonProcess,
                                           name: str, pinned: dict[str, Any]) -> None:
-    if name == "templar":
-        records = json.loads(TEMPLAR.read_text())
-        path = tmp_path / "templar.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    else:
-        path = VIEWER if name == "viewer" else DEEP
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    path = {"viewer": VIEWER, "deep": DEEP, "templar": TEMPLAR}[name]
+    # templar's records are one JSON array, imported as it is.
+    records = json.loads(path.read_text()) if name == "templar" else [
+        json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     with shared_daemon.client() as client:
         got = fork_of(client, path)
     stats_got = got["stats"]

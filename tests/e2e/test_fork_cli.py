@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import DaemonProcess
 
 
@@ -143,9 +144,11 @@ def test_fork_errors(shared_daemon: DaemonProcess, tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2]")
     refused = ctxctl(socket, "fork", "--from", "opencode", str(bad))
-    assert refused.returncode == 1
-    assert refused.stderr.endswith("ctxctl: next: give the path of an OpenCode session "
-                                   "export (`opencode export ID > FILE.json`)\n")
+    assert (refused.returncode, refused.stdout, refused.stderr) == (
+        1, "", f"ctxctl: {bad} is not an OpenCode export: an OpenCode export is an object "
+               "{info, messages: [...]}\nctxctl: next: give the path of an OpenCode session "
+               "export (`opencode export ID > FILE.json`), or, if it is a Claude Code JSONL "
+               f"transcript: ctxctl fork --from claude-code {bad}\n")
     wrong = ctxctl(socket, "fork", "--from", "codex", str(bad))
     assert (wrong.returncode, wrong.stderr) == (
         2, "ctxctl: --from takes claude-code or opencode, not 'codex'\n")
@@ -168,3 +171,72 @@ def test_fork_a_branch(shared_daemon: DaemonProcess, sid: str, tmp_path: Path) -
                   "--branch", branch)
     assert (both.returncode, both.stderr) == (
         2, "ctxctl: --branch forks a branch of a SESSION, not of --from's file\n")
+
+
+TRANSCRIPTS = Path(__file__).resolve().parents[3] / "shared" / "bench-data" / "transcripts"
+TEMPLAR = TRANSCRIPTS / "claude-code_templar_chat.json"
+
+
+@pytest.mark.skipif(not TEMPLAR.exists(), reason="bench-data transcripts absent")
+def test_fork_from_a_json_array_of_claude_code_records(shared_daemon: DaemonProcess) -> None:
+    """templar's records saved as one JSON array fork like its JSONL would (the counts of
+    tests/e2e/test_fork.py)."""
+    done = ctxctl(shared_daemon.socket, "fork", "--from", "claude-code", str(TEMPLAR),
+                  "--stats", "--json")
+    assert done.returncode == 0, done.stderr
+    stats = json.loads(done.stdout)["stats"]
+    assert (stats["original_count"], stats["final_count"], stats["compaction_slice_index"],
+            stats["total_chars"]) == (167, 32, 135, 21_503)
+
+
+CLAUDE_NEXT = ("ctxctl: next: give the path of a Claude Code JSONL transcript, or, if it is "
+               "an OpenCode session export (`opencode export ID > FILE.json`): ctxctl fork "
+               "--from opencode {}\n")
+
+
+def test_fork_from_a_file_that_is_not_a_transcript(shared_daemon: DaemonProcess,
+                                                   tmp_path: Path) -> None:
+    """Text, an OpenCode export and records of no conversation, given as Claude Code: exit
+    1, the format expected and how to pick the other (docs/decisions.md, "Transcript
+    importers")."""
+    socket = shared_daemon.socket
+    readme = tmp_path / "README.md"
+    readme.write_text("# ctxd\n\nA daemon.\n")
+    text = ctxctl(socket, "fork", "--from", "claude-code", str(readme))
+    assert (text.returncode, text.stdout, text.stderr) == (
+        1, "", f"ctxctl: {readme} is not a Claude Code transcript: none of the 2 lines read "
+               "is a JSON record (an object with a `type`); an OpenCode export is imported "
+               f"with format opencode\n" + CLAUDE_NEXT.format(readme))
+    export = tmp_path / "export.json"
+    export.write_text(json.dumps({"info": {"id": "ses_x"}, "messages": []}))
+    one = ctxctl(socket, "fork", "--from", "claude-code", str(export))
+    assert (one.returncode, one.stderr) == (
+        1, f"ctxctl: {export} is not a Claude Code transcript: its one line is not a JSON "
+           "record (an object with a `type`); an OpenCode export is imported with format "
+           "opencode\n" + CLAUDE_NEXT.format(export))
+    records = tmp_path / "records.jsonl"
+    records.write_text('{"type": "summary", "summary": "x"}\nnot json\n'
+                       '{"type": "file-history-snapshot"}\n')
+    empty = ctxctl(socket, "fork", "--from", "claude-code", str(records))
+    assert (empty.returncode, empty.stdout, empty.stderr) == (
+        1, "", f"ctxctl: {records}: nothing to fork: no message in it as a Claude Code JSONL "
+               "transcript (3 records read; 1 malformed; 2 of another type: "
+               "file-history-snapshot, summary)\n" + CLAUDE_NEXT.format(records))
+    with shared_daemon.client() as client:
+        left = [s["session_id"] for s in client.call("session.list", {})["sessions"]
+                if s["session_id"].startswith("fork-")]
+    assert left == []
+
+
+TRAJ = TRANSCRIPTS / "swe-agent_pydicom-1458.traj"
+
+
+@pytest.mark.skipif(not TRAJ.exists(), reason="bench-data transcripts absent")
+def test_fork_from_a_swe_agent_trajectory(shared_daemon: DaemonProcess) -> None:
+    lines = [line for line in TRAJ.read_text().splitlines() if line.strip()]
+    done = ctxctl(shared_daemon.socket, "fork", "--from", "claude-code", str(TRAJ), "--stats")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1, "", f"ctxctl: {TRAJ} is not a Claude Code transcript: none of the {len(lines)} "
+               "lines read is a JSON record (an object with a `type`); an OpenCode export is "
+               f"imported with format opencode\n" + CLAUDE_NEXT.format(TRAJ))
+    assert len(lines) == 257

@@ -20,14 +20,24 @@ from tests_support import rpc_error
 TRANSCRIPTS = Path(__file__).resolve().parents[3] / "shared" / "bench-data" / "transcripts"
 VIEWER = TRANSCRIPTS / "claude-code_claude-code-viewer_fe5e1c67.jsonl"
 DEEP = TRANSCRIPTS / "claude-code_claude-code-log_deep-manifest_a7da6a22.jsonl"
+TEMPLAR = TRANSCRIPTS / "claude-code_templar_chat.json"
+"""Claude Code records saved as one JSON array."""
 needs_data = pytest.mark.skipif(not VIEWER.exists(), reason="bench-data transcripts absent")
+
+
+def records_of(path: Path) -> list[dict[str, Any]]:
+    """A transcript's records: a JSON array's elements, or JSONL's lines."""
+    text = path.read_text()
+    if text.lstrip().startswith("["):
+        return json.loads(text)  # type: ignore[no-any-return]
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def expected(path: Path) -> dict[str, Any]:
     """What an import must add, counted from the raw records (independently of the parser):
     a tool result per tool_result block, a message per assistant record with text or
     tool_use blocks, a user message per user record with text; usage once per message.id."""
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = records_of(path)
     tool_results = assistants = users = 0
     usage: dict[str, dict[str, int]] = {}
     sidechains = set()
@@ -91,6 +101,60 @@ def test_real_transcript_exact_counts(shared_daemon: DaemonProcess, path: Path) 
         assert (again["created"], again["messages_added"], again["usage_records"],
                 again["lines_read"], again["bytes_read"], again["offset"]) == (
             False, 0, 0, 0, 0, want["size"])
+
+
+@needs_data
+def test_json_array_of_records_exact_counts(shared_daemon: DaemonProcess) -> None:
+    """templar's records are saved as one JSON array: read whole, a record's position is its
+    index (docs/protocol.md, "transcript.import"); a re-import adds nothing."""
+    records = records_of(TEMPLAR)
+    want = expected(TEMPLAR)
+    session_id = next(r["sessionId"] for r in records if "sessionId" in r)
+    others = [r["type"] for r in records if r["type"] not in ("user", "assistant")]
+    summaries = sum(bool(r.get("isCompactSummary")) for r in records)
+    size = TEMPLAR.stat().st_size
+    with shared_daemon.client() as client:
+        got = do_import(client, TEMPLAR)
+        assert (got["session_id"], got["created"], got["messages_added"],
+                got["tool_results"], got["usage_records"], got["usage_duplicates"],
+                got["branches"], got["compactions"], got["malformed"], got["unknown_kept"],
+                got["lines_read"], got["bytes_read"], got["offset"], got["size"]) == (
+            session_id, True, want["messages"], want["tool_results"], want["usage"], 0,
+            want["branches"], summaries, [], {"system": len(others)}, len(records), size,
+            len(records), size)
+        assert (want["messages"], want["tool_results"], want["usage"], summaries,
+                len(others), len(records)) == (167, 60, 63, 2, 165, 332)
+        totals = client.call("usage.get", {"session_id": session_id})["totals"]
+        assert (totals["calls"], totals["input_tokens"], totals["output_tokens"]) == (
+            want["usage"], want["input"], want["output"])
+        again = do_import(client, TEMPLAR)
+        assert (again["created"], again["messages_added"], again["usage_records"],
+                again["lines_read"], again["bytes_read"], again["offset"]) == (
+            False, 0, 0, 0, 0, len(records))
+
+
+def test_grown_json_array_imports_the_new_records_only(shared_daemon: DaemonProcess,
+                                                       tmp_path: Path, sid: str) -> None:
+    """An array saved again with more records (its first 4,096 bytes unchanged) adds only
+    the records after those already imported; one whose head changed was replaced."""
+    records = [user(f"u{i}", f"u{i - 1}" if i else None, f"request {i} " + "x" * 900)
+               for i in range(6)]
+    path = tmp_path / "chat.json"
+    path.write_text(json.dumps(records[:4], indent=2))
+    with shared_daemon.client() as client:
+        first = do_import(client, path, session_id=sid)
+        assert (first["messages_added"], first["lines_read"], first["offset"]) == (4, 4, 4)
+        path.write_text(json.dumps(records, indent=2))
+        grown = do_import(client, path, session_id=sid)
+        assert (grown["messages_added"], grown["lines_read"], grown["offset"]) == (2, 2, 6)
+        texts = [m["content"] for m in client.call(
+            "message.list", {"session_id": sid})["messages"]]
+        assert texts == [r["message"]["content"] for r in records]
+        path.write_text(json.dumps(records[1:], indent=2))
+        error = import_error(client, path, session_id=sid)
+        assert error.code == -32003
+        assert error.message.startswith(f"{path} was replaced or truncated since it was "
+                                        f"last imported into {sid}")
 
 
 def test_pinned_counts_of_the_recorded_transcripts() -> None:
@@ -335,6 +399,24 @@ def test_import_real_transcript_summary_then_nothing_new(shared_daemon: DaemonPr
                             f"{want['size']:,} of {want['size']:,} bytes\n")
 
 
+@needs_data
+def test_import_json_array_summary_counts_records(shared_daemon: DaemonProcess,
+                                                  sid: str) -> None:
+    """An array's position is in records, not bytes: the summary and "nothing new" say so."""
+    records = records_of(TEMPLAR)
+    size = TEMPLAR.stat().st_size
+    first = ctxctl(shared_daemon.socket, "import", "claude-code", str(TEMPLAR), "--session",
+                   sid, "--format", "tsv", "--no-headers")
+    assert first.returncode == 0, first.stderr
+    rows = {row[0]: row[1:] for row in (line.split("\t") for line in first.stdout.splitlines())}
+    assert rows["bytes read"] == [f"{size:,}", f"{len(records)} records in the array"]
+    again = ctxctl(shared_daemon.socket, "import", "claude-code", str(TEMPLAR), "--session",
+                   sid)
+    assert (again.returncode, again.stdout, again.stderr) == (
+        0, "", f"nothing new: {TEMPLAR} is imported into session {sid} up to its "
+               f"{len(records)} records\n")
+
+
 def test_relative_path_json_and_malformed_lines(shared_daemon: DaemonProcess, tmp_path: Path,
                                                 sid: str) -> None:
     record = {"type": "user", "uuid": "u1", "parentUuid": None, "sessionId": sid,
@@ -423,6 +505,41 @@ def test_errors_say_what_to_do_next(shared_daemon: DaemonProcess, tmp_path: Path
                                  f"claude-code {path} --session ID\n")
     as_json = ctxctl(shared_daemon.socket, "import", "claude-code", str(path), "--json")
     assert (as_json.returncode, json.loads(as_json.stdout)["error"]["code"]) == (1, -32602)
+
+
+def test_a_file_that_is_not_a_transcript_is_refused(shared_daemon: DaemonProcess,
+                                                     tmp_path: Path, sid: str) -> None:
+    """A file of which no line (element) is a record is refused, not imported as nothing
+    (docs/decisions.md, "Transcript importers"); records of types the parser does not know
+    are kept as before."""
+    readme = tmp_path / "README.md"
+    readme.write_text("# ctxd\n\nA daemon.\n")
+    array = tmp_path / "numbers.json"
+    array.write_text("[1, 2]")
+    with shared_daemon.client() as client:
+        error = import_error(client, readme, session_id=sid)
+        assert (error.code, error.data["path"], error.data["reason"]) == (
+            -32602, "$.path", f"{readme} is not a Claude Code transcript: none of the 2 lines "
+                              "read is a JSON record (an object with a `type`); an OpenCode "
+                              "export is imported with format opencode")
+        error = import_error(client, array, session_id=sid)
+        assert (error.code, error.data["reason"]) == (
+            -32602, f"{array} starts with [ but is not a JSON array of Claude Code records: "
+                    "none of its 2 elements is a Claude Code record (an object with a `type`)")
+        # Refused before anything is written: no session was opened for it.
+        assert sid not in [s["session_id"] for s in client.call("session.list",
+                                                                 {})["sessions"]]
+        kept = tmp_path / "kept.jsonl"
+        kept.write_text('{"type": "summary", "summary": "x"}\n')
+        got = do_import(client, kept, session_id=sid)
+        assert (got["messages_added"], got["lines_read"], got["unknown_kept"]) == (
+            0, 1, {"summary": 1})
+    done = ctxctl(shared_daemon.socket, "import", "claude-code", str(readme), "--session", sid)
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1, "", f"ctxctl: {readme} is not a Claude Code transcript: none of the 2 lines read is "
+               "a JSON record (an object with a `type`); an OpenCode export is imported with "
+               "format opencode\nctxctl: next: give the path of a Claude Code JSONL "
+               "transcript (~/.claude/projects/*/ID.jsonl)\n")
 
 
 def test_no_daemon(tmp_path: Path) -> None:

