@@ -78,6 +78,15 @@ export const CtxdPlugin = async ({ directory } = {}) => {
   const roles = new Map() // messageID → role
   const recorded = new Set() // part ids and message ids already sent
   const prompts = new Map() // sessionID → the user's last prompt
+  // Appends go to ctxd one after another, in the order the plugin saw them: OpenCode runs
+  // event handlers without waiting for the previous one, and two appends racing on two
+  // connections could land in the other order (a summary after the message that follows it).
+  let appends = Promise.resolve()
+  const inOrder = (fn) => {
+    const next = appends.then(fn)
+    appends = next.catch(() => undefined)
+    return next
+  }
 
   const open = (sessionID) => {
     if (!opened.has(sessionID)) {
@@ -95,17 +104,18 @@ export const CtxdPlugin = async ({ directory } = {}) => {
 
   // A tool's output joins the ctxd session as a `tool` message (a large one is offloaded
   // there: docs/protocol.md, "Offloaded tool results"); false when it could not.
-  const recordResult = async (sessionID, callID, tool, content, isError) => {
-    if (!(await open(sessionID))) return false
-    const appended = await call("message.append", {
-      session_id: sessionID,
-      messages: [{
-        role: "tool", content, name: tool, tool_call_id: callID,
-        ...(isError ? { meta: { is_error: true } } : {}),
-      }],
+  const recordResult = (sessionID, callID, tool, content, isError) =>
+    inOrder(async () => {
+      if (!(await open(sessionID))) return false
+      const appended = await call("message.append", {
+        session_id: sessionID,
+        messages: [{
+          role: "tool", content, name: tool, tool_call_id: callID,
+          ...(isError ? { meta: { is_error: true } } : {}),
+        }],
+      })
+      return appended !== undefined
     })
-    return appended !== undefined
-  }
 
   // The stub ctxd renders for the tool message just appended; undefined when it stayed
   // inline.
@@ -124,10 +134,12 @@ export const CtxdPlugin = async ({ directory } = {}) => {
     if (role !== "user" && !(role === "assistant" && part.time?.end)) return
     recorded.add(part.id)
     if (role === "user") prompts.set(part.sessionID, part.text)
-    if (!(await open(part.sessionID))) return
-    await call("message.append", {
-      session_id: part.sessionID,
-      messages: [{ role, content: part.text, meta: { opencode_message_id: part.messageID } }],
+    await inOrder(async () => {
+      if (!(await open(part.sessionID))) return
+      await call("message.append", {
+        session_id: part.sessionID,
+        messages: [{ role, content: part.text, meta: { opencode_message_id: part.messageID } }],
+      })
     })
   }
 
