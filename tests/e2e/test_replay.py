@@ -261,12 +261,10 @@ def _ctxd_processes_naming(folder: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
-def test_ctxctl_replay_interrupted_leaves_no_daemon_and_no_file(
-        tmp_path: Path, signum: signal.Signals) -> None:
-    """Killed (SIGTERM), interrupted (SIGINT) or hung up on (SIGHUP) once its two private
-    daemons are up, `ctxctl replay` stops them, removes their directory and says so in one
-    line."""
+def _long_replay(tmp_path: Path, **pipes: Any) -> tuple[subprocess.Popen[str], Path]:
+    """`ctxctl replay` of a transcript of 400 more turns, started with its own TMPDIR (where
+    its private daemons live), once both of its daemons are up (each binds its socket
+    before serving)."""
     records = made_up()
     for n in range(400):
         records += [_record("user", f"Request {n}.", f"x{n}"),
@@ -279,13 +277,21 @@ def test_ctxctl_replay_interrupted_leaves_no_daemon_and_no_file(
                            os.path.join(tempfile.gettempdir(), "data-gym-cache"))
     proc = subprocess.Popen(
         [sys.executable, "-m", "ctxclient.cli", "replay", str(path)],
-        env={**os.environ, "TMPDIR": str(tmp), "TIKTOKEN_CACHE_DIR": cache},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        env={**os.environ, "TMPDIR": str(tmp), "TIKTOKEN_CACHE_DIR": cache}, text=True,
+        **pipes)
+    while proc.poll() is None and len(list(tmp.glob("ctxd-replay-*/*.sock"))) < 2:
+        time.sleep(0.01)
+    return proc, tmp
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_ctxctl_replay_interrupted_leaves_no_daemon_and_no_file(
+        tmp_path: Path, signum: signal.Signals) -> None:
+    """Killed (SIGTERM), interrupted (SIGINT) or hung up on (SIGHUP) once its two private
+    daemons are up, `ctxctl replay` stops them, removes their directory and says so in one
+    line."""
+    proc, tmp = _long_replay(tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        # Both daemons are up once both sockets exist (each binds it before serving).
-        while proc.poll() is None and len(list(tmp.glob("ctxd-replay-*/*.sock"))) < 2:
-            time.sleep(0.01)
         assert proc.poll() is None, proc.communicate()
         sockets = sorted(p.name for p in tmp.glob("ctxd-replay-*/*.sock"))
         assert sockets == ["ctxd.sock", "raw.sock"]
@@ -319,22 +325,8 @@ def test_json_array_replays_turn_by_turn_as_its_jsonl(tmp_path: Path) -> None:
 def test_private_daemons_stop_when_ctxctl_replay_is_killed(tmp_path: Path) -> None:
     """Even a SIGKILL, which nothing can catch, leaves no daemon running: each is told to
     stop when its parent dies."""
-    records = made_up()
-    for n in range(400):
-        records += [_record("user", f"Request {n}.", f"x{n}"),
-                    _record("assistant", [{"type": "text", "text": f"Answer {n}."}], f"y{n}")]
-    path = write(tmp_path / "t.jsonl", records)
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    cache = os.environ.get("TIKTOKEN_CACHE_DIR",
-                           os.path.join(tempfile.gettempdir(), "data-gym-cache"))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ctxclient.cli", "replay", str(path)],
-        env={**os.environ, "TMPDIR": str(tmp), "TIKTOKEN_CACHE_DIR": cache},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, tmp = _long_replay(tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        while proc.poll() is None and len(list(tmp.glob("ctxd-replay-*/*.sock"))) < 2:
-            time.sleep(0.01)
         assert proc.poll() is None
         assert len(_ctxd_processes_naming(tmp)) == 2
         proc.kill()
