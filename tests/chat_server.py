@@ -4,20 +4,14 @@ summarizer's tests and of the agents driven end to end (OpenCode)."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+from local_http import LocalServer, SeenRequest
 
-@dataclass(frozen=True)
-class SeenRequest:
-    path: str
-    authorization: str | None
-    content_type: str | None
-    body: Any
-
+__all__ = ["USAGE", "ChatServer", "SeenRequest", "ToolCall"]
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -34,7 +28,7 @@ USAGE = {"prompt_tokens": 1200, "completion_tokens": 34, "total_tokens": 1234}
 """The usage every streamed answer reports."""
 
 
-class ChatServer:
+class ChatServer(LocalServer):
     """``POST /v1/chat/completions`` on 127.0.0.1, in a thread.
 
     A plain request is answered ``summary`` as ``choices[0].message.content``, or, by
@@ -121,20 +115,8 @@ class ChatServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._http.daemon_threads = True
-        self._thread = threading.Thread(target=self._http.serve_forever, args=(0.01,),
-                                        daemon=True)
+        super().__init__(Handler)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._http.server_address[1]}/v1"
-
-    def __enter__(self) -> ChatServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._http.shutdown()
-        self._http.server_close()
-        self._thread.join()
+        return f"{self.origin}/v1"

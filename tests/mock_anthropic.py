@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from local_http import LocalServer
 
 Block = dict[str, Any]
 Turn = list[Block] | Callable[[dict[str, Any]], list[Block]]
@@ -29,7 +30,7 @@ def tool_use(tool_id: str, name: str, tool_input: dict[str, Any]) -> Block:
     return {"type": "tool_use", "id": tool_id, "name": name, "input": tool_input}
 
 
-class MockAnthropic:
+class MockAnthropic(LocalServer):
     """The server: ``url`` for ``ANTHROPIC_BASE_URL``; ``requests`` as received."""
 
     def __init__(self, turns: list[Turn], final: str = "Done."):
@@ -37,13 +38,11 @@ class MockAnthropic:
         self.final = final
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        super().__init__(self._handler())
 
     @property
     def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return self.origin
 
     def main_requests(self) -> list[dict[str, Any]]:
         """The bodies of the main loop's ``/v1/messages`` requests, in order."""
@@ -112,23 +111,6 @@ class MockAnthropic:
                 self.close_connection = True
 
         return Handler
-
-    def start(self) -> MockAnthropic:
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@contextmanager
-def running(turns: list[Turn], final: str = "Done.") -> Iterator[MockAnthropic]:
-    mock = MockAnthropic(turns, final).start()
-    try:
-        yield mock
-    finally:
-        mock.stop()
 
 
 def _stop_reason(blocks: list[Block]) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import DaemonProcess
-from mock_anthropic import MockAnthropic, running, tool_use
+from mock_anthropic import MockAnthropic, tool_use
 
 from ctxclient import Client
 
@@ -73,7 +73,7 @@ def test_a_claude_code_session_is_managed_by_ctxd(tmp_path: Path,
                                                "description": "Print the big log"})],
              [tool_use("toolu_mcp01", "mcp__ctxd__memory_record", {
                  "title": "zebra logs are long", "content": "Read them with read_result."})]]
-    with running(turns, final="All read.") as mock:
+    with MockAnthropic(turns, final="All read.") as mock:
         result = claude(project, home, mock, "Print the big log, please")
     assert result["result"] == "All read."
     requests = mock.main_requests()

@@ -10,17 +10,16 @@ import itertools
 import json
 import math
 import random
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import numpy as np
 import pytest
 import trio
+from local_http import LocalServer, SeenRequest
 
 from ctxd.config import MemoryConfig
 from ctxd.memory import (
@@ -52,15 +51,7 @@ async def embedded(embedder: Embedder, texts: list[str]) -> Vectors:
     return await trio.to_thread.run_sync(embedder.embed_sync, texts)
 
 
-@dataclass(frozen=True)
-class SeenRequest:
-    path: str
-    authorization: str | None
-    content_type: str | None
-    body: Any
-
-
-class EmbeddingServer:
+class EmbeddingServer(LocalServer):
     """``POST /v1/embeddings`` on 127.0.0.1, in a thread.
 
     A text's vector is the hashing embedder's (``dim`` dimensions) times 3, so a client
@@ -112,32 +103,15 @@ class EmbeddingServer:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._http.daemon_threads = True
-        # A short poll interval: shutdown() waits for the serving loop to notice.
-        self._thread = threading.Thread(target=self._http.serve_forever, args=(0.01,),
-                                        daemon=True)
-
-    @property
-    def port(self) -> int:
-        return int(self._http.server_address[1])
+        super().__init__(Handler)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{self.origin}/v1"
 
     def expected(self, texts: list[str]) -> Any:
         """The normalised vectors a client should return for ``texts``."""
         return HashingEmbedder(self.dim).embed_sync(texts)
-
-    def __enter__(self) -> EmbeddingServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._http.shutdown()
-        self._http.server_close()
-        self._thread.join()
 
 
 @pytest.fixture
