@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from local_http import LocalServer, SeenRequest
+from local_http import LocalServer, ScriptedHandler, SeenRequest
 
 __all__ = ["USAGE", "ChatServer", "SeenRequest", "ToolCall"]
 
@@ -49,7 +48,7 @@ class ChatServer(LocalServer):
         self.turns: list[str | ToolCall] = []
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(ScriptedHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.requests.append(SeenRequest(self.path, self.headers["Authorization"],
@@ -73,16 +72,6 @@ class ChatServer(LocalServer):
                         "model": body["model"],
                         "choices": [{"index": 0, "finish_reason": "stop", "message": {
                             "role": "assistant", "content": server.summary}}]}).encode())
-
-            def answer(self, status: int, payload: bytes) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                try:
-                    self.wfile.write(payload)
-                except OSError:
-                    pass  # the client gave up (the timeout test)
 
             def stream(self, model: str, turn: str | ToolCall) -> None:
                 self.send_response(200)
@@ -112,11 +101,4 @@ class ChatServer(LocalServer):
                 except OSError:
                     pass
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        super().__init__(Handler)
-
-    @property
-    def url(self) -> str:
-        return f"{self.origin}/v1"
+        super().__init__(Handler, "/v1")

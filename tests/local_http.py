@@ -20,10 +20,29 @@ class SeenRequest:
     body: Any
 
 
+class ScriptedHandler(BaseHTTPRequestHandler):
+    """A request handler that answers JSON and logs nothing."""
+
+    def answer(self, status: int, payload: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        try:
+            self.wfile.write(payload)
+        except OSError:
+            pass  # the client gave up (a timeout test)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
 class LocalServer:
     """Serves ``handler`` on 127.0.0.1 (a free port) while in a ``with`` block."""
 
-    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+    def __init__(self, handler: type[BaseHTTPRequestHandler], path: str = "") -> None:
+        self.path = path
+        """Where the service's API starts (``/v1``): `url` is the origin and the path."""
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._http.daemon_threads = True
         # A short poll interval: shutdown() waits for the serving loop to notice.
@@ -37,6 +56,10 @@ class LocalServer:
     @property
     def origin(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return self.origin + self.path
 
     def __enter__(self) -> Self:
         self._thread.start()

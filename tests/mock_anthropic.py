@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from local_http import LocalServer
+from local_http import LocalServer, ScriptedHandler
 
 Block = dict[str, Any]
 Turn = list[Block] | Callable[[dict[str, Any]], list[Block]]
@@ -40,10 +40,6 @@ class MockAnthropic(LocalServer):
         self.lock = threading.Lock()
         super().__init__(self._handler())
 
-    @property
-    def url(self) -> str:
-        return self.origin
-
     def main_requests(self) -> list[dict[str, Any]]:
         """The bodies of the main loop's ``/v1/messages`` requests, in order."""
         return [body for path, body in self.requests
@@ -58,11 +54,8 @@ class MockAnthropic(LocalServer):
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         mock = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(ScriptedHandler):
             protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
 
             def do_HEAD(self) -> None:
                 self._json(200, {})
@@ -92,12 +85,7 @@ class MockAnthropic(LocalServer):
                     self._json(200, message(body, blocks))
 
             def _json(self, status: int, payload: Any) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.answer(status, json.dumps(payload).encode())
 
             def _stream(self, body: dict[str, Any], blocks: list[Block]) -> None:
                 self.send_response(200)

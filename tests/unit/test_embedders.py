@@ -13,13 +13,12 @@ import random
 import time
 from collections import Counter
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import numpy as np
 import pytest
 import trio
-from local_http import LocalServer, SeenRequest
+from local_http import LocalServer, ScriptedHandler, SeenRequest
 
 from ctxd.config import MemoryConfig
 from ctxd.memory import (
@@ -69,7 +68,7 @@ class EmbeddingServer(LocalServer):
         self.requests: list[SeenRequest] = []
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(ScriptedHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.requests.append(SeenRequest(self.path, self.headers["Authorization"],
@@ -93,21 +92,7 @@ class EmbeddingServer(LocalServer):
                     self.answer(200, json.dumps({"object": "list", "data": data,
                                                  "model": body["model"]}).encode())
 
-            def answer(self, status: int, payload: bytes) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        super().__init__(Handler)
-
-    @property
-    def url(self) -> str:
-        return f"{self.origin}/v1"
+        super().__init__(Handler, "/v1")
 
     def expected(self, texts: list[str]) -> Any:
         """The normalised vectors a client should return for ``texts``."""
