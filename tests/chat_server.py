@@ -50,9 +50,7 @@ class ChatServer(LocalServer):
 
         class Handler(ScriptedHandler):
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.requests.append(SeenRequest(self.path, self.headers["Authorization"],
-                                                   self.headers["Content-Type"], body))
+                body = self.read_json(server.requests)
                 time.sleep(server.delay_s)
                 if self.path != "/v1/chat/completions":
                     self.answer(404, b'{"error": "not found"}')

@@ -4,6 +4,7 @@ parts the tests replace."""
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,7 +22,14 @@ class SeenRequest:
 
 
 class ScriptedHandler(BaseHTTPRequestHandler):
-    """A request handler that answers JSON and logs nothing."""
+    """A request handler that reads and answers JSON and logs nothing."""
+
+    def read_json(self, seen: list[SeenRequest]) -> Any:
+        """The request's JSON body, the request kept in ``seen``."""
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        seen.append(SeenRequest(self.path, self.headers["Authorization"],
+                                self.headers["Content-Type"], body))
+        return body
 
     def answer(self, status: int, payload: bytes) -> None:
         self.send_response(status)

@@ -70,9 +70,7 @@ class EmbeddingServer(LocalServer):
 
         class Handler(ScriptedHandler):
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.requests.append(SeenRequest(self.path, self.headers["Authorization"],
-                                                   self.headers["Content-Type"], body))
+                body = self.read_json(server.requests)
                 if server.delay_when is None or any(
                         server.delay_when in text for text in body.get("input", [])):
                     time.sleep(server.delay_s)
