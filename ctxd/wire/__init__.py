@@ -7,6 +7,7 @@ from ctxd.wire._codec import (
     encode,
     error_response,
     notification,
+    replace_lone_surrogates,
     response,
     salvage_id,
 )
@@ -22,4 +23,4 @@ from ctxd.wire._dispatch import (
 
 __all__ = ["NOT_INLINE", "NO_REPLY", "Call", "ConnectionExtension", "Dispatcher", "Envelope",
            "EventSource", "Peer", "RequestId", "encode", "error_response", "notification",
-           "response", "salvage_id", "types"]
+           "replace_lone_surrogates", "response", "salvage_id", "types"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -28,6 +29,31 @@ decode_envelope = msgspec.json.Decoder(Envelope).decode
 _decode_id = msgspec.json.Decoder(_IdOnly).decode
 decode_batch = msgspec.json.Decoder(list[msgspec.Raw]).decode
 encode = msgspec.json.Encoder().encode
+
+
+# Scanned left to right, an escaped backslash is consumed whole, so a ``\\u`` that follows it
+# is text, not an escape; a surrogate pair is kept; what is left is a lone surrogate's escape.
+_SURROGATE_ESCAPES = re.compile(
+    rb"\\\\"
+    rb"|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+    rb"|\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _keep_or_replace(match: re.Match[bytes]) -> bytes:
+    token = match.group()
+    return b"\\ufffd" if len(token) == 6 and token[1:2] == b"u" else token
+
+
+def replace_lone_surrogates(data: bytes) -> bytes:
+    """JSON text with each escaped lone surrogate (``\\ud83d`` alone) replaced by ``\\ufffd``.
+
+    Such a document is valid JSON syntax but not valid Unicode: JavaScript writes one for an
+    emoji cut in half. Browsers and JavaScript runtimes decode it as U+FFFD; so does ctxd
+    (docs/protocol.md, "Framing"). A document without a surrogate escape is returned as is.
+    """
+    if b"\\u" not in data:
+        return data
+    return _SURROGATE_ESCAPES.sub(_keep_or_replace, data)
 
 
 def salvage_id(line: bytes) -> RequestId:
