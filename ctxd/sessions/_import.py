@@ -72,6 +72,9 @@ AGENT_DESCRIPTION = "sub-agent "
 """A sub-agent branch's description: this and the sub-agent's id. With `AGENT_BUDGET` and
 `AGENT_TIMEOUT_S` it tells a branch an import opened."""
 SESSION_ID_SCAN_BYTES = 1 << 20
+RESUME_TOOL_CALLS = 1000
+"""The session's latest assistant messages whose tool calls name the results an import
+that resumes mid-file reads before it meets a call (the parser met the calls before)."""
 LIVE = "live"
 """The meta key of a message a live integration recorded as it happened (``ctxctl hook``
 writes the event's name): an import does not append it again (docs/protocol.md,
@@ -175,6 +178,20 @@ def _mark_matched(conn: apsw.Connection, session_id: str,
     conn.executemany("UPDATE messages SET meta = ? WHERE session_id = ? AND seq = ?",
                      [(msgspec.json.encode({**meta, LIVE_MATCHED: True}), session_id, seq)
                       for seq, meta in matched])
+
+
+def _tool_names(conn: apsw.Connection, session_id: str) -> dict[str, str]:
+    """The names of the tool calls among the session's latest `RESUME_TOOL_CALLS`
+    assistant messages, by call id."""
+    names: dict[str, str] = {}
+    for (content,) in conn.execute(
+            "SELECT content FROM messages WHERE session_id = ? AND role = 'assistant' "
+            "ORDER BY seq DESC LIMIT ?", (session_id, RESUME_TOOL_CALLS)):
+        parts = json.loads(content)
+        for part in parts if isinstance(parts, list) else []:
+            if isinstance(part, dict) and part.get("type") == "tool_use":
+                names.setdefault(str(part.get("id")), str(part.get("name")))
+    return names
 
 
 def _head_hash(path: Path, length: int) -> str:
@@ -508,6 +525,10 @@ async def _import_claude_code(job: _Import, path: Path, size: int) -> int:
     """Read from the committed offset to the last complete line; the bytes read."""
     parser = ClaudeCodeParser()
     offset, line = job.state.offset, job.state.lines + 1
+    if offset:
+        # The calls read before this position name their results read after it.
+        parser.tool_names = await job.actor.supervisor.store.read(_tool_names,
+                                                                  job.actor.session_id)
     read = 0
     with path.open("rb") as file:
         file.seek(offset)
