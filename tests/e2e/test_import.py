@@ -298,6 +298,35 @@ def test_sidechains_fold_as_branches(shared_daemon: DaemonProcess, tmp_path: Pat
             ("", 1), (branch["branch_id"], 1)]
 
 
+def test_a_branch_an_interrupted_import_left_active_is_returned_first(
+        shared_daemon: DaemonProcess, tmp_path: Path, sid: str) -> None:
+    """What an import killed between opening a sub-agent's branch and appending to it left
+    (before they committed together): the branch active with only its opening, the read
+    position before the sub-agent. The next import returns it before reading, then imports
+    the sub-agent as a branch of its own: none stays active, and the main thread compacts
+    (a live branch made context.compact answer -32003)."""
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(line(r) for r in [
+        user("u1", None, "research this"),
+        user("s1", None, "look it up", isSidechain=True),
+        assistant("s2", "s1", "m2", {"type": "text", "text": "found: 42"}, isSidechain=True),
+        assistant("a1", "u1", "m1", {"type": "text", "text": "it is 42"})]))
+    with shared_daemon.client() as client:
+        client.call("session.open", {"session_id": sid})
+        left = client.call("branch.create", {
+            "session_id": sid, "description": "sub-agent s1", "prompt": "look it up",
+            "budget": 32_768, "timeout_seconds": 600, "inject_memories": False})["branch_id"]
+        got = do_import(client, path, session_id=sid)
+        assert (got["branches"], got["messages_added"]) == (1, 4)
+        branches = client.call("branch.list", {"session_id": sid})["branches"]
+        assert [(b["branch_id"] == left, b["description"], b["status"], b["result"])
+                for b in sorted(branches, key=lambda b: b["fork_seq"])] == [
+            (True, "sub-agent s1", "completed", "(the sub-agent left no answer)"),
+            (False, "sub-agent s1", "completed", "found: 42")]
+        compacted = client.call("context.compact", {"session_id": sid})
+        assert compacted["branch_id"] is None
+
+
 def test_path_errors(shared_daemon: DaemonProcess, tmp_path: Path, sid: str) -> None:
     with shared_daemon.client() as client:
         for path, reason in ((tmp_path / "none.jsonl", "cannot read"),
