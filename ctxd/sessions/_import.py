@@ -448,6 +448,7 @@ class _Import:
         rest = messages
         if first is not None and len(prompt) <= AGENT_PROMPT_CHARS:
             rest = messages[:first] + messages[first + 1:]
+        seq_before = self.actor.require().last_seq
         try:
             created = await self.actor.create_branch(BranchCreateParams(
                 session_id=self.actor.session_id,
@@ -456,8 +457,8 @@ class _Import:
                 timeout_seconds=AGENT_TIMEOUT_S, inject_memories=False,
                 parent_branch_id=None), rest, stage)
         except CtxdError as error:
-            if error.code == ErrorCode.CANCELLED:
-                raise
+            if error.code == ErrorCode.CANCELLED or self.actor.require().last_seq != seq_before:
+                raise  # written (a step after its commit failed): not to be appended again
             return None
         self._added(rest)
         self.messages_added += len(messages) - len(rest)
