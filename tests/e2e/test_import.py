@@ -800,7 +800,11 @@ def test_import_killed_at_each_commit_resumes_to_the_uninterrupted_state(
         whole = client.call("transcript.import", {**params, "session_id": "whole"})
         reference = import_state(client, "whole")
     commits = len(log.read_text().splitlines())
-    assert (whole["branches"], whole["subagent_files"], commits) == (4, 1, commits)
+    # The session; in the transcript, before each of its two sidechain groups the main
+    # thread so far, then each sub-agent (branch with messages, fold), and the main thread's
+    # end; in the sub-agent file, its position, its sub-agent, its end.
+    assert (whole["branches"], whole["subagent_files"], commits) == (
+        4, 1, 1 + (1 + 2 * 2) + (1 + 2) + 1 + (1 + 2 + 1))
     assert [b["status"] for b in reference["branches"]] == ["completed"] * 4
     kills = [("before", n) for n in range(1, commits + 1)] + [("after", commits)]
 
