@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import stat
 import time
@@ -54,6 +55,8 @@ from ctxd.wire.types import (
     UsageEntry,
     UsageRecordParams,
 )
+
+log = logging.getLogger("ctxd.sessions")
 
 CHUNK_BYTES = 1 << 20
 """Bytes read from the file at a time: memory stays bounded whatever the file's size."""
@@ -479,16 +482,15 @@ def _branch_messages(conn: apsw.Connection, session_id: str, branch_id: str
             if m.at_seq is None]
 
 
-async def finish_interrupted(actor: SessionActor) -> int:
+async def finish_interrupted(actor: SessionActor) -> None:
     """Return each sub-agent branch that an interrupted import left active, its fold the
-    last answer among its messages, as that import would have returned it; how many.
+    last answer among its messages, as that import would have returned it.
 
     An import runs on its session's actor, alone: a live branch an import opened is one
     whose import stopped (the daemon was killed, or a later step of the import failed)
     between committing the branch and folding it. Left live, it would keep the main thread
     from being compacted until its deadline (docs/decisions.md, "Imports that were
     interrupted")."""
-    returned = 0
     for branch in actor.branches.oldest_first():
         if not _opened_by_import(branch) or branch.branch_id not in actor.branches.live:
             continue
@@ -501,8 +503,8 @@ async def finish_interrupted(actor: SessionActor) -> int:
             if branch.branch_id in actor.branches.live:
                 raise
             # Force-returned on the way (its budget was spent, or its deadline passed).
-        returned += 1
-    return returned
+        log.info("session %s: returned branch %s (%s), which an interrupted import left "
+                 "active", actor.session_id, branch.branch_id, branch.description)
 
 
 def _copy(state: _State) -> _State:
