@@ -621,8 +621,6 @@ class SessionActor:
                 await self.supervisor.store.commit(transaction)
         except Exception as exc:
             if not blobs or (isinstance(exc, CtxdError) and exc.code == ErrorCode.CANCELLED):
-                if opened is not None:
-                    self.branches.abandoned(opened.planned)
                 raise  # a cancelled request writes nothing, inline or not
             log.warning("session %s: %d tool result(s) could not be offloaded, appended "
                         "inline instead: %s: %s", self.session_id, len(blobs),
@@ -632,10 +630,6 @@ class SessionActor:
                          "error": f"{type(exc).__name__}: {exc}"})
             return await self._append(params, branch, messages, [None] * len(messages),
                                       compactions, stage, opened)
-        except BaseException:
-            if opened is not None:
-                self.branches.abandoned(opened.planned)
-            raise
         self.record = updated
         if opened is not None:
             self.branches.created(opened.planned)
@@ -1302,18 +1296,19 @@ class SessionActor:
             try:
                 _check_parts(first)
                 at_rest = self._at_rest(first, "no branch was created")
+                threshold = config.hygiene.offload_threshold_bytes
+                await self._append(
+                    MessageAppendParams(session_id=self.session_id, messages=first,
+                                        branch_id=branch.branch_id, allow_over=True),
+                    branch, at_rest,
+                    [offload(message, threshold, ref_id_for(self.session_id,
+                                                            updated.last_seq + 1 + offset))
+                     for offset, message in enumerate(at_rest)], [], stage_caller,
+                    _Opened(planned, updated, stage_opening))
             except BaseException:
-                self.branches.abandoned(planned)
+                if self.require().last_seq == record.last_seq:
+                    self.branches.abandoned(planned)  # nothing was committed
                 raise
-            threshold = config.hygiene.offload_threshold_bytes
-            await self._append(
-                MessageAppendParams(session_id=self.session_id, messages=first,
-                                    branch_id=branch.branch_id, allow_over=True),
-                branch, at_rest,
-                [offload(message, threshold, ref_id_for(self.session_id,
-                                                        updated.last_seq + 1 + offset))
-                 for offset, message in enumerate(at_rest)], [], stage_caller,
-                _Opened(planned, updated, stage_opening))
         else:
             transaction = Transaction()
             stage_opening(transaction)
