@@ -44,6 +44,8 @@ class DaemonProcess:
     python: str = sys.executable
     profile: Path | None = None
     """Where cProfile writes the daemon's profile (default: not profiled)."""
+    entry: list[str] = field(default_factory=lambda: ["-m", "ctxd"])
+    """What runs the daemon after the interpreter: ``-m ctxd``, or a script that wraps it."""
     start_timeout: float = START_TIMEOUT_S
     proc: subprocess.Popen[bytes] | None = None
 
@@ -62,7 +64,7 @@ class DaemonProcess:
     def command(self) -> list[str]:
         profiler = [] if self.profile is None else [
             "-m", "cProfile", "-o", str(self.profile.resolve())]
-        return [self.python, *profiler, "-m", "ctxd", "--socket", str(self.socket),
+        return [self.python, *profiler, *self.entry, "--socket", str(self.socket),
                 "--data-dir", str(self.data_dir), *self.extra_args]
 
     def environment(self) -> dict[str, str]:

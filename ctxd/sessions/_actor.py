@@ -3,6 +3,7 @@ requests one at a time; the only writer of both (docs/architecture.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -29,6 +30,7 @@ from ctxd.folding import (
     Branches,
     Discarded,
     Fold,
+    Opening,
     branch_note,
     not_active,
     partial_result,
@@ -180,6 +182,16 @@ class _Return:
     reason: str | None
     message: tuple[str, int] | None = None
     extract_memory: bool = False
+
+
+@dataclass(frozen=True)
+class _Opened:
+    """A branch planned by `SessionActor.create_branch` that commits with the first append
+    to it: the session's record with its opening counted, and the steps that write it."""
+
+    planned: Opening
+    record: SessionRecord
+    stage: Callable[[Transaction], None]
 
 
 def _with_fold(record: SessionRecord, fold: Fold) -> SessionRecord:
@@ -530,16 +542,18 @@ class SessionActor:
                       messages: list[MessageIn],
                       offloads: list[tuple[MessageIn, ToolResultBlob] | None],
                       compactions: list[CompactResult],
-                      stage: Callable[[Transaction], None] | None = None
-                      ) -> MessageAppendResult:
+                      stage: Callable[[Transaction], None] | None = None,
+                      opened: _Opened | None = None) -> MessageAppendResult:
         """Store ``messages``, the large tool results among them as their stubs (``offloads``)
         with their blobs, in one transaction. Should that commit fail with blobs in it, the
         append is made again with every result inline (docs/decisions.md, Hygiene).
 
         An append that would pass the hard block first has the thread compacted (when
         ``auto_compact`` is on); one that brings it to the compact trigger is followed by a
-        compaction (``compactions``: those run, docs/protocol.md, "Compaction")."""
-        record = self.require()
+        compaction (``compactions``: those run, docs/protocol.md, "Compaction").
+
+        ``opened``: ``branch`` is new, created in the same transaction (``allow_over``)."""
+        record = self.require() if opened is None else opened.record
         shown = [message if offloaded is None else offloaded[0]
                  for message, offloaded in zip(messages, offloads, strict=True)]
         counts = await self.supervisor.counter.count_messages(shown)
@@ -582,6 +596,8 @@ class SessionActor:
             if offloaded is not None:
                 blobs.append(offloaded[1].placed(seq, params.branch_id, now))
         transaction = Transaction()
+        if opened is not None:
+            opened.stage(transaction)
         transaction.add(q.insert_messages, self.session_id, stored)
         stage_blobs(transaction, self.session_id, blobs)
         if any(m.role == "assistant" for m in messages):
@@ -600,7 +616,9 @@ class SessionActor:
             stage(transaction)
         bus = self.supervisor.bus
         try:
-            await self.supervisor.store.commit(transaction)
+            with (contextlib.nullcontext() if opened is None
+                  else self.branches.registry.slot()):
+                await self.supervisor.store.commit(transaction)
         except Exception as exc:
             if not blobs or (isinstance(exc, CtxdError) and exc.code == ErrorCode.CANCELLED):
                 raise  # a cancelled request writes nothing, inline or not
@@ -611,8 +629,10 @@ class SessionActor:
                         {"branch_id": params.branch_id, "count": len(blobs),
                          "error": f"{type(exc).__name__}: {exc}"})
             return await self._append(params, branch, messages, [None] * len(messages),
-                                      compactions, stage)
+                                      compactions, stage, opened)
         self.record = updated
+        if opened is not None:
+            self.branches.created(opened.planned)
         if branch is not None and grown is not None:
             self.branches.charged(branch, grown)
         state = self.context_state()
@@ -1199,8 +1219,18 @@ class SessionActor:
 
     # ---- branches: create, status, list, rollback --------------------------------------
 
-    async def create_branch(self, p: BranchCreateParams) -> BranchCreateResult:
-        """branch.create: a new live branch under the active branch (or the given parent)."""
+    async def create_branch(self, p: BranchCreateParams, first: list[MessageIn] | None = None,
+                            stage: Callable[[Transaction, str], None] | None = None
+                            ) -> BranchCreateResult:
+        """branch.create: a new live branch under the active branch (or the given parent).
+
+        Args:
+            p: the branch.
+            first: messages appended to the new branch in the transaction that creates it
+                (as with ``allow_over``), so that no crash leaves the branch without them
+                (transcript.import's sub-agents, docs/protocol.md, "transcript.import").
+            stage: adds a caller's steps to that transaction; called with the branch's id.
+        """
         sup = self.supervisor
         config = sup.config
         self.require_open()
@@ -1250,21 +1280,48 @@ class SessionActor:
         branch = planned.branch
         updated = dataclasses.replace(record, last_seq=record.last_seq + len(opening),
                                       updated_at=branch.created_at)
-        transaction = Transaction()
-        self.branches.stage_create(transaction, planned)
-        transaction.add(q.insert_messages, self.session_id, planned.messages)
-        transaction.add(q.save_counters, updated)
-        if sup.memory is not None:
-            # Their use, and the content tokens fitting counted, in the same commit.
-            sup.memory.stage_use(transaction, injected, branch.branch_id)
-        try:
-            with self.branches.registry.slot():
-                await sup.store.commit(transaction)
-        except BaseException:
-            self.branches.abandoned(planned)
-            raise
-        self.record = updated
-        self.branches.created(planned)
+
+        def stage_opening(transaction: Transaction) -> None:
+            self.branches.stage_create(transaction, planned)
+            transaction.add(q.insert_messages, self.session_id, planned.messages)
+            if sup.memory is not None:
+                # Their use, and the content tokens fitting counted, in the same commit.
+                sup.memory.stage_use(transaction, injected, branch.branch_id)
+
+        def stage_caller(transaction: Transaction) -> None:
+            if stage is not None:
+                stage(transaction, branch.branch_id)
+
+        if first:
+            try:
+                _check_parts(first)
+                at_rest = self._at_rest(first, "no branch was created")
+                threshold = config.hygiene.offload_threshold_bytes
+                await self._append(
+                    MessageAppendParams(session_id=self.session_id, messages=first,
+                                        branch_id=branch.branch_id, allow_over=True),
+                    branch, at_rest,
+                    [offload(message, threshold, ref_id_for(self.session_id,
+                                                            updated.last_seq + 1 + offset))
+                     for offset, message in enumerate(at_rest)], [], stage_caller,
+                    _Opened(planned, updated, stage_opening))
+            except BaseException:
+                if self.require().last_seq == record.last_seq:
+                    self.branches.abandoned(planned)  # nothing was committed
+                raise
+        else:
+            transaction = Transaction()
+            stage_opening(transaction)
+            transaction.add(q.save_counters, updated)
+            stage_caller(transaction)
+            try:
+                with self.branches.registry.slot():
+                    await sup.store.commit(transaction)
+            except BaseException:
+                self.branches.abandoned(planned)
+                raise
+            self.record = updated
+            self.branches.created(planned)
         parent_remaining = (parent.budget - parent.budget_used if parent
                             else window - record.main_thread_tokens)
         return BranchCreateResult(

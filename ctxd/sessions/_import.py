@@ -6,16 +6,19 @@ file in chunks, appends the main thread's messages through the session's normal 
 offload and auto-compaction apply), turns each sub-agent's records into a branch that folds,
 and commits the read position and the usage records in the same transaction as the
 messages they follow, so an import interrupted anywhere resumes where its last commit ended.
+A sub-agent's branch commits with its messages and the position after them; a branch that an
+interrupted import left active is returned by the next import before it reads anything.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,10 +26,10 @@ import apsw
 import msgspec
 import trio
 
-from ctxd.errors import CtxdError, invalid_state, params_error
+from ctxd.errors import CtxdError, ErrorCode, invalid_state, params_error
 from ctxd.hub import find_usage, insert_usage
 from ctxd.sessions._actor import SessionActor
-from ctxd.sessions._queries import decode_meta, scalar_rowid
+from ctxd.sessions._queries import decode_meta, list_messages, scalar_rowid
 from ctxd.sessions._supervisor import Supervisor
 from ctxd.store import Transaction
 from ctxd.transcripts import (
@@ -39,17 +42,21 @@ from ctxd.transcripts import (
 )
 from ctxd.wire import Call, Dispatcher
 from ctxd.wire.types import (
+    Branch,
     BranchCreateParams,
     BranchReturnParams,
     MalformedLine,
     MessageAppendParams,
     MessageIn,
     SessionOpenParams,
+    StoredMessage,
     TranscriptImportParams,
     TranscriptImportResult,
     UsageEntry,
     UsageRecordParams,
 )
+
+log = logging.getLogger("ctxd.sessions")
 
 CHUNK_BYTES = 1 << 20
 """Bytes read from the file at a time: memory stays bounded whatever the file's size."""
@@ -64,7 +71,13 @@ AGENT_PROMPT_CHARS = 20_000
 """A sub-agent branch's prompt (its first user message), cut to this many characters."""
 AGENT_BUDGET = 32_768
 AGENT_TIMEOUT_S = 600.0
+AGENT_DESCRIPTION = "sub-agent "
+"""A sub-agent branch's description: this and the sub-agent's id. With `AGENT_BUDGET` and
+`AGENT_TIMEOUT_S` it tells a branch an import opened."""
 SESSION_ID_SCAN_BYTES = 1 << 20
+RESUME_TOOL_CALLS = 1000
+"""The session's latest assistant messages whose tool calls name the results an import
+that resumes mid-file reads before it meets a call (the parser met the calls before)."""
 LIVE = "live"
 """The meta key of a message a live integration recorded as it happened (``ctxctl hook``
 writes the event's name): an import does not append it again (docs/protocol.md,
@@ -168,6 +181,20 @@ def _mark_matched(conn: apsw.Connection, session_id: str,
     conn.executemany("UPDATE messages SET meta = ? WHERE session_id = ? AND seq = ?",
                      [(msgspec.json.encode({**meta, LIVE_MATCHED: True}), session_id, seq)
                       for seq, meta in matched])
+
+
+def _tool_names(conn: apsw.Connection, session_id: str) -> dict[str, str]:
+    """The names of the tool calls among the session's latest `RESUME_TOOL_CALLS`
+    assistant messages, by call id."""
+    names: dict[str, str] = {}
+    for (content,) in conn.execute(
+            "SELECT content FROM messages WHERE session_id = ? AND role = 'assistant' "
+            "ORDER BY seq DESC LIMIT ?", (session_id, RESUME_TOOL_CALLS)):
+        parts = json.loads(content)
+        for part in parts if isinstance(parts, list) else []:
+            if isinstance(part, dict) and part.get("type") == "tool_use":
+                names.setdefault(str(part.get("id")), str(part.get("name")))
+    return names
 
 
 def _head_hash(path: Path, length: int) -> str:
@@ -309,13 +336,16 @@ class _Import:
                 agent.usage.append(entry.usage)
             agent.end, agent.line = entry.end, entry.line
 
-    def _stage(self, state: _State, usage: list[Usage], branch_id: str | None,
-               done: list[tuple[UsageEntry, bool]]) -> Callable[[Transaction], None]:
+    def _stage(self, state: _State, usage: list[Usage], done: list[tuple[UsageEntry, bool]]
+               ) -> Callable[[Transaction, str | None], None]:
+        """The steps that commit the read position ``state`` and the ``usage`` records
+        (of the thread whose id the returned function is given) with the messages before
+        them."""
         session_id = self.actor.session_id
         local = self.actor.require().main_thread_tokens
         matched, self.live.matched = self.live.matched, []
 
-        def record(conn: apsw.Connection) -> None:
+        def record(conn: apsw.Connection, branch_id: str | None) -> None:
             now = time.time()
             for item in usage:
                 first = find_usage(conn, session_id, item.key)
@@ -332,13 +362,13 @@ class _Import:
                             "thinking_tokens": item.thinking_tokens}
                 done.append((insert_usage(conn, params, counters, local, now), False))
 
-        def stage(transaction: Transaction) -> None:
+        def stage(transaction: Transaction, branch_id: str | None) -> None:
             transaction.add(_save_state, session_id, self.path, self.params.format,
                             _copy(state))
             if matched:
                 transaction.add(_mark_matched, session_id, matched)
             if usage:
-                transaction.add(record)
+                transaction.add(record, branch_id)
         return stage
 
     def _recorded(self, done: list[tuple[UsageEntry, bool]]) -> None:
@@ -357,70 +387,124 @@ class _Import:
                 "cache_write_tokens": entry.cache_write_tokens,
                 "thinking_tokens": entry.thinking_tokens})
 
-    async def _commit(self, messages: list[MessageIn], usage: list[Usage],
-                      branch_id: str | None, state: _State) -> None:
-        """Append ``messages`` (or, without any, write only the position and usage) with
-        the read position ``state`` in the same transaction."""
-        done: list[tuple[UsageEntry, bool]] = []
-        stage = self._stage(state, usage, branch_id, done)
+    async def _commit(self, messages: list[MessageIn],
+                      stage: Callable[[Transaction, str | None], None]) -> None:
+        """Append ``messages`` to the main thread (or, without any, write only the position
+        and usage) with ``stage``'s steps in the same transaction."""
         if messages:
             await self.actor.append(MessageAppendParams(
-                session_id=self.actor.session_id, messages=messages, branch_id=branch_id,
-                allow_over=True), stage)
-            self.messages_added += len(messages)
-            self.tool_results += sum(message.role == "tool" for message in messages)
+                session_id=self.actor.session_id, messages=messages, allow_over=True),
+                lambda transaction: stage(transaction, None))
+            self._added(messages)
         else:
             transaction = Transaction()
-            stage(transaction)
+            stage(transaction, None)
             await self.actor.supervisor.store.commit(transaction)
-        self._recorded(done)
+
+    def _added(self, messages: list[MessageIn]) -> None:
+        self.messages_added += len(messages)
+        self.tool_results += sum(message.role == "tool" for message in messages)
 
     async def flush_main(self, end: int, line: int) -> None:
         self.state.offset, self.state.lines = end, line
-        await self._commit(self.main, self.main_usage, None, self.state)
+        done: list[tuple[UsageEntry, bool]] = []
+        await self._commit(self.main, self._stage(self.state, self.main_usage, done))
+        self._recorded(done)
         self.main = []
         self.main_usage.clear()
 
     async def flush_agents(self) -> None:
         """Each buffered sub-agent as a branch of the main thread that folds its last answer;
-        one the window has no room for is appended to the main thread instead."""
+        one the window has no room for is appended to the main thread instead.
+
+        The branch, its messages, their usage and the read position after them commit in
+        one transaction: a crash before it leaves nothing of the sub-agent (it is read
+        again), after it a live branch that the next import returns
+        (`finish_interrupted`)."""
         for key, agent in list(self.agents.items()):
             del self.agents[key]
             state = _copy(self.state)
             state.offset, state.lines = max(agent.end, state.offset), max(agent.line,
                                                                          state.lines)
-            opened = await self._open_branch(key, agent.messages)
-            if opened is None:
-                await self._commit(agent.messages, agent.usage, None, state)
-                self.state = state
-                continue
-            branch_id, rest = opened
-            self.branches += 1
-            await self._commit(rest, agent.usage, branch_id, state)
+            done: list[tuple[UsageEntry, bool]] = []
+            stage = self._stage(state, agent.usage, done)
+            branch_id = await self._open_branch(key, agent.messages, stage)
+            if branch_id is None:
+                await self._commit(agent.messages, stage)
             self.state = state
+            self._recorded(done)
+            if branch_id is None:
+                continue
+            self.branches += 1
             if branch_id in self.actor.branches.live:
                 await self.actor.return_branch(BranchReturnParams(
                     branch_id=branch_id, message=_answer(agent.messages)))
 
-    async def _open_branch(self, key: str, messages: list[MessageIn]
-                           ) -> tuple[str, list[MessageIn]] | None:
-        """A branch for a sub-agent, its first user message as the prompt (that message is
-        then the branch's opening, not appended again); the messages left to append."""
+    async def _open_branch(self, key: str, messages: list[MessageIn],
+                           stage: Callable[[Transaction, str | None], None]) -> str | None:
+        """A branch for a sub-agent with its messages, its first user message as the prompt
+        (that message is then the branch's opening, not appended again), committed with
+        ``stage``; its id, or None when the session has no room for it (nothing written)."""
         first = next((i for i, m in enumerate(messages) if m.role == "user"
                       and isinstance(m.content, str) and m.content.strip()), None)
         prompt = "(sub-agent)" if first is None else str(messages[first].content)
+        rest = messages
+        if first is not None and len(prompt) <= AGENT_PROMPT_CHARS:
+            rest = messages[:first] + messages[first + 1:]
+        seq_before = self.actor.require().last_seq
         try:
             created = await self.actor.create_branch(BranchCreateParams(
-                session_id=self.actor.session_id, description=f"sub-agent {key}"[:500],
+                session_id=self.actor.session_id,
+                description=f"{AGENT_DESCRIPTION}{key}"[:500],
                 prompt=prompt[:AGENT_PROMPT_CHARS], budget=AGENT_BUDGET,
                 timeout_seconds=AGENT_TIMEOUT_S, inject_memories=False,
-                parent_branch_id=None))
-        except CtxdError:
+                parent_branch_id=None), rest, stage)
+        except CtxdError as error:
+            if error.code == ErrorCode.CANCELLED or self.actor.require().last_seq != seq_before:
+                raise  # written (a step after its commit failed): not to be appended again
             return None
-        if first is not None and len(prompt) <= AGENT_PROMPT_CHARS:
-            self.messages_added += 1
-            messages = messages[:first] + messages[first + 1:]
-        return created.branch_id, messages
+        self._added(rest)
+        self.messages_added += len(messages) - len(rest)
+        return created.branch_id
+
+
+def _opened_by_import(branch: Branch) -> bool:
+    """Whether a branch is a sub-agent's that an import opened (its description, budget
+    and timeout are the import's)."""
+    return (branch.description.startswith(AGENT_DESCRIPTION)
+            and branch.budget == AGENT_BUDGET and branch.timeout_seconds == AGENT_TIMEOUT_S)
+
+
+def _branch_messages(conn: apsw.Connection, session_id: str, branch_id: str
+                     ) -> list[StoredMessage]:
+    """A branch's messages as they were appended (not what compaction wrote for them)."""
+    return [m for m in list_messages(conn, session_id, branch_id, 0, 1 << 62)
+            if m.at_seq is None]
+
+
+async def finish_interrupted(actor: SessionActor) -> None:
+    """Return each sub-agent branch that an interrupted import left active, its fold the
+    last answer among its messages, as that import would have returned it.
+
+    An import runs on its session's actor, alone: a live branch an import opened is one
+    whose import stopped (the daemon was killed, or a later step of the import failed)
+    between committing the branch and folding it. Left live, it would keep the main thread
+    from being compacted until its deadline (docs/decisions.md, "Imports that were
+    interrupted")."""
+    for branch in actor.branches.oldest_first():
+        if not _opened_by_import(branch) or branch.branch_id not in actor.branches.live:
+            continue
+        messages = await actor.supervisor.store.read(_branch_messages, actor.session_id,
+                                                     branch.branch_id)
+        try:
+            await actor.return_branch(BranchReturnParams(branch_id=branch.branch_id,
+                                                         message=_answer(messages)))
+        except CtxdError:
+            if branch.branch_id in actor.branches.live:
+                raise
+            # Force-returned on the way (its budget was spent, or its deadline passed).
+        log.info("session %s: returned branch %s (%s), which an interrupted import left "
+                 "active", actor.session_id, branch.branch_id, branch.description)
 
 
 def _copy(state: _State) -> _State:
@@ -428,7 +512,7 @@ def _copy(state: _State) -> _State:
     return _State(state.offset, state.lines, state.size, state.head_bytes, state.head_hash)
 
 
-def _answer(messages: list[MessageIn]) -> str:
+def _answer(messages: Sequence[MessageIn | StoredMessage]) -> str:
     """A sub-agent's final answer: the text of its last assistant message that has any."""
     for message in reversed(messages):
         if message.role != "assistant":
@@ -444,6 +528,10 @@ async def _import_claude_code(job: _Import, path: Path, size: int) -> int:
     """Read from the committed offset to the last complete line; the bytes read."""
     parser = ClaudeCodeParser()
     offset, line = job.state.offset, job.state.lines + 1
+    if offset:
+        # The calls read before this position name their results read after it.
+        parser.tool_names = await job.actor.supervisor.store.read(_tool_names,
+                                                                  job.actor.session_id)
     read = 0
     with path.open("rb") as file:
         file.seek(offset)
@@ -559,6 +647,7 @@ async def run_import(actor: SessionActor, p: TranscriptImportParams, path: Path,
     files beside it, each from its own position, as branches."""
     created = actor.record is None
     await actor.open(SessionOpenParams(session_id=actor.session_id, project=p.project))
+    await finish_interrupted(actor)
     job, bytes_read, restarted = await _import_file(actor, p, path, size, whole)
     jobs = [job]
     subagents = [] if p.format != "claude-code" else await trio.to_thread.run_sync(

@@ -15,7 +15,10 @@ from typing import Any
 
 import pytest
 from conftest import DaemonProcess
+from kill_at_commit import KILL_AT_COMMIT
 from tests_support import rpc_error
+
+from ctxclient import Client, DaemonUnavailable
 
 TRANSCRIPTS = Path(__file__).resolve().parents[3] / "shared" / "bench-data" / "transcripts"
 VIEWER = TRANSCRIPTS / "claude-code_claude-code-viewer_fe5e1c67.jsonl"
@@ -243,6 +246,27 @@ def test_grown_file_malformed_line_partial_line_and_replacement(
         assert (again["restarted"], again["messages_added"]) == (True, 1)
 
 
+def test_a_result_read_by_a_later_import_is_named_after_its_call(
+        shared_daemon: DaemonProcess, tmp_path: Path, sid: str) -> None:
+    """The call was read by the import before (or by one that was interrupted): the result
+    read now still carries the tool's name."""
+    path = tmp_path / "t.jsonl"
+    call = [line(user("u1", None, "list the files")),
+            line(assistant("a1", "u1", "msg_1", {"type": "tool_use", "id": "tu1",
+                                                  "name": "Bash", "input": {"command": "ls"}}))]
+    path.write_text("".join(call))
+    with shared_daemon.client() as client:
+        assert do_import(client, path, session_id=sid)["messages_added"] == 2
+        path.write_text("".join(call) + line({
+            "type": "user", "uuid": "r1", "parentUuid": "a1", "message": {
+                "role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu1",
+                                             "content": "a.txt"}]}}))
+        assert do_import(client, path, session_id=sid)["messages_added"] == 1
+        listed = client.call("message.list", {"session_id": sid})["messages"]
+        assert [(m["role"], m.get("name"), m.get("tool_call_id")) for m in listed] == [
+            ("user", None, None), ("assistant", None, None), ("tool", "Bash", "tu1")]
+
+
 def test_sidechains_fold_as_branches(shared_daemon: DaemonProcess, tmp_path: Path,
                                      sid: str) -> None:
     records = [
@@ -272,6 +296,35 @@ def test_sidechains_fold_as_branches(shared_daemon: DaemonProcess, tmp_path: Pat
         usage = client.call("usage.get", {"session_id": sid, "group_by": "branch"})
         assert sorted((g["key"] or "", g["totals"]["calls"]) for g in usage["groups"]) == [
             ("", 1), (branch["branch_id"], 1)]
+
+
+def test_a_branch_an_interrupted_import_left_active_is_returned_first(
+        shared_daemon: DaemonProcess, tmp_path: Path, sid: str) -> None:
+    """What an import killed between opening a sub-agent's branch and appending to it left
+    (before they committed together): the branch active with only its opening, the read
+    position before the sub-agent. The next import returns it before reading, then imports
+    the sub-agent as a branch of its own: none stays active, and the main thread compacts
+    (a live branch made context.compact answer -32003)."""
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(line(r) for r in [
+        user("u1", None, "research this"),
+        user("s1", None, "look it up", isSidechain=True),
+        assistant("s2", "s1", "m2", {"type": "text", "text": "found: 42"}, isSidechain=True),
+        assistant("a1", "u1", "m1", {"type": "text", "text": "it is 42"})]))
+    with shared_daemon.client() as client:
+        client.call("session.open", {"session_id": sid})
+        left = client.call("branch.create", {
+            "session_id": sid, "description": "sub-agent s1", "prompt": "look it up",
+            "budget": 32_768, "timeout_seconds": 600, "inject_memories": False})["branch_id"]
+        got = do_import(client, path, session_id=sid)
+        assert (got["branches"], got["messages_added"]) == (1, 4)
+        branches = client.call("branch.list", {"session_id": sid})["branches"]
+        assert [(b["branch_id"] == left, b["description"], b["status"], b["result"])
+                for b in sorted(branches, key=lambda b: b["fork_seq"])] == [
+            (True, "sub-agent s1", "completed", "(the sub-agent left no answer)"),
+            (False, "sub-agent s1", "completed", "found: 42")]
+        compacted = client.call("context.compact", {"session_id": sid})
+        assert compacted["branch_id"] is None
 
 
 def test_path_errors(shared_daemon: DaemonProcess, tmp_path: Path, sid: str) -> None:
@@ -646,3 +699,142 @@ def test_subagent_stop_imports_the_agent_file_into_the_main_session(
                 first["messages_added"] + rest["messages_added"],
                 first["usage_records"] + rest["usage_records"]) == (
             4, 5, want["messages"], want["usage"])
+
+
+# ---- an import killed at each of its commits ----
+
+def sub_agents_transcript(root: Path) -> Path:
+    """A Claude Code transcript with three sidechains (two of them one after the other,
+    flushed together) and a sub-agent file beside it: every kind of commit an import makes."""
+    session = "cc-made-up"
+
+    def result(uuid: str, parent: str, tool_use_id: str, text: str,
+               **extra: Any) -> dict[str, Any]:
+        return {"type": "user", "uuid": uuid, "parentUuid": parent, "sessionId": session,
+                "message": {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": tool_use_id, "content": text}]},
+                **extra}
+
+    def task(uuid: str, parent: str, message_id: str, tool_use_id: str) -> dict[str, Any]:
+        return assistant(uuid, parent, message_id, {
+            "type": "tool_use", "id": tool_use_id, "name": "Task",
+            "input": {"prompt": "look into it"}})
+
+    records = [
+        user("u1", None, "plan the release"),
+        task("a1", "u1", "m1", "task1"),
+        user("s1", None, "find the config", isSidechain=True),
+        assistant("s2", "s1", "m2", {"type": "tool_use", "id": "rd1", "name": "Read",
+                                     "input": {"file_path": "/etc/app.toml"}},
+                  isSidechain=True),
+        result("s3", "s2", "rd1", "version = 3", isSidechain=True),
+        assistant("s4", "s3", "m3", {"type": "text", "text": "the config says version 3"},
+                  isSidechain=True),
+        user("t1", None, "count the tests", isSidechain=True),
+        assistant("t2", "t1", "m4", {"type": "text", "text": "there are 7"},
+                  isSidechain=True),
+        result("r1", "a1", "task1", "version 3, 7 tests"),
+        assistant("a2", "r1", "m5", {"type": "text", "text": "now the changelog"}),
+        task("a3", "a2", "m6", "task2"),
+        user("c1", None, "write the changelog", isSidechain=True),
+        assistant("c2", "c1", "m7", {"type": "text", "text": "changelog: fixes"},
+                  isSidechain=True),
+        result("r2", "a3", "task2", "changelog: fixes"),
+        assistant("a4", "r2", "m8", {"type": "text", "text": "released"}),
+    ]
+    path = root / f"{session}.jsonl"
+    path.write_text("".join(line(r) for r in records))
+    folder = root / session / "subagents"
+    folder.mkdir(parents=True)
+    (folder / "agent-a9.jsonl").write_text("".join(line(r | {"agentId": "a9"}) for r in [
+        user("g1", None, "check the tags", isSidechain=True),
+        assistant("g2", "g1", "m9", {"type": "text", "text": "tags are fine"},
+                  isSidechain=True)]))
+    return path
+
+
+def import_state(client: Client, sid: str) -> dict[str, Any]:
+    """What an import leaves in a session, with branch ids numbered in their order and
+    no timestamps: every message of every thread, the branches, the usage, the session."""
+    messages = client.call("message.list", {"session_id": sid, "limit": 1000})
+    assert messages["next_cursor"] is None
+    branches = client.call("branch.list", {"session_id": sid})["branches"]
+    state = {
+        "messages": messages["messages"], "branches": branches,
+        "usage": client.call("usage.get", {"session_id": sid, "group_by": "branch"}),
+        "session": client.call("session.get", {"session_id": sid})["session"],
+    }
+    text = json.dumps(state)
+    for n, branch in enumerate(sorted(branches, key=lambda b: b["fork_seq"])):
+        text = text.replace(branch["branch_id"], f"branch-{n}")
+
+    def timeless(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: timeless(v) for k, v in value.items() if not k.endswith(
+                ("_at", "deadline", "time_left_s")) and k not in ("session_id", "usage_id")}
+        return [timeless(v) for v in value] if isinstance(value, list) else value
+
+    found = timeless(json.loads(text))
+    found["branches"].sort(key=lambda b: b["fork_seq"])
+    found["usage"]["groups"].sort(key=lambda g: str(g["key"]))
+    return found  # type: ignore[no-any-return]
+
+
+def test_import_killed_at_each_commit_resumes_to_the_uninterrupted_state(
+        daemon_root: Path, tmp_path: Path) -> None:
+    """Killed (SIGKILL) before each commit the import makes and after its last, the daemon
+    restarted and the import run again: the session is exactly as an uninterrupted import
+    leaves it (every thread's messages, the branches, none of them active, the usage once),
+    and context.compact works. After commit N is the state before commit N+1: the kills
+    after the others add no state."""
+    path = sub_agents_transcript(tmp_path)
+    log = tmp_path / "commits"
+    params = {"format": "claude-code", "path": str(path)}
+
+    def launcher(session_id: str, **env: str) -> DaemonProcess:
+        return DaemonProcess(daemon_root, entry=[KILL_AT_COMMIT],
+                             env={"TEST_KILL_SESSION": session_id, **env})
+
+    with launcher("whole", TEST_COMMIT_LOG=str(log)).running() as process, \
+            process.client() as client:
+        whole = client.call("transcript.import", {**params, "session_id": "whole"})
+        reference = import_state(client, "whole")
+    commits = len(log.read_text().splitlines())
+    # The session; in the transcript, before each of its two sidechain groups the main
+    # thread so far, then each sub-agent (branch with messages, fold), and the main thread's
+    # end; in the sub-agent file, its position, its sub-agent, its end.
+    assert (whole["branches"], whole["subagent_files"], commits) == (
+        4, 1, 1 + (1 + 2 * 2) + (1 + 2) + 1 + (1 + 2 + 1))
+    assert [b["status"] for b in reference["branches"]] == ["completed"] * 4
+    kills = [("before", n) for n in range(1, commits + 1)] + [("after", commits)]
+
+    compacted: list[dict[str, Any]] = []
+
+    def without_session_id(result: dict[str, Any]) -> dict[str, Any]:
+        state = {k: v for k, v in result["context_state"].items() if k != "session_id"}
+        return result | {"context_state": state}
+
+    def resumed(client: Client, sid: str) -> None:
+        client.call("transcript.import", {**params, "session_id": sid})
+        assert import_state(client, sid) == reference, sid
+        assert client.call("branch.list", {"session_id": sid, "status": "active"}
+                           )["branches"] == []
+        compacted.append(without_session_id(client.call("context.compact",
+                                                        {"session_id": sid})))
+
+    previous = None
+    for when, number in kills:
+        sid = f"{when}-{number}"
+        process = launcher(sid, TEST_KILL_AT_COMMIT=f"{when}:{number}").start()
+        with process.client() as client:
+            if previous is not None:
+                resumed(client, previous)
+            with pytest.raises(DaemonUnavailable):
+                client.call("transcript.import", {**params, "session_id": sid})
+        assert process.proc is not None
+        assert process.proc.wait(20) == -9
+        previous = sid
+    with DaemonProcess(daemon_root).running() as process, process.client() as client:
+        resumed(client, previous)
+        whole_compacted = client.call("context.compact", {"session_id": "whole"})
+    assert compacted == [without_session_id(whole_compacted)] * len(kills)
