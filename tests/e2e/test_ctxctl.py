@@ -79,8 +79,9 @@ def test_call_sends_a_lone_surrogate_as_javascript_would(shared_daemon: DaemonPr
                                                         sid: str) -> None:
     """PARAMS with half an emoji (valid JSON; Python keeps it, UTF-8 cannot encode it) go
     as its escape and are stored with U+FFFD (docs/protocol.md, "Framing")."""
-    params = ('{"session_id": "%s", "messages": [{"role": "user", "content": "cut \\ud83d '
-              'here"}]}' % sid)
+    params = json.dumps({"session_id": sid, "messages": [  # ensure_ascii: the escape
+        {"role": "user", "content": "cut \ud83d here"}]})
+    assert "\\ud83d" in params
     opened = ctxctl(shared_daemon.socket, "call", "session.open", json.dumps({"session_id": sid}))
     assert opened.returncode == 0, opened.stderr
     result = ctxctl(shared_daemon.socket, "call", "message.append", params)

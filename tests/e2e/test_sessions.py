@@ -356,7 +356,8 @@ def fill(disk: Path) -> Path:
             with contextlib.suppress(OSError):
                 while True:
                     out.write(b"\0" * chunk)
-    with pytest.raises(OSError) as full, (disk / "probe").open("wb", buffering=0) as probe:
+    with (pytest.raises(OSError, match="No space left on device") as full,
+          (disk / "probe").open("wb", buffering=0) as probe):
         probe.write(b"\0" * 4096)
     assert full.value.errno == errno.ENOSPC
     return filler
