@@ -25,6 +25,10 @@ Attacks (docs/security.md, "Resource limits"):
 * ``measure``: ``budget.measure`` with 240 skill prompts of 64 KiB of prose;
   ``measure-cjk``: 80 of 64 KiB of CJK text.
 * ``braces``: 300 connections each send ``{`` and stop; then 5 newcomers ping.
+* ``surrogates``: 16 connections, each appending for 5 s, one after the other, a message
+  of 3,000 lone surrogate escapes (about 64 KiB of JSON, what JavaScript writes for emoji
+  cut in half) to a session of its own: each is read with U+FFFD (docs/protocol.md,
+  "Framing"), so the decode's fallback runs on every line.
 
 Run: ``python bench/attack.py [--against ../main] [--only render partial]`` (a few
 minutes; more against a daemon without the limits).
@@ -33,6 +37,7 @@ minutes; more against a daemon without the limits).
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import random
@@ -403,6 +408,50 @@ def braces(target: Target) -> str:
     return f"{len(conns)} connections sent '{{'; newcomers served: {served}/5"
 
 
+SURROGATE_CONNECTIONS = 16
+SURROGATE_S = 5.0
+SURROGATE_TEXT = "half an emoji: \ud83d, " * 3000
+
+
+def surrogate_sessions(target: Target) -> None:
+    for i in range(SURROGATE_CONNECTIONS):
+        call(target.socket, "session.open", {"session_id": f"s{i}", "budget": BIG_BUDGET})
+
+
+def surrogates(target: Target) -> str:
+    # ensure_ascii (json's default) writes each lone surrogate as its escape, as
+    # JSON.stringify does; UTF-8 could not encode it.
+    lines = [json.dumps({"jsonrpc": "2.0", "id": 1, "method": "message.append", "params": {
+        "session_id": f"s{i}", "messages": [{"role": "user", "content": SURROGATE_TEXT}]}},
+        separators=(",", ":")).encode() + b"\n" for i in range(SURROGATE_CONNECTIONS)]
+    answers: collections.Counter[str] = collections.Counter()
+    lock = threading.Lock()
+    deadline = time.monotonic() + SURROGATE_S
+
+    def one(request: bytes) -> None:
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.settimeout(60)
+            conn.connect(str(target.socket))
+            while time.monotonic() < deadline:
+                conn.sendall(request)
+                reply = read_line(conn)
+                kind = ("appended" if b'"result"' in reply else "-32700" if b"-32700" in reply
+                        else "other")
+                with lock:
+                    answers[kind] += 1
+
+    threads = [threading.Thread(target=one, args=(request,)) for request in lines]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stored = call(target.socket, "message.list", {"session_id": "s0", "limit": 1})["messages"]
+    kept = "U+FFFD stored" if stored and "\ufffd" in stored[0]["content"] else "nothing stored"
+    return (f"{sum(answers.values())} appends of {len(lines[0]) // 1024} KiB with 3,000 lone "
+            f"surrogates: {answers['appended']} appended, {answers['-32700']} parse errors, "
+            f"{answers['other']} other; {kept}")
+
+
 ATTACKS = [
     Attack("baseline", baseline),
     Attack("fds", exhaust_descriptors, nofile=NOFILE),
@@ -417,6 +466,7 @@ ATTACKS = [
     Attack("measure", measure_attack(240, prose), measure_session),
     Attack("measure-cjk", measure_attack(80, cjk), measure_session),
     Attack("braces", braces),
+    Attack("surrogates", surrogates, surrogate_sessions),
 ]
 
 

@@ -12,10 +12,10 @@ from typing import Any
 import msgspec
 import trio
 
+from ctxclient._codec import encode
 from ctxclient._errors import DaemonUnavailable, check_socket_path, outcome
 from ctxd.paths import default_socket_path
 
-_encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.decode
 
 
@@ -50,7 +50,7 @@ class AsyncClient:
         if params is not None:
             message["params"] = params
         try:
-            await self.send_raw(_encode(message))
+            await self.send_raw(encode(message))
             try:
                 answer = await receive.receive()
             except trio.EndOfChannel:
@@ -105,7 +105,14 @@ class AsyncClient:
             self._notify_send.close()
 
     def _deliver(self, item: dict[str, Any]) -> None:
-        send = self._pending.get(item["id"]) if item.get("id") is not None else None
+        if item.get("id") is not None:
+            send = self._pending.get(item["id"])
+        elif "error" in item and len(self._pending) == 1:
+            # A line the daemon could not read: the one request outstanding
+            # (docs/protocol.md, "Framing").
+            [send] = self._pending.values()
+        else:
+            send = None
         if send is None:
             try:
                 self._notify_send.send_nowait(item)

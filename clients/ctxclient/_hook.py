@@ -65,7 +65,10 @@ class Connection:
         while True:
             line = self._line()
             answer = json.loads(line)
-            if answer.get("id") != self.next_id:
+            # An error with id null (a line the daemon could not read) answers the one
+            # request outstanding (docs/protocol.md, "Framing").
+            if answer.get("id") != self.next_id and not (
+                    answer.get("id") is None and "error" in answer):
                 continue  # a notification
             if "error" in answer:
                 raise HookError(answer["error"])

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from ctxclient._codec import encode
 from ctxd.paths import default_socket_path
 
 START_WAIT_S = 15.0
@@ -125,8 +126,8 @@ def bind(sock: socket.socket, session_id: str | None, project: str | None) -> by
         PumpError: the daemon refused the binding (an invalid session id, an old daemon).
     """
     params: dict[str, Any] = {"session_id": session_id, "project": project}
-    sock.sendall(msgspec.json.encode({"jsonrpc": "2.0", "id": BIND_ID, "method": "mcp.bind",
-                                      "params": params}) + b"\n")
+    sock.sendall(encode({"jsonrpc": "2.0", "id": BIND_ID, "method": "mcp.bind",
+                         "params": params}) + b"\n")
     received = b""
     while b"\n" not in received:
         chunk = sock.recv(CHUNK)

@@ -13,10 +13,10 @@ from typing import Any
 
 import msgspec
 
+from ctxclient._codec import encode
 from ctxclient._errors import DaemonUnavailable, check_socket_path, outcome
 from ctxd.paths import default_socket_path
 
-_encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.decode
 
 
@@ -93,7 +93,7 @@ class Client:
             request_id: the request's id (default: a new UUID); `cancel` takes it.
         """
         request_id, future = self._register(request_id)
-        self.send_raw(_encode(_request(request_id, method, params)))
+        self.send_raw(encode(_request(request_id, method, params)))
         return future
 
     def cancel(self, request_id: str, reason: str | None = None) -> Any:
@@ -111,7 +111,7 @@ class Client:
     def batch(self, calls: Iterable[tuple[str, dict[str, Any] | None]]) -> list[Future[Any]]:
         """Send calls as one JSON-RPC batch; one future per call, in order."""
         registered = [(*self._register(), method, params) for method, params in calls]
-        self.send_raw(_encode([_request(i, m, p) for i, _, m, p in registered]))
+        self.send_raw(encode([_request(i, m, p) for i, _, m, p in registered]))
         return [future for _, future, _, _ in registered]
 
     def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
@@ -119,7 +119,7 @@ class Client:
         message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
         if params is not None:
             message["params"] = params
-        self.send_raw(_encode(message))
+        self.send_raw(encode(message))
 
     def send_raw(self, line: bytes) -> None:
         """Send one line as is (a newline is added)."""
@@ -159,9 +159,16 @@ class Client:
             self.notifications.put(item)
             return
         with self._pending_lock:
-            future = self._pending.pop(item["id"], None) if item["id"] is not None else None
+            if item["id"] is not None:
+                future = self._pending.pop(item["id"], None)
+            elif "error" in item and len(self._pending) == 1:
+                # A line the daemon could not read: the one request outstanding
+                # (docs/protocol.md, "Framing").
+                future = self._pending.popitem()[1]
+            else:
+                future = None
         if future is None:
-            self.notifications.put(item)  # an error without a usable id (e.g. a parse error)
+            self.notifications.put(item)  # with several outstanding, nobody's in particular
             return
         try:
             future.set_result(outcome(item))

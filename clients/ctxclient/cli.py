@@ -1655,10 +1655,14 @@ def _report_rpc_error(exc: RpcError, out: Output) -> int:
 
 
 def _report_unavailable(exc: DaemonUnavailable, out: Output) -> int:
+    return _report_no_answer(str(exc), exc.path, out)
+
+
+def _report_no_answer(message: str, socket_path: str, out: Output) -> int:
     if out.json:
-        _print_json({"error": {"code": None, "message": str(exc), "data": {
-            "socket": exc.path}}})
-    print(f"ctxctl: {exc}", file=sys.stderr)
+        _print_json({"error": {"code": None, "message": message, "data": {
+            "socket": socket_path}}})
+    print(f"ctxctl: {message}", file=sys.stderr)
     return 2
 
 
@@ -1692,6 +1696,9 @@ def main(argv: list[str] | None = None) -> int:
         return _report_unavailable(exc, out)
     except RpcError as exc:
         return _report_rpc_error(exc, out)
+    except TimeoutError:
+        return _report_no_answer(f"ctxd on {client.path} did not answer in time (the request "
+                                 "may still complete)", client.path, out)
 
 
 if __name__ == "__main__":

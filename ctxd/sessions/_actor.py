@@ -796,7 +796,9 @@ class SessionActor:
         """Compact a thread that reached the compact trigger (``before_append``: that an
         append of ``room`` tokens would bring past the hard block), when ``auto_compact``
         is on, the breaker has not tripped, and no live branch started from it. A storage
-        failure is logged: the request that triggered it stands."""
+        failure is logged: the request that triggered it stands; but before an append, the
+        append cannot fit without the compaction, so the failure is its answer (-32008
+        with the cause, not -32001)."""
         record = self.require()
         if not self.supervisor.config.hygiene.auto_compact or record.auto_compact_paused \
                 or record.state != "open":
@@ -812,6 +814,10 @@ class SessionActor:
         except CtxdError as error:
             if error.code != ErrorCode.STORAGE_ERROR:
                 raise
+            if before_append:
+                raise CtxdError(error.code, f"{error.message} (the automatic compaction this "
+                                "append needed to fit could not be written)",
+                                error.data) from error
             log.warning("session %s: automatic compaction not written: %s", self.session_id,
                         error.message)
             return None

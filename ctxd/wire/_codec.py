@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import msgspec
 
 from ctxd.errors import CtxdError, params_error
 
 RequestId = int | str | None
+T = TypeVar("T")
 
 
 class Envelope(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,10 +58,31 @@ def replace_lone_surrogates(data: bytes) -> bytes:
     return _SURROGATE_ESCAPES.sub(_keep_or_replace, data)
 
 
+def decode_json(decode: Callable[[bytes], T], line: bytes) -> T:
+    """``decode(line)``; a line msgspec refuses is decoded again with its lone surrogates
+    replaced (`replace_lone_surrogates`), so a well-formed line costs one strict decode as
+    before. Raw values (the params) are views of the text decoded: a method's own decoder
+    sees the replacement too.
+
+    Raises:
+        msgspec.DecodeError: not JSON even so (the replacement keeps every byte offset).
+        msgspec.ValidationError: JSON, not of the type ``decode`` reads.
+    """
+    try:
+        return decode(line)
+    except msgspec.ValidationError:
+        raise  # a DecodeError too, but of valid JSON
+    except msgspec.DecodeError:
+        repaired = replace_lone_surrogates(line)
+        if repaired == line:
+            raise
+        return decode(repaired)
+
+
 def salvage_id(line: bytes) -> RequestId:
     """The id of a request that failed validation, when one can be read."""
     try:
-        return _decode_id(line).id
+        return decode_json(_decode_id, line).id
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return None
 

@@ -190,7 +190,7 @@ class Dispatcher:
         try:
             if not line.isascii():
                 _check_utf8(line)
-            items = _codec.decode_batch(line)
+            items = _codec.decode_json(_codec.decode_batch, line)
         except _UNPARSABLE as exc:
             return _parse_error(exc)
         if not items:
@@ -210,7 +210,7 @@ class Dispatcher:
         try:
             if not line.isascii():
                 _check_utf8(line)
-            return _codec.decode_envelope(line)
+            return _codec.decode_json(_codec.decode_envelope, line)
         except msgspec.ValidationError as exc:
             return _codec.error_response(_codec.salvage_id(line), CtxdError(
                 ErrorCode.INVALID_REQUEST, f"invalid request: {exc}",

@@ -75,6 +75,36 @@ def test_call_errors_exit_one_with_the_message(shared_daemon: DaemonProcess) -> 
     assert "PARAMS is not valid JSON" in bad.stderr
 
 
+def test_call_sends_a_lone_surrogate_as_javascript_would(shared_daemon: DaemonProcess,
+                                                        sid: str) -> None:
+    """PARAMS with half an emoji (valid JSON; Python keeps it, UTF-8 cannot encode it) go
+    as its escape and are stored with U+FFFD (docs/protocol.md, "Framing")."""
+    params = json.dumps({"session_id": sid, "messages": [  # ensure_ascii: the escape
+        {"role": "user", "content": "cut \ud83d here"}]})
+    assert "\\ud83d" in params
+    opened = ctxctl(shared_daemon.socket, "call", "session.open", json.dumps({"session_id": sid}))
+    assert opened.returncode == 0, opened.stderr
+    result = ctxctl(shared_daemon.socket, "call", "message.append", params)
+    assert (result.returncode, result.stderr) == (0, "")
+    with shared_daemon.client() as client:
+        [message] = client.call("message.list", {"session_id": sid})["messages"]
+    assert message["content"] == "cut \ufffd here"
+
+
+def test_call_a_request_answered_with_id_null_exits_one(daemon_root: Path) -> None:
+    """A line the daemon cannot read is answered with id null: that answers the call at
+    once (exit 1 with the error), not after the client's timeout."""
+    daemon = DaemonProcess(daemon_root, extra_args=["--max-request-bytes", "4096"])
+    with daemon.running():
+        result = ctxctl(daemon.socket, "call", "daemon.hello",
+                        json.dumps({"client": "x" * 5000}))
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == (
+        "ctxctl: error -32600: invalid request: line longer than max_request_bytes (4096); it "
+        "was discarded\n"
+        "ctxctl: fix: send smaller requests (split a large append into batches)\n")
+
+
 def test_an_impossible_socket_path_is_exit_two_with_json(tmp_path: Path) -> None:
     too_long = tmp_path / ("x" * 120) / "ctxd.sock"
     result = ctxctl(too_long, "--json", "status")

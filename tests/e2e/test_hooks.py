@@ -133,6 +133,45 @@ def test_pre_compact_snapshots_and_session_start_compact_returns_the_summary(
         assert json.loads(out)["hookSpecificOutput"]["additionalContext"] == summary[0]
 
 
+def test_a_lone_surrogate_in_a_prompt_or_tool_output_is_recorded_as_u_fffd(
+        shared_daemon: DaemonProcess, claude_sid: str) -> None:
+    """Claude Code (JavaScript) writes half an emoji as a lone surrogate escape; the hook
+    passes it on as one, and the daemon records U+FFFD (docs/protocol.md, "Framing")."""
+    cwd = "/home/u/src/emoji"
+    code, out, _ = hook(shared_daemon.socket, event(
+        "UserPromptSubmit", claude_sid, cwd, prompt="why is \ud83d cut?"))
+    assert (code, out) == (0, "")
+    response = {"stdout": "half \udc00 of it\n", "stderr": "", "interrupted": False,
+                "isImage": False}
+    code, out, _ = hook(shared_daemon.socket, event(
+        "PostToolUse", claude_sid, cwd, tool_name="Bash", tool_input={"command": "cat \ud83d"},
+        tool_response=response, tool_use_id="toolu_01"))
+    assert (code, out) == (0, "")
+    with Client(shared_daemon.socket) as client:
+        messages = client.call("message.list", {"session_id": claude_sid})["messages"]
+    assert [(m["role"], m["content"]) for m in messages] == [
+        ("user", "why is \ufffd cut?"),
+        ("assistant", [{"type": "tool_use", "id": "toolu_01", "name": "Bash",
+                        "input": {"command": "cat \ufffd"}}]),
+        ("tool", "half \ufffd of it\n")]
+
+
+def test_an_answer_with_id_null_ends_the_hooks_wait(daemon_root: Path, claude_sid: str) -> None:
+    """A request the daemon can only answer with id null (here a line over
+    max_request_bytes) is answered: the hook logs the daemon's error, not a timeout."""
+    daemon = DaemonProcess(daemon_root, extra_args=["--max-request-bytes", "4096"])
+    with daemon.running():
+        response = {"stdout": "x" * 5000, "stderr": "", "interrupted": False,
+                    "isImage": False}
+        assert hook(daemon.socket, event(
+            "PostToolUse", claude_sid, "/x", tool_name="Bash", tool_input={"command": "yes"},
+            tool_response=response, tool_use_id="toolu_01")) == (0, "", "")
+    logged = [line.partition("ctxctl-hook (uid ")[2].partition("): ")[2]
+              for line in daemon.log().splitlines() if "ctxctl-hook (uid " in line]
+    assert logged == ["HookError: -32600: invalid request: line longer than max_request_bytes "
+                      "(4096); it was discarded"]
+
+
 def test_fails_open(tmp_path: Path, shared_daemon: DaemonProcess, claude_sid: str) -> None:
     start = event("SessionStart", claude_sid, "/x", source="startup")
     assert hook(tmp_path / "none.sock", start) == (0, "", "")

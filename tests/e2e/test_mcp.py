@@ -346,6 +346,20 @@ def test_mcp_bind_validates_like_a_native_method(shared_daemon: DaemonProcess) -
                                       "fix": "send mcp.bind before the first tools/call"}}
 
 
+def test_a_lone_surrogate_in_tool_arguments_is_read_as_the_replacement_character(
+        shared_daemon: DaemonProcess, sid: str) -> None:
+    """The MCP door decodes as the native one (docs/protocol.md, "Framing"): the arguments
+    a JavaScript client writes with half an emoji are recorded with U+FFFD."""
+    with raw(shared_daemon) as line:
+        line.ask("mcp.bind", {"session_id": sid})
+        line.ask("initialize", initialize("2025-06-18"))
+        answer = line.ask("tools/call", {"name": "memory_record", "arguments": {
+            "title": "emoji \ud83d cut", "content": "half \udc00 of it", "scope": "global"}})
+    memory = answer["result"]["structuredContent"]["memory"]
+    assert (answer["result"]["isError"], memory["title"], memory["content"]) == (
+        False, "emoji \ufffd cut", "half \ufffd of it")
+
+
 def test_cancellation_is_scoped_to_the_connection(gated: Gated, sid: str) -> None:
     with gated.process.client() as client, raw(gated.process) as line:
         client.call("session.open", {"session_id": sid, "budget": WINDOW})

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import re
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 from conftest import DaemonProcess
+from e2e.test_compaction import SYSTEM, TASK, WINDOW, listed, work
 from tests_support import (
     COUNTER,
     OPENAI_EXAMPLE,
@@ -17,7 +23,7 @@ from tests_support import (
     rpc_error,
 )
 
-from ctxclient import Client, RpcError
+from ctxclient import Client, RpcError, StorageError
 
 
 @pytest.fixture
@@ -324,6 +330,69 @@ def test_a_full_store_is_a_storage_error_and_nothing_half_written(daemon_root: A
             assert client.call("daemon.ping")["pong"] is True
     finally:
         assert process.stop() == 0
+
+
+@contextlib.contextmanager
+def small_disk(where: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``where`` (root only: skipped otherwise)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs (a disk to fill) needs root")
+    where.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
+                              str(where)], capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "--lazy", str(where)], check=True)
+
+
+def fill(disk: Path) -> Path:
+    """Write a file until the disk has not a byte left (ENOSPC), down to single bytes."""
+    filler = disk / "filler"
+    with filler.open("wb", buffering=0) as out:
+        for chunk in (1 << 20, 4096, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    out.write(b"\0" * chunk)
+    with (pytest.raises(OSError, match="No space left on device") as full,
+          (disk / "probe").open("wb", buffering=0) as probe):
+        probe.write(b"\0" * 4096)
+    assert full.value.errno == errno.ENOSPC
+    return filler
+
+
+def test_an_append_that_needs_a_compaction_on_a_full_disk_is_a_storage_error(
+        daemon_root: Path, sid: str) -> None:
+    """The compaction that an append needs first fails to commit (the disk is full): the
+    append's answer is -32008 saying so, not -32001, and nothing of either is written."""
+    process = DaemonProcess(daemon_root)
+    too_big = {"role": "user", "content": hello_text(3500)}
+    with small_disk(process.data_dir, "32m"):
+        with process.running(), process.client() as client:
+            client.call("session.open", {"session_id": sid, "budget": WINDOW})
+            client.call("message.append", {"session_id": sid, "messages": [SYSTEM, TASK]})
+            work(client, sid, range(6))  # 2,460 tokens: with 3,500 more, past the hard block
+        # Stopped cleanly, the daemon leaves no WAL behind: its next write grows a file.
+        with process.running(), process.client() as client:
+            before = (listed(client, sid),
+                      client.call("session.get", {"session_id": sid})["session"])
+            filler = fill(process.data_dir)
+            with pytest.raises(StorageError) as full:
+                client.call("message.append", {"session_id": sid, "messages": [too_big]})
+            filler.unlink()
+            after = (listed(client, sid),
+                     client.call("session.get", {"session_id": sid})["session"])
+            appended = client.call("message.append", {"session_id": sid,
+                                                      "messages": [too_big]})
+    assert (full.value.message, full.value.data) == (
+        "storage error: the disk or the configured max_db_bytes (the database and its WAL) is "
+        "full; nothing was written (the automatic compaction this append needed to fit could "
+        "not be written)",
+        {"sqlite_error": "FullError", "fix": "free disk space or raise max_db_bytes, then retry"})
+    assert after == before
+    assert [c["automatic"] for c in appended["compactions"]][:1] == [True]
 
 
 def test_close_retitle_and_reopen_keep_every_message_and_the_order(

@@ -223,6 +223,18 @@ def test_invalid_json_params_are_a_parse_error(shared_daemon: DaemonProcess, tra
     assert error["message"].startswith("parse error: JSON is malformed: ")
 
 
+def test_a_lone_surrogate_in_params_is_stored_as_u_fffd(shared_daemon: DaemonProcess,
+                                                        transport: str, sid: str) -> None:
+    """docs/protocol.md, "Framing": the params go as written, and the daemon reads the
+    escape of half an emoji as U+FFFD."""
+    ok(call(shared_daemon, transport, "session.open", json.dumps({"session_id": sid})))
+    appended = call(shared_daemon, transport, "message.append", json.dumps(
+        {"session_id": sid, "messages": [{"role": "user", "content": "cut \ud83d"}]}))
+    assert ok(appended)["appended"][0]["seq"] == 1
+    listed = ok(call(shared_daemon, transport, "message.list", json.dumps({"session_id": sid})))
+    assert [m["content"] for m in listed["messages"]] == ["cut \ufffd"]
+
+
 def test_raw_newlines_between_tokens_are_whitespace(shared_daemon: DaemonProcess,
                                                     transport: str, sid: str) -> None:
     proc = call(shared_daemon, transport, "session.open",

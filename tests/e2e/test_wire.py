@@ -340,13 +340,53 @@ def wire(wire_daemon: DaemonProcess) -> Iterator[Wire]:
      "parse error: JSON is malformed: trailing characters (byte 49)"),
     (b'[{"jsonrpc":"2.0","id":9,"method":"daemon.ping"},', "parse error: Input data was truncated"),
     (b"\x00", "parse error: JSON is malformed: invalid character (byte 0)"),
-    (b'{"jsonrpc":"2.0","id":"\\ud800","method":"daemon.ping"}',
-     "parse error: JSON is malformed: unexpected end of escaped utf-16 surrogate pair (byte 29)"),
-], ids=["malformed", "truncated", "trailing", "truncated-batch", "nul", "lone-surrogate"])
+    # A lone surrogate does not hide a real syntax error, nor move its byte offset.
+    (b'{"jsonrpc":"2.0","id":"\\ud800","method":"daemon.ping"} x',
+     "parse error: JSON is malformed: trailing characters (byte 56)"),
+], ids=["malformed", "truncated", "trailing", "truncated-batch", "nul",
+        "lone-surrogate-and-trailing"])
 def test_parse_error(wire: Wire, line: bytes, message: str) -> None:
     # The id is never echoed on a parse error, even when it could be guessed (JSON-RPC 2.0).
     wire.send(line + b"\n")
     assert wire.read() == error(None, ErrorCode.PARSE_ERROR, message, PARSE_FIX)
+    assert wire.ping() == []
+
+
+# ---- lone surrogates: valid JSON, decoded with U+FFFD (docs/protocol.md, "Framing") --
+
+def test_a_lone_surrogate_in_params_is_stored_as_the_replacement_character(
+        wire_daemon: DaemonProcess, wire: Wire) -> None:
+    """What JavaScript writes for an emoji cut in half is answered as any request: each
+    lone surrogate escape is read as U+FFFD, a pair stays the character it encodes."""
+    session_id = new_session(wire_daemon)
+    content = rb'cut \ud83d, \ude00 alone, \ud83d\ude00 whole, \\ud83d as text'
+    wire.send(b'{"jsonrpc":"2.0","id":7,"method":"message.append","params":{"session_id":"'
+              + session_id.encode() + b'","messages":[{"role":"user","content":"'
+              + content + b'","meta":{"k\\udfff":"\\ud800"}}]}}\n')
+    reply = wire.read()
+    assert (reply["id"], list(reply["result"])[:1]) == (7, ["appended"])
+    with wire_daemon.client(timeout=READ_TIMEOUT_S) as client:
+        [message] = client.call("message.list", {"session_id": session_id})["messages"]
+    assert (message["content"], message["meta"]) == (
+        "cut \ufffd, \ufffd alone, \U0001f600 whole, \\ud83d as text",
+        {"k\ufffd": "\ufffd"})
+
+
+def test_lone_surrogates_in_the_envelope_and_batches(wire: Wire) -> None:
+    # The id is read with U+FFFD too: that is the id the answer carries.
+    wire.send(b'{"jsonrpc":"2.0","id":"\\ud800","method":"daemon.ping"}\n')
+    assert_pong(wire.read(), "\ufffd")
+    wire.send(b'[{"jsonrpc":"2.0","id":1,"method":"daemon.ping"},'
+              b'{"jsonrpc":"2.0","id":2,"method":"daemon.hello","params":{"client":"x\\udbff"}}]\n')
+    pong, hello = wire.read()
+    assert_pong(pong, 1)
+    assert (hello["id"], "result" in hello) == (2, True)
+    # Invalid params name the field as it was read.
+    wire.send(b'{"jsonrpc":"2.0","id":3,"method":"daemon.ping","params":{"\\udc00":1}}\n')
+    assert wire.read() == invalid_params(3, "$", "Object contains unknown field `\ufffd`")
+    # An invalid request keeps its id.
+    wire.send(b'{"jsonrpc":"2.0","id":"\\udc00x","method":5}\n')
+    assert wire.read() == invalid_request("\ufffdx", "Expected `str`, got `int` - at `$.method`")
     assert wire.ping() == []
 
 

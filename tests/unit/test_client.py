@@ -2,15 +2,17 @@
 importing it loads, and its exception classes."""
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import trio
-from conftest import DaemonProcess
+from conftest import DaemonProcess, kill_leftovers, short_root
 from tests_support import hello_text
 
 import ctxclient
@@ -143,3 +145,69 @@ async def test_both_clients_send_unique_uuid_string_ids(tmp_path: Path) -> None:
     generated = [ids[0], ids[2]]
     assert [str(uuid.UUID(str(request_id))) for request_id in generated] == generated
     assert generated[0] != generated[1]
+
+
+SMALL_LIMIT = 4096
+OVERSIZED = {"client": "x" * 5000}
+"""daemon.hello params that make a line over SMALL_LIMIT: the daemon discards it and
+answers with id null."""
+DISCARDED = ("invalid request: line longer than max_request_bytes (4096); it was discarded")
+ANSWER_WAIT_S = 30.0
+"""A bound on a wait for an answer that comes at once (it fails the test, not times it)."""
+
+
+@pytest.fixture(scope="module")
+def small_lines() -> Iterator[DaemonProcess]:
+    root = short_root()
+    process = DaemonProcess(root, extra_args=["--max-request-bytes", str(SMALL_LIMIT)])
+    with process.running():
+        yield process
+    kill_leftovers(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_an_id_null_error_answers_the_one_call_outstanding(small_lines: DaemonProcess) -> None:
+    """docs/protocol.md, "Framing"; with several outstanding it is nobody's in particular
+    (docs/decisions.md, "An error with id null")."""
+    with ctxclient.Client(small_lines.socket, timeout=ANSWER_WAIT_S) as client:
+        with pytest.raises(ctxclient.InvalidRequest) as discarded:
+            client.call("daemon.hello", OVERSIZED)
+        assert (discarded.value.message, client.notifications.empty()) == (DISCARDED, True)
+        # One line, two requests outstanding: the error goes to the notifications, and both
+        # go on waiting for their own answers.
+        futures = client.batch([("daemon.hello", OVERSIZED), ("daemon.ping", None)])
+        assert client.notifications.get(timeout=ANSWER_WAIT_S)["error"]["message"] == DISCARDED
+        assert [future.done() for future in futures] == [False, False]
+    assert [type(future.exception()) for future in futures] == [DaemonUnavailable] * 2
+
+
+async def test_the_async_client_takes_an_id_null_error_as_its_calls_answer(
+        small_lines: DaemonProcess) -> None:
+    async with ctxclient.connect(small_lines.socket) as client:
+        with trio.fail_after(ANSWER_WAIT_S), pytest.raises(ctxclient.InvalidRequest) as discarded:
+            await client.call("daemon.hello", OVERSIZED)
+        assert discarded.value.message == DISCARDED
+        assert (await client.call("daemon.ping"))["pong"] is True
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("cut \ud83d here", "cut \ufffd here"),
+    ("\udcff: an invalid UTF-8 byte of argv", "\ufffd: an invalid UTF-8 byte of argv"),
+])
+async def test_both_clients_send_a_lone_surrogate_as_its_escape(
+        small_lines: DaemonProcess, text: str, expected: str) -> None:
+    """What JSON.stringify writes; the daemon stores U+FFFD (docs/protocol.md, "Framing")."""
+    session_id = "t_" + uuid.uuid4().hex[:12]
+    async with ctxclient.connect(small_lines.socket) as client:
+        await client.call("session.open", {"session_id": session_id})
+        await client.call("message.append", {"session_id": session_id, "messages": [
+            {"role": "user", "content": text}]})
+
+    def with_sync_client() -> list[str]:
+        with ctxclient.Client(small_lines.socket, timeout=ANSWER_WAIT_S) as client:
+            client.call("message.append", {"session_id": session_id, "messages": [
+                {"role": "user", "content": text}]})
+            return [m["content"] for m in client.call(
+                "message.list", {"session_id": session_id})["messages"]]
+
+    assert await trio.to_thread.run_sync(with_sync_client) == [expected, expected]
