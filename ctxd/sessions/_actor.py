@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -172,6 +172,14 @@ def _shown(title: str | None) -> str | None:
 
 
 @dataclass(frozen=True)
+class _Shared:
+    """An operation queued with a key (`SessionActor.submit_shared`) and its reply."""
+
+    key: Hashable
+    reply: Slot[Any]
+
+
+@dataclass(frozen=True)
 class _Return:
     """A branch to return: by the agent (``reason`` None, with its scrubbed message and
     the number of secrets scrubbed from it), or forced by ctxd for ``reason``."""
@@ -218,6 +226,8 @@ class SessionActor:
         self._deferred: tuple[str, ...] = ()
         """The tools deferred when `tools.deferred` was last published."""
         self._send, self._receive = trio.open_memory_channel[Queued](MAILBOX_SIZE)
+        self._last: _Shared | None = None
+        """The operation queued last, when requests with its key may share it."""
 
     async def submit(self, op: Op) -> Any:
         """Queue ``op`` and wait for its result. Raises `ActorGone` if the actor retired.
@@ -226,13 +236,41 @@ class SessionActor:
         cancelled while ``op`` waits in the mailbox: its caller has -32006 at once and the
         actor skips it; once the actor runs it, see `_process`.
         """
+        return await self._queue(op, None)
+
+    async def submit_shared(self, key: Hashable, op: Op) -> tuple[Any, bool]:
+        """`submit`, unless the operation queued last (waiting or running) was queued
+        with the same ``key`` and nothing of the session was queued after it: then that
+        one's result, and True (docs/decisions.md, "One session's storm").
+
+        Cancellation: a request waiting for another's result stops at once (-32006);
+        should the other be cancelled (nothing written), this one is queued after all.
+        """
+        request = current_request()
+        while True:
+            last = self._last
+            if last is None or last.key != key or last.reply.done:
+                return await self._queue(op, key), False
+            try:
+                with cancellation_point():
+                    return await last.reply.wait(), True
+            except CtxdError as error:
+                if error.code != ErrorCode.CANCELLED or (request is not None
+                                                         and request.stopped):
+                    raise
+
+    async def _queue(self, op: Op, key: Hashable | None) -> Any:
         reply: Slot[Any] = Slot()
         request = current_request()
         if request is not None:
             request.queued(reply)
+        # Before the send, which may wait for room: senders are queued in order.
+        self._last = None if key is None else _Shared(key, reply)
         try:
             await self._send.send((op, reply, request))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
+            if not reply.done:
+                reply.fail(ActorGone())  # whoever shares it retries too
             raise ActorGone from None
         return await reply.wait()
 
