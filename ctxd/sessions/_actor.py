@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import regex
 import trio
 
 from ctxd.errors import (
@@ -139,6 +140,41 @@ SEARCH_TIMEOUT_S = 5.0
 DEFAULT_PAGE_CHARS = 8_000
 """Characters `result.read` returns when it is given no ``limit``."""
 UNSCRUBBABLE = "(the partial result was withheld: it could not be checked for secrets)"
+
+
+@dataclass(frozen=True)
+class Search:
+    """`result.read`'s search of a blob, which its session's actor hands out: it runs off
+    the mailbox, so that slow searches do not hold up the session's other requests (the
+    blob's text, read under the actor, is a value: the search sees the blob as it was)."""
+
+    shape: ResultReadResult
+    """The result without its matches."""
+    text: str
+    pattern: regex.Pattern[str]
+    max_matches: int
+
+    async def run(self, limiter: trio.CapacityLimiter) -> ResultReadResult:
+        """The result with its matches, searched in a worker thread of ``limiter``.
+
+        Raises:
+            CtxdError: -32602 when the search does not end within `SEARCH_TIMEOUT_S`.
+
+        Cancellation: `request.cancel` stops the wait at once (-32006); a search already
+        running ends in its thread within `SEARCH_TIMEOUT_S`, its result dropped.
+        """
+        try:
+            with cancellation_point():
+                matches, matched = await trio.to_thread.run_sync(
+                    grep, self.text, self.pattern, self.max_matches, SEARCH_TIMEOUT_S,
+                    limiter=limiter, abandon_on_cancel=True)
+        except TimeoutError:
+            raise params_error(
+                "$.pattern", f"the search did not end within {SEARCH_TIMEOUT_S:g} s (a "
+                             "pattern with nested repetition can backtrack without end); "
+                             "simplify it, or pass literal=true") from None
+        return msgspec.structs.replace(self.shape, matches=matches, matched_lines=matched,
+                                       more_matches=matched - len(matches))
 
 
 class ActorGone(Exception):
@@ -686,9 +722,10 @@ class SessionActor:
             tokens_appended=tokens_appended, forced_returns=forced,
             context_state=self.context_state(), compactions=compactions)
 
-    async def read_result(self, p: ResultReadParams) -> ResultReadResult:
-        """result.read: a page of an offloaded tool result of this session, or its lines
-        that match ``pattern`` (docs/protocol.md, "Offloaded tool results")."""
+    async def read_result(self, p: ResultReadParams) -> ResultReadResult | Search:
+        """result.read: a page of an offloaded tool result of this session, or the search
+        for its lines that match ``pattern``, to run off the mailbox (docs/protocol.md,
+        "Offloaded tool results")."""
         self.require()
         pattern = None
         if p.pattern is not None:
@@ -710,17 +747,7 @@ class SessionActor:
             content, next_offset = page(blob.text, offset, limit)
             return msgspec.structs.replace(shape, offset=offset, content=content,
                                            next_offset=next_offset)
-        # Off the loop: a search of a large blob takes milliseconds.
-        try:
-            matches, matched = await trio.to_thread.run_sync(
-                grep, blob.text, pattern, p.max_matches, SEARCH_TIMEOUT_S)
-        except TimeoutError:
-            raise params_error(
-                "$.pattern", f"the search did not end within {SEARCH_TIMEOUT_S:g} s (a "
-                             "pattern with nested repetition can backtrack without end); "
-                             "simplify it, or pass literal=true") from None
-        return msgspec.structs.replace(shape, matches=matches, matched_lines=matched,
-                                       more_matches=matched - len(matches))
+        return Search(shape, blob.text, pattern, p.max_matches)
 
     async def list_messages(self, params: MessageListParams) -> MessageListResult:
         self.require()

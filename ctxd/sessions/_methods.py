@@ -8,6 +8,7 @@ import secrets
 import msgspec
 
 from ctxd.sessions import _queries as q
+from ctxd.sessions._actor import Search
 from ctxd.sessions._compaction import STRATEGIES
 from ctxd.sessions._fork import context_fork, fork_seed, seed_target
 from ctxd.sessions._import import register_import
@@ -115,7 +116,10 @@ def register(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
         return await supervisor.call(p.session_id, lambda a: a.render(p))
 
     async def result_read(call: Call, p: ResultReadParams) -> ResultReadResult:
-        return await supervisor.call(p.session_id, lambda a: a.read_result(p))
+        found = await supervisor.call(p.session_id, lambda a: a.read_result(p))
+        if isinstance(found, Search):
+            return await found.run(supervisor.searches)  # off the session's mailbox
+        return found
 
     async def budget_measure(call: Call, p: BudgetMeasureParams) -> BudgetMeasureResult:
         return await supervisor.call(p.session_id, lambda a: a.measure(p))

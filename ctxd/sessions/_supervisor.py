@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Hashable, Iterator
 from typing import Any, TypeVar
@@ -55,6 +56,9 @@ class Supervisor:
         "Compaction")."""
         self.registry = Registry(store, config.max_live_branches)
         """Every live branch of the daemon, and the session that holds it."""
+        self.searches = trio.CapacityLimiter(max(1, os.cpu_count() or 1))
+        """The worker threads of `result.read`'s searches, which run off the sessions'
+        mailboxes: at most one a core, so that many slow ones cannot take every thread."""
         self._actors: dict[str, SessionActor] = {}
         self._nursery: trio.Nursery | None = None
 

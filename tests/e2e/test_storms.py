@@ -1,6 +1,7 @@
 """A storm of requests on one session against a real daemon: identical compactions share
-one run, so that its appends are not held up behind them (docs/protocol.md,
-"Compaction")."""
+one run, and slow searches of offloaded results leave the session's mailbox, so that its
+appends and renders are not held up behind them (docs/protocol.md, "Compaction" and
+"Offloaded tool results")."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import DaemonProcess
 from e2e.test_cancel import WINDOW, Gated, cancelled_error, chat, gated_daemon
+from e2e.test_hygiene import listed, start, tool
 
+import ctxclient
 from ctxclient import Client
 
 SUMMARIZE = {"strategies": ["summarize"]}
@@ -96,3 +100,45 @@ def test_compactions_sharing_a_cancelled_one_run_their_own(gated: Gated, sid: st
     assert [done["coalesced"] for done in shared] == [False, True]
     assert shared[0]["summarized"] == 5
     assert shared[1] == shared[0] | {"coalesced": True}
+
+
+def test_slow_searches_leave_the_session_to_its_other_requests(daemon: DaemonProcess,
+                                                               sid: str) -> None:
+    with daemon.client() as client, daemon.client() as other:
+        start(client, sid)
+        client.call("message.append", {"session_id": sid, "messages": [tool("a" * 5000)]})
+        ref_id = listed(client, sid)[-1]["ref_id"]
+        # Each backtracks without end: it would run 5 s, its time limit.
+        searches = [client.submit("result.read", {"session_id": sid, "ref_id": ref_id,
+                                                  "pattern": "(a+)+b"},
+                                  request_id=f"search-{i}") for i in range(3)]
+        # Behind them on the same connection, for the same session: answered while they
+        # still run (the session's mailbox does not hold them).
+        appended = client.call("message.append", {"session_id": sid,
+                                                  "messages": chat(1, 20)})
+        rendered = client.call("ctxd.render", {"session_id": sid})
+        answers = [other.cancel(f"search-{i}", "enough") for i in range(3)]
+        errors = [cancelled_error(search) for search in searches]
+    assert appended["appended"][0]["seq"] == 5
+    assert rendered["stats"]["stored_messages"] == 5
+    assert answers == [{"request_id": f"search-{i}", "cancelled": 1, "finishing": 0}
+                       for i in range(3)]
+    assert [(e.code, e.message) for e in errors] == [
+        (-32006, f"request 'search-{i}' was cancelled: enough") for i in range(3)]
+
+
+def test_a_search_reads_the_result_as_it_was_when_asked(daemon: DaemonProcess,
+                                                        sid: str) -> None:
+    with daemon.client() as client:
+        start(client, sid)
+        client.call("message.append", {"session_id": sid, "messages": [
+            tool("needle\n" * 1000)]})
+        ref_id = listed(client, sid)[-1]["ref_id"]
+        found = client.submit("result.read", {"session_id": sid, "ref_id": ref_id,
+                                              "pattern": "^needle$", "max_matches": 1})
+        deleted = client.call("session.delete", {"session_id": sid})
+        searched = found.result(30)
+        with pytest.raises(ctxclient.NotFound):
+            client.call("result.read", {"session_id": sid, "ref_id": ref_id})
+    assert deleted["deleted"] is True
+    assert (searched["matched_lines"], searched["more_matches"]) == (1000, 999)
