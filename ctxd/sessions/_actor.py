@@ -873,13 +873,21 @@ class SessionActor:
         target = math.floor(window * min(sup.config.hygiene.compact_target,
                                          record.budget.compact_trigger))
         before = self._thread_used(branch)
-        view = await sup.store.read(thread_view, self.session_id, thread, OPENING_META)
+        needed = before > target - room
         now = time.time()
         plan = Plan(session_id=self.session_id, thread=thread, next_seq=record.last_seq + 1,
                     now=now, used=before)
-        with cancellation_point():  # the summarizer may take long; nothing is written yet
-            after = await sup.compactor.plan(view, plan, target - room, strategies)
-        needed = before > target - room
+        if needed or branch is not None:
+            view = await sup.store.read(thread_view, self.session_id, thread, OPENING_META)
+            with cancellation_point():  # the summarizer may take long; nothing is written
+                after = await sup.compactor.plan(view, plan, target - room, strategies)
+            before_msgs, after_msgs = len(view), len(after)
+        else:
+            # Under its target the chain stops at once: the main thread is not read (its
+            # kept messages are the record's count), so a storm of compactions of a thread
+            # that needs none costs its session nothing (docs/decisions.md, "One session's
+            # storm").
+            before_msgs = after_msgs = record.message_count
         shrank = plan.used < before
         updated = dataclasses.replace(record, component_tokens=dict(record.component_tokens))
         transaction = Transaction()
@@ -911,7 +919,7 @@ class SessionActor:
         result = CompactResult(
             branch_id=thread, before_tokens=before, after_tokens=plan.used,
             tokens_recovered=before - plan.used, target_tokens=target - room,
-            before_msgs=len(view), after_msgs=len(after), strategies_run=plan.strategies_run,
+            before_msgs=before_msgs, after_msgs=after_msgs, strategies_run=plan.strategies_run,
             cleared=plan.counts["cleared"], summarized=plan.counts["summarized"],
             truncated=plan.counts["truncated"], summarizer=plan.summarizer,
             summarizer_error=plan.summarizer_error, snapshot_saved=snapshot_saved,
