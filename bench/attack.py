@@ -29,6 +29,13 @@ Attacks (docs/security.md, "Resource limits"):
   of 3,000 lone surrogate escapes (about 64 KiB of JSON, what JavaScript writes for emoji
   cut in half) to a session of its own: each is read with U+FFFD (docs/protocol.md,
   "Framing"), so the decode's fallback runs on every line.
+* ``compact-storm``: a session of 2,000 messages; 8 connections keep 16
+  ``context.compact`` each in flight on it for 6 s while another appends to it one message
+  at a time: the appends' p50/p99/max, and how many compactions were answered (how many of
+  them shared another's run).
+* ``search-storm``: 20 slow ``result.read`` pattern searches of one session (about 0.1 s
+  a line of 300 ``a``, four of them), one a connection, then a ``ctxd.render`` of that
+  session: how long the render took.
 
 Run: ``python bench/attack.py [--against ../main] [--only render partial]`` (a few
 minutes; more against a daemon without the limits).
@@ -452,6 +459,119 @@ def surrogates(target: Target) -> str:
             f"{answers['other']} other; {kept}")
 
 
+STORM_SESSION = "storm"
+STORM_S = 6.0
+STORM_CONNECTIONS = 8
+STORM_INFLIGHT = 16
+STORM_MESSAGES = 2_000
+STORM_BUDGET = {"context_window": 400_000, "max_output_tokens": 8192}
+"""The storm's thread (about 280,000 tokens) is between its compaction target (235,000) and
+trigger: the storm's first compaction brings it under the target, the others find nothing
+to do (one per append queued in between at least, or every one of them without sharing)."""
+SEARCHES = 20
+SLOW_LINE = "a" * 300
+"""A line that ``(a+)+b`` backtracks over for about 0.1 s (cubic in its length)."""
+
+
+def storm_session(target: Target) -> None:
+    call(target.socket, "session.open", {"session_id": STORM_SESSION,
+                                         "budget": STORM_BUDGET})
+    for batch in range(STORM_MESSAGES // 100):
+        call(target.socket, "message.append", {"session_id": STORM_SESSION, "messages": [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": prose(300, batch * 100 + i)}
+            for i in range(100)]})
+
+
+def pipelined(path: Path, requests: Callable[[int], bytes], inflight: int, until: float,
+              answers: list[bytes]) -> None:
+    """Keep ``inflight`` requests (the i-th is ``requests(i)``) in flight on one
+    connection until ``until`` (time.monotonic), then read the last answers."""
+    with socket.socket(socket.AF_UNIX) as conn:
+        conn.settimeout(300)
+        conn.connect(str(path))
+        sent = 0
+        for _ in range(inflight):
+            conn.sendall(requests(sent))
+            sent += 1
+        with conn.makefile("rb") as reader:
+            while len(answers) < sent:
+                answer = reader.readline()
+                if not answer:
+                    raise RuntimeError("connection closed")
+                answers.append(answer)
+                if time.monotonic() < until:
+                    conn.sendall(requests(sent))
+                    sent += 1
+
+
+def compact_storm(target: Target) -> str:
+    until = time.monotonic() + STORM_S
+    compact = line("context.compact", {"session_id": STORM_SESSION})
+    answers: list[list[bytes]] = [[] for _ in range(STORM_CONNECTIONS)]
+    storm = [threading.Thread(target=pipelined, args=(
+        target.socket, lambda i: compact, STORM_INFLIGHT, until, mine))
+        for mine in answers]
+    for thread in storm:
+        thread.start()
+    latencies: list[float] = []
+    errors = 0
+    with socket.socket(socket.AF_UNIX) as conn:
+        conn.settimeout(300)
+        conn.connect(str(target.socket))
+        step = 0
+        while time.monotonic() < until:
+            step += 1
+            started = time.perf_counter()
+            conn.sendall(line("message.append", {"session_id": STORM_SESSION, "messages": [
+                {"role": "user", "content": f"step {step}: go on"}]}))
+            if b'"result"' not in read_line(conn):
+                errors += 1
+            latencies.append(time.perf_counter() - started)
+            time.sleep(0.01)
+    for thread in storm:
+        thread.join()
+    replies = [json.loads(answer) for mine in answers for answer in mine]
+    failed = sum("error" in reply for reply in replies)
+    shared = sum(reply.get("result", {}).get("coalesced") is True for reply in replies)
+    return (f"append p50 {percentile(latencies, 0.5) * 1000:.1f} p99 "
+            f"{percentile(latencies, 0.99) * 1000:.1f} max {max(latencies) * 1000:.1f} ms "
+            f"({len(latencies)} appends, {errors} failed); {len(replies)} compactions "
+            f"answered, {shared} shared a run, {failed} failed")
+
+
+def search_session(target: Target) -> None:
+    call(target.socket, "session.open", {"session_id": STORM_SESSION})
+    text = "\n".join([SLOW_LINE] * 4 + [prose(200, i) for i in range(20)])
+    appended = call(target.socket, "message.append", {"session_id": STORM_SESSION, "messages": [
+        {"role": "tool", "content": text, "name": "bash", "tool_call_id": "call_1"}]})
+    ref_id = appended["appended"][0]["ref_id"]
+    started = time.perf_counter()
+    call(target.socket, "result.read", {"session_id": STORM_SESSION, "ref_id": ref_id,
+                                        "pattern": "(a+)+b"})
+    SEARCH_TAKES[target.socket] = (ref_id, time.perf_counter() - started)
+
+
+SEARCH_TAKES: dict[Path, tuple[str, float]] = {}
+"""Per daemon: the slow blob's ref_id and how long one search of it took alone."""
+
+
+def search_storm(target: Target) -> str:
+    ref_id, alone = SEARCH_TAKES[target.socket]
+    search = line("result.read", {"session_id": STORM_SESSION, "ref_id": ref_id,
+                                  "pattern": "(a+)+b"})
+    # One connection each: a connection starts only a few requests before it is read from.
+    with connections(target.socket, SEARCHES, timeout=300) as conns:
+        for conn in conns:
+            conn.sendall(search)
+        started = time.perf_counter()
+        call(target.socket, "ctxd.render", {"session_id": STORM_SESSION})
+        render = time.perf_counter() - started
+        answered = sum(b'"result"' in read_line(conn) for conn in conns)
+        searched = time.perf_counter() - started
+    return (f"render {render * 1000:.0f} ms behind {len(conns)} searches of {alone:.2f} s "
+            f"each; they ended in {searched:.1f} s ({answered} answered)")
+
+
 ATTACKS = [
     Attack("baseline", baseline),
     Attack("fds", exhaust_descriptors, nofile=NOFILE),
@@ -467,6 +587,8 @@ ATTACKS = [
     Attack("measure-cjk", measure_attack(80, cjk), measure_session),
     Attack("braces", braces),
     Attack("surrogates", surrogates, surrogate_sessions),
+    Attack("compact-storm", compact_storm, storm_session),
+    Attack("search-storm", search_storm, search_session),
 ]
 
 

@@ -8,11 +8,12 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import regex
 import trio
 
 from ctxd.errors import (
@@ -143,6 +144,41 @@ DEFAULT_PAGE_CHARS = 8_000
 UNSCRUBBABLE = "(the partial result was withheld: it could not be checked for secrets)"
 
 
+@dataclass(frozen=True)
+class Search:
+    """`result.read`'s search of a blob, which its session's actor hands out: it runs off
+    the mailbox, so that slow searches do not hold up the session's other requests (the
+    blob's text, read under the actor, is a value: the search sees the blob as it was)."""
+
+    shape: ResultReadResult
+    """The result without its matches."""
+    text: str
+    pattern: regex.Pattern[str]
+    max_matches: int
+
+    async def run(self, limiter: trio.CapacityLimiter) -> ResultReadResult:
+        """The result with its matches, searched in a worker thread of ``limiter``.
+
+        Raises:
+            CtxdError: -32602 when the search does not end within `SEARCH_TIMEOUT_S`.
+
+        Cancellation: `request.cancel` stops the wait at once (-32006); a search already
+        running ends in its thread within `SEARCH_TIMEOUT_S`, its result dropped.
+        """
+        try:
+            with cancellation_point():
+                matches, matched = await trio.to_thread.run_sync(
+                    grep, self.text, self.pattern, self.max_matches, SEARCH_TIMEOUT_S,
+                    limiter=limiter, abandon_on_cancel=True)
+        except TimeoutError:
+            raise params_error(
+                "$.pattern", f"the search did not end within {SEARCH_TIMEOUT_S:g} s (a "
+                             "pattern with nested repetition can backtrack without end); "
+                             "simplify it, or pass literal=true") from None
+        return msgspec.structs.replace(self.shape, matches=matches, matched_lines=matched,
+                                       more_matches=matched - len(matches))
+
+
 class ActorGone(Exception):
     """The actor retired before it took the request; the supervisor retries with a new one."""
 
@@ -171,6 +207,14 @@ def _shown(title: str | None) -> str | None:
     except ScrubError:
         log.exception("a session title could not be scrubbed; its event leaves it out")
         return None
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """An operation queued with a key (`SessionActor.submit_shared`) and its reply."""
+
+    key: Hashable
+    reply: Slot[Any]
 
 
 @dataclass(frozen=True)
@@ -230,6 +274,8 @@ class SessionActor:
         self._deferred: tuple[str, ...] = ()
         """The tools deferred when `tools.deferred` was last published."""
         self._send, self._receive = trio.open_memory_channel[Queued](MAILBOX_SIZE)
+        self._last: _Shared | None = None
+        """The operation queued last, when requests with its key may share it."""
 
     async def submit(self, op: Op) -> Any:
         """Queue ``op`` and wait for its result. Raises `ActorGone` if the actor retired.
@@ -238,13 +284,41 @@ class SessionActor:
         cancelled while ``op`` waits in the mailbox: its caller has -32006 at once and the
         actor skips it; once the actor runs it, see `_process`.
         """
+        return await self._queue(op, None)
+
+    async def submit_shared(self, key: Hashable, op: Op) -> tuple[Any, bool]:
+        """`submit`, unless the operation queued last (waiting or running) was queued
+        with the same ``key`` and nothing of the session was queued after it: then that
+        one's result, and True (docs/decisions.md, "One session's storm").
+
+        Cancellation: a request waiting for another's result stops at once (-32006);
+        should the other be cancelled (nothing written), this one is queued after all.
+        """
+        request = current_request()
+        while True:
+            last = self._last
+            if last is None or last.key != key or last.reply.done:
+                return await self._queue(op, key), False
+            try:
+                with cancellation_point():
+                    return await last.reply.wait(), True
+            except CtxdError as error:
+                if error.code != ErrorCode.CANCELLED or (request is not None
+                                                         and request.stopped):
+                    raise
+
+    async def _queue(self, op: Op, key: Hashable | None) -> Any:
         reply: Slot[Any] = Slot()
         request = current_request()
         if request is not None:
             request.queued(reply)
+        # Before the send, which may wait for room: senders are queued in order.
+        self._last = None if key is None else _Shared(key, reply)
         try:
             await self._send.send((op, reply, request))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
+            if not reply.done:
+                reply.fail(ActorGone())  # whoever shares it retries too
             raise ActorGone from None
         return await reply.wait()
 
@@ -668,9 +742,10 @@ class SessionActor:
             tokens_appended=tokens_appended, forced_returns=forced,
             context_state=self.context_state(), compactions=compactions)
 
-    async def read_result(self, p: ResultReadParams) -> ResultReadResult:
-        """result.read: a page of an offloaded tool result of this session, or its lines
-        that match ``pattern`` (docs/protocol.md, "Offloaded tool results")."""
+    async def read_result(self, p: ResultReadParams) -> ResultReadResult | Search:
+        """result.read: a page of an offloaded tool result of this session, or the search
+        for its lines that match ``pattern``, to run off the mailbox (docs/protocol.md,
+        "Offloaded tool results")."""
         self.require()
         pattern = None
         if p.pattern is not None:
@@ -692,17 +767,7 @@ class SessionActor:
             content, next_offset = page(blob.text, offset, limit)
             return msgspec.structs.replace(shape, offset=offset, content=content,
                                            next_offset=next_offset)
-        # Off the loop: a search of a large blob takes milliseconds.
-        try:
-            matches, matched = await trio.to_thread.run_sync(
-                grep, blob.text, pattern, p.max_matches, SEARCH_TIMEOUT_S)
-        except TimeoutError:
-            raise params_error(
-                "$.pattern", f"the search did not end within {SEARCH_TIMEOUT_S:g} s (a "
-                             "pattern with nested repetition can backtrack without end); "
-                             "simplify it, or pass literal=true") from None
-        return msgspec.structs.replace(shape, matches=matches, matched_lines=matched,
-                                       more_matches=matched - len(matches))
+        return Search(shape, blob.text, pattern, p.max_matches)
 
     async def list_messages(self, params: MessageListParams) -> MessageListResult:
         self.require()
@@ -834,13 +899,21 @@ class SessionActor:
         target = math.floor(window * min(sup.config.hygiene.compact_target,
                                          record.budget.compact_trigger))
         before = self._thread_used(branch)
-        view = await sup.store.read(thread_view, self.session_id, thread, OPENING_META)
+        needed = before > target - room
         now = time.time()
         plan = Plan(session_id=self.session_id, thread=thread, next_seq=record.last_seq + 1,
                     now=now, used=before)
-        with cancellation_point():  # the summarizer may take long; nothing is written yet
-            after = await sup.compactor.plan(view, plan, target - room, strategies)
-        needed = before > target - room
+        if needed or branch is not None:
+            view = await sup.store.read(thread_view, self.session_id, thread, OPENING_META)
+            with cancellation_point():  # the summarizer may take long; nothing is written
+                after = await sup.compactor.plan(view, plan, target - room, strategies)
+            before_msgs, after_msgs = len(view), len(after)
+        else:
+            # Under its target the chain stops at once: the main thread is not read (its
+            # kept messages are the record's count), so a storm of compactions of a thread
+            # that needs none costs its session nothing (docs/decisions.md, "One session's
+            # storm").
+            before_msgs = after_msgs = record.message_count
         shrank = plan.used < before
         updated = dataclasses.replace(record, component_tokens=dict(record.component_tokens))
         transaction = Transaction()
@@ -872,7 +945,7 @@ class SessionActor:
         result = CompactResult(
             branch_id=thread, before_tokens=before, after_tokens=plan.used,
             tokens_recovered=before - plan.used, target_tokens=target - room,
-            before_msgs=len(view), after_msgs=len(after), strategies_run=plan.strategies_run,
+            before_msgs=before_msgs, after_msgs=after_msgs, strategies_run=plan.strategies_run,
             cleared=plan.counts["cleared"], summarized=plan.counts["summarized"],
             truncated=plan.counts["truncated"], summarizer=plan.summarizer,
             summarizer_error=plan.summarizer_error, snapshot_saved=snapshot_saved,

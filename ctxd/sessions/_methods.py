@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import secrets
 
+import msgspec
+
 from ctxd.sessions import _queries as q
+from ctxd.sessions._actor import Search
+from ctxd.sessions._compaction import STRATEGIES
 from ctxd.sessions._fork import context_fork, fork_seed, seed_target
 from ctxd.sessions._import import register_import
 from ctxd.sessions._injection_methods import register_injection
@@ -93,7 +97,11 @@ def register(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
         return await supervisor.call(p.session_id, lambda a: a.resume())
 
     async def context_compact(call: Call, p: ContextCompactParams) -> ContextCompactResult:
-        return await supervisor.call(p.session_id, lambda a: a.compact(p))
+        # Identical compactions of a thread share one run (docs/protocol.md, "Compaction").
+        key = ("context.compact", p.branch_id, frozenset(p.strategies or STRATEGIES))
+        done, shared = await supervisor.call_shared(p.session_id, key,
+                                                    lambda a: a.compact(p))
+        return msgspec.structs.replace(done, coalesced=True) if shared else done
 
     async def context_fork_(call: Call, p: ContextForkParams) -> ContextForkResult:
         return await supervisor.call(p.session_id, lambda a: context_fork(a, p))
@@ -108,7 +116,10 @@ def register(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
         return await supervisor.call(p.session_id, lambda a: a.render(p))
 
     async def result_read(call: Call, p: ResultReadParams) -> ResultReadResult:
-        return await supervisor.call(p.session_id, lambda a: a.read_result(p))
+        found = await supervisor.call(p.session_id, lambda a: a.read_result(p))
+        if isinstance(found, Search):
+            return await found.run(supervisor.searches)  # off the session's mailbox
+        return found
 
     async def budget_measure(call: Call, p: BudgetMeasureParams) -> BudgetMeasureResult:
         return await supervisor.call(p.session_id, lambda a: a.measure(p))

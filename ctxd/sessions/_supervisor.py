@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Hashable, Iterator
 from typing import Any, TypeVar
 
 import trio
@@ -55,6 +56,9 @@ class Supervisor:
         "Compaction")."""
         self.registry = Registry(store, config.max_live_branches)
         """Every live branch of the daemon, and the session that holds it."""
+        self.searches = trio.CapacityLimiter(max(1, os.cpu_count() or 1))
+        """The worker threads of `result.read`'s searches, which run off the sessions'
+        mailboxes: at most one a core, so that many slow ones cannot take every thread."""
         self._actors: dict[str, SessionActor] = {}
         self._nursery: trio.Nursery | None = None
 
@@ -81,18 +85,38 @@ class Supervisor:
             CtxdError: whatever the operation raises; -32007 while the daemon shuts down.
         """
         while True:
-            actor = self._actors.get(session_id)
-            if actor is None:
-                if self._nursery is None:
-                    raise shutting_down()
-                actor = SessionActor(session_id, self)
-                self._actors[session_id] = actor
-                self._nursery.start_soon(actor.run)
             try:
-                result: T = await actor.submit(op)
+                result: T = await self._actor(session_id).submit(op)
             except ActorGone:
                 continue
             return result
+
+    async def call_shared(self, session_id: str, key: Hashable,
+                          op: Callable[[SessionActor], Awaitable[T]]) -> tuple[T, bool]:
+        """`call`, unless an operation of the session with the same ``key`` is queued
+        last or running with nothing queued after it: then its result, and True
+        (`SessionActor.submit_shared`).
+
+        Raises:
+            CtxdError: as `call`.
+        """
+        while True:
+            try:
+                shared: tuple[T, bool] = await self._actor(session_id).submit_shared(key, op)
+            except ActorGone:
+                continue
+            return shared
+
+    def _actor(self, session_id: str) -> SessionActor:
+        """The session's actor, started if it has none."""
+        actor = self._actors.get(session_id)
+        if actor is None:
+            if self._nursery is None:
+                raise shutting_down()
+            actor = SessionActor(session_id, self)
+            self._actors[session_id] = actor
+            self._nursery.start_soon(actor.run)
+        return actor
 
     def info(self, stored: SessionRecord, live_branches: int) -> SessionInfo:
         """A session's info from its running actor (live branches and all), else from the

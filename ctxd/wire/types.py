@@ -442,6 +442,9 @@ class CompactResult(Result, frozen=True):
 
 class ContextCompactResult(CompactResult, frozen=True, kw_only=True):
     context_state: ContextState
+    coalesced: bool = False
+    """This request shared the compaction of an identical one queued or running before it
+    (docs/protocol.md, "Compaction"): the figures are that compaction's."""
 
 
 class SessionResumeResult(Result, frozen=True):
