@@ -1,4 +1,4 @@
-"""Socket placement: the private directory, the lock file, stale sockets, peer credentials."""
+"""Socket placement: the private directory, the lock file, stale sockets."""
 
 from __future__ import annotations
 
@@ -7,18 +7,22 @@ import fcntl
 import os
 import socket
 import stat
-import struct
 from pathlib import Path
 
-from ctxd.paths import MAX_SOCKET_PATH
+from ctxd.paths import MAX_SOCKET_PATH, foreign_directory, shared_directory, system_directory
 
 
 class PlacementError(Exception):
     """The socket or data directory is unsafe or taken; the message says what to do."""
 
 
-def check_private_directory(directory: Path) -> None:
+def check_private_directory(directory: Path, *, for_socket: bool = False) -> None:
     """Create ``directory`` 0700 if missing; refuse one that others could tamper with.
+
+    Args:
+        for_socket: it is the socket's directory: one of another user's (not the system's)
+            is refused as clients refuse it (`ctxd.paths.foreign_directory`), for someone
+            may have made it to pose as this user's ctxd.
 
     Raises:
         PlacementError: it cannot be created, or it is a symlink, not a directory, owned by
@@ -31,6 +35,8 @@ def check_private_directory(directory: Path) -> None:
     except OSError as exc:
         raise PlacementError(f"cannot create the directory {directory}: "
                              f"{exc.strerror or exc}") from None
+    if for_socket and info.st_uid != os.getuid() and not system_directory(directory):
+        raise PlacementError(foreign_directory(directory, info.st_uid))
     if stat.S_ISLNK(info.st_mode):
         raise PlacementError(f"{directory} is a symlink; ctxd needs a real private directory")
     if not stat.S_ISDIR(info.st_mode):
@@ -40,22 +46,13 @@ def check_private_directory(directory: Path) -> None:
                              f"(uid {os.getuid()}); choose a directory of your own")
     if info.st_mode & 0o077:
         mode = stat.S_IMODE(info.st_mode)
-        if _shared(directory, info):
+        if shared_directory(directory, info):
             # Never advise changing a directory others rely on (/tmp, /run, …).
             raise PlacementError(f"{directory} has mode {mode:04o} and is shared; ctxd "
                                  "needs a private directory (mode 0700) of your own: choose "
                                  "one (a path inside a new directory) for --socket/--data-dir")
         raise PlacementError(f"{directory} has mode {mode:04o}; "
                              f"it must be private: chmod 700 {directory}")
-
-
-def _shared(directory: Path, info: os.stat_result) -> bool:
-    """Whether a directory is there for others too: sticky or writable by others (like
-    /tmp, /dev/shm), or a system directory (/, /run, /var, /run/user: at the top)."""
-    if info.st_mode & (stat.S_ISVTX | 0o022):
-        return True
-    resolved = directory.resolve()
-    return len(resolved.parts) <= 2 or resolved == Path("/run/user")
 
 
 class Lock:
@@ -124,7 +121,7 @@ def check_socket_path(path: Path) -> None:
         raise PlacementError(f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes; "
                              "choose a shorter --socket")
     _check_not_other_file(path)
-    check_private_directory(path.parent)
+    check_private_directory(path.parent, for_socket=True)
 
 
 def _check_not_other_file(path: Path) -> None:
@@ -162,9 +159,3 @@ def bind_unix_socket(path: Path) -> tuple[socket.socket, Lock]:
         lock.release()
         raise
     return sock, lock
-
-
-def peer_uid(sock: socket.socket) -> int:
-    """The uid of the process at the other end (SO_PEERCRED)."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])
