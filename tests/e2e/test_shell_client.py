@@ -430,7 +430,7 @@ def tool_dir(root: Path, tools: list[str], socat_log: Path | None = None) -> Pat
     return bin_dir
 
 
-BASIC_TOOLS = ["id", "tr", "sed", "mktemp", "mkfifo", "rm"]
+BASIC_TOOLS = ["id", "tr", "sed", "ls", "mktemp", "mkfifo", "rm"]
 
 
 @needs("socat")
