@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 from daemon_process import REPO_ROOT
+from tests_support import SOCKET_FIX
 
-FIX = "set XDG_RUNTIME_DIR or CTXD_SOCKET to a private directory (mode 0700) of your own"
 PROMPT = "my db password is hunter2"
 
 pytestmark = pytest.mark.skipif(
@@ -264,10 +264,10 @@ def refusal(users: Users, scenario: str, env: dict[str, str]) -> str:
     if scenario == "fallback":
         directory, b = f"/tmp/ctxd-{users.a.uid}", users.b.uid
         return (f"{directory} is owned by uid {b}, not by you (uid {users.a.uid}), so a socket "
-                f"there is not your ctxd's: have it removed (by uid {b} or root), or {FIX}")
+                f"there is not your ctxd's: have it removed (by uid {b} or root), or {SOCKET_FIX}")
     return (f"{env['CTXD_SOCKET']} is served by uid {users.b.uid}, not by you (uid "
             f"{users.a.uid}), so it is not your ctxd; nothing was sent to it: stop that "
-            f"server (or have root do so), or {FIX}")
+            f"server (or have root do so), or {SOCKET_FIX}")
 
 
 def test_python_clients_refuse(users: Users, attack: tuple[str, Listener, dict[str, str]],
