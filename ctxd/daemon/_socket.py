@@ -16,13 +16,8 @@ class PlacementError(Exception):
     """The socket or data directory is unsafe or taken; the message says what to do."""
 
 
-def check_private_directory(directory: Path, *, for_socket: bool = False) -> None:
+def check_private_directory(directory: Path) -> None:
     """Create ``directory`` 0700 if missing; refuse one that others could tamper with.
-
-    Args:
-        for_socket: it is the socket's directory: one of another user's (not the system's)
-            is refused as clients refuse it (`ctxd.paths.foreign_directory`), for someone
-            may have made it to pose as this user's ctxd.
 
     Raises:
         PlacementError: it cannot be created, or it is a symlink, not a directory, owned by
@@ -35,8 +30,6 @@ def check_private_directory(directory: Path, *, for_socket: bool = False) -> Non
     except OSError as exc:
         raise PlacementError(f"cannot create the directory {directory}: "
                              f"{exc.strerror or exc}") from None
-    if for_socket and info.st_uid != os.getuid() and not system_directory(directory):
-        raise PlacementError(foreign_directory(directory, info.st_uid))
     if stat.S_ISLNK(info.st_mode):
         raise PlacementError(f"{directory} is a symlink; ctxd needs a real private directory")
     if not stat.S_ISDIR(info.st_mode):
@@ -120,8 +113,21 @@ def check_socket_path(path: Path) -> None:
     if len(os.fsencode(path)) > MAX_SOCKET_PATH:
         raise PlacementError(f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes; "
                              "choose a shorter --socket")
+    _check_not_foreign(path.parent)
     _check_not_other_file(path)
-    check_private_directory(path.parent, for_socket=True)
+    check_private_directory(path.parent)
+
+
+def _check_not_foreign(directory: Path) -> None:
+    """Refuse, first and whatever is in it, a socket directory another user made: they may
+    pose as this user's ctxd there (/tmp/ctxd-<uid>), and the line says what to do as
+    clients say it (`ctxd.paths.foreign_directory`)."""
+    try:
+        owner = os.lstat(directory).st_uid
+    except OSError:
+        return  # missing: check_private_directory creates it, or says why it cannot
+    if owner != os.getuid() and not system_directory(directory):
+        raise PlacementError(foreign_directory(directory, owner))
 
 
 def _check_not_other_file(path: Path) -> None:

@@ -342,12 +342,16 @@ def test_opencode_plugin_changes_nothing_and_sends_nothing(
     assert listener.received() == {"connections": 0, "bytes": 0}
 
 
-@pytest.mark.parametrize("attack", ["fallback"], indirect=True)
-def test_the_daemon_names_whose_directory_it_is_and_the_fix(
-        users: Users, attack: tuple[str, Listener, dict[str, str]]) -> None:
-    scenario, listener, env = attack
-    done = users.run(users.a, [users.python, "-m", "ctxd"], users.env())
-    message = refusal(users, scenario, env)
-    assert (done.returncode, done.stdout, done.stderr) == (1, "", f"ctxd: {message}\n")
-    assert not (users.a.home / ".local" / "share" / "ctxd").exists()
-    assert listener.received() == {"connections": 0, "bytes": 0}
+@pytest.mark.parametrize("mode", ["755", "700"])
+def test_the_daemon_names_whose_directory_it_is_and_the_fix(users: Users, mode: str) -> None:
+    directory = Path(f"/tmp/ctxd-{users.a.uid}")
+    shutil.rmtree(directory, ignore_errors=True)
+    made = users.run(users.b, ["mkdir", "-m", mode, str(directory)], {"PATH": "/usr/bin:/bin"})
+    assert made.returncode == 0, made.stderr
+    try:
+        done = users.run(users.a, [users.python, "-m", "ctxd"], users.env())
+        assert (done.returncode, done.stdout, done.stderr) == (
+            1, "", f"ctxd: {refusal(users, 'fallback', {})}\n")
+        assert not (users.a.home / ".local" / "share" / "ctxd").exists()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
