@@ -96,7 +96,8 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 
 OPTIONAL_TOOLS = {"socat": "socat", "shellcheck": "shellcheck", "dash": "dash",
                   "busybox": "busybox", "zsh": "zsh", "fish": "fish", "groff": "groff-base",
-                  "man": "man-db", "systemd-analyze": "systemd"}
+                  "man": "man-db", "systemd-analyze": "systemd", "useradd": "passwd",
+                  "runuser": "util-linux", "node": "nodejs"}
 """The programs some tests run beside Python, each with its Debian package: README.md
 names them, .ci/run installs them, and a test that needs one is skipped without it."""
 

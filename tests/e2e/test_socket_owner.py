@@ -30,9 +30,9 @@ from tests_support import SOCKET_FIX
 PROMPT = "my db password is hunter2"
 
 pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or None in (shutil.which("useradd"), shutil.which("userdel"),
-                                  shutil.which("runuser")),
-    reason="needs root and useradd, userdel and runuser (two throwaway users)")
+    os.geteuid() != 0 or None in (shutil.which("useradd"), shutil.which("runuser")),
+    reason="needs root, useradd (userdel comes with it) and runuser (apt-get install passwd "
+           "util-linux): two throwaway users")
 
 # B's server: it answers every request with an empty result (so that a client that talked
 # to it would go on talking) and counts what it receives. Connections are served one after
@@ -336,7 +336,7 @@ def test_opencode_plugin_changes_nothing_and_sends_nothing(
     _, listener, env = attack
     node = shutil.which("node")
     if node is None:
-        pytest.skip("node not installed")
+        pytest.skip("node not installed (apt-get install nodejs)")
     plugin = (REPO_ROOT / "clients" / "opencode" / "ctxd.js").as_uri()
     done = users.run(users.a, [node, "--input-type=module", "-e", PLUGIN, plugin, PROMPT],
                      users.env(**env))
