@@ -3,6 +3,7 @@
 import atexit
 import contextlib
 import functools
+import os
 import shutil
 import subprocess
 import sys
@@ -95,7 +96,8 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 
 OPTIONAL_TOOLS = {"socat": "socat", "shellcheck": "shellcheck", "dash": "dash",
                   "busybox": "busybox", "zsh": "zsh", "fish": "fish", "groff": "groff-base",
-                  "man": "man-db", "systemd-analyze": "systemd"}
+                  "man": "man-db", "systemd-analyze": "systemd", "useradd": "passwd",
+                  "runuser": "util-linux", "node": "nodejs"}
 """The programs some tests run beside Python, each with its Debian package: README.md
 names them, .ci/run installs them, and a test that needs one is skipped without it."""
 
@@ -147,3 +149,20 @@ def installed_prefix() -> Path:
                 target.write_bytes(archive.read(name))
     (prefix / "bin").mkdir(parents=True, exist_ok=True)
     return prefix
+
+
+SOCKET_FIX = "set XDG_RUNTIME_DIR or CTXD_SOCKET to a private directory (mode 0700) of your own"
+
+
+def others_could_have_placed(tmp_path: Path, where: str) -> tuple[Path, str]:
+    """A socket path whose directory is not private, and why a client refuses it."""
+    if where == "shared":
+        return (Path("/tmp") / f"{tmp_path.name}.sock",
+                f"/tmp is shared with other users, so a socket there may not be your ctxd's: "
+                f"{SOCKET_FIX}")
+    directory = tmp_path / "open"
+    directory.mkdir()
+    os.chmod(directory, 0o755)
+    return (directory / "ctxd.sock",
+            f"{directory} has mode 0755, so others could have put a socket there: make it "
+            f"private with `chmod 700 {directory}`, or {SOCKET_FIX}")

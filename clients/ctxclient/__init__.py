@@ -31,13 +31,15 @@ if TYPE_CHECKING:
         RpcError,
         StorageError,
         Timeout,
+        UntrustedSocket,
     )
     from ctxclient._sync import Client
 
 __all__ = ["ERRORS", "AsyncClient", "BadSocketPath", "BudgetExhausted", "Cancelled", "Client",
            "ContextLimitExceeded", "DaemonUnavailable", "InternalError", "InvalidParams",
            "InvalidRequest", "InvalidState", "LimitReached", "MethodNotFound", "NotFound",
-           "Overloaded", "ParseError", "RpcError", "StorageError", "Timeout", "connect"]
+           "Overloaded", "ParseError", "RpcError", "StorageError", "Timeout", "UntrustedSocket",
+           "connect"]
 
 _HOMES = {"AsyncClient": "_async", "connect": "_async", "Client": "_sync"}
 

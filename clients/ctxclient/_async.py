@@ -13,7 +13,7 @@ import msgspec
 import trio
 
 from ctxclient._codec import encode
-from ctxclient._errors import DaemonUnavailable, check_socket_path, outcome
+from ctxclient._errors import DaemonUnavailable, check_server, check_socket_path, outcome
 from ctxd.paths import default_socket_path
 
 _decode = msgspec.json.decode
@@ -128,7 +128,8 @@ async def connect(path: str | os.PathLike[str] | None = None) -> AsyncIterator[A
     """Open an `AsyncClient`; the connection closes when the block ends.
 
     Raises:
-        DaemonUnavailable: nothing listens on the socket.
+        DaemonUnavailable: nothing listens on the socket (`UntrustedSocket`: it is not the
+            user's own ctxd's, and nothing was sent).
     """
     where = str(path or default_socket_path())
     check_socket_path(where)
@@ -136,6 +137,11 @@ async def connect(path: str | os.PathLike[str] | None = None) -> AsyncIterator[A
         stream = await trio.open_unix_socket(where)
     except OSError as exc:
         raise DaemonUnavailable(where, exc.strerror or str(exc)) from None
+    try:
+        check_server(stream.socket, where)
+    except DaemonUnavailable:
+        await trio.aclose_forcefully(stream)
+        raise
     client = AsyncClient(stream, where)
     # The stream is closed after the nursery: closing it inside the cancelled nursery
     # would raise Cancelled there and hide whatever the caller's block raised.

@@ -6,6 +6,7 @@ import os
 import stat
 from typing import Any, ClassVar
 
+from ctxd import paths
 from ctxd.errors import ErrorCode
 from ctxd.paths import MAX_SOCKET_PATH
 
@@ -113,8 +114,19 @@ class BadSocketPath(DaemonUnavailable):
         self.args = (f"{path} cannot be ctxd's socket: {reason}",)
 
 
+class UntrustedSocket(BadSocketPath):
+    """The socket is not the user's own ctxd's: its directory is another user's or open to
+    others, or another user's process listens on it (docs/security.md, "Who serves the
+    socket"). Nothing was sent to it."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(path, reason)
+        self.args = (reason,)
+
+
 def check_socket_path(path: str) -> None:
-    """Raise `BadSocketPath` when nothing could listen at ``path``.
+    """Raise `BadSocketPath` when nothing could listen at ``path``, `UntrustedSocket` when
+    whatever listens there may not be the user's own ctxd (``ctxd.paths``).
 
     A missing file or a refused connection says that no daemon runs there; these say that
     the path itself is wrong, which starting a daemon would not fix.
@@ -127,9 +139,22 @@ def check_socket_path(path: str) -> None:
     except NotADirectoryError:
         raise BadSocketPath(path, "a parent of it is not a directory") from None
     except OSError:
-        return  # missing (no daemon), or unreadable: connecting says which
-    if not stat.S_ISSOCK(mode):
+        mode = None  # missing (no daemon), or unreadable: connecting says which
+    if mode is not None and not stat.S_ISSOCK(mode):
         raise BadSocketPath(path, "it exists and is not a socket")
+    try:
+        paths.check_socket_directory(path)
+    except paths.UntrustedSocket as exc:
+        raise UntrustedSocket(path, str(exc)) from None
+
+
+def check_server(sock: paths.Socket, path: str) -> None:
+    """Raise `UntrustedSocket` unless the user's own process listens on the connected
+    ``sock`` (SO_PEERCRED); before a byte is sent."""
+    try:
+        paths.check_peer(sock, path)
+    except paths.UntrustedSocket as exc:
+        raise UntrustedSocket(path, str(exc)) from None
 
 
 def outcome(message: dict[str, Any]) -> Any:

@@ -4,6 +4,8 @@ Code"; docs/decisions.md, "Claude Code hooks").
 It reads the event's JSON on stdin and writes its answer on stdout. It fails open: no
 daemon, a slow one or any error ends with exit 0 and no output, so Claude Code goes on as
 without ctxd (the daemon's log gets a line through `daemon.log` when it can be reached).
+A socket that is not the user's own ctxd's gets nothing, not even that line; the user is
+told on stderr (docs/security.md, "Who serves the socket").
 It imports the standard library only (and ``ctxd.paths``): the interpreter's start-up is
 most of its cost.
 """
@@ -15,6 +17,8 @@ import json
 import os
 import sys
 import time
+
+from ctxd.paths import UntrustedSocket, check_peer, check_socket_directory, default_socket_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -45,9 +49,15 @@ class Connection:
 
     def __init__(self, path: str, deadline: float):
         self.deadline = deadline
+        check_socket_directory(path)
         self.sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        self.sock.settimeout(self._left())
-        self.sock.connect(path)
+        try:
+            self.sock.settimeout(self._left())
+            self.sock.connect(path)
+            check_peer(self.sock, path)
+        except BaseException:
+            self.sock.close()
+            raise
         self.buffer = b""
         self.next_id = 0
 
@@ -267,11 +277,7 @@ HANDLERS = {
 
 
 def _socket_path(socket_arg: str | None) -> str:
-    if socket_arg:
-        return socket_arg
-    from ctxd.paths import default_socket_path
-
-    return str(default_socket_path())
+    return socket_arg or str(default_socket_path())
 
 
 def run(socket_arg: str | None, stdin: str, deadline_s: float = DEADLINE_S) -> str:
@@ -285,6 +291,9 @@ def run(socket_arg: str | None, stdin: str, deadline_s: float = DEADLINE_S) -> s
         conn = Connection(_socket_path(socket_arg), time.monotonic() + deadline_s)
         answer = handler(Hook(conn, event))
         return json.dumps(answer) if answer else ""
+    except UntrustedSocket as exc:  # not ctxd's: nothing is said to it, the user is told
+        sys.stderr.write(f"ctxctl hook: {exc}\n")
+        return ""
     except Exception as exc:  # fail open: Claude Code must go on whatever happened here
         _log(conn, socket_arg, f"{type(exc).__name__}: {exc}")
         return ""

@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from ctxclient._codec import encode
-from ctxd.paths import default_socket_path
+from ctxd.paths import UntrustedSocket, check_peer, check_socket_directory, default_socket_path
 
 START_WAIT_S = 15.0
 """How long ctxctl mcp waits for a daemon it started to answer (it loads the tokenizer)."""
@@ -43,9 +43,20 @@ def _user_socket_unit(environ: Mapping[str, str]) -> Path | None:
 
 
 def _connect(path: str) -> socket.socket | None:
+    """A connection to the user's own ctxd at ``path``; None when nothing listens there.
+
+    Raises:
+        PumpError: connecting failed otherwise, or the socket is not the user's own ctxd's
+            (nothing is sent to it, and no daemon is started).
+    """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
+        check_socket_directory(path)
         sock.connect(path)
+        check_peer(sock, path)
+    except UntrustedSocket as exc:
+        sock.close()
+        raise PumpError(str(exc)) from None
     except OSError as exc:
         sock.close()
         if exc.errno in (errno.ENOENT, errno.ECONNREFUSED):

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from ctxclient._codec import encode
-from ctxclient._errors import DaemonUnavailable, check_socket_path, outcome
+from ctxclient._errors import DaemonUnavailable, check_server, check_socket_path, outcome
 from ctxd.paths import default_socket_path
 
 _decode = msgspec.json.decode
@@ -29,7 +29,8 @@ class Client:
 
     Raises:
         DaemonUnavailable: nothing listens on the socket (`BadSocketPath`: nothing could,
-            the path is too long or not a socket).
+            the path is too long or not a socket; `UntrustedSocket`: it is not the user's
+            own ctxd's, and nothing was sent).
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None,
@@ -40,8 +41,11 @@ class Client:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.connect(self.path)
+            check_server(self._sock, self.path)
         except OSError as exc:
             self._sock.close()
+            if isinstance(exc, DaemonUnavailable):
+                raise
             raise DaemonUnavailable(self.path, exc.strerror or str(exc)) from None
         self._send_lock = threading.Lock()
         self._pending: dict[str, Future[Any]] = {}

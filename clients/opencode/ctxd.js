@@ -13,9 +13,11 @@
 //
 // It talks to the daemon over its Unix socket (newline-delimited JSON-RPC 2.0). Every call
 // is bounded by a short timeout and fails open: no daemon, a timeout or an error, and
-// the plugin changes nothing (docs/decisions.md, "OpenCode plugin").
+// the plugin changes nothing (docs/decisions.md, "OpenCode plugin"). It talks only to a
+// socket that is the user's own ctxd's (`trusted`).
 // No dependencies beyond node's built-ins.
 
+import fs from "node:fs"
 import net from "node:net"
 import os from "node:os"
 import path from "node:path"
@@ -31,13 +33,31 @@ function socketPath(env = process.env) {
   return path.join("/tmp", `ctxd-${os.userInfo().uid}`, "ctxd.sock")
 }
 
+// Whether the socket at `where` may be the user's own ctxd's (docs/security.md, "Who
+// serves the socket"): its directory is the user's own with mode 0700, so only they (and
+// root) could have put a socket there, and the socket is the user's. Node cannot read
+// SO_PEERCRED, so who listens is not asked of the connection itself.
+function trusted(where) {
+  const uid = process.getuid()
+  try {
+    const directory = fs.statSync(path.dirname(where))
+    const socket = fs.statSync(where)
+    return directory.uid === uid && (directory.mode & 0o077) === 0 && socket.isSocket() &&
+      socket.uid === uid
+  } catch {
+    return false // nothing there: no daemon
+  }
+}
+
 // One JSON-RPC call on a connection of its own; resolves to the result, or undefined on
-// any failure (fail open).
+// any failure (fail open), a socket that is not `trusted` among them (never connected).
 function call(method, params, timeoutMs = TIMEOUT_MS) {
+  const where = socketPath()
+  if (!trusted(where)) return Promise.resolve(undefined)
   return new Promise((resolve) => {
     let done = false
     let buffer = ""
-    const socket = net.createConnection(socketPath())
+    const socket = net.createConnection(where)
     const finish = (value) => {
       if (done) return
       done = true

@@ -15,10 +15,10 @@ import msgspec
 import trio
 
 from ctxd.config import Config
-from ctxd.daemon._socket import peer_uid
 from ctxd.errors import CtxdError, ErrorCode, cancelled, shutting_down
 from ctxd.hub import EventBus, Requests
 from ctxd.jobs import Request, working_for
+from ctxd.paths import peer_uid
 from ctxd.wire import (
     NOT_INLINE,
     ConnectionExtension,
@@ -594,7 +594,7 @@ class Server:
 
     async def _serve(self, stream: trio.SocketStream) -> None:
         try:
-            uid = peer_uid(stream.socket)  # type: ignore[arg-type]
+            uid = peer_uid(stream.socket)
         except OSError:
             await stream.aclose()
             return

@@ -1,4 +1,4 @@
-"""Socket placement: the private directory, the lock file, stale sockets, peer credentials."""
+"""Socket placement: the private directory, the lock file, stale sockets."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ import fcntl
 import os
 import socket
 import stat
-import struct
 from pathlib import Path
 
-from ctxd.paths import MAX_SOCKET_PATH
+from ctxd.paths import MAX_SOCKET_PATH, foreign_directory, shared_directory, system_directory
 
 
 class PlacementError(Exception):
@@ -40,22 +39,13 @@ def check_private_directory(directory: Path) -> None:
                              f"(uid {os.getuid()}); choose a directory of your own")
     if info.st_mode & 0o077:
         mode = stat.S_IMODE(info.st_mode)
-        if _shared(directory, info):
+        if shared_directory(directory, info):
             # Never advise changing a directory others rely on (/tmp, /run, …).
             raise PlacementError(f"{directory} has mode {mode:04o} and is shared; ctxd "
                                  "needs a private directory (mode 0700) of your own: choose "
                                  "one (a path inside a new directory) for --socket/--data-dir")
         raise PlacementError(f"{directory} has mode {mode:04o}; "
                              f"it must be private: chmod 700 {directory}")
-
-
-def _shared(directory: Path, info: os.stat_result) -> bool:
-    """Whether a directory is there for others too: sticky or writable by others (like
-    /tmp, /dev/shm), or a system directory (/, /run, /var, /run/user: at the top)."""
-    if info.st_mode & (stat.S_ISVTX | 0o022):
-        return True
-    resolved = directory.resolve()
-    return len(resolved.parts) <= 2 or resolved == Path("/run/user")
 
 
 class Lock:
@@ -123,8 +113,21 @@ def check_socket_path(path: Path) -> None:
     if len(os.fsencode(path)) > MAX_SOCKET_PATH:
         raise PlacementError(f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes; "
                              "choose a shorter --socket")
+    _check_not_foreign(path.parent)
     _check_not_other_file(path)
     check_private_directory(path.parent)
+
+
+def _check_not_foreign(directory: Path) -> None:
+    """Refuse, first and whatever is in it, a socket directory another user made: they may
+    pose as this user's ctxd there (/tmp/ctxd-<uid>), and the line says what to do as
+    clients say it (`ctxd.paths.foreign_directory`)."""
+    try:
+        owner = os.lstat(directory).st_uid
+    except OSError:
+        return  # missing: check_private_directory creates it, or says why it cannot
+    if owner != os.getuid() and not system_directory(directory):
+        raise PlacementError(foreign_directory(directory, owner))
 
 
 def _check_not_other_file(path: Path) -> None:
@@ -162,9 +165,3 @@ def bind_unix_socket(path: Path) -> tuple[socket.socket, Lock]:
         lock.release()
         raise
     return sock, lock
-
-
-def peer_uid(sock: socket.socket) -> int:
-    """The uid of the process at the other end (SO_PEERCRED)."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])

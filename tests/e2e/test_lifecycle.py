@@ -23,7 +23,8 @@ from tests_support import hello_text
 
 import ctxclient
 from ctxclient import Client, DaemonUnavailable, RpcError
-from ctxd.daemon._socket import Lock, PlacementError, _same_file, peer_uid
+from ctxd.daemon._socket import Lock, PlacementError, _same_file
+from ctxd.paths import peer_uid
 
 
 def mode(path: Path) -> int:

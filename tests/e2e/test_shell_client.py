@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import pytest
 from conftest import DaemonProcess
-from tests_support import needs
+from tests_support import needs, others_could_have_placed
 
 from ctxclient import DaemonUnavailable, RpcError
 from ctxd.config import default_socket_path
@@ -303,6 +303,26 @@ def test_not_a_socket(daemon_root: Path) -> None:
                                     "(not a socket); start it with `ctxd`\n")
 
 
+@pytest.mark.parametrize("where", ["open-mode", "shared"])
+def test_a_socket_others_could_have_placed_is_refused_naming_the_fix(
+        tmp_path: Path, transport: str, where: str) -> None:
+    # docs/decisions.md, "Who serves the socket": a given path is held to the rule too.
+    path, reason = others_could_have_placed(tmp_path, where)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        try:
+            listener.listen(4)
+            listener.setblocking(False)
+            proc = run("-s", str(path), "daemon.ping",
+                       env=base_env(CTXD_CALL_TRANSPORT=transport))
+            assert (proc.returncode, proc.stdout, proc.stderr.decode()) == (
+                2, b"", f"ctxd-call: {reason}\n")
+            with pytest.raises(BlockingIOError):
+                listener.accept()  # nobody connected
+        finally:
+            path.unlink()
+
+
 def test_no_answer_within_the_timeout(daemon_root: Path, transport: str) -> None:
     path = daemon_root / "mute.sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as mute:
@@ -442,7 +462,7 @@ def tool_dir(root: Path, tools: list[str], socat_log: Path | None = None) -> Pat
     return bin_dir
 
 
-BASIC_TOOLS = ["id", "tr", "sed", "mktemp", "mkfifo", "rm"]
+BASIC_TOOLS = ["id", "tr", "sed", "ls", "mktemp", "mkfifo", "rm"]
 
 
 @needs("socat")
