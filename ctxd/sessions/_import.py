@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import apsw
 import msgspec
@@ -30,11 +31,13 @@ from ctxd.sessions._queries import decode_meta, scalar_rowid
 from ctxd.sessions._supervisor import Supervisor
 from ctxd.store import Transaction
 from ctxd.transcripts import (
+    ArraySplitter,
     ClaudeCodeParser,
     Entry,
+    LineSplitter,
     Usage,
+    decode_record,
     is_array,
-    parse_claude_code_array,
     parse_opencode,
 )
 from ctxd.wire import Call, Dispatcher
@@ -52,14 +55,18 @@ from ctxd.wire.types import (
 )
 
 CHUNK_BYTES = 1 << 20
-"""Bytes read from the file at a time: memory stays bounded whatever the file's size."""
+"""Bytes read from the file at a time: memory stays bounded whatever the file's size (one
+chunk, and one record of at most ``max_request_bytes``)."""
 BATCH_MESSAGES = 500
 """Main-thread messages appended in one transaction at most."""
 HEAD_BYTES = 4096
 """The first bytes of the file whose hash tells a grown file from a replaced one."""
 WHOLE_MAX_BYTES = 256 << 20
-"""An OpenCode export, or Claude Code records saved as a JSON array, is one JSON document,
-read whole: at most this large."""
+"""An OpenCode export is one JSON document, read whole: at most this large."""
+ENTRIES_PER_TURN = 1024
+"""Entries taken on the event loop between two checkpoints: a chunk of tiny records is
+tens of thousands of them, and pings wait for none of it (docs/protocol.md,
+"transcript.import")."""
 AGENT_PROMPT_CHARS = 20_000
 """A sub-agent branch's prompt (its first user message), cut to this many characters."""
 AGENT_BUDGET = 32_768
@@ -76,7 +83,14 @@ taken for it."""
 
 @dataclass
 class _State:
-    """A row of ``transcript_imports``."""
+    """A row of ``transcript_imports``.
+
+    ``size`` is, for a JSONL file, how far the last finished import read: the bytes from
+    ``offset`` (where the unterminated last line began) up to it hold no newline, so a line
+    already longer than a record may be is not read again (0 after an interrupted import:
+    nothing claimed). For a document read by index (a JSON array, an OpenCode export), it is
+    the file's size, which only grows while records are added.
+    """
 
     offset: int = 0
     lines: int = 0
@@ -226,7 +240,7 @@ def _scan_claude(path: Path) -> tuple[str | None, str | None]:
              if raw.strip()]
     for raw in lines:
         try:
-            record = json.loads(raw)
+            record = decode_record(raw)
         except ValueError:
             continue
         recognised = recognised or _is_record(record)
@@ -241,6 +255,35 @@ def _scan_claude(path: Path) -> tuple[str | None, str | None]:
         else f"none of the {len(lines)} lines read is"
     return None, (f"{path} is not a Claude Code transcript: {which} a JSON record (an object "
                   "with a `type`); an OpenCode export is imported with format opencode")
+
+
+def _scan_array(path: Path, limit: int) -> tuple[str | None, str | None]:
+    """As `_scan_claude`, for a file holding one JSON array: the elements complete within
+    its first MB."""
+    splitter = ArraySplitter(limit)
+    with path.open("rb") as file:
+        data = file.read(SESSION_ID_SCAN_BYTES)
+    session_id: str | None = None
+    recognised = False
+    pieces = splitter.feed(data)
+    for piece in pieces:
+        try:
+            record = decode_record(piece.data or b"")
+        except ValueError:
+            continue
+        recognised = recognised or _is_record(record)
+        if session_id is None and isinstance(record, dict) \
+                and isinstance(record.get("sessionId"), str):
+            session_id = str(record["sessionId"])
+        if recognised and session_id is not None:
+            break
+    whole = len(data) < SESSION_ID_SCAN_BYTES
+    if recognised or (not pieces and (splitter.closed or not whole)):
+        return session_id, None  # a record, an empty array, or nothing complete yet
+    which = f"none of its {len(pieces)} elements is" if splitter.closed \
+        else f"none of the {len(pieces)} complete elements read is"
+    return None, (f"{path} starts with [ but is not a JSON array of Claude Code records: "
+                  f"{which} a Claude Code record (an object with a `type`)")
 
 
 @dataclass
@@ -440,25 +483,31 @@ def _answer(messages: list[MessageIn]) -> str:
     return "(the sub-agent left no answer)"
 
 
-async def _import_claude_code(job: _Import, path: Path, size: int) -> int:
-    """Read from the committed offset to the last complete line; the bytes read."""
+def _read_lines(file: BinaryIO, splitter: LineSplitter, parser: ClaudeCodeParser,
+                limit: int) -> tuple[list[Entry], int]:
+    """The entries of the lines the next chunk completes, and its size (a worker thread's
+    part of the read: I/O, splitting and decoding)."""
+    chunk = file.read(CHUNK_BYTES)
+    return [parser.parse_piece(piece, limit) for piece in splitter.feed(chunk)], len(chunk)
+
+
+async def _import_claude_code(job: _Import, path: Path, limit: int, seen: int) -> int:
+    """Read from the committed offset to the last complete line; the bytes read (up to its
+    newline). A line longer than ``limit`` is skipped, reported with its size; ``seen`` is
+    how much of such a line, the file's unterminated last one, an earlier import read (it
+    is not read again)."""
     parser = ClaudeCodeParser()
-    offset, line = job.state.offset, job.state.lines + 1
-    read = 0
+    start = job.state.offset
+    splitter = LineSplitter(start, job.state.lines + 1, limit, seen)
+    job.state.size = 0  # what an interrupted import commits claims no unterminated line
     with path.open("rb") as file:
-        file.seek(offset)
-        carry = b""
+        file.seek(start + seen)
         while True:
-            chunk = await trio.to_thread.run_sync(file.read, CHUNK_BYTES)
-            if not chunk:
+            entries, read = await trio.to_thread.run_sync(
+                _read_lines, file, splitter, parser, limit)
+            if not read:
                 break
-            read += len(chunk)
-            data = carry + chunk
-            entries, used = await trio.to_thread.run_sync(parser.feed, data, offset, line)
-            line += data[:used].count(b"\n")
-            offset += used
-            carry = data[used:]
-            for entry in entries:
+            for number, entry in enumerate(entries, 1):
                 if entry.thread is None and entry.kind == "message" and job.agents:
                     await job.flush_main(job.safe_end, job.safe_line)
                     await job.flush_agents()
@@ -467,24 +516,55 @@ async def _import_claude_code(job: _Import, path: Path, size: int) -> int:
                     job.safe_end, job.safe_line = entry.end, entry.line
                     if len(job.main) >= BATCH_MESSAGES:
                         await job.flush_main(entry.end, entry.line)
+                if number % ENTRIES_PER_TURN == 0:
+                    await trio.lowlevel.checkpoint()
             if not job.agents:
                 # Blank lines at the chunk's end move the position too.
-                job.safe_end, job.safe_line = offset, line - 1
+                job.safe_end, job.safe_line = splitter.offset, splitter.line - 1
     if job.agents:
         await job.flush_main(job.safe_end, job.safe_line)
         await job.flush_agents()
-    await job.flush_main(offset, line - 1)
-    return read - len(carry)
+    job.state.size = splitter.offset + splitter.pending_bytes
+    await job.flush_main(splitter.offset, splitter.line - 1)
+    return splitter.offset - start
 
 
-async def _import_whole(job: _Import, entries: list[Entry], total: int) -> None:
-    """A document read whole (an OpenCode export, Claude Code records as a JSON array): the
-    records after the ``job.state.offset`` already imported (a record's position is its
-    1-based index); a sub-agent's records, buffered, become its branch before the next
-    main-thread record, as in a JSONL file."""
-    for entry in entries:
-        if entry.line <= job.state.offset:
-            continue
+def _read_elements(file: BinaryIO, splitter: ArraySplitter, parser: ClaudeCodeParser,
+                   limit: int, imported: int) -> tuple[list[Entry], int]:
+    """The entries of the elements the next chunk ends, after the first ``imported`` (those
+    are decoded too: the parser links records across them), and the chunk's size."""
+    chunk = file.read(CHUNK_BYTES)
+    entries = [parser.parse_piece(piece, limit, piece.line) for piece in splitter.feed(chunk)]
+    return [entry for entry in entries if entry.line > imported], len(chunk)
+
+
+async def _import_array(job: _Import, path: Path, limit: int) -> None:
+    """Claude Code records saved as one JSON array, read as a stream (memory: one chunk and
+    one element): the elements after the ``job.state.offset`` already imported (a record's
+    position is its 1-based index); an element longer than ``limit`` is skipped, reported
+    with its size; elements after an unclosed array's last comma are left for later."""
+    parser = ClaudeCodeParser()
+    splitter = ArraySplitter(limit)
+    imported = job.state.offset
+    with path.open("rb") as file:
+        while True:
+            entries, read = await trio.to_thread.run_sync(
+                _read_elements, file, splitter, parser, limit, imported)
+            if not read:
+                break
+            await _take_indexed(job, entries)
+    if job.agents:
+        await job.flush_main(job.safe_end, job.safe_line)
+        await job.flush_agents()
+    total = max(splitter.count, imported)
+    await job.flush_main(total, total)
+
+
+async def _take_indexed(job: _Import, entries: list[Entry]) -> None:
+    """Entries positioned by index (an array's elements, an export's messages), taken in
+    order: a sub-agent's, buffered, become its branch before the next main-thread record,
+    as in a JSONL file."""
+    for number, entry in enumerate(entries, 1):
         if entry.thread is None and entry.kind == "message" and job.agents:
             await job.flush_main(job.safe_end, job.safe_line)
             await job.flush_agents()
@@ -493,6 +573,14 @@ async def _import_whole(job: _Import, entries: list[Entry], total: int) -> None:
             job.safe_end = job.safe_line = entry.line
             if len(job.main) >= BATCH_MESSAGES:
                 await job.flush_main(entry.line, entry.line)
+        if number % ENTRIES_PER_TURN == 0:
+            await trio.lowlevel.checkpoint()
+
+
+async def _import_whole(job: _Import, entries: list[Entry], total: int) -> None:
+    """A document read whole (an OpenCode export): the records after the
+    ``job.state.offset`` already imported (a record's position is its 1-based index)."""
+    await _take_indexed(job, [entry for entry in entries if entry.line > job.state.offset])
     if job.agents:
         await job.flush_main(job.safe_end, job.safe_line)
         await job.flush_agents()
@@ -511,17 +599,20 @@ def subagent_files(path: Path) -> list[Path]:
 
 async def _import_file(actor: SessionActor, p: TranscriptImportParams, path: Path, size: int,
                        whole: tuple[list[Entry], int] | None,
-                       subagent_file: bool = False) -> tuple[_Import, int, bool]:
+                       subagent_file: bool = False, array: bool = False
+                       ) -> tuple[_Import, int, bool]:
     """One file from its committed position: the job (its counts), the bytes read and
-    whether it was restarted."""
+    whether it was restarted. ``array``: the file holds Claude Code records as one JSON
+    array (read as a stream, positioned by index)."""
     store = actor.supervisor.store
+    limit = actor.supervisor.config.max_request_bytes
     key = str(path)
     stored = await store.read(_load_state, actor.session_id, key)
     head_bytes = min(size, HEAD_BYTES) if stored is None else stored.head_bytes
     head = await trio.to_thread.run_sync(_head_hash, path, head_bytes)
     restarted = False
     if stored is not None:
-        position = stored.offset if whole is None else stored.size
+        position = stored.offset if whole is None and not array else stored.size
         if size < position or head != stored.head_hash:
             if not p.restart:
                 raise invalid_state(
@@ -533,6 +624,10 @@ async def _import_file(actor: SessionActor, p: TranscriptImportParams, path: Pat
             stored, restarted = None, True
             head_bytes = min(size, HEAD_BYTES)
             head = await trio.to_thread.run_sync(_head_hash, path, head_bytes)
+    # An unterminated last line already over the limit is read on from where the last
+    # import stopped (docs/decisions.md, "Bounded imports").
+    tail = 0 if stored is None or whole is not None or array else stored.size - stored.offset
+    seen = tail if tail > limit else 0
     state = stored or _State(head_bytes=head_bytes, head_hash=head)
     state.size = size
     live = await store.read(_load_live, actor.session_id)
@@ -541,9 +636,12 @@ async def _import_file(actor: SessionActor, p: TranscriptImportParams, path: Pat
     job.safe_end, job.safe_line = state.offset, state.lines
     start = state.offset
     bytes_read = 0
-    if whole is None:
-        if state.offset < size:
-            bytes_read = await _import_claude_code(job, path, size)
+    if array:
+        await _import_array(job, path, limit)
+        bytes_read = size if job.state.offset > start or stored is None else 0
+    elif whole is None:
+        if state.offset + seen < size:
+            bytes_read = await _import_claude_code(job, path, limit, seen)
     else:
         entries, total = whole
         if total > state.offset or stored is None:
@@ -553,13 +651,16 @@ async def _import_file(actor: SessionActor, p: TranscriptImportParams, path: Pat
 
 
 async def run_import(actor: SessionActor, p: TranscriptImportParams, path: Path, size: int,
-                     whole: tuple[list[Entry], int] | None) -> TranscriptImportResult:
+                     whole: tuple[list[Entry], int] | None, array: bool = False
+                     ) -> TranscriptImportResult:
     """The import on the session's actor (one at a time per session): the file (``whole``:
-    its entries and record count when it is read whole), then (Claude Code) the sub-agent
-    files beside it, each from its own position, as branches."""
+    its entries and record count when it is read whole; ``array``: Claude Code records as
+    one JSON array), then (Claude Code) the sub-agent files beside it, each from its own
+    position, as branches."""
     created = actor.record is None
     await actor.open(SessionOpenParams(session_id=actor.session_id, project=p.project))
-    job, bytes_read, restarted = await _import_file(actor, p, path, size, whole)
+    job, bytes_read, restarted = await _import_file(actor, p, path, size, whole,
+                                                    array=array)
     jobs = [job]
     subagents = [] if p.format != "claude-code" else await trio.to_thread.run_sync(
         subagent_files, path)
@@ -602,6 +703,7 @@ def register_import(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
         path, size = check_path(p.path)
         session_id = p.session_id
         whole: tuple[list[Entry], int] | None = None
+        array = False
         if p.format == "opencode":
             if size > WHOLE_MAX_BYTES:
                 raise params_error("$.path", f"{p.path} is {size} bytes; an OpenCode export "
@@ -616,19 +718,12 @@ def register_import(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
             session_id = session_id or (info.get("id") if isinstance(info.get("id"), str)
                                         else None)
         elif await trio.to_thread.run_sync(_starts_array, path):
-            # Claude Code records saved as one JSON array: read whole, like an export.
-            if size > WHOLE_MAX_BYTES:
-                raise params_error("$.path", f"{p.path} is {size} bytes; a JSON array of "
-                                             f"records is read whole, at most "
-                                             f"{WHOLE_MAX_BYTES}")
-            data = await trio.to_thread.run_sync(path.read_bytes)
-            try:
-                entries, total, found = await trio.to_thread.run_sync(
-                    parse_claude_code_array, data)
-            except ValueError as exc:
-                raise params_error("$.path", f"{p.path} starts with [ but is not a JSON array "
-                                             f"of Claude Code records: {exc}") from exc
-            whole = (entries, total)
+            # Claude Code records saved as one JSON array: read as a stream of elements.
+            found, refused = await trio.to_thread.run_sync(
+                _scan_array, path, supervisor.config.max_request_bytes)
+            if refused is not None:
+                raise params_error("$.path", refused)
+            array = True
             session_id = session_id or found
         else:
             found, refused = await trio.to_thread.run_sync(_scan_claude, path)
@@ -647,7 +742,7 @@ def register_import(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
                                                "id; give one (ctxctl import --session ID)"
                                ) from exc
         return await supervisor.call(session_id, lambda a: run_import(a, p, path, size,
-                                                                      whole))
+                                                                      whole, array))
 
     dispatcher.register("transcript.import", TranscriptImportParams, transcript_import)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ctxd.transcripts._claude_code import decode_record
 from ctxd.transcripts._model import Entry, Usage
 from ctxd.wire.types import MessageIn
 
@@ -138,9 +139,10 @@ def parse_opencode(data: bytes, skip: int = 0) -> tuple[dict[str, Any], list[Ent
     (``line`` is a message's 1-based index), and its number of messages.
 
     Raises:
-        ValueError: the document is not JSON or not ``{info, messages: [...]}``.
+        ValueError: the document is not JSON (nested too deep to read included) or not
+            ``{info, messages: [...]}``.
     """
-    document = json.loads(data)
+    document = decode_record(data)
     if not isinstance(document, dict) or not isinstance(document.get("messages"), list):
         raise ValueError("an OpenCode export is an object {info, messages: [...]}")
     info = _dict(document.get("info"))

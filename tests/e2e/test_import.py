@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DaemonProcess
+from conftest import DaemonProcess, kill_leftovers, short_root
 from tests_support import rpc_error
 
 TRANSCRIPTS = Path(__file__).resolve().parents[3] / "shared" / "bench-data" / "transcripts"
@@ -646,3 +648,130 @@ def test_subagent_stop_imports_the_agent_file_into_the_main_session(
                 first["messages_added"] + rest["messages_added"],
                 first["usage_records"] + rest["usage_records"]) == (
             4, 5, want["messages"], want["usage"])
+
+
+# ---- Bad records and bounds ----
+
+DEEP_LINE = '{"type": "user", "message": ' + "[" * 100_000 + "]" * 100_000 + "}"
+"""A record nested 100,000 deep: no JSON reader of the daemon reads it."""
+HALF_EMOJI = "emoji cut in half: \ud83d"
+"""A lone surrogate: json.dumps writes it escaped, as JavaScript does."""
+
+
+def contents(client: Any, sid: str) -> list[Any]:
+    return [m["content"] for m in client.call("message.list",
+                                              {"session_id": sid, "limit": 1000})["messages"]]
+
+
+@pytest.mark.parametrize("shape", ["jsonl", "array"])
+def test_bad_records_are_skipped_and_the_rest_imported(shared_daemon: DaemonProcess,
+                                                       tmp_path: Path, sid: str,
+                                                       shape: str) -> None:
+    """A lone surrogate is read as U+FFFD, a record nested 100,000 deep is skipped and
+    reported with its position, and the 500 records after them are imported (a retry then
+    has nothing left to add)."""
+    good = [user(f"u{i}", None, f"request {i}") for i in range(500)]
+    texts = [json.dumps(user("half", None, HALF_EMOJI)), DEEP_LINE,
+             *(json.dumps(record) for record in good)]
+    path = tmp_path / f"bad.{shape}"
+    path.write_text("".join(text + "\n" for text in texts) if shape == "jsonl"
+                    else "[" + ",\n".join(texts) + "]")
+    with shared_daemon.client() as client:
+        got = do_import(client, path, session_id=sid)
+        assert (got["messages_added"], got["malformed"], got["lines_read"]) == (
+            501, [{"line": 2, "error": "not JSON: nested too deep to read"}], 502)
+        assert contents(client, sid) == ["emoji cut in half: \ufffd",
+                                         *(f"request {i}" for i in range(500))]
+        again = do_import(client, path, session_id=sid)
+        assert (again["messages_added"], again["malformed"], again["lines_read"]) == (
+            0, [], 0)
+
+
+LIMIT = 65_536
+"""The daemon's max_request_bytes in the tests of a record's size."""
+
+
+@pytest.fixture(scope="module")
+def small_daemon() -> Iterator[DaemonProcess]:
+    """A daemon whose records (and requests) may have at most LIMIT bytes."""
+    root = short_root()
+    process = DaemonProcess(root, extra_args=["--max-request-bytes", str(LIMIT)]).start()
+    yield process
+    process.stop()
+    kill_leftovers(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def over_limit(size: int) -> str:
+    """A record of exactly ``size`` bytes of JSON."""
+    head = json.dumps(user("big", None, ""))
+    return head[:-3] + "x" * (size - len(head)) + head[-3:]
+
+
+@pytest.mark.parametrize("shape", ["jsonl", "array"])
+def test_a_record_over_the_limit_is_skipped_with_its_size(small_daemon: DaemonProcess,
+                                                          tmp_path: Path, sid: str,
+                                                          shape: str) -> None:
+    """A record longer than max_request_bytes is not read into memory nor imported: it is
+    reported with its position and size, and the records around it are imported."""
+    big = over_limit(LIMIT + 1000)
+    texts = [json.dumps(user("u1", None, "before")), big, json.dumps(user("u2", "u1", "after"))]
+    path = tmp_path / f"big.{shape}"
+    path.write_text("".join(text + "\n" for text in texts) if shape == "jsonl"
+                    else "[" + ",".join(texts) + "]")
+    with small_daemon.client() as client:
+        got = do_import(client, path, session_id=sid)
+        assert (got["messages_added"], got["malformed"]) == (2, [{
+            "line": 2, "error": f"a record of {LIMIT + 1000:,} bytes, over the {LIMIT:,} a "
+                                "record may have (max_request_bytes): skipped"}])
+        assert contents(client, sid) == ["before", "after"]
+
+
+def test_an_unterminated_last_line_is_not_read_again(small_daemon: DaemonProcess,
+                                                     tmp_path: Path, sid: str) -> None:
+    """A last line already longer than a record may be is read on from where the last
+    import stopped. To see it, the bytes already read are changed in place (a newline put
+    among them): read again, they would make two lines. The line, once ended, is reported
+    once with its whole size; the record after it is imported once."""
+    first = line(user("u1", None, "first"))
+    big = over_limit(LIMIT + 1000)
+    path = tmp_path / "t.jsonl"
+    path.write_text(first + big[:LIMIT + 500])
+    with small_daemon.client() as client:
+        got = do_import(client, path, session_id=sid)
+        assert (got["messages_added"], got["malformed"], got["offset"]) == (
+            1, [], len(first))
+        with path.open("r+b") as file:
+            file.seek(len(first) + LIMIT // 2)
+            file.write(b"\n")
+        again = do_import(client, path, session_id=sid)
+        assert (again["messages_added"], again["malformed"], again["bytes_read"],
+                again["offset"]) == (0, [], 0, len(first))
+        last = line(user("u2", "u1", "last"))
+        with path.open("a") as file:
+            file.write(big[LIMIT + 500:] + "\n" + last)
+        done = do_import(client, path, session_id=sid)
+        assert (done["messages_added"], done["malformed"], done["lines_read"],
+                done["bytes_read"], done["offset"]) == (
+            1, [{"line": 2, "error": f"a record of {LIMIT + 1000:,} bytes, over the "
+                                     f"{LIMIT:,} a record may have (max_request_bytes): "
+                                     "skipped"}],
+            2, LIMIT + 1001 + len(last), path.stat().st_size)
+        assert do_import(client, path, session_id=sid)["messages_added"] == 0
+        assert contents(client, sid) == ["first", "last"]
+
+
+def test_an_unclosed_array_imports_its_complete_elements(shared_daemon: DaemonProcess,
+                                                         tmp_path: Path, sid: str) -> None:
+    """A JSON array is read as a stream of elements: one being written (no closing ``]``)
+    imports the elements a comma ends, and the rest once the file grows."""
+    records = [json.dumps(user(f"u{i}", None, f"request {i}")) for i in range(4)]
+    path = tmp_path / "growing.json"
+    path.write_text("[" + ",\n".join(records[:3]))
+    with shared_daemon.client() as client:
+        got = do_import(client, path, session_id=sid)
+        assert (got["messages_added"], got["lines_read"], got["offset"]) == (2, 2, 2)
+        path.write_text("[" + ",\n".join(records) + "]")
+        grown = do_import(client, path, session_id=sid)
+        assert (grown["messages_added"], grown["lines_read"], grown["offset"]) == (2, 2, 4)
+        assert contents(client, sid) == [f"request {i}" for i in range(4)]

@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from ctxd.transcripts import ClaudeCodeParser, Entry, Usage, parse_opencode
+from ctxd.transcripts import (
+    ArraySplitter,
+    ClaudeCodeParser,
+    Entry,
+    LineSplitter,
+    Piece,
+    Usage,
+    parse_opencode,
+)
 from ctxd.transcripts._claude_code import TOOL_USE_RESULT_MAX
 from ctxd.wire.types import MessageIn
 
@@ -150,6 +158,84 @@ def test_partial_last_line_left_for_later() -> None:
     assert (len(entries), used) == (1, len(whole))
     entries, used = parser.feed(b'{"type": "user", "uu', len(whole), 2)
     assert (entries, used) == ([], 0)
+
+
+def test_a_lone_surrogate_is_read_as_u_fffd_and_deep_nesting_is_malformed() -> None:
+    """Half an emoji (``\\ud83d`` alone, as JavaScript writes it) would make a text that
+    cannot be stored: it is read as U+FFFD; a line nested 100,000 deep is a malformed line,
+    and the line after each is read as usual."""
+    deep = b'{"type": "user", "message": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    entries = feed(user("u1", None, "cut \ud83d here"), deep, user("u2", None, "next"))
+    assert [(e.line, e.kind, e.error, [m.content for m in e.messages]) for e in entries] == [
+        (1, "message", None, ["cut \ufffd here"]),
+        (2, "malformed", "not JSON: nested too deep to read", []),
+        (3, "message", None, ["next"])]
+
+
+def chunked(splitter: LineSplitter | ArraySplitter, data: bytes, size: int) -> list[Piece]:
+    pieces = []
+    for start in range(0, len(data), size):
+        pieces += splitter.feed(data[start:start + size])
+    return pieces
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 64, 1 << 20])
+def test_line_splitter_keeps_a_line_up_to_the_limit_and_counts_a_longer_one(size: int) -> None:
+    """Whatever the chunks, the same pieces: a line over the limit as its size only, a
+    blank line counted but not yielded, the unterminated last line pending."""
+    data = b'{"a": 1}\n' + b"x" * 11 + b"\n\n" + b"y" * 10 + b"\nzz"
+    splitter = LineSplitter(100, 7, 10)
+    assert chunked(splitter, data, size) == [
+        Piece(7, 109, b'{"a": 1}', 8), Piece(8, 121, None, 11),
+        Piece(10, 133, b"y" * 10, 10)]
+    assert (splitter.offset, splitter.line, splitter.pending_bytes) == (133, 11, 2)
+
+
+def test_line_splitter_resumes_a_line_already_over_the_limit() -> None:
+    """An unterminated line an earlier import read past the limit is read on from where it
+    stopped: its size counts what was seen, its bytes are not read again."""
+    splitter = LineSplitter(50, 4, 10, seen=25)
+    assert splitter.feed(b"abc\n" + b"ok\n") == [Piece(4, 79, None, 28), Piece(5, 82, b"ok", 2)]
+
+
+ARRAY = (b' \n[ {"a": "x\\\\"}, {"b": "]\\"[,}{"} ,\n"s" , 1 ,[[], {}], {"c": [1, {"d": 2}]}'
+         b' ]  \n')
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 64, 1 << 20])
+def test_array_splitter_cuts_the_elements_json_reads(size: int) -> None:
+    """Strings holding brackets, commas, quotes and backslashes, nested arrays and objects,
+    any chunking: each piece decodes to the element json.loads finds at its index."""
+    splitter = ArraySplitter(1 << 20)
+    pieces = chunked(splitter, ARRAY, size)
+    assert [json.loads(piece.data or b"") for piece in pieces] == json.loads(ARRAY)
+    assert [(piece.line, ARRAY[piece.end:piece.end + 1]) for piece in pieces] == [
+        (1, b","), (2, b","), (3, b","), (4, b","), (5, b","), (6, b"]")]
+    assert (splitter.count, splitter.closed) == (6, True)
+
+
+@pytest.mark.parametrize("size", [1, 4, 1 << 20])
+def test_array_splitter_long_empty_and_unfinished_elements(size: int) -> None:
+    """An element over the limit is its size only; an empty one (``,,``) is yielded empty;
+    after the last comma of an unclosed array (a file being written) nothing is yielded."""
+    data = b'[1,"' + b"x" * 20 + b'",,{"t": 2},{"t": 3'
+    splitter = ArraySplitter(10)
+    assert chunked(splitter, data, size) == [
+        Piece(1, 2, b"1", 1), Piece(2, 25, None, 22), Piece(3, 26, b"", 0),
+        Piece(4, 35, b'{"t": 2}', 8)]
+    assert (splitter.count, splitter.closed) == (4, False)
+    assert ArraySplitter(10).feed(b"[ ]") == []
+    assert ArraySplitter(10).feed(b"[1, ]") == [Piece(1, 2, b"1", 1)]
+
+
+def test_parse_piece_reports_a_record_over_the_limit_with_its_size() -> None:
+    parser = ClaudeCodeParser()
+    assert parser.parse_piece(Piece(3, 900, None, 123_456), 65_536) == Entry(
+        line=3, end=900, kind="malformed",
+        error="a record of 123,456 bytes, over the 65,536 a record may have "
+              "(max_request_bytes): skipped")
+    assert parser.parse_piece(Piece(4, 901, b" ", 1), 65_536, end=4) == Entry(
+        line=4, end=4, kind="malformed", error="an empty element")
 
 
 def test_unknown_types_are_kept_by_name() -> None:
