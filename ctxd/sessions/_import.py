@@ -35,6 +35,7 @@ from ctxd.transcripts import (
     ClaudeCodeParser,
     Entry,
     LineSplitter,
+    Piece,
     Usage,
     decode_record,
     is_array,
@@ -63,10 +64,11 @@ HEAD_BYTES = 4096
 """The first bytes of the file whose hash tells a grown file from a replaced one."""
 WHOLE_MAX_BYTES = 256 << 20
 """An OpenCode export is one JSON document, read whole: at most this large."""
-ENTRIES_PER_TURN = 1024
-"""Entries taken on the event loop between two checkpoints: a chunk of tiny records is
-tens of thousands of them, and pings wait for none of it (docs/protocol.md,
-"transcript.import")."""
+BATCH_ENTRIES = 1024
+"""Records parsed in a worker thread, then taken on the event loop, at a time: a chunk of
+tiny records is tens of thousands of them, which neither the loop nor the garbage
+collector (a full collection of what a whole chunk left alive) must take in one go
+(docs/decisions.md, "Bounded imports")."""
 AGENT_PROMPT_CHARS = 20_000
 """A sub-agent branch's prompt (its first user message), cut to this many characters."""
 AGENT_BUDGET = 32_768
@@ -483,12 +485,33 @@ def _answer(messages: list[MessageIn]) -> str:
     return "(the sub-agent left no answer)"
 
 
-def _read_lines(file: BinaryIO, splitter: LineSplitter, parser: ClaudeCodeParser,
-                limit: int) -> tuple[list[Entry], int]:
-    """The entries of the lines the next chunk completes, and its size (a worker thread's
-    part of the read: I/O, splitting and decoding)."""
-    chunk = file.read(CHUNK_BYTES)
-    return [parser.parse_piece(piece, limit) for piece in splitter.feed(chunk)], len(chunk)
+class _Records:
+    """A file's entries, read and parsed in worker threads a batch at a time: a chunk is
+    read and cut into records once the previous chunk's are all handed out."""
+
+    def __init__(self, file: BinaryIO, cut: Callable[[bytes], list[Piece]],
+                 parse: Callable[[Piece], Entry]) -> None:
+        self._file = file
+        self._cut = cut
+        self._parse = parse
+        self._pieces: list[Piece] = []
+        self._next = 0
+
+    @property
+    def drained(self) -> bool:
+        """Whether every record cut so far was handed out."""
+        return self._next >= len(self._pieces)
+
+    def batch(self) -> list[Entry]:
+        """The next BATCH_ENTRIES entries at most; none at the file's end (blocking)."""
+        while self.drained:
+            chunk = self._file.read(CHUNK_BYTES)
+            if not chunk:
+                return []
+            self._pieces, self._next = self._cut(chunk), 0
+        pieces = self._pieces[self._next:self._next + BATCH_ENTRIES]
+        self._next += len(pieces)
+        return [self._parse(piece) for piece in pieces]
 
 
 async def _import_claude_code(job: _Import, path: Path, limit: int, seen: int) -> int:
@@ -502,12 +525,10 @@ async def _import_claude_code(job: _Import, path: Path, limit: int, seen: int) -
     job.state.size = 0  # what an interrupted import commits claims no unterminated line
     with path.open("rb") as file:
         file.seek(start + seen)
-        while True:
-            entries, read = await trio.to_thread.run_sync(
-                _read_lines, file, splitter, parser, limit)
-            if not read:
-                break
-            for number, entry in enumerate(entries, 1):
+        records = _Records(file, splitter.feed,
+                           lambda piece: parser.parse_piece(piece, limit))
+        while entries := await trio.to_thread.run_sync(records.batch):
+            for entry in entries:
                 if entry.thread is None and entry.kind == "message" and job.agents:
                     await job.flush_main(job.safe_end, job.safe_line)
                     await job.flush_agents()
@@ -516,9 +537,7 @@ async def _import_claude_code(job: _Import, path: Path, limit: int, seen: int) -
                     job.safe_end, job.safe_line = entry.end, entry.line
                     if len(job.main) >= BATCH_MESSAGES:
                         await job.flush_main(entry.end, entry.line)
-                if number % ENTRIES_PER_TURN == 0:
-                    await trio.lowlevel.checkpoint()
-            if not job.agents:
+            if not job.agents and records.drained:
                 # Blank lines at the chunk's end move the position too.
                 job.safe_end, job.safe_line = splitter.offset, splitter.line - 1
     if job.agents:
@@ -527,15 +546,6 @@ async def _import_claude_code(job: _Import, path: Path, limit: int, seen: int) -
     job.state.size = splitter.offset + splitter.pending_bytes
     await job.flush_main(splitter.offset, splitter.line - 1)
     return splitter.offset - start
-
-
-def _read_elements(file: BinaryIO, splitter: ArraySplitter, parser: ClaudeCodeParser,
-                   limit: int, imported: int) -> tuple[list[Entry], int]:
-    """The entries of the elements the next chunk ends, after the first ``imported`` (those
-    are decoded too: the parser links records across them), and the chunk's size."""
-    chunk = file.read(CHUNK_BYTES)
-    entries = [parser.parse_piece(piece, limit, piece.line) for piece in splitter.feed(chunk)]
-    return [entry for entry in entries if entry.line > imported], len(chunk)
 
 
 async def _import_array(job: _Import, path: Path, limit: int) -> None:
@@ -547,12 +557,12 @@ async def _import_array(job: _Import, path: Path, limit: int) -> None:
     splitter = ArraySplitter(limit)
     imported = job.state.offset
     with path.open("rb") as file:
-        while True:
-            entries, read = await trio.to_thread.run_sync(
-                _read_elements, file, splitter, parser, limit, imported)
-            if not read:
-                break
-            await _take_indexed(job, entries)
+        # The elements already imported are parsed too: the parser links records across
+        # them (tool names, sub-agent chains).
+        records = _Records(file, splitter.feed,
+                           lambda piece: parser.parse_piece(piece, limit, piece.line))
+        while entries := await trio.to_thread.run_sync(records.batch):
+            await _take_indexed(job, [entry for entry in entries if entry.line > imported])
     if job.agents:
         await job.flush_main(job.safe_end, job.safe_line)
         await job.flush_agents()
@@ -564,7 +574,7 @@ async def _take_indexed(job: _Import, entries: list[Entry]) -> None:
     """Entries positioned by index (an array's elements, an export's messages), taken in
     order: a sub-agent's, buffered, become its branch before the next main-thread record,
     as in a JSONL file."""
-    for number, entry in enumerate(entries, 1):
+    for entry in entries:
         if entry.thread is None and entry.kind == "message" and job.agents:
             await job.flush_main(job.safe_end, job.safe_line)
             await job.flush_agents()
@@ -573,14 +583,15 @@ async def _take_indexed(job: _Import, entries: list[Entry]) -> None:
             job.safe_end = job.safe_line = entry.line
             if len(job.main) >= BATCH_MESSAGES:
                 await job.flush_main(entry.line, entry.line)
-        if number % ENTRIES_PER_TURN == 0:
-            await trio.lowlevel.checkpoint()
 
 
 async def _import_whole(job: _Import, entries: list[Entry], total: int) -> None:
     """A document read whole (an OpenCode export): the records after the
     ``job.state.offset`` already imported (a record's position is its 1-based index)."""
-    await _take_indexed(job, [entry for entry in entries if entry.line > job.state.offset])
+    new = [entry for entry in entries if entry.line > job.state.offset]
+    for first in range(0, len(new), BATCH_ENTRIES):
+        await _take_indexed(job, new[first:first + BATCH_ENTRIES])
+        await trio.lowlevel.checkpoint()
     if job.agents:
         await job.flush_main(job.safe_end, job.safe_line)
         await job.flush_agents()

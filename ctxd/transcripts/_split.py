@@ -10,11 +10,10 @@ record is that record's failure, never the file's.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Piece:
+class Piece(NamedTuple):
     """One record's bytes (``data``; None when it is longer than the limit), its position
     (``line``: a JSONL line's 1-based number, or an array element's 1-based index), the
     byte offset just after it (``end``) and its length in bytes (``size``)."""
@@ -43,6 +42,8 @@ class _Pending:
 
     def take(self, last: bytes) -> tuple[bytes | None, int]:
         """The record ended by ``last``: its bytes (None over the limit) and size."""
+        if not self.size:  # all of it in one chunk: the common case
+            return (last if len(last) <= self.limit else None), len(last)
         size = self.size + len(last)
         data = None if size > self.limit else b"".join([*self.parts, last])
         self.parts.clear()
@@ -88,8 +89,14 @@ class LineSplitter:
         return pieces
 
 
-_STRUCTURE = re.compile(rb'[\[\]{},"]')
-"""What changes the depth or ends an element, outside a string."""
+_STRING = rb'"(?:[^"\\]++|\\.)*+"'
+_ELEMENT_END = re.compile(rb"(?:" + _STRING + rb'|[^"\[\]{},]++)*+([\[\]{},])', re.DOTALL)
+"""Up to the next byte that changes the depth or ends an element (a comma), whole strings
+skipped: at the array's own depth."""
+_NESTED_END = re.compile(rb"(?:" + _STRING + rb'|[^"\[\]{}]++)*+([\[\]{}])', re.DOTALL)
+"""The same inside an element, where commas do not matter."""
+_UNSTRUCTURED = re.compile(rb"(?:" + _STRING + rb'|[^"\[\]{}]++)*+', re.DOTALL)
+"""What neither pattern can pass: the bytes up to a string the chunk does not close."""
 _STRING_BODY = re.compile(rb'(?:[^"\\]++|\\.)*+', re.DOTALL)
 """The rest of a string up to its closing quote (or a backslash ending the chunk)."""
 _BLANK = b" \t\r\n"
@@ -141,15 +148,16 @@ class ArraySplitter:
                     self._escape = True
                 position += 1
                 continue
-            found = _STRUCTURE.search(chunk, position)
-            if found is None:
-                break
-            at = found.start()
+            found = (_ELEMENT_END if self._depth <= 1 else _NESTED_END).match(chunk, position)
+            if found is None:  # no such byte before the chunk's end, or a string open at it
+                position = _UNSTRUCTURED.match(chunk, position).end()  # type: ignore[union-attr]
+                if position < size:  # the opening quote of a string the chunk does not close
+                    self._in_string, position = True, position + 1
+                continue
+            at = found.start(1)
             byte = chunk[at]
             position = at + 1
-            if byte == 0x22:
-                self._in_string = True
-            elif byte in b"[{":
+            if byte in b"[{":
                 self._depth += 1
                 if self._depth == 1:  # the array opens: its first element starts here
                     start = position
