@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import apsw
 import msgspec
@@ -31,6 +31,7 @@ from ctxd.sessions._queries import decode_meta, scalar_rowid
 from ctxd.sessions._supervisor import Supervisor
 from ctxd.store import Transaction
 from ctxd.transcripts import (
+    NOT_AN_EXPORT,
     ArraySplitter,
     ClaudeCodeParser,
     Entry,
@@ -39,7 +40,8 @@ from ctxd.transcripts import (
     Usage,
     decode_record,
     is_array,
-    parse_opencode,
+    locate_messages,
+    parse_message,
 )
 from ctxd.wire import Call, Dispatcher
 from ctxd.wire.types import (
@@ -62,8 +64,6 @@ BATCH_MESSAGES = 500
 """Main-thread messages appended in one transaction at most."""
 HEAD_BYTES = 4096
 """The first bytes of the file whose hash tells a grown file from a replaced one."""
-WHOLE_MAX_BYTES = 256 << 20
-"""An OpenCode export is one JSON document, read whole: at most this large."""
 BATCH_ENTRIES = 1024
 """Records parsed in a worker thread, then taken on the event loop, at a time: a chunk of
 tiny records is tens of thousands of them, which neither the loop nor the garbage
@@ -90,7 +90,7 @@ class _State:
     ``size`` is, for a JSONL file, how far the last finished import read: the bytes from
     ``offset`` (where the unterminated last line began) up to it hold no newline, so a line
     already longer than a record may be is not read again (0 after an interrupted import:
-    nothing claimed). For a document read by index (a JSON array, an OpenCode export), it is
+    nothing claimed). For a file read by index (a JSON array, an OpenCode export), it is
     the file's size, which only grows while records are added.
     """
 
@@ -212,14 +212,19 @@ def check_path(raw: str) -> tuple[Path, int]:
     return path, info.st_size
 
 
-def _starts_array(path: Path) -> bool:
-    """Whether the file's first non-blank byte is ``[`` (Claude Code records saved as one
-    JSON array rather than JSONL)."""
+def _first_byte(path: Path) -> bytes:
+    """The file's first non-blank byte (b"" when it has none)."""
     with path.open("rb") as file:
         while chunk := file.read(HEAD_BYTES):
             if chunk.strip():
-                return is_array(chunk)
-    return False
+                return chunk.lstrip()[:1]
+    return b""
+
+
+def _starts_array(path: Path) -> bool:
+    """Whether the file's first non-blank byte is ``[`` (Claude Code records saved as one
+    JSON array rather than JSONL)."""
+    return is_array(_first_byte(path))
 
 
 def _is_record(record: object) -> bool:
@@ -286,6 +291,29 @@ def _scan_array(path: Path, limit: int) -> tuple[str | None, str | None]:
         else f"none of the {len(pieces)} complete elements read is"
     return None, (f"{path} starts with [ but is not a JSON array of Claude Code records: "
                   f"{which} a Claude Code record (an object with a `type`)")
+
+
+def _scan_export(path: Path, limit: int) -> tuple[dict[str, Any], int]:
+    """An OpenCode export's session info and the byte offset of its ``messages`` array: the
+    file is cut into its top-level members, a chunk at a time (memory: the members that fit
+    the limit, such as ``info``).
+
+    Raises:
+        ValueError: not ``{info, messages: [...]}``.
+    """
+    if _first_byte(path) != b"{":
+        raise ValueError(NOT_AN_EXPORT)
+    with path.open("rb") as file:
+        splitter = ArraySplitter(limit)
+        members = []
+        while chunk := file.read(CHUNK_BYTES):
+            members += splitter.feed(chunk)
+
+        def head(offset: int, length: int) -> bytes:
+            file.seek(offset)
+            return file.read(length)
+
+        return locate_messages(members, head)
 
 
 @dataclass
@@ -548,19 +576,20 @@ async def _import_claude_code(job: _Import, path: Path, limit: int, seen: int) -
     return splitter.offset - start
 
 
-async def _import_array(job: _Import, path: Path, limit: int) -> None:
-    """Claude Code records saved as one JSON array, read as a stream (memory: one chunk and
-    one element): the elements after the ``job.state.offset`` already imported (a record's
-    position is its 1-based index); an element longer than ``limit`` is skipped, reported
-    with its size; elements after an unclosed array's last comma are left for later."""
-    parser = ClaudeCodeParser()
-    splitter = ArraySplitter(limit)
+async def _import_elements(job: _Import, path: Path, start: int,
+                           parse: Callable[[Piece], Entry]) -> None:
+    """The elements of the JSON array at byte ``start`` (Claude Code records saved as one
+    array; an OpenCode export's ``messages``), read as a stream (memory: one chunk and one
+    element): those after the ``job.state.offset`` already imported (a record's position
+    is its 1-based index). An element longer than the limit is skipped, reported with its
+    size; elements after an unclosed array's last comma are left for later."""
+    splitter = ArraySplitter(job.actor.supervisor.config.max_request_bytes)
     imported = job.state.offset
     with path.open("rb") as file:
+        file.seek(start)
         # The elements already imported are parsed too: the parser links records across
         # them (tool names, sub-agent chains).
-        records = _Records(file, splitter.feed,
-                           lambda piece: parser.parse_piece(piece, limit, piece.line))
+        records = _Records(file, splitter.feed, parse)
         while entries := await trio.to_thread.run_sync(records.batch):
             await _take_indexed(job, [entry for entry in entries if entry.line > imported])
     if job.agents:
@@ -585,19 +614,6 @@ async def _take_indexed(job: _Import, entries: list[Entry]) -> None:
                 await job.flush_main(entry.line, entry.line)
 
 
-async def _import_whole(job: _Import, entries: list[Entry], total: int) -> None:
-    """A document read whole (an OpenCode export): the records after the
-    ``job.state.offset`` already imported (a record's position is its 1-based index)."""
-    new = [entry for entry in entries if entry.line > job.state.offset]
-    for first in range(0, len(new), BATCH_ENTRIES):
-        await _take_indexed(job, new[first:first + BATCH_ENTRIES])
-        await trio.lowlevel.checkpoint()
-    if job.agents:
-        await job.flush_main(job.safe_end, job.safe_line)
-        await job.flush_agents()
-    await job.flush_main(total, total)
-
-
 def subagent_files(path: Path) -> list[Path]:
     """The sub-agent transcripts Claude Code (2.1) writes beside a session's transcript,
     ``<dir>/<session id>/subagents/agent-*.jsonl``, in name order."""
@@ -609,12 +625,12 @@ def subagent_files(path: Path) -> list[Path]:
 
 
 async def _import_file(actor: SessionActor, p: TranscriptImportParams, path: Path, size: int,
-                       whole: tuple[list[Entry], int] | None,
-                       subagent_file: bool = False, array: bool = False
+                       array_at: int | None, subagent_file: bool = False
                        ) -> tuple[_Import, int, bool]:
     """One file from its committed position: the job (its counts), the bytes read and
-    whether it was restarted. ``array``: the file holds Claude Code records as one JSON
-    array (read as a stream, positioned by index)."""
+    whether it was restarted. ``array_at``: where the JSON array of its records starts (an
+    OpenCode export's ``messages``, Claude Code records saved as one array: read as a
+    stream, positioned by index); None for a JSONL file."""
     store = actor.supervisor.store
     limit = actor.supervisor.config.max_request_bytes
     key = str(path)
@@ -623,7 +639,7 @@ async def _import_file(actor: SessionActor, p: TranscriptImportParams, path: Pat
     head = await trio.to_thread.run_sync(_head_hash, path, head_bytes)
     restarted = False
     if stored is not None:
-        position = stored.offset if whole is None and not array else stored.size
+        position = stored.offset if array_at is None else stored.size
         if size < position or head != stored.head_hash:
             if not p.restart:
                 raise invalid_state(
@@ -637,7 +653,7 @@ async def _import_file(actor: SessionActor, p: TranscriptImportParams, path: Pat
             head = await trio.to_thread.run_sync(_head_hash, path, head_bytes)
     # An unterminated last line already over the limit is read on from where the last
     # import stopped (docs/decisions.md, "Bounded imports").
-    tail = 0 if stored is None or whole is not None or array else stored.size - stored.offset
+    tail = 0 if stored is None or array_at is not None else stored.size - stored.offset
     seen = tail if tail > limit else 0
     state = stored or _State(head_bytes=head_bytes, head_hash=head)
     state.size = size
@@ -647,31 +663,27 @@ async def _import_file(actor: SessionActor, p: TranscriptImportParams, path: Pat
     job.safe_end, job.safe_line = state.offset, state.lines
     start = state.offset
     bytes_read = 0
-    if array:
-        await _import_array(job, path, limit)
-        bytes_read = size if job.state.offset > start or stored is None else 0
-    elif whole is None:
+    if array_at is None:
         if state.offset + seen < size:
             bytes_read = await _import_claude_code(job, path, limit, seen)
     else:
-        entries, total = whole
-        if total > state.offset or stored is None:
-            await _import_whole(job, entries, total)
+        parser = ClaudeCodeParser()
+        await _import_elements(job, path, array_at, (
+            lambda piece: parse_message(piece, limit)) if p.format == "opencode" else (
+            lambda piece: parser.parse_piece(piece, limit, piece.line)))
         bytes_read = size if job.state.offset > start or stored is None else 0
     return job, bytes_read, restarted
 
 
 async def run_import(actor: SessionActor, p: TranscriptImportParams, path: Path, size: int,
-                     whole: tuple[list[Entry], int] | None, array: bool = False
-                     ) -> TranscriptImportResult:
-    """The import on the session's actor (one at a time per session): the file (``whole``:
-    its entries and record count when it is read whole; ``array``: Claude Code records as
-    one JSON array), then (Claude Code) the sub-agent files beside it, each from its own
-    position, as branches."""
+                     array_at: int | None) -> TranscriptImportResult:
+    """The import on the session's actor (one at a time per session): the file
+    (``array_at``: where the JSON array of its records starts, None for JSONL), then
+    (Claude Code) the sub-agent files beside it, each from its own position, as
+    branches."""
     created = actor.record is None
     await actor.open(SessionOpenParams(session_id=actor.session_id, project=p.project))
-    job, bytes_read, restarted = await _import_file(actor, p, path, size, whole,
-                                                    array=array)
+    job, bytes_read, restarted = await _import_file(actor, p, path, size, array_at)
     jobs = [job]
     subagents = [] if p.format != "claude-code" else await trio.to_thread.run_sync(
         subagent_files, path)
@@ -713,28 +725,22 @@ def register_import(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
                                 ) -> TranscriptImportResult:
         path, size = check_path(p.path)
         session_id = p.session_id
-        whole: tuple[list[Entry], int] | None = None
-        array = False
+        limit = supervisor.config.max_request_bytes
+        array_at: int | None = None
         if p.format == "opencode":
-            if size > WHOLE_MAX_BYTES:
-                raise params_error("$.path", f"{p.path} is {size} bytes; an OpenCode export "
-                                             f"is read whole, at most {WHOLE_MAX_BYTES}")
-            data = await trio.to_thread.run_sync(path.read_bytes)
             try:
-                info, entries, total = await trio.to_thread.run_sync(parse_opencode, data)
+                info, array_at = await trio.to_thread.run_sync(_scan_export, path, limit)
             except ValueError as exc:
                 raise params_error("$.path", f"{p.path} is not an OpenCode export: {exc}"
                                    ) from exc
-            whole = (entries, total)
             session_id = session_id or (info.get("id") if isinstance(info.get("id"), str)
                                         else None)
         elif await trio.to_thread.run_sync(_starts_array, path):
             # Claude Code records saved as one JSON array: read as a stream of elements.
-            found, refused = await trio.to_thread.run_sync(
-                _scan_array, path, supervisor.config.max_request_bytes)
+            found, refused = await trio.to_thread.run_sync(_scan_array, path, limit)
             if refused is not None:
                 raise params_error("$.path", refused)
-            array = True
+            array_at = 0
             session_id = session_id or found
         else:
             found, refused = await trio.to_thread.run_sync(_scan_claude, path)
@@ -753,7 +759,7 @@ def register_import(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
                                                "id; give one (ctxctl import --session ID)"
                                ) from exc
         return await supervisor.call(session_id, lambda a: run_import(a, p, path, size,
-                                                                      whole, array))
+                                                                      array_at))
 
     dispatcher.register("transcript.import", TranscriptImportParams, transcript_import)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ctxd.transcripts._model import Entry, Usage
+from ctxd.transcripts._model import Entry, Usage, unreadable
 from ctxd.transcripts._split import Piece
 from ctxd.wire import replace_lone_surrogates
 from ctxd.wire.types import MessageIn
@@ -115,14 +115,8 @@ class ClaudeCodeParser:
         malformed entry saying so (its bytes were not kept). ``end`` is the position the
         entry ends at, when not the piece's byte offset (an array's element: its index)."""
         at = piece.end if end is None else end
-        if piece.data is None:
-            return Entry(line=piece.line, end=at, kind="malformed",
-                         error=f"a record of {piece.size:,} bytes, over the {limit:,} a "
-                               "record may have (max_request_bytes): skipped")
-        if not piece.data.strip():
-            return Entry(line=piece.line, end=at, kind="malformed",
-                         error="an empty element")
-        return self.parse_line(piece.data, piece.line, at)
+        bad = unreadable(piece, limit, at)
+        return bad if bad is not None else self.parse_line(piece.data or b"", piece.line, at)
 
     def parse_record(self, record: Any, line: int, end: int) -> Entry:
         """One decoded record (a line's JSON, or an element of a JSON array)."""

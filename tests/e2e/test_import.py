@@ -775,3 +775,25 @@ def test_an_unclosed_array_imports_its_complete_elements(shared_daemon: DaemonPr
         grown = do_import(client, path, session_id=sid)
         assert (grown["messages_added"], grown["lines_read"], grown["offset"]) == (2, 2, 4)
         assert contents(client, sid) == [f"request {i}" for i in range(4)]
+
+
+def test_an_opencode_export_with_bad_messages_imports_the_rest(shared_daemon: DaemonProcess,
+                                                               tmp_path: Path) -> None:
+    """An export's messages are read one by one: one nested 100,000 deep is reported at its
+    index, a lone surrogate is U+FFFD, and the messages after them are imported."""
+    half = {"info": {"id": "msg_h", "role": "user"},
+            "parts": [{"type": "text", "text": HALF_EMOJI}]}
+    after = {"info": {"id": "msg_z", "role": "user"}, "parts": [{"type": "text",
+                                                                  "text": "after"}]}
+    path = tmp_path / "export.json"
+    path.write_text('{"info": {"id": "ses_bad_opencode"}, "messages": ['
+                    + json.dumps(half) + ", " + "[" * 100_000 + "]" * 100_000 + ", "
+                    + json.dumps(after) + "]}")
+    with shared_daemon.client() as client:
+        got = client.call("transcript.import", {"format": "opencode", "path": str(path)})
+        assert (got["session_id"], got["messages_added"], got["malformed"], got["offset"]) == (
+            "ses_bad_opencode", 2, [{"line": 2, "error": "not JSON: nested too deep to read"}],
+            3)
+        assert contents(client, "ses_bad_opencode") == [
+            [{"type": "text", "text": "emoji cut in half: \ufffd"}],
+            [{"type": "text", "text": "after"}]]

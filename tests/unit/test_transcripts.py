@@ -15,6 +15,7 @@ from ctxd.transcripts import (
     LineSplitter,
     Piece,
     Usage,
+    parse_message,
     parse_opencode,
 )
 from ctxd.transcripts._claude_code import TOOL_USE_RESULT_MAX
@@ -345,9 +346,30 @@ def test_opencode_compaction_part_keeps_its_tail_start_id() -> None:
              "tail_start_id": "a1"}]})]]
 
 
-@pytest.mark.parametrize(("data", "match"), [
-    (b"{", "Expecting property name"), (b"[]", "an OpenCode export is an object"),
-    (b'{"info": {}}', "an OpenCode export is an object")])
-def test_opencode_not_an_export(data: bytes, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+@pytest.mark.parametrize("data", [b"{", b"[]", b'{"info": {}}', b'{"messages": {}}',
+                                  b'{"messages": 1, "info": []}'])
+def test_opencode_not_an_export(data: bytes) -> None:
+    with pytest.raises(ValueError, match=r"^an OpenCode export is an object \{info, "):
         parse_opencode(data)
+
+
+def test_opencode_messages_are_read_one_by_one() -> None:
+    """Each message decoded by itself: one nested 100,000 deep, one not JSON, one over the
+    limit are malformed at their index; a lone surrogate is U+FFFD; the info is found
+    whatever the members' order."""
+    good = {"info": {"id": "u1", "role": "user"}, "parts": [{"type": "text",
+                                                             "text": "cut \ud83d"}]}
+    deep = b"[" * 100_000 + b"]" * 100_000
+    data = (b'{"messages": [' + deep + b", {oops}, " + json.dumps(good).encode()
+            + b', "' + b"x" * 100 + b'"], "info": {"id": "ses_x"}}')
+    info, entries, total = parse_opencode(data)
+    assert (info, total) == ({"id": "ses_x"}, 4)
+    assert [(e.line, e.kind, e.error) for e in entries[:2]] == [
+        (1, "malformed", "not JSON: nested too deep to read"),
+        (2, "malformed", entries[1].error)]
+    assert str(entries[1].error).startswith("not JSON: ")
+    assert entries[2].messages[0].content == [{"type": "text", "text": "cut \ufffd"}]
+    assert parse_message(Piece(4, 99, None, 102), 64) == Entry(
+        line=4, end=4, kind="malformed",
+        error="a record of 102 bytes, over the 64 a record may have (max_request_bytes): "
+              "skipped")
