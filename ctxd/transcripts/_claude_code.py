@@ -24,6 +24,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
+
 from ctxd.transcripts._model import Entry, Usage, unreadable
 from ctxd.transcripts._split import Piece
 from ctxd.wire import replace_lone_surrogates
@@ -54,10 +56,11 @@ def decode_record(raw: bytes) -> Any:
     "transcript.import"): the text it gives can be stored and sent like any other.
 
     Raises:
-        ValueError: not JSON, or nested too deep to read (the reason is the message).
+        ValueError: not JSON (a number out of range included), or nested too deep to read
+            (the reason is the message).
     """
     try:
-        return json.loads(replace_lone_surrogates(raw))
+        return msgspec.json.decode(replace_lone_surrogates(raw))
     except RecursionError:
         raise ValueError("nested too deep to read") from None
 
