@@ -212,6 +212,15 @@ def check_path(raw: str) -> tuple[Path, int]:
     return path, info.st_size
 
 
+def _newline_free(path: Path, offset: int, length: int) -> bool:
+    """Whether the ``length`` bytes at ``offset`` hold no newline: what a remembered
+    unterminated line claims of its start (a row written before ``size`` meant that could
+    claim bytes an interrupted import never read; a real line holds none)."""
+    with path.open("rb") as file:
+        file.seek(offset)
+        return b"\n" not in file.read(length)
+
+
 def _first_byte(path: Path) -> bytes:
     """The file's first non-blank byte (b"" when it has none)."""
     with path.open("rb") as file:
@@ -654,7 +663,8 @@ async def _import_file(actor: SessionActor, p: TranscriptImportParams, path: Pat
     # An unterminated last line already over the limit is read on from where the last
     # import stopped (docs/decisions.md, "Bounded imports").
     tail = 0 if stored is None or array_at is not None else stored.size - stored.offset
-    seen = tail if tail > limit else 0
+    seen = tail if tail > limit and await trio.to_thread.run_sync(
+        _newline_free, path, stored.offset if stored else 0, limit + 1) else 0
     state = stored or _State(head_bytes=head_bytes, head_hash=head)
     state.size = size
     live = await store.read(_load_live, actor.session_id)

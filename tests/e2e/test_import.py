@@ -731,8 +731,9 @@ def test_an_unterminated_last_line_is_not_read_again(small_daemon: DaemonProcess
                                                      tmp_path: Path, sid: str) -> None:
     """A last line already longer than a record may be is read on from where the last
     import stopped. To see it, the bytes already read are changed in place (a newline put
-    among them): read again, they would make two lines. The line, once ended, is reported
-    once with its whole size; the record after it is imported once."""
+    among them, past the first max_request_bytes that are checked): read again, they would
+    make two lines. The line, once ended, is reported once with its whole size; the record
+    after it is imported once."""
     first = line(user("u1", None, "first"))
     big = over_limit(LIMIT + 1000)
     path = tmp_path / "t.jsonl"
@@ -742,7 +743,7 @@ def test_an_unterminated_last_line_is_not_read_again(small_daemon: DaemonProcess
         assert (got["messages_added"], got["malformed"], got["offset"]) == (
             1, [], len(first))
         with path.open("r+b") as file:
-            file.seek(len(first) + LIMIT // 2)
+            file.seek(len(first) + LIMIT + 200)
             file.write(b"\n")
         again = do_import(client, path, session_id=sid)
         assert (again["messages_added"], again["malformed"], again["bytes_read"],
