@@ -90,10 +90,12 @@ class LineSplitter:
 
 
 _STRING = rb'"(?:[^"\\]++|\\.)*+"'
-_ELEMENT_END = re.compile(rb"(?:" + _STRING + rb'|[^"\[\]{},]++)*+([\[\]{},])', re.DOTALL)
-"""Up to the next byte that changes the depth or ends an element (a comma), whole strings
-skipped: at the array's own depth."""
-_NESTED_END = re.compile(rb"(?:" + _STRING + rb'|[^"\[\]{}]++)*+([\[\]{}])', re.DOTALL)
+_ELEMENT_END = re.compile(rb"(?:" + _STRING + rb'|[^"\[\]{},]++)*+([\[{]++|[\]}]++|,)',
+                          re.DOTALL)
+"""Up to the next bytes that change the depth (a run of openers, or of closers) or end an
+element (a comma), whole strings skipped: at the array's own depth."""
+_NESTED_END = re.compile(rb"(?:" + _STRING + rb'|[^"\[\]{}]++)*+([\[{]++|[\]}]++)',
+                         re.DOTALL)
 """The same inside an element, where commas do not matter."""
 _UNSTRUCTURED = re.compile(rb"(?:" + _STRING + rb'|[^"\[\]{}]++)*+', re.DOTALL)
 """What neither pattern can pass: the bytes up to a string the chunk does not close."""
@@ -154,19 +156,20 @@ class ArraySplitter:
                 if position < size:  # the opening quote of a string the chunk does not close
                     self._in_string, position = True, position + 1
                 continue
-            at = found.start(1)
+            at, position = found.span(1)
             byte = chunk[at]
-            position = at + 1
-            if byte in b"[{":
-                self._depth += 1
-                if self._depth == 1:  # the array opens: its first element starts here
-                    start = position
+            if byte in b"[{":  # a run: nesting 100,000 deep is one step
+                if self._depth == 0:  # the array opens: its first element starts after it
+                    start = at + 1
+                self._depth += position - at
             elif byte in b"]}":
-                self._depth -= 1
-                if self._depth == 0:
-                    self.closed = True
+                if position - at < self._depth:
+                    self._depth -= position - at
+                else:  # the array's own ] is in the run
+                    at += self._depth - 1
+                    self._depth, self.closed = 0, True
                     self._end(pieces, chunk[start:at], at, blank_ok=True)
-            elif byte == 0x2C and self._depth == 1:
+            elif self._depth == 1:  # a comma
                 self._end(pieces, chunk[start:at], at, blank_ok=False)
                 start = position
         if not self.closed and self._depth >= 1:

@@ -227,6 +227,11 @@ def test_array_splitter_long_empty_and_unfinished_elements(size: int) -> None:
     assert (splitter.count, splitter.closed) == (4, False)
     assert ArraySplitter(10).feed(b"[ ]") == []
     assert ArraySplitter(10).feed(b"[1, ]") == [Piece(1, 2, b"1", 1)]
+    deep = b"[" + b"[" * 100_000 + b"]" * 100_000 + b",[[1]]]]"
+    splitter = ArraySplitter(10)
+    assert chunked(splitter, deep, size) == [Piece(1, 200_001, None, 200_000),
+                                             Piece(2, 200_007, b"[[1]]", 5)]
+    assert (splitter.count, splitter.closed) == (2, True)
 
 
 def test_parse_piece_reports_a_record_over_the_limit_with_its_size() -> None:
