@@ -6,14 +6,8 @@ importer (``transcript.import``, docs/protocol.md) feeds them and appends what t
 
 from ctxd.transcripts._claude_code import ClaudeCodeParser, decode_record, is_array
 from ctxd.transcripts._model import Entry, Usage
-from ctxd.transcripts._opencode import (
-    NOT_AN_EXPORT,
-    locate_messages,
-    parse_message,
-    parse_opencode,
-)
+from ctxd.transcripts._opencode import NOT_AN_EXPORT, locate_messages, parse_message
 from ctxd.transcripts._split import ArraySplitter, LineSplitter, Piece
 
 __all__ = ["NOT_AN_EXPORT", "ArraySplitter", "ClaudeCodeParser", "Entry", "LineSplitter",
-           "Piece", "Usage", "decode_record", "is_array", "locate_messages", "parse_message",
-           "parse_opencode"]
+           "Piece", "Usage", "decode_record", "is_array", "locate_messages", "parse_message"]

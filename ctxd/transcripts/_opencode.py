@@ -11,6 +11,10 @@ retry, file, reasoning) are kept in the message's ``meta.parts``; an unknown par
 Every message's ``meta.source.id`` is its OpenCode message id: a compaction part's
 ``tail_start_id`` names one (the fork pipeline keeps that tail, docs/protocol.md,
 "context.fork").
+
+The export is read as the importer reads any file, a chunk at a time: its top-level
+members are cut out like an array's elements (`locate_messages` finds ``info`` and where
+``messages`` starts), then each message by itself (`parse_message`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 
 from ctxd.transcripts._claude_code import decode_record
 from ctxd.transcripts._model import Entry, Usage, unreadable
-from ctxd.transcripts._split import ArraySplitter, Piece
+from ctxd.transcripts._split import Piece
 from ctxd.wire.types import MessageIn
 
 META_PARTS = ("reasoning", "file", "step-start", "step-finish", "patch", "snapshot", "agent",
@@ -186,22 +190,3 @@ def parse_message(piece: Piece, limit: int) -> Entry:
     except RecursionError:
         return Entry(line=piece.line, end=piece.line, kind="malformed",
                      error="not JSON: nested too deep to read")
-
-
-def parse_opencode(data: bytes, skip: int = 0) -> tuple[dict[str, Any], list[Entry], int]:
-    """An export held in memory: its session info, the entries of its messages after the
-    first ``skip`` (``line`` is a message's 1-based index), and its number of messages
-    (the importer reads a file the same way, a chunk at a time).
-
-    Raises:
-        ValueError: not ``{info, messages: [...]}``.
-    """
-    if data.lstrip()[:1] != b"{":
-        raise ValueError(NOT_AN_EXPORT)
-    limit = len(data)
-    info, start = locate_messages(ArraySplitter(limit).feed(data),
-                                  lambda offset, length: data[offset:offset + length])
-    splitter = ArraySplitter(limit)
-    entries = [parse_message(piece, limit) for piece in splitter.feed(data[start:])
-               if piece.line > skip]
-    return info, entries, splitter.count

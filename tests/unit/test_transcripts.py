@@ -9,14 +9,15 @@ from typing import Any
 import pytest
 
 from ctxd.transcripts import (
+    NOT_AN_EXPORT,
     ArraySplitter,
     ClaudeCodeParser,
     Entry,
     LineSplitter,
     Piece,
     Usage,
+    locate_messages,
     parse_message,
-    parse_opencode,
 )
 from ctxd.transcripts._claude_code import TOOL_USE_RESULT_MAX
 from ctxd.wire.types import MessageIn
@@ -257,6 +258,19 @@ def test_unknown_types_are_kept_by_name() -> None:
 
 def export(*messages: dict[str, Any]) -> bytes:
     return json.dumps({"info": {"id": "ses_x"}, "messages": list(messages)}).encode()
+
+
+def parse_opencode(data: bytes, skip: int = 0) -> tuple[dict[str, Any], list[Entry], int]:
+    """An export held in memory read as the importer reads a file: its info, the entries
+    of its messages after the first ``skip``, and its number of messages."""
+    if data.lstrip()[:1] != b"{":
+        raise ValueError(NOT_AN_EXPORT)
+    info, start = locate_messages(ArraySplitter(len(data)).feed(data),
+                                  lambda offset, length: data[offset:offset + length])
+    splitter = ArraySplitter(len(data))
+    entries = [parse_message(piece, len(data)) for piece in splitter.feed(data[start:])
+               if piece.line > skip]
+    return info, entries, splitter.count
 
 
 def osrc(message_id: str, index: int) -> dict[str, Any]:
