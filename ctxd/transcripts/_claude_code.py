@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from ctxd.transcripts._model import Entry, Usage, unreadable
+from ctxd.transcripts._model import Entry, Usage, token_count, unreadable
 from ctxd.transcripts._split import Piece
 from ctxd.wire import replace_lone_surrogates
 from ctxd.wire.types import MessageIn
@@ -63,10 +63,6 @@ def decode_record(raw: bytes) -> Any:
         return msgspec.json.decode(replace_lone_surrogates(raw))
     except RecursionError:
         raise ValueError("nested too deep to read") from None
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 class ClaudeCodeParser:
@@ -204,10 +200,10 @@ class ClaudeCodeParser:
             model = message.get("model")
             entry.usage = Usage(
                 key=key, model=model if isinstance(model, str) else None,
-                input_tokens=_int(usage.get("input_tokens")),
-                output_tokens=_int(usage.get("output_tokens")),
-                cache_read_tokens=_int(usage.get("cache_read_input_tokens")),
-                cache_write_tokens=_int(usage.get("cache_creation_input_tokens")))
+                input_tokens=token_count(usage.get("input_tokens")),
+                output_tokens=token_count(usage.get("output_tokens")),
+                cache_read_tokens=token_count(usage.get("cache_read_input_tokens")),
+                cache_write_tokens=token_count(usage.get("cache_creation_input_tokens")))
 
     def _user(self, entry: Entry, record: dict[str, Any], message: dict[str, Any],
               source: dict[str, Any]) -> None:

@@ -8,6 +8,16 @@ from typing import Any
 from ctxd.transcripts._split import Piece
 from ctxd.wire.types import MessageIn
 
+TOKEN_COUNT_MAX = (1 << 63) - 1
+"""The largest count a usage record stores (an SQLite integer)."""
+
+
+def token_count(value: Any) -> int:
+    """A transcript's token count: 0 for what is not one (not an integer, negative, or past
+    what a usage record stores: one bad number must not fail the import)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) \
+        and 0 <= value <= TOKEN_COUNT_MAX else 0
+
 
 @dataclass(frozen=True)
 class Usage:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ctxd.transcripts._claude_code import decode_record
-from ctxd.transcripts._model import Entry, Usage, unreadable
+from ctxd.transcripts._model import Entry, Usage, token_count, unreadable
 from ctxd.transcripts._split import Piece
 from ctxd.wire.types import MessageIn
 
@@ -42,10 +42,6 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
 def _usage(info: dict[str, Any]) -> Usage | None:
     tokens = info.get("tokens")
     key = info.get("id")
@@ -54,10 +50,11 @@ def _usage(info: dict[str, Any]) -> Usage | None:
     cache = _dict(tokens.get("cache"))
     model = info.get("modelID")
     return Usage(key=key, model=model if isinstance(model, str) else None,
-                 input_tokens=_int(tokens.get("input")), output_tokens=_int(tokens.get("output")),
-                 cache_read_tokens=_int(cache.get("read")),
-                 cache_write_tokens=_int(cache.get("write")),
-                 thinking_tokens=_int(tokens.get("reasoning")))
+                 input_tokens=token_count(tokens.get("input")),
+                 output_tokens=token_count(tokens.get("output")),
+                 cache_read_tokens=token_count(cache.get("read")),
+                 cache_write_tokens=token_count(cache.get("write")),
+                 thinking_tokens=token_count(tokens.get("reasoning")))
 
 
 def _kept(part: dict[str, Any]) -> dict[str, Any]:

@@ -798,3 +798,18 @@ def test_an_opencode_export_with_bad_messages_imports_the_rest(shared_daemon: Da
         assert contents(client, "ses_bad_opencode") == [
             [{"type": "text", "text": "emoji cut in half: \ufffd"}],
             [{"type": "text", "text": "after"}]]
+
+
+def test_a_token_count_too_large_to_store_counts_zero(shared_daemon: DaemonProcess,
+                                                      tmp_path: Path, sid: str) -> None:
+    """A usage count past what SQLite stores (2**63 - 1) is not a count: the record and
+    those after it are imported, the count as 0 (it failed the import, -32603)."""
+    big = assistant("a1", "u1", "msg_big", {"type": "text", "text": "hi"})
+    big["message"]["usage"]["input_tokens"] = 10**30
+    path = tmp_path / "t.jsonl"
+    path.write_text(line(user("u1", None, "q")) + line(big) + line(user("u2", "a1", "after")))
+    with shared_daemon.client() as client:
+        got = do_import(client, path, session_id=sid)
+        assert (got["messages_added"], got["usage_records"], got["malformed"]) == (3, 1, [])
+        totals = client.call("usage.get", {"session_id": sid})["totals"]
+        assert (totals["input_tokens"], totals["output_tokens"]) == (0, 5)
