@@ -59,8 +59,10 @@ def decode_record(raw: bytes) -> Any:
         ValueError: not JSON (a number out of range included), or nested too deep to read
             (the reason is the message).
     """
+    if b"\\ud" in raw or b"\\uD" in raw:  # a surrogate escape: the rewrite is worth it
+        raw = replace_lone_surrogates(raw)
     try:
-        return msgspec.json.decode(replace_lone_surrogates(raw))
+        return msgspec.json.decode(raw)
     except RecursionError:
         raise ValueError("nested too deep to read") from None
 
