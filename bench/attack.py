@@ -36,6 +36,12 @@ Attacks (docs/security.md, "Resource limits"):
 * ``search-storm``: 20 slow ``result.read`` pattern searches of one session (about 0.1 s
   a line of 300 ``a``, four of them), one a connection, then a ``ctxd.render`` of that
   session: how long the render took.
+* ``import-array``: ``transcript.import`` of a JSON array of 247 MB of tiny records (under
+  the 256 MB an export may have); ``import-record``: a JSONL transcript whose one record
+  is 160 MiB; ``import-tail``: three re-imports of a transcript whose unterminated last
+  line is 200 MiB (imported once before the measure); ``import-bad``: a line holding a
+  lone surrogate, one nested 100,000 deep, then 500 good records (docs/protocol.md,
+  "transcript.import"). ``--import-scale`` shrinks the files for a quick run.
 
 Run: ``python bench/attack.py [--against ../main] [--only render partial]`` (a few
 minutes; more against a daemon without the limits).
@@ -572,6 +578,116 @@ def search_storm(target: Target) -> str:
             f"each; they ended in {searched:.1f} s ({answered} answered)")
 
 
+# The import attacks' files, written once per run into the daemon's folder; their sizes
+# are scaled by --import-scale (1: the sizes named in this module's docstring).
+IMPORT_ARRAY_BYTES = 247 * 1000 * 1000
+IMPORT_RECORD_BYTES = 160 * MIB
+IMPORT_TAIL_BYTES = 200 * MIB
+IMPORT_SESSION = "imp"
+import_scale = 1.0
+
+
+def import_file(target: Target, name: str) -> Path:
+    return target.daemon.root / name
+
+
+def transcript_import(target: Target, path: Path) -> tuple[float, dict[str, Any] | str]:
+    """One import into IMPORT_SESSION: its time and result (or the error's message)."""
+    started = time.perf_counter()
+    try:
+        result: dict[str, Any] | str = call(target.socket, "transcript.import", {
+            "format": "claude-code", "path": str(path), "session_id": IMPORT_SESSION},
+            timeout=1800)
+    except (OSError, RuntimeError) as exc:
+        result = f"error: {exc}"
+    return time.perf_counter() - started, result
+
+
+def imported(result: dict[str, Any] | str) -> str:
+    if isinstance(result, str):
+        return result
+    return (f"{result['messages_added']} messages, {len(result['malformed'])} malformed, "
+            f"{sum(result['unknown_kept'].values())} kept, {result['lines_read']} read")
+
+
+def write_array(target: Target) -> None:
+    """Tiny records (a type the parser keeps by name), a user message every 10,000."""
+    size = int(IMPORT_ARRAY_BYTES * import_scale)
+    with import_file(target, "array.json").open("w", encoding="utf-8") as file:
+        file.write("[")
+        written, number = 1, 0
+        while written < size:
+            record = (f'{{"type":"user","uuid":"u{number}","message":{{"role":"user",'
+                      f'"content":"request {number}"}}}}' if number % 10_000 == 0
+                      else f'{{"type":"progress","n":{number}}}')
+            text = ("," if number else "") + record
+            file.write(text)
+            written += len(text)
+            number += 1
+        file.write("]")
+
+
+def write_record(target: Target) -> None:
+    """One user record whose content is words, as long as IMPORT_RECORD_BYTES."""
+    size = int(IMPORT_RECORD_BYTES * import_scale)
+    with import_file(target, "record.jsonl").open("w", encoding="utf-8") as file:
+        file.write('{"type":"user","uuid":"u1","message":{"role":"user","content":"')
+        words = prose(MIB, 7)
+        for _ in range(size // MIB):
+            file.write(words)
+        file.write('"}}\n{"type":"user","uuid":"u2","message":{"role":"user",'
+                   '"content":"after"}}\n')
+
+
+def write_tail(target: Target) -> None:
+    """Good lines, then IMPORT_TAIL_BYTES of one line with no newline; imported once."""
+    size = int(IMPORT_TAIL_BYTES * import_scale)
+    path = import_file(target, "tail.jsonl")
+    with path.open("w", encoding="utf-8") as file:
+        for number in range(10):
+            file.write(f'{{"type":"user","uuid":"u{number}","message":{{"role":"user",'
+                       f'"content":"request {number}"}}}}\n')
+        file.write('{"type":"user","uuid":"tail","message":{"role":"user","content":"')
+        chunk = "x" * MIB
+        for _ in range(size // MIB):
+            file.write(chunk)
+    transcript_import(target, path)
+
+
+def write_bad(target: Target) -> None:
+    good = "".join(f'{{"type":"user","uuid":"u{n}","message":{{"role":"user",'
+                   f'"content":"request {n}"}}}}\n' for n in range(500))
+    import_file(target, "bad.jsonl").write_text(
+        '{"type":"user","uuid":"half","message":{"role":"user","content":"cut \\ud83d"}}\n'
+        '{"type":"user","message":' + "[" * 100_000 + "]" * 100_000 + "}\n" + good)
+
+
+def import_once(name: str) -> Callable[[Target], str]:
+    def run(target: Target) -> str:
+        took, result = transcript_import(target, import_file(target, name))
+        return f"{imported(result)} in {took:.1f} s"
+    return run
+
+
+def import_tail(target: Target) -> str:
+    path = import_file(target, "tail.jsonl")
+    times = []
+    for _ in range(3):
+        took, result = transcript_import(target, path)
+        if isinstance(result, str):
+            return result
+        times.append(took)
+    return "3 re-imports: " + ", ".join(f"{took:.2f}" for took in times) + " s"
+
+
+def import_bad(target: Target) -> str:
+    outcomes = []
+    for _ in range(3):  # what a client retrying sees
+        _, result = transcript_import(target, import_file(target, "bad.jsonl"))
+        outcomes.append(imported(result))
+    return "; ".join(outcomes)
+
+
 ATTACKS = [
     Attack("baseline", baseline),
     Attack("fds", exhaust_descriptors, nofile=NOFILE),
@@ -589,6 +705,10 @@ ATTACKS = [
     Attack("surrogates", surrogates, surrogate_sessions),
     Attack("compact-storm", compact_storm, storm_session),
     Attack("search-storm", search_storm, search_session),
+    Attack("import-array", import_once("array.json"), write_array),
+    Attack("import-record", import_once("record.jsonl"), write_record),
+    Attack("import-tail", import_tail, write_tail),
+    Attack("import-bad", import_bad, write_bad),
 ]
 
 
@@ -656,11 +776,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--only", nargs="+", default=None,
                         choices=[attack.name for attack in ATTACKS],
                         help="run only these attacks (the baseline always runs)")
+    parser.add_argument("--import-scale", type=float, default=1.0, metavar="FACTOR",
+                        help="the import attacks' file sizes times FACTOR (default 1)")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
+    global import_scale
     args = parse_args(argv)
+    import_scale = args.import_scale
     attacks = [attack for attack in ATTACKS if attack.name == "baseline" or
                args.only is None or attack.name in args.only]
     targets = [("this", REPO_ROOT)]

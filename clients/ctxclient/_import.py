@@ -28,8 +28,8 @@ def _count(n: int) -> str:
 
 
 def whole_document(result: dict[str, Any], path: Path) -> bool:
-    """Whether the import read ``path`` whole (an OpenCode export, Claude Code records as
-    one JSON array: its position counts records, not bytes)."""
+    """Whether the import's position in ``path`` counts records, not bytes (an OpenCode
+    export, Claude Code records as one JSON array)."""
     if result["format"] != "claude-code":
         return True
     try:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import apsw
 import msgspec
@@ -33,12 +34,17 @@ from ctxd.sessions._queries import decode_meta, list_messages, scalar_rowid
 from ctxd.sessions._supervisor import Supervisor
 from ctxd.store import Transaction
 from ctxd.transcripts import (
+    NOT_AN_EXPORT,
+    ArraySplitter,
     ClaudeCodeParser,
     Entry,
+    LineSplitter,
+    Piece,
     Usage,
+    decode_record,
     is_array,
-    parse_claude_code_array,
-    parse_opencode,
+    locate_messages,
+    parse_message,
 )
 from ctxd.wire import Call, Dispatcher
 from ctxd.wire.types import (
@@ -59,14 +65,17 @@ from ctxd.wire.types import (
 log = logging.getLogger("ctxd.sessions")
 
 CHUNK_BYTES = 1 << 20
-"""Bytes read from the file at a time: memory stays bounded whatever the file's size."""
+"""Bytes read from the file at a time: memory stays bounded whatever the file's size (one
+chunk, and one record of at most ``max_request_bytes``)."""
 BATCH_MESSAGES = 500
 """Main-thread messages appended in one transaction at most."""
 HEAD_BYTES = 4096
 """The first bytes of the file whose hash tells a grown file from a replaced one."""
-WHOLE_MAX_BYTES = 256 << 20
-"""An OpenCode export, or Claude Code records saved as a JSON array, is one JSON document,
-read whole: at most this large."""
+BATCH_ENTRIES = 1024
+"""Records parsed in a worker thread, then taken on the event loop, at a time: a chunk of
+tiny records is tens of thousands of them, which neither the loop nor the garbage
+collector (a full collection of what a whole chunk left alive) must take in one go
+(docs/decisions.md, "Bounded imports")."""
 AGENT_PROMPT_CHARS = 20_000
 """A sub-agent branch's prompt (its first user message), cut to this many characters."""
 AGENT_BUDGET = 32_768
@@ -89,7 +98,14 @@ taken for it."""
 
 @dataclass
 class _State:
-    """A row of ``transcript_imports``."""
+    """A row of ``transcript_imports``.
+
+    ``size`` is, for a JSONL file, how far the last finished import read: the bytes from
+    ``offset`` (where the unterminated last line began) up to it hold no newline, so a line
+    already longer than a record may be is not read again (0 after an interrupted import:
+    nothing claimed). For a file read by index (a JSON array, an OpenCode export), it is
+    the file's size, which only grows while records are added.
+    """
 
     offset: int = 0
     lines: int = 0
@@ -223,14 +239,28 @@ def check_path(raw: str) -> tuple[Path, int]:
     return path, info.st_size
 
 
-def _starts_array(path: Path) -> bool:
-    """Whether the file's first non-blank byte is ``[`` (Claude Code records saved as one
-    JSON array rather than JSONL)."""
+def _newline_free(path: Path, offset: int, length: int) -> bool:
+    """Whether the ``length`` bytes at ``offset`` hold no newline: what a remembered
+    unterminated line claims of its start (a row written before ``size`` meant that could
+    claim bytes an interrupted import never read; a real line holds none)."""
+    with path.open("rb") as file:
+        file.seek(offset)
+        return b"\n" not in file.read(length)
+
+
+def _first_byte(path: Path) -> bytes:
+    """The file's first non-blank byte (b"" when it has none)."""
     with path.open("rb") as file:
         while chunk := file.read(HEAD_BYTES):
             if chunk.strip():
-                return is_array(chunk)
-    return False
+                return chunk.lstrip()[:1]
+    return b""
+
+
+def _starts_array(path: Path) -> bool:
+    """Whether the file's first non-blank byte is ``[`` (Claude Code records saved as one
+    JSON array rather than JSONL)."""
+    return is_array(_first_byte(path))
 
 
 def _is_record(record: object) -> bool:
@@ -253,7 +283,7 @@ def _scan_claude(path: Path) -> tuple[str | None, str | None]:
              if raw.strip()]
     for raw in lines:
         try:
-            record = json.loads(raw)
+            record = decode_record(raw)
         except ValueError:
             continue
         recognised = recognised or _is_record(record)
@@ -268,6 +298,58 @@ def _scan_claude(path: Path) -> tuple[str | None, str | None]:
         else f"none of the {len(lines)} lines read is"
     return None, (f"{path} is not a Claude Code transcript: {which} a JSON record (an object "
                   "with a `type`); an OpenCode export is imported with format opencode")
+
+
+def _scan_array(path: Path, limit: int) -> tuple[str | None, str | None]:
+    """As `_scan_claude`, for a file holding one JSON array: the elements complete within
+    its first MB."""
+    splitter = ArraySplitter(limit)
+    with path.open("rb") as file:
+        data = file.read(SESSION_ID_SCAN_BYTES)
+    session_id: str | None = None
+    recognised = False
+    pieces = splitter.feed(data)
+    for piece in pieces:
+        try:
+            record = decode_record(piece.data or b"")
+        except ValueError:
+            continue
+        recognised = recognised or _is_record(record)
+        if session_id is None and isinstance(record, dict) \
+                and isinstance(record.get("sessionId"), str):
+            session_id = str(record["sessionId"])
+        if recognised and session_id is not None:
+            break
+    whole = len(data) < SESSION_ID_SCAN_BYTES
+    if recognised or (not pieces and (splitter.closed or not whole)):
+        return session_id, None  # a record, an empty array, or nothing complete yet
+    which = f"none of its {len(pieces)} elements is" if splitter.closed \
+        else f"none of the {len(pieces)} complete elements read is"
+    return None, (f"{path} starts with [ but is not a JSON array of Claude Code records: "
+                  f"{which} a Claude Code record (an object with a `type`)")
+
+
+def _scan_export(path: Path, limit: int) -> tuple[dict[str, Any], int]:
+    """An OpenCode export's session info and the byte offset of its ``messages`` array: the
+    file is cut into its top-level members, a chunk at a time (memory: the members that fit
+    the limit, such as ``info``).
+
+    Raises:
+        ValueError: not ``{info, messages: [...]}``.
+    """
+    if _first_byte(path) != b"{":
+        raise ValueError(NOT_AN_EXPORT)
+    with path.open("rb") as file:
+        splitter = ArraySplitter(limit)
+        members = []
+        while chunk := file.read(CHUNK_BYTES):
+            members += splitter.feed(chunk)
+
+        def head(offset: int, length: int) -> bytes:
+            file.seek(offset)
+            return file.read(length)
+
+        return locate_messages(members, head)
 
 
 @dataclass
@@ -524,28 +606,53 @@ def _answer(messages: Sequence[MessageIn | StoredMessage]) -> str:
     return "(the sub-agent left no answer)"
 
 
-async def _import_claude_code(job: _Import, path: Path, size: int) -> int:
-    """Read from the committed offset to the last complete line; the bytes read."""
+class _Records:
+    """A file's entries, read and parsed in worker threads a batch at a time: a chunk is
+    read and cut into records once the previous chunk's are all handed out."""
+
+    def __init__(self, file: BinaryIO, cut: Callable[[bytes], list[Piece]],
+                 parse: Callable[[Piece], Entry]) -> None:
+        self._file = file
+        self._cut = cut
+        self._parse = parse
+        self._pieces: list[Piece] = []
+        self._next = 0
+
+    @property
+    def drained(self) -> bool:
+        """Whether every record cut so far was handed out."""
+        return self._next >= len(self._pieces)
+
+    def batch(self) -> list[Entry]:
+        """The next BATCH_ENTRIES entries at most; none at the file's end (blocking)."""
+        while self.drained:
+            chunk = self._file.read(CHUNK_BYTES)
+            if not chunk:
+                return []
+            self._pieces, self._next = self._cut(chunk), 0
+        pieces = self._pieces[self._next:self._next + BATCH_ENTRIES]
+        self._next += len(pieces)
+        return [self._parse(piece) for piece in pieces]
+
+
+async def _import_claude_code(job: _Import, path: Path, limit: int, seen: int) -> int:
+    """Read from the committed offset to the last complete line; the bytes read (up to its
+    newline). A line longer than ``limit`` is skipped, reported with its size; ``seen`` is
+    how much of such a line, the file's unterminated last one, an earlier import read (it
+    is not read again)."""
     parser = ClaudeCodeParser()
-    offset, line = job.state.offset, job.state.lines + 1
-    if offset:
+    start = job.state.offset
+    if start:
         # The calls read before this position name their results read after it.
         parser.tool_names = await job.actor.supervisor.store.read(_tool_names,
                                                                   job.actor.session_id)
-    read = 0
+    splitter = LineSplitter(start, job.state.lines + 1, limit, seen)
+    job.state.size = 0  # what an interrupted import commits claims no unterminated line
     with path.open("rb") as file:
-        file.seek(offset)
-        carry = b""
-        while True:
-            chunk = await trio.to_thread.run_sync(file.read, CHUNK_BYTES)
-            if not chunk:
-                break
-            read += len(chunk)
-            data = carry + chunk
-            entries, used = await trio.to_thread.run_sync(parser.feed, data, offset, line)
-            line += data[:used].count(b"\n")
-            offset += used
-            carry = data[used:]
+        file.seek(start + seen)
+        records = _Records(file, splitter.feed,
+                           lambda piece: parser.parse_piece(piece, limit))
+        while entries := await trio.to_thread.run_sync(records.batch):
             for entry in entries:
                 if entry.thread is None and entry.kind == "message" and job.agents:
                     await job.flush_main(job.safe_end, job.safe_line)
@@ -555,24 +662,45 @@ async def _import_claude_code(job: _Import, path: Path, size: int) -> int:
                     job.safe_end, job.safe_line = entry.end, entry.line
                     if len(job.main) >= BATCH_MESSAGES:
                         await job.flush_main(entry.end, entry.line)
-            if not job.agents:
+            if not job.agents and records.drained:
                 # Blank lines at the chunk's end move the position too.
-                job.safe_end, job.safe_line = offset, line - 1
+                job.safe_end, job.safe_line = splitter.offset, splitter.line - 1
     if job.agents:
         await job.flush_main(job.safe_end, job.safe_line)
         await job.flush_agents()
-    await job.flush_main(offset, line - 1)
-    return read - len(carry)
+    job.state.size = splitter.offset + splitter.pending_bytes
+    await job.flush_main(splitter.offset, splitter.line - 1)
+    return splitter.offset - start
 
 
-async def _import_whole(job: _Import, entries: list[Entry], total: int) -> None:
-    """A document read whole (an OpenCode export, Claude Code records as a JSON array): the
-    records after the ``job.state.offset`` already imported (a record's position is its
-    1-based index); a sub-agent's records, buffered, become its branch before the next
-    main-thread record, as in a JSONL file."""
+async def _import_elements(job: _Import, path: Path, start: int,
+                           parse: Callable[[Piece], Entry]) -> None:
+    """The elements of the JSON array at byte ``start`` (Claude Code records saved as one
+    array; an OpenCode export's ``messages``), read as a stream (memory: one chunk and one
+    element): those after the ``job.state.offset`` already imported (a record's position
+    is its 1-based index). An element longer than the limit is skipped, reported with its
+    size; elements after an unclosed array's last comma are left for later."""
+    splitter = ArraySplitter(job.actor.supervisor.config.max_request_bytes)
+    imported = job.state.offset
+    with path.open("rb") as file:
+        file.seek(start)
+        # The elements already imported are parsed too: the parser links records across
+        # them (tool names, sub-agent chains).
+        records = _Records(file, splitter.feed, parse)
+        while entries := await trio.to_thread.run_sync(records.batch):
+            await _take_indexed(job, [entry for entry in entries if entry.line > imported])
+    if job.agents:
+        await job.flush_main(job.safe_end, job.safe_line)
+        await job.flush_agents()
+    total = max(splitter.count, imported)
+    await job.flush_main(total, total)
+
+
+async def _take_indexed(job: _Import, entries: list[Entry]) -> None:
+    """Entries positioned by index (an array's elements, an export's messages), taken in
+    order: a sub-agent's, buffered, become its branch before the next main-thread record,
+    as in a JSONL file."""
     for entry in entries:
-        if entry.line <= job.state.offset:
-            continue
         if entry.thread is None and entry.kind == "message" and job.agents:
             await job.flush_main(job.safe_end, job.safe_line)
             await job.flush_agents()
@@ -581,10 +709,6 @@ async def _import_whole(job: _Import, entries: list[Entry], total: int) -> None:
             job.safe_end = job.safe_line = entry.line
             if len(job.main) >= BATCH_MESSAGES:
                 await job.flush_main(entry.line, entry.line)
-    if job.agents:
-        await job.flush_main(job.safe_end, job.safe_line)
-        await job.flush_agents()
-    await job.flush_main(total, total)
 
 
 def subagent_files(path: Path) -> list[Path]:
@@ -598,18 +722,21 @@ def subagent_files(path: Path) -> list[Path]:
 
 
 async def _import_file(actor: SessionActor, p: TranscriptImportParams, path: Path, size: int,
-                       whole: tuple[list[Entry], int] | None,
-                       subagent_file: bool = False) -> tuple[_Import, int, bool]:
+                       array_at: int | None, subagent_file: bool = False
+                       ) -> tuple[_Import, int, bool]:
     """One file from its committed position: the job (its counts), the bytes read and
-    whether it was restarted."""
+    whether it was restarted. ``array_at``: where the JSON array of its records starts (an
+    OpenCode export's ``messages``, Claude Code records saved as one array: read as a
+    stream, positioned by index); None for a JSONL file."""
     store = actor.supervisor.store
+    limit = actor.supervisor.config.max_request_bytes
     key = str(path)
     stored = await store.read(_load_state, actor.session_id, key)
     head_bytes = min(size, HEAD_BYTES) if stored is None else stored.head_bytes
     head = await trio.to_thread.run_sync(_head_hash, path, head_bytes)
     restarted = False
     if stored is not None:
-        position = stored.offset if whole is None else stored.size
+        position = stored.offset if array_at is None else stored.size
         if size < position or head != stored.head_hash:
             if not p.restart:
                 raise invalid_state(
@@ -621,6 +748,11 @@ async def _import_file(actor: SessionActor, p: TranscriptImportParams, path: Pat
             stored, restarted = None, True
             head_bytes = min(size, HEAD_BYTES)
             head = await trio.to_thread.run_sync(_head_hash, path, head_bytes)
+    # An unterminated last line already over the limit is read on from where the last
+    # import stopped (docs/decisions.md, "Bounded imports").
+    tail = 0 if stored is None or array_at is not None else stored.size - stored.offset
+    seen = tail if tail > limit and await trio.to_thread.run_sync(
+        _newline_free, path, stored.offset if stored else 0, limit + 1) else 0
     state = stored or _State(head_bytes=head_bytes, head_hash=head)
     state.size = size
     live = await store.read(_load_live, actor.session_id)
@@ -629,26 +761,28 @@ async def _import_file(actor: SessionActor, p: TranscriptImportParams, path: Pat
     job.safe_end, job.safe_line = state.offset, state.lines
     start = state.offset
     bytes_read = 0
-    if whole is None:
-        if state.offset < size:
-            bytes_read = await _import_claude_code(job, path, size)
+    if array_at is None:
+        if state.offset + seen < size:
+            bytes_read = await _import_claude_code(job, path, limit, seen)
     else:
-        entries, total = whole
-        if total > state.offset or stored is None:
-            await _import_whole(job, entries, total)
+        parser = ClaudeCodeParser()
+        await _import_elements(job, path, array_at, (
+            lambda piece: parse_message(piece, limit)) if p.format == "opencode" else (
+            lambda piece: parser.parse_piece(piece, limit, piece.line)))
         bytes_read = size if job.state.offset > start or stored is None else 0
     return job, bytes_read, restarted
 
 
 async def run_import(actor: SessionActor, p: TranscriptImportParams, path: Path, size: int,
-                     whole: tuple[list[Entry], int] | None) -> TranscriptImportResult:
-    """The import on the session's actor (one at a time per session): the file (``whole``:
-    its entries and record count when it is read whole), then (Claude Code) the sub-agent
-    files beside it, each from its own position, as branches."""
+                     array_at: int | None) -> TranscriptImportResult:
+    """The import on the session's actor (one at a time per session): the file
+    (``array_at``: where the JSON array of its records starts, None for JSONL), then
+    (Claude Code) the sub-agent files beside it, each from its own position, as
+    branches."""
     created = actor.record is None
     await actor.open(SessionOpenParams(session_id=actor.session_id, project=p.project))
     await finish_interrupted(actor)
-    job, bytes_read, restarted = await _import_file(actor, p, path, size, whole)
+    job, bytes_read, restarted = await _import_file(actor, p, path, size, array_at)
     jobs = [job]
     subagents = [] if p.format != "claude-code" else await trio.to_thread.run_sync(
         subagent_files, path)
@@ -690,34 +824,22 @@ def register_import(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
                                 ) -> TranscriptImportResult:
         path, size = check_path(p.path)
         session_id = p.session_id
-        whole: tuple[list[Entry], int] | None = None
+        limit = supervisor.config.max_request_bytes
+        array_at: int | None = None
         if p.format == "opencode":
-            if size > WHOLE_MAX_BYTES:
-                raise params_error("$.path", f"{p.path} is {size} bytes; an OpenCode export "
-                                             f"is read whole, at most {WHOLE_MAX_BYTES}")
-            data = await trio.to_thread.run_sync(path.read_bytes)
             try:
-                info, entries, total = await trio.to_thread.run_sync(parse_opencode, data)
+                info, array_at = await trio.to_thread.run_sync(_scan_export, path, limit)
             except ValueError as exc:
                 raise params_error("$.path", f"{p.path} is not an OpenCode export: {exc}"
                                    ) from exc
-            whole = (entries, total)
             session_id = session_id or (info.get("id") if isinstance(info.get("id"), str)
                                         else None)
         elif await trio.to_thread.run_sync(_starts_array, path):
-            # Claude Code records saved as one JSON array: read whole, like an export.
-            if size > WHOLE_MAX_BYTES:
-                raise params_error("$.path", f"{p.path} is {size} bytes; a JSON array of "
-                                             f"records is read whole, at most "
-                                             f"{WHOLE_MAX_BYTES}")
-            data = await trio.to_thread.run_sync(path.read_bytes)
-            try:
-                entries, total, found = await trio.to_thread.run_sync(
-                    parse_claude_code_array, data)
-            except ValueError as exc:
-                raise params_error("$.path", f"{p.path} starts with [ but is not a JSON array "
-                                             f"of Claude Code records: {exc}") from exc
-            whole = (entries, total)
+            # Claude Code records saved as one JSON array: read as a stream of elements.
+            found, refused = await trio.to_thread.run_sync(_scan_array, path, limit)
+            if refused is not None:
+                raise params_error("$.path", refused)
+            array_at = 0
             session_id = session_id or found
         else:
             found, refused = await trio.to_thread.run_sync(_scan_claude, path)
@@ -736,7 +858,7 @@ def register_import(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
                                                "id; give one (ctxctl import --session ID)"
                                ) from exc
         return await supervisor.call(session_id, lambda a: run_import(a, p, path, size,
-                                                                      whole))
+                                                                      array_at))
 
     dispatcher.register("transcript.import", TranscriptImportParams, transcript_import)
 

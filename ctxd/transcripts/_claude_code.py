@@ -9,8 +9,14 @@ the same ``usage`` (counted once). Records link through ``uuid``/``parentUuid``;
 after it with ``isCompactSummary`` holds the summary. Other record types (``summary``,
 ``file-history-snapshot``, hook ``system`` records …) are kept by type, never an error.
 
-The same records saved as one JSON array (``[record, …]``) are read whole
-(`parse_claude_code_array`): a record's ``line`` is then its 1-based index in the array.
+The same records saved as one JSON array (``[record, …]``) are read element by element
+(`ctxd.transcripts.ArraySplitter`): a record's ``line`` is then its 1-based index in the
+array.
+
+A record is decoded by itself (`decode_record`): an escaped lone surrogate (``\\ud83d``,
+half an emoji as JavaScript writes it) becomes U+FFFD; a record that is not JSON, nested
+too deep to read, or longer than the limit (`ClaudeCodeParser.parse_piece`) is a malformed
+entry and the records after it are read as usual.
 """
 
 from __future__ import annotations
@@ -18,7 +24,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ctxd.transcripts._model import Entry, Usage
+import msgspec
+
+from ctxd.transcripts._model import Entry, Usage, token_count, unreadable
+from ctxd.transcripts._split import Piece
+from ctxd.wire import replace_lone_surrogates
 from ctxd.wire.types import MessageIn
 
 TOOL_USE_RESULT_MAX = 4096
@@ -41,8 +51,20 @@ def _text(content: Any) -> str:
     return "\n".join(texts)
 
 
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+def decode_record(raw: bytes) -> Any:
+    """One record's JSON, each escaped lone surrogate read as U+FFFD (docs/protocol.md,
+    "transcript.import"): the text it gives can be stored and sent like any other.
+
+    Raises:
+        ValueError: not JSON (a number out of range included), or nested too deep to read
+            (the reason is the message).
+    """
+    if b"\\ud" in raw or b"\\uD" in raw:  # a surrogate escape: the rewrite is worth it
+        raw = replace_lone_surrogates(raw)
+    try:
+        return msgspec.json.decode(raw)
+    except RecursionError:
+        raise ValueError("nested too deep to read") from None
 
 
 class ClaudeCodeParser:
@@ -78,11 +100,24 @@ class ClaudeCodeParser:
         return entries, position
 
     def parse_line(self, raw: bytes, line: int, end: int) -> Entry:
+        """One record's bytes (a line, or an array's element) as its entry."""
         try:
-            record = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+            record = decode_record(raw)
+        except ValueError as exc:
             return Entry(line=line, end=end, kind="malformed", error=f"not JSON: {exc}")
-        return self.parse_record(record, line, end)
+        try:
+            return self.parse_record(record, line, end)
+        except RecursionError:  # a value copied into the entry (toolUseResult) re-encoded
+            return Entry(line=line, end=end, kind="malformed",
+                         error="not JSON: nested too deep to read")
+
+    def parse_piece(self, piece: Piece, limit: int, end: int | None = None) -> Entry:
+        """A record a splitter cut out: its entry, or, longer than ``limit`` bytes, a
+        malformed entry saying so (its bytes were not kept). ``end`` is the position the
+        entry ends at, when not the piece's byte offset (an array's element: its index)."""
+        at = piece.end if end is None else end
+        bad = unreadable(piece, limit, at)
+        return bad if bad is not None else self.parse_line(piece.data or b"", piece.line, at)
 
     def parse_record(self, record: Any, line: int, end: int) -> Entry:
         """One decoded record (a line's JSON, or an element of a JSON array)."""
@@ -167,10 +202,10 @@ class ClaudeCodeParser:
             model = message.get("model")
             entry.usage = Usage(
                 key=key, model=model if isinstance(model, str) else None,
-                input_tokens=_int(usage.get("input_tokens")),
-                output_tokens=_int(usage.get("output_tokens")),
-                cache_read_tokens=_int(usage.get("cache_read_input_tokens")),
-                cache_write_tokens=_int(usage.get("cache_creation_input_tokens")))
+                input_tokens=token_count(usage.get("input_tokens")),
+                output_tokens=token_count(usage.get("output_tokens")),
+                cache_read_tokens=token_count(usage.get("cache_read_input_tokens")),
+                cache_write_tokens=token_count(usage.get("cache_creation_input_tokens")))
 
     def _user(self, entry: Entry, record: dict[str, Any], message: dict[str, Any],
               source: dict[str, Any]) -> None:
@@ -217,26 +252,3 @@ def is_array(head: bytes) -> bool:
     """Whether a file whose first non-blank bytes are ``head`` is one JSON array of records
     (a JSONL line starts with ``{``)."""
     return head.lstrip()[:1] == b"["
-
-
-def parse_claude_code_array(data: bytes) -> tuple[list[Entry], int, str | None]:
-    """Claude Code records saved as one JSON array: their entries (``line`` and ``end`` are
-    a record's 1-based index), the number of records, and the first ``sessionId``.
-
-    Raises:
-        ValueError: the document is not JSON, or not an array.
-    """
-    records = json.loads(data)
-    if not isinstance(records, list):
-        raise ValueError("Claude Code records saved whole are a JSON array [record, ...]")
-    if records and not any(isinstance(record, dict) and isinstance(record.get("type"), str)
-                           for record in records):
-        raise ValueError(f"none of its {len(records)} elements is a Claude Code record (an "
-                         "object with a `type`)")
-    parser = ClaudeCodeParser()
-    entries = [parser.parse_record(record, index, index)
-               for index, record in enumerate(records, 1)]
-    session_id = next((str(record["sessionId"]) for record in records
-                       if isinstance(record, dict) and isinstance(record.get("sessionId"), str)),
-                      None)
-    return entries, len(records), session_id

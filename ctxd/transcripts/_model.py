@@ -5,7 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ctxd.transcripts._split import Piece
 from ctxd.wire.types import MessageIn
+
+TOKEN_COUNT_MAX = (1 << 63) - 1
+"""The largest count a usage record stores (an SQLite integer)."""
+
+
+def token_count(value: Any) -> int:
+    """A transcript's token count: 0 for what is not one (not an integer, negative, or past
+    what a usage record stores: one bad number must not fail the import)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) \
+        and 0 <= value <= TOKEN_COUNT_MAX else 0
 
 
 @dataclass(frozen=True)
@@ -40,3 +51,16 @@ class Entry:
     unknown_type: str | None = None
     error: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+
+
+def unreadable(piece: Piece, limit: int, end: int) -> Entry | None:
+    """The malformed entry of a record a splitter cut out that holds nothing to decode: one
+    longer than ``limit`` bytes (its bytes were not kept; its size is told), or an empty
+    array element; None for any other."""
+    if piece.data is None:
+        return Entry(line=piece.line, end=end, kind="malformed",
+                     error=f"a record of {piece.size:,} bytes, over the {limit:,} a record "
+                           "may have (max_request_bytes): skipped")
+    if not piece.data.strip():
+        return Entry(line=piece.line, end=end, kind="malformed", error="an empty element")
+    return None

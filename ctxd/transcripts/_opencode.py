@@ -11,14 +11,22 @@ retry, file, reasoning) are kept in the message's ``meta.parts``; an unknown par
 Every message's ``meta.source.id`` is its OpenCode message id: a compaction part's
 ``tail_start_id`` names one (the fork pipeline keeps that tail, docs/protocol.md,
 "context.fork").
+
+The export is read as the importer reads any file, a chunk at a time: its top-level
+members are cut out like an array's elements (`locate_messages` finds ``info`` and where
+``messages`` starts), then each message by itself (`parse_message`).
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from typing import Any
 
-from ctxd.transcripts._model import Entry, Usage
+from ctxd.transcripts._claude_code import decode_record
+from ctxd.transcripts._model import Entry, Usage, token_count, unreadable
+from ctxd.transcripts._split import Piece
 from ctxd.wire.types import MessageIn
 
 META_PARTS = ("reasoning", "file", "step-start", "step-finish", "patch", "snapshot", "agent",
@@ -34,10 +42,6 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
 def _usage(info: dict[str, Any]) -> Usage | None:
     tokens = info.get("tokens")
     key = info.get("id")
@@ -46,10 +50,11 @@ def _usage(info: dict[str, Any]) -> Usage | None:
     cache = _dict(tokens.get("cache"))
     model = info.get("modelID")
     return Usage(key=key, model=model if isinstance(model, str) else None,
-                 input_tokens=_int(tokens.get("input")), output_tokens=_int(tokens.get("output")),
-                 cache_read_tokens=_int(cache.get("read")),
-                 cache_write_tokens=_int(cache.get("write")),
-                 thinking_tokens=_int(tokens.get("reasoning")))
+                 input_tokens=token_count(tokens.get("input")),
+                 output_tokens=token_count(tokens.get("output")),
+                 cache_read_tokens=token_count(cache.get("read")),
+                 cache_write_tokens=token_count(cache.get("write")),
+                 thinking_tokens=token_count(tokens.get("reasoning")))
 
 
 def _kept(part: dict[str, Any]) -> dict[str, Any]:
@@ -133,18 +138,52 @@ def _message(index: int, item: Any) -> Entry:
     return entry
 
 
-def parse_opencode(data: bytes, skip: int = 0) -> tuple[dict[str, Any], list[Entry], int]:
-    """An export's session info, the entries of its messages after the first ``skip``
-    (``line`` is a message's 1-based index), and its number of messages.
+_MEMBER = re.compile(rb'[ \t\r\n]*+"((?:[^"\\]|\\.)*+)"[ \t\r\n]*+:[ \t\r\n]*+', re.DOTALL)
+MEMBER_HEAD_BYTES = 4096
+"""The first bytes of a top-level member that name it (its key, then its value's start)."""
+NOT_AN_EXPORT = "an OpenCode export is an object {info, messages: [...]}"
+
+
+def locate_messages(members: list[Piece], head: Callable[[int, int], bytes]
+                    ) -> tuple[dict[str, Any], int]:
+    """An export's session info and the byte offset of its ``messages`` array, from the
+    members of its top-level object (`ArraySplitter` cuts an object's members as it cuts
+    an array's elements); ``head(offset, length)`` gives the document's bytes there.
 
     Raises:
-        ValueError: the document is not JSON or not ``{info, messages: [...]}``.
+        ValueError: not ``{info, messages: [...]}``.
     """
-    document = json.loads(data)
-    if not isinstance(document, dict) or not isinstance(document.get("messages"), list):
-        raise ValueError("an OpenCode export is an object {info, messages: [...]}")
-    info = _dict(document.get("info"))
-    messages = document["messages"]
-    entries = [_message(index, item)
-               for index, item in enumerate(messages[skip:], skip + 1)]
-    return info, entries, len(messages)
+    info: dict[str, Any] = {}
+    found: int | None = None
+    for member in members:
+        start = member.end - member.size
+        first = member.data[:MEMBER_HEAD_BYTES] if member.data is not None \
+            else head(start, MEMBER_HEAD_BYTES)
+        key = _MEMBER.match(first)
+        if key is None:
+            continue
+        if key.group(1) == b"messages" and first[key.end():key.end() + 1] == b"[":
+            found = start + key.end()
+        elif key.group(1) == b"info" and member.data is not None:
+            try:
+                info = _dict(decode_record(member.data[key.end():]))
+            except ValueError:
+                info = {}
+    if found is None:
+        raise ValueError(NOT_AN_EXPORT)
+    return info, found
+
+
+def parse_message(piece: Piece, limit: int) -> Entry:
+    """One element of an export's ``messages`` (its index the position) as its entry; one
+    not JSON, nested too deep, or over ``limit`` bytes is malformed."""
+    bad = unreadable(piece, limit, piece.line)
+    if bad is not None:
+        return bad
+    try:
+        return _message(piece.line, decode_record(piece.data or b""))
+    except ValueError as exc:
+        return Entry(line=piece.line, end=piece.line, kind="malformed", error=f"not JSON: {exc}")
+    except RecursionError:
+        return Entry(line=piece.line, end=piece.line, kind="malformed",
+                     error="not JSON: nested too deep to read")

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DaemonProcess
+from conftest import DaemonProcess, kill_leftovers, short_root
 from kill_at_commit import KILL_AT_COMMIT
 from tests_support import rpc_error
 
@@ -838,3 +840,168 @@ def test_import_killed_at_each_commit_resumes_to_the_uninterrupted_state(
         resumed(client, previous)
         whole_compacted = client.call("context.compact", {"session_id": "whole"})
     assert compacted == [without_session_id(whole_compacted)] * len(kills)
+
+
+# ---- Bad records and bounds ----
+
+DEEP_LINE = '{"type": "user", "message": ' + "[" * 100_000 + "]" * 100_000 + "}"
+"""A record nested 100,000 deep: no JSON reader of the daemon reads it."""
+HALF_EMOJI = "emoji cut in half: \ud83d"
+"""A lone surrogate: json.dumps writes it escaped, as JavaScript does."""
+
+
+def contents(client: Any, sid: str) -> list[Any]:
+    return [m["content"] for m in client.call("message.list",
+                                              {"session_id": sid, "limit": 1000})["messages"]]
+
+
+@pytest.mark.parametrize("shape", ["jsonl", "array"])
+def test_bad_records_are_skipped_and_the_rest_imported(shared_daemon: DaemonProcess,
+                                                       tmp_path: Path, sid: str,
+                                                       shape: str) -> None:
+    """A lone surrogate is read as U+FFFD, a record nested 100,000 deep is skipped and
+    reported with its position, and the 500 records after them are imported (a retry then
+    has nothing left to add)."""
+    good = [user(f"u{i}", None, f"request {i}") for i in range(500)]
+    texts = [json.dumps(user("half", None, HALF_EMOJI)), DEEP_LINE,
+             *(json.dumps(record) for record in good)]
+    path = tmp_path / f"bad.{shape}"
+    path.write_text("".join(text + "\n" for text in texts) if shape == "jsonl"
+                    else "[" + ",\n".join(texts) + "]")
+    with shared_daemon.client() as client:
+        got = do_import(client, path, session_id=sid)
+        assert (got["messages_added"], got["malformed"], got["lines_read"]) == (
+            501, [{"line": 2, "error": "not JSON: nested too deep to read"}], 502)
+        assert contents(client, sid) == ["emoji cut in half: \ufffd",
+                                         *(f"request {i}" for i in range(500))]
+        again = do_import(client, path, session_id=sid)
+        assert (again["messages_added"], again["malformed"], again["lines_read"]) == (
+            0, [], 0)
+
+
+LIMIT = 65_536
+"""The daemon's max_request_bytes in the tests of a record's size."""
+
+
+@pytest.fixture(scope="module")
+def small_daemon() -> Iterator[DaemonProcess]:
+    """A daemon whose records (and requests) may have at most LIMIT bytes."""
+    root = short_root()
+    process = DaemonProcess(root, extra_args=["--max-request-bytes", str(LIMIT)]).start()
+    yield process
+    process.stop()
+    kill_leftovers(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def over_limit(size: int) -> str:
+    """A record of exactly ``size`` bytes of JSON."""
+    head = json.dumps(user("big", None, ""))
+    return head[:-3] + "x" * (size - len(head)) + head[-3:]
+
+
+@pytest.mark.parametrize("shape", ["jsonl", "array"])
+def test_a_record_over_the_limit_is_skipped_with_its_size(small_daemon: DaemonProcess,
+                                                          tmp_path: Path, sid: str,
+                                                          shape: str) -> None:
+    """A record longer than max_request_bytes is not read into memory nor imported: it is
+    reported with its position and size, and the records around it are imported."""
+    big = over_limit(LIMIT + 1000)
+    texts = [json.dumps(user("u1", None, "before")), big, json.dumps(user("u2", "u1", "after"))]
+    path = tmp_path / f"big.{shape}"
+    path.write_text("".join(text + "\n" for text in texts) if shape == "jsonl"
+                    else "[" + ",".join(texts) + "]")
+    with small_daemon.client() as client:
+        got = do_import(client, path, session_id=sid)
+        assert (got["messages_added"], got["malformed"]) == (2, [{
+            "line": 2, "error": f"a record of {LIMIT + 1000:,} bytes, over the {LIMIT:,} a "
+                                "record may have (max_request_bytes): skipped"}])
+        assert contents(client, sid) == ["before", "after"]
+
+
+def test_an_unterminated_last_line_is_not_read_again(small_daemon: DaemonProcess,
+                                                     tmp_path: Path, sid: str) -> None:
+    """A last line already longer than a record may be is read on from where the last
+    import stopped. To see it, the bytes already read are changed in place (a newline put
+    among them, past the first max_request_bytes that are checked): read again, they would
+    make two lines. The line, once ended, is reported once with its whole size; the record
+    after it is imported once."""
+    first = line(user("u1", None, "first"))
+    big = over_limit(LIMIT + 1000)
+    path = tmp_path / "t.jsonl"
+    path.write_text(first + big[:LIMIT + 500])
+    with small_daemon.client() as client:
+        got = do_import(client, path, session_id=sid)
+        assert (got["messages_added"], got["malformed"], got["offset"]) == (
+            1, [], len(first))
+        with path.open("r+b") as file:
+            file.seek(len(first) + LIMIT + 200)
+            file.write(b"\n")
+        again = do_import(client, path, session_id=sid)
+        assert (again["messages_added"], again["malformed"], again["bytes_read"],
+                again["offset"]) == (0, [], 0, len(first))
+        last = line(user("u2", "u1", "last"))
+        with path.open("a") as file:
+            file.write(big[LIMIT + 500:] + "\n" + last)
+        done = do_import(client, path, session_id=sid)
+        assert (done["messages_added"], done["malformed"], done["lines_read"],
+                done["bytes_read"], done["offset"]) == (
+            1, [{"line": 2, "error": f"a record of {LIMIT + 1000:,} bytes, over the "
+                                     f"{LIMIT:,} a record may have (max_request_bytes): "
+                                     "skipped"}],
+            2, LIMIT + 1001 + len(last), path.stat().st_size)
+        assert do_import(client, path, session_id=sid)["messages_added"] == 0
+        assert contents(client, sid) == ["first", "last"]
+
+
+def test_an_unclosed_array_imports_its_complete_elements(shared_daemon: DaemonProcess,
+                                                         tmp_path: Path, sid: str) -> None:
+    """A JSON array is read as a stream of elements: one being written (no closing ``]``)
+    imports the elements a comma ends, and the rest once the file grows."""
+    records = [json.dumps(user(f"u{i}", None, f"request {i}")) for i in range(4)]
+    path = tmp_path / "growing.json"
+    path.write_text("[" + ",\n".join(records[:3]))
+    with shared_daemon.client() as client:
+        got = do_import(client, path, session_id=sid)
+        assert (got["messages_added"], got["lines_read"], got["offset"]) == (2, 2, 2)
+        path.write_text("[" + ",\n".join(records) + "]")
+        grown = do_import(client, path, session_id=sid)
+        assert (grown["messages_added"], grown["lines_read"], grown["offset"]) == (2, 2, 4)
+        assert contents(client, sid) == [f"request {i}" for i in range(4)]
+
+
+def test_an_opencode_export_with_bad_messages_imports_the_rest(shared_daemon: DaemonProcess,
+                                                               tmp_path: Path) -> None:
+    """An export's messages are read one by one: one nested 100,000 deep is reported at its
+    index, a lone surrogate is U+FFFD, and the messages after them are imported."""
+    half = {"info": {"id": "msg_h", "role": "user"},
+            "parts": [{"type": "text", "text": HALF_EMOJI}]}
+    after = {"info": {"id": "msg_z", "role": "user"}, "parts": [{"type": "text",
+                                                                  "text": "after"}]}
+    path = tmp_path / "export.json"
+    path.write_text('{"info": {"id": "ses_bad_opencode"}, "messages": ['
+                    + json.dumps(half) + ", " + "[" * 100_000 + "]" * 100_000 + ", "
+                    + json.dumps(after) + "]}")
+    with shared_daemon.client() as client:
+        got = client.call("transcript.import", {"format": "opencode", "path": str(path)})
+        assert (got["session_id"], got["messages_added"], got["malformed"], got["offset"]) == (
+            "ses_bad_opencode", 2, [{"line": 2, "error": "not JSON: nested too deep to read"}],
+            3)
+        assert contents(client, "ses_bad_opencode") == [
+            [{"type": "text", "text": "emoji cut in half: \ufffd"}],
+            [{"type": "text", "text": "after"}]]
+
+
+def test_a_token_count_too_large_to_store_counts_zero(shared_daemon: DaemonProcess,
+                                                      tmp_path: Path, sid: str) -> None:
+    """A usage count past what SQLite stores (2**63 - 1) is not a count: the record and
+    those after it are imported, the count as 0 (it failed the import, -32603)."""
+    big = assistant("a1", "u1", "msg_big", {"type": "text", "text": "hi"})
+    big["message"]["usage"]["input_tokens"] = 10**30
+    path = tmp_path / "t.jsonl"
+    path.write_text(line(user("u1", None, "q")) + line(big) + line(user("u2", "a1", "after")))
+    with shared_daemon.client() as client:
+        got = do_import(client, path, session_id=sid)
+        assert (got["messages_added"], got["usage_records"], got["malformed"]) == (3, 1, [])
+        totals = client.call("usage.get", {"session_id": sid})["totals"]
+        assert (totals["input_tokens"], totals["output_tokens"]) == (0, 5)

@@ -8,7 +8,17 @@ from typing import Any
 
 import pytest
 
-from ctxd.transcripts import ClaudeCodeParser, Entry, Usage, parse_opencode
+from ctxd.transcripts import (
+    NOT_AN_EXPORT,
+    ArraySplitter,
+    ClaudeCodeParser,
+    Entry,
+    LineSplitter,
+    Piece,
+    Usage,
+    locate_messages,
+    parse_message,
+)
 from ctxd.transcripts._claude_code import TOOL_USE_RESULT_MAX
 from ctxd.wire.types import MessageIn
 
@@ -152,6 +162,89 @@ def test_partial_last_line_left_for_later() -> None:
     assert (entries, used) == ([], 0)
 
 
+def test_a_lone_surrogate_is_read_as_u_fffd_and_deep_nesting_is_malformed() -> None:
+    """Half an emoji (``\\ud83d`` alone, as JavaScript writes it) would make a text that
+    cannot be stored: it is read as U+FFFD; a line nested 100,000 deep is a malformed line,
+    and the line after each is read as usual."""
+    deep = b'{"type": "user", "message": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    entries = feed(user("u1", None, "cut \ud83d here"), deep, user("u2", None, "next"))
+    assert [(e.line, e.kind, e.error, [m.content for m in e.messages]) for e in entries] == [
+        (1, "message", None, ["cut \ufffd here"]),
+        (2, "malformed", "not JSON: nested too deep to read", []),
+        (3, "message", None, ["next"])]
+
+
+def chunked(splitter: LineSplitter | ArraySplitter, data: bytes, size: int) -> list[Piece]:
+    pieces = []
+    for start in range(0, len(data), size):
+        pieces += splitter.feed(data[start:start + size])
+    return pieces
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 64, 1 << 20])
+def test_line_splitter_keeps_a_line_up_to_the_limit_and_counts_a_longer_one(size: int) -> None:
+    """Whatever the chunks, the same pieces: a line over the limit as its size only, a
+    blank line counted but not yielded, the unterminated last line pending."""
+    data = b'{"a": 1}\n' + b"x" * 11 + b"\n\n" + b"y" * 10 + b"\nzz"
+    splitter = LineSplitter(100, 7, 10)
+    assert chunked(splitter, data, size) == [
+        Piece(7, 109, b'{"a": 1}', 8), Piece(8, 121, None, 11),
+        Piece(10, 133, b"y" * 10, 10)]
+    assert (splitter.offset, splitter.line, splitter.pending_bytes) == (133, 11, 2)
+
+
+def test_line_splitter_resumes_a_line_already_over_the_limit() -> None:
+    """An unterminated line an earlier import read past the limit is read on from where it
+    stopped: its size counts what was seen, its bytes are not read again."""
+    splitter = LineSplitter(50, 4, 10, seen=25)
+    assert splitter.feed(b"abc\n" + b"ok\n") == [Piece(4, 79, None, 28), Piece(5, 82, b"ok", 2)]
+
+
+ARRAY = (b' \n[ {"a": "x\\\\"}, {"b": "]\\"[,}{"} ,\n"s" , 1 ,[[], {}], {"c": [1, {"d": 2}]}'
+         b' ]  \n')
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 64, 1 << 20])
+def test_array_splitter_cuts_the_elements_json_reads(size: int) -> None:
+    """Strings holding brackets, commas, quotes and backslashes, nested arrays and objects,
+    any chunking: each piece decodes to the element json.loads finds at its index."""
+    splitter = ArraySplitter(1 << 20)
+    pieces = chunked(splitter, ARRAY, size)
+    assert [json.loads(piece.data or b"") for piece in pieces] == json.loads(ARRAY)
+    assert [(piece.line, ARRAY[piece.end:piece.end + 1]) for piece in pieces] == [
+        (1, b","), (2, b","), (3, b","), (4, b","), (5, b","), (6, b"]")]
+    assert (splitter.count, splitter.closed) == (6, True)
+
+
+@pytest.mark.parametrize("size", [1, 4, 1 << 20])
+def test_array_splitter_long_empty_and_unfinished_elements(size: int) -> None:
+    """An element over the limit is its size only; an empty one (``,,``) is yielded empty;
+    after the last comma of an unclosed array (a file being written) nothing is yielded."""
+    data = b'[1,"' + b"x" * 20 + b'",,{"t": 2},{"t": 3'
+    splitter = ArraySplitter(10)
+    assert chunked(splitter, data, size) == [
+        Piece(1, 2, b"1", 1), Piece(2, 25, None, 22), Piece(3, 26, b"", 0),
+        Piece(4, 35, b'{"t": 2}', 8)]
+    assert (splitter.count, splitter.closed) == (4, False)
+    assert ArraySplitter(10).feed(b"[ ]") == []
+    assert ArraySplitter(10).feed(b"[1, ]") == [Piece(1, 2, b"1", 1)]
+    deep = b"[" + b"[" * 100_000 + b"]" * 100_000 + b",[[1]]]]"
+    splitter = ArraySplitter(10)
+    assert chunked(splitter, deep, size) == [Piece(1, 200_001, None, 200_000),
+                                             Piece(2, 200_007, b"[[1]]", 5)]
+    assert (splitter.count, splitter.closed) == (2, True)
+
+
+def test_parse_piece_reports_a_record_over_the_limit_with_its_size() -> None:
+    parser = ClaudeCodeParser()
+    assert parser.parse_piece(Piece(3, 900, None, 123_456), 65_536) == Entry(
+        line=3, end=900, kind="malformed",
+        error="a record of 123,456 bytes, over the 65,536 a record may have "
+              "(max_request_bytes): skipped")
+    assert parser.parse_piece(Piece(4, 901, b" ", 1), 65_536, end=4) == Entry(
+        line=4, end=4, kind="malformed", error="an empty element")
+
+
 def test_unknown_types_are_kept_by_name() -> None:
     entries = feed({"type": "file-history-snapshot", "messageId": "x"},
                    {"type": "system", "subtype": "stop_hook_summary"},
@@ -165,6 +258,19 @@ def test_unknown_types_are_kept_by_name() -> None:
 
 def export(*messages: dict[str, Any]) -> bytes:
     return json.dumps({"info": {"id": "ses_x"}, "messages": list(messages)}).encode()
+
+
+def parse_opencode(data: bytes, skip: int = 0) -> tuple[dict[str, Any], list[Entry], int]:
+    """An export held in memory read as the importer reads a file: its info, the entries
+    of its messages after the first ``skip``, and its number of messages."""
+    if data.lstrip()[:1] != b"{":
+        raise ValueError(NOT_AN_EXPORT)
+    info, start = locate_messages(ArraySplitter(len(data)).feed(data),
+                                  lambda offset, length: data[offset:offset + length])
+    splitter = ArraySplitter(len(data))
+    entries = [parse_message(piece, len(data)) for piece in splitter.feed(data[start:])
+               if piece.line > skip]
+    return info, entries, splitter.count
 
 
 def osrc(message_id: str, index: int) -> dict[str, Any]:
@@ -259,9 +365,30 @@ def test_opencode_compaction_part_keeps_its_tail_start_id() -> None:
              "tail_start_id": "a1"}]})]]
 
 
-@pytest.mark.parametrize(("data", "match"), [
-    (b"{", "Expecting property name"), (b"[]", "an OpenCode export is an object"),
-    (b'{"info": {}}', "an OpenCode export is an object")])
-def test_opencode_not_an_export(data: bytes, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+@pytest.mark.parametrize("data", [b"{", b"[]", b'{"info": {}}', b'{"messages": {}}',
+                                  b'{"messages": 1, "info": []}'])
+def test_opencode_not_an_export(data: bytes) -> None:
+    with pytest.raises(ValueError, match=r"^an OpenCode export is an object \{info, "):
         parse_opencode(data)
+
+
+def test_opencode_messages_are_read_one_by_one() -> None:
+    """Each message decoded by itself: one nested 100,000 deep, one not JSON, one over the
+    limit are malformed at their index; a lone surrogate is U+FFFD; the info is found
+    whatever the members' order."""
+    good = {"info": {"id": "u1", "role": "user"}, "parts": [{"type": "text",
+                                                             "text": "cut \ud83d"}]}
+    deep = b"[" * 100_000 + b"]" * 100_000
+    data = (b'{"messages": [' + deep + b", {oops}, " + json.dumps(good).encode()
+            + b', "' + b"x" * 100 + b'"], "info": {"id": "ses_x"}}')
+    info, entries, total = parse_opencode(data)
+    assert (info, total) == ({"id": "ses_x"}, 4)
+    assert [(e.line, e.kind, e.error) for e in entries[:2]] == [
+        (1, "malformed", "not JSON: nested too deep to read"),
+        (2, "malformed", entries[1].error)]
+    assert str(entries[1].error).startswith("not JSON: ")
+    assert entries[2].messages[0].content == [{"type": "text", "text": "cut \ufffd"}]
+    assert parse_message(Piece(4, 99, None, 102), 64) == Entry(
+        line=4, end=4, kind="malformed",
+        error="a record of 102 bytes, over the 64 a record may have (max_request_bytes): "
+              "skipped")
