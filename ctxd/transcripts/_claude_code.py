@@ -59,8 +59,7 @@ def decode_record(raw: bytes) -> Any:
         ValueError: not JSON (a number out of range included), or nested too deep to read
             (the reason is the message).
     """
-    if b"\\ud" in raw or b"\\uD" in raw:  # a surrogate escape: the rewrite is worth it
-        raw = replace_lone_surrogates(raw)
+    raw = replace_lone_surrogates(raw)
     try:
         return msgspec.json.decode(raw)
     except RecursionError:
