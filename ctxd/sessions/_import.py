@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ import trio
 from ctxd.errors import CtxdError, invalid_state, params_error
 from ctxd.hub import find_usage, insert_usage
 from ctxd.sessions._actor import SessionActor
+from ctxd.sessions._files import open_regular, read_regular
 from ctxd.sessions._queries import decode_meta, scalar_rowid
 from ctxd.sessions._supervisor import Supervisor
 from ctxd.store import Transaction
@@ -171,7 +171,7 @@ def _mark_matched(conn: apsw.Connection, session_id: str,
 
 
 def _head_hash(path: Path, length: int) -> str:
-    with path.open("rb") as file:
+    with open_regular(path) as file:
         return hashlib.sha256(file.read(length)).hexdigest()
 
 
@@ -185,21 +185,14 @@ def check_path(raw: str) -> tuple[Path, int]:
     if not path.is_absolute():
         raise params_error("$.path", f"{raw!r} is not an absolute path; give the full path "
                                      "(ctxctl resolves a relative one)")
-    try:
-        info = os.stat(path)
-    except OSError as exc:
-        raise params_error("$.path", f"cannot read {raw}: {exc.strerror or exc}") from exc
-    if not stat.S_ISREG(info.st_mode):
-        raise params_error("$.path", f"{raw} is not a regular file")
-    if not os.access(path, os.R_OK):
-        raise params_error("$.path", f"{raw} is not readable by the daemon's user")
-    return path, info.st_size
+    with open_regular(path) as file:
+        return path, os.fstat(file.fileno()).st_size
 
 
 def _starts_array(path: Path) -> bool:
     """Whether the file's first non-blank byte is ``[`` (Claude Code records saved as one
     JSON array rather than JSONL)."""
-    with path.open("rb") as file:
+    with open_regular(path) as file:
         while chunk := file.read(HEAD_BYTES):
             if chunk.strip():
                 return is_array(chunk)
@@ -216,7 +209,7 @@ def _scan_claude(path: Path) -> tuple[str | None, str | None]:
     """The ``sessionId`` of the first record that has one, within the file's first MB, and
     why the file is not a Claude Code transcript (None when it is, or cannot be told:
     complete lines there, and not one of them is a record)."""
-    with path.open("rb") as file:
+    with open_regular(path) as file:
         data = file.read(SESSION_ID_SCAN_BYTES)
     session_id: str | None = None
     recognised = False
@@ -445,7 +438,7 @@ async def _import_claude_code(job: _Import, path: Path, size: int) -> int:
     parser = ClaudeCodeParser()
     offset, line = job.state.offset, job.state.lines + 1
     read = 0
-    with path.open("rb") as file:
+    with open_regular(path) as file:
         file.seek(offset)
         carry = b""
         while True:
@@ -606,7 +599,7 @@ def register_import(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
             if size > WHOLE_MAX_BYTES:
                 raise params_error("$.path", f"{p.path} is {size} bytes; an OpenCode export "
                                              f"is read whole, at most {WHOLE_MAX_BYTES}")
-            data = await trio.to_thread.run_sync(path.read_bytes)
+            data = await trio.to_thread.run_sync(read_regular, path)
             try:
                 info, entries, total = await trio.to_thread.run_sync(parse_opencode, data)
             except ValueError as exc:
@@ -621,7 +614,7 @@ def register_import(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
                 raise params_error("$.path", f"{p.path} is {size} bytes; a JSON array of "
                                              f"records is read whole, at most "
                                              f"{WHOLE_MAX_BYTES}")
-            data = await trio.to_thread.run_sync(path.read_bytes)
+            data = await trio.to_thread.run_sync(read_regular, path)
             try:
                 entries, total, found = await trio.to_thread.run_sync(
                     parse_claude_code_array, data)
