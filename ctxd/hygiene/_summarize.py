@@ -444,7 +444,9 @@ def span_json(span: Sequence[RenderedMessage], max_tokens: int) -> bytes:
 
 
 class CommandSummarizer:
-    """Runs ``argv`` with the span as JSON on stdin; its stdout is the summary.
+    """Runs ``argv`` with the span as JSON on stdin; its stdout is the summary. The program
+    leads a process group of its own, killed whole when it times out or is cancelled, and
+    dies with the daemon (`open_child`).
 
     Args:
         command: the command line, split like a shell's (``shlex``).
