@@ -1,6 +1,7 @@
 """``ctxctl mcp``: MCP on stdio, pumped to the daemon's socket, which speaks MCP itself
 (docs/protocol.md, "MCP"). It binds the connection to a session first (``mcp.bind``), then
-copies bytes both ways (one JSON message a line) until either side closes."""
+copies messages both ways (one JSON message a line) until the client hangs up; a daemon
+that goes away meanwhile is connected to again, bound to the same session."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 import msgspec
 
 from ctxclient._codec import encode
+from ctxd.errors import ErrorCode
 from ctxd.paths import UntrustedSocket, check_peer, check_socket_directory, default_socket_path
 
 START_WAIT_S = 15.0
@@ -156,56 +158,273 @@ def bind(sock: socket.socket, session_id: str | None, project: str | None) -> by
     return rest
 
 
-def pump(sock: socket.socket, stdin: int, stdout: int, pending_out: bytes = b"") -> None:
-    """Copy stdin to the socket and the socket to stdout until the daemon closes.
+STOPPED = "ctxd stopped; retrying"
+"""What a call in flight when the daemon went away is answered (docs/protocol.md, "MCP")."""
+REINITIALIZE_ID = "ctxctl-mcp-reinitialize"
+RECONNECT_FIRST_S = 0.05
+RECONNECT_MAX_S = 1.0
+"""After the daemon went away, connecting again is tried after 50 ms, then twice as long
+each time, at most every second (and at once when the client sends a request)."""
+
+
+class _Message(msgspec.Struct):
+    """What the pump reads of a JSON-RPC message: is it a request, a notification, an
+    answer, and to which request."""
+
+    id: int | str | None = None
+    method: str | None = None
+    params: msgspec.Raw = msgspec.Raw()
+    result: msgspec.Raw = msgspec.Raw()
+    """Left as they are (empty when absent)."""
+
+
+class _CancelledParams(msgspec.Struct):
+    requestId: int | str | None = None
+
+
+class _ContextState(msgspec.Struct):
+    session_id: str | None = None
+
+
+class _Structured(msgspec.Struct):
+    context_state: _ContextState | None = None
+
+
+class _ToolResult(msgspec.Struct):
+    structuredContent: _Structured | None = None
+
+
+def _decode(line: bytes, kind: type[Any]) -> Any:
+    try:
+        return msgspec.json.decode(line, type=kind)
+    except msgspec.DecodeError:
+        return None
+
+
+def stopped_answer(request_id: int | str, method: str) -> bytes:
+    """The answer to a request the daemon will not answer: it went away."""
+    if method == "tools/call":
+        answer: dict[str, Any] = {"result": {"content": [{"type": "text", "text": STOPPED}],
+                                             "isError": True}}
+    else:
+        answer = {"error": {"code": int(ErrorCode.OVERLOADED), "message": STOPPED}}
+    return msgspec.json.encode({"jsonrpc": "2.0", "id": request_id, **answer}) + b"\n"
+
+
+class Link:
+    """The MCP session the pump keeps across connections to the daemon: the binding, the
+    client's handshake, the requests in flight.
+
+    Args:
+        path: the daemon's socket.
+        session_id: the session to bind (None: the one the daemon makes, learnt from the
+            first tool result, so that a new connection binds the same).
+        project: the project to bind.
+    """
+
+    def __init__(self, path: str, session_id: str | None, project: str | None):
+        self.path = path
+        self.session_id = session_id
+        self.project = project
+        self.in_flight: dict[int | str, str] = {}
+        """Method of each request sent and not yet answered, by id, oldest first."""
+        self.initialize: dict[str, Any] | None = None
+        """The client's initialize request, sent again on a new connection."""
+        self.initialized = False
+
+    def from_client(self, line: bytes) -> None:
+        """Note what a line from the client asks (a request in flight, the handshake, a
+        call it cancelled: the daemon does not answer it)."""
+        message = _decode(line, _Message)
+        if message is None or message.method is None:
+            return
+        if message.id is not None:
+            self.in_flight[message.id] = message.method
+            if message.method == "initialize":
+                self.initialize = msgspec.json.decode(line)
+        elif message.method == "notifications/initialized":
+            self.initialized = True
+        elif message.method == "notifications/cancelled" and message.params:
+            cancelled = _decode(message.params, _CancelledParams)
+            if cancelled is not None and cancelled.requestId is not None:
+                self.in_flight.pop(cancelled.requestId, None)
+
+    def from_daemon(self, line: bytes) -> bool:
+        """Note an answer from the daemon; whether to pass the line on to the client (the
+        answer to the pump's own initialize is not)."""
+        message = _decode(line, _Message)
+        if message is None or message.method is not None or message.id is None:
+            return True
+        if message.id == REINITIALIZE_ID:
+            return False
+        method = self.in_flight.pop(message.id, None)
+        if method == "tools/call" and self.session_id is None and message.result:
+            result = _decode(message.result, _ToolResult)
+            if result is not None and result.structuredContent is not None \
+                    and result.structuredContent.context_state is not None:
+                self.session_id = result.structuredContent.context_state.session_id
+        return True
+
+    def lost(self) -> bytes:
+        """The answers to every request in flight, which the daemon will not send."""
+        answers = b"".join(stopped_answer(request_id, method)
+                           for request_id, method in self.in_flight.items())
+        self.in_flight.clear()
+        return answers
+
+    def reconnect(self) -> tuple[socket.socket, bytes] | None:
+        """A new connection, bound to the same session and handshaken as the client did,
+        and what the daemon sent after the binding's answer; None when nothing listens (or
+        what listens went away at once).
+
+        Raises:
+            PumpError: the daemon refused the binding.
+        """
+        sock = _connect(self.path)
+        if sock is None:
+            return None
+        try:
+            rest = bind(sock, self.session_id, self.project)
+            handshake = b""
+            if self.initialize is not None:
+                handshake += msgspec.json.encode({**self.initialize,
+                                                  "id": REINITIALIZE_ID}) + b"\n"
+            if self.initialized:
+                handshake += b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n'
+            sock.sendall(handshake)
+        except OSError:
+            sock.close()
+            return None
+        except PumpError:
+            sock.close()
+            raise
+        sock.setblocking(False)
+        return sock, rest
+
+
+def _lines(buffer: bytearray) -> list[bytes]:
+    """The complete lines at the start of ``buffer`` (taken out of it, without newlines)."""
+    end = buffer.rfind(b"\n")
+    if end < 0:
+        return []
+    lines = bytes(buffer[:end]).split(b"\n")
+    del buffer[:end + 1]
+    return lines
+
+
+def pump(link: Link, sock: socket.socket, stdin: int, stdout: int,
+         pending_out: bytes = b"") -> None:
+    """Copy stdin to the socket and the socket to stdout, a line at a time, until the client
+    has hung up and the daemon has answered.
 
     The socket is non-blocking and written only when it has room, so a daemon waiting for
     its answers to be read never waits on a pump blocked in a write to it. At the end of
     stdin the socket's sending side is shut: the daemon cancels the calls still running
-    (the client went away), sends what it has, and closes.
+    (the client went away), sends what it has, and closes. Should the daemon go away while
+    the client is there, each request in flight is answered `STOPPED` (a tool call as a
+    result with ``isError``, anything else as error -32007), and the pump connects again
+    (`Link.reconnect`), binding the same session; a request sent meanwhile is answered the
+    same when no daemon listens yet.
     """
     sock.setblocking(False)
+    connection: socket.socket | None = sock
+    from_client = bytearray()
     to_daemon = bytearray()
-    to_client = bytearray(pending_out)
+    from_daemon = bytearray(pending_out)
+    to_client = bytearray()
     stdin_open = True
     shut = False
+    retry_s = RECONNECT_FIRST_S
     poller = select.poll()
     poller.register(stdin, select.POLLIN)
+
+    def connected(new: tuple[socket.socket, bytes]) -> socket.socket:
+        nonlocal retry_s
+        new_sock, rest = new
+        from_daemon[:] = rest
+        retry_s = RECONNECT_FIRST_S
+        return new_sock
+
+    def lose() -> None:
+        nonlocal connection
+        assert connection is not None
+        poller.unregister(connection)
+        connection.close()
+        connection = None
+        from_daemon.clear()
+        to_daemon.clear()
+        to_client.extend(link.lost())
+
     while True:
+        for line in _lines(from_daemon):
+            if link.from_daemon(line):
+                to_client += line + b"\n"
         while to_client:
             del to_client[:os.write(stdout, to_client)]
-        poller.register(sock, select.POLLIN | (select.POLLOUT if to_daemon else 0))
+        if connection is None and not stdin_open:
+            return
+        if connection is not None:
+            poller.register(connection, select.POLLIN | (select.POLLOUT if to_daemon else 0))
         if stdin_open:
             # Stop reading the client while the daemon is not taking what it sent.
             poller.modify(stdin, select.POLLIN if len(to_daemon) < 4 * CHUNK else 0)
-        for fd, event in poller.poll():
+        events = poller.poll(None if connection is not None else retry_s * 1000)
+        if connection is None and not events:
+            reconnected = link.reconnect()
+            if reconnected is None:
+                retry_s = min(2 * retry_s, RECONNECT_MAX_S)
+            else:
+                connection = connected(reconnected)
+            continue
+        for fd, event in events:
             if fd == stdin:
                 data = os.read(stdin, CHUNK)
-                if data:
-                    to_daemon += data
-                else:
+                if not data:
                     stdin_open = False
                     poller.unregister(stdin)
-                continue
-            if event & select.POLLOUT and to_daemon:
-                try:
-                    del to_daemon[:sock.send(to_daemon)]
-                except BlockingIOError:
-                    pass
-            if event & (select.POLLIN | select.POLLHUP | select.POLLERR):
-                try:
-                    data = sock.recv(CHUNK)
-                except BlockingIOError:
+                    to_daemon += from_client  # an unfinished last line, as it is
                     continue
-                if not data:
-                    if stdin_open:
-                        raise PumpError("ctxd closed the connection")
+                from_client += data
+                for line in _lines(from_client):
+                    link.from_client(line)
+                    to_daemon += line + b"\n"
+                if connection is None and link.in_flight:
+                    reconnected = link.reconnect()
+                    if reconnected is None:
+                        to_daemon.clear()
+                        to_client.extend(link.lost())
+                    else:
+                        connection = connected(reconnected)
+                continue
+            if connection is None:
+                continue
+            try:
+                if event & select.POLLOUT and to_daemon:
+                    try:
+                        del to_daemon[:connection.send(to_daemon)]
+                    except BlockingIOError:
+                        pass
+                if event & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                    try:
+                        data = connection.recv(CHUNK)
+                    except BlockingIOError:
+                        continue
+                    if not data:
+                        if not stdin_open:
+                            return
+                        lose()
+                        continue
+                    from_daemon += data
+            except (ConnectionResetError, BrokenPipeError):
+                if not stdin_open:
                     return
-                to_client += data
-        if not stdin_open and not to_daemon and not shut:
+                lose()
+        if connection is None:
+            to_daemon.clear()  # what was not sent is answered (`Link.lost`)
+        elif not stdin_open and not to_daemon and not shut:
             shut = True
             try:
-                sock.shutdown(socket.SHUT_WR)
+                connection.shutdown(socket.SHUT_WR)
             except OSError:
                 return
 
@@ -216,11 +435,13 @@ def run(socket_path: str | None, session_id: str | None,
     environ = os.environ if environ is None else environ
     session_id = session_id or environ.get("CLAUDE_CODE_SESSION_ID") or None
     project = environ.get("CLAUDE_PROJECT_DIR") or None
+    path = str(socket_path or default_socket_path(environ))
     try:
         sock = connect(socket_path, environ)
         with sock:
             rest = bind(sock, session_id, project)
-            pump(sock, sys.stdin.fileno(), sys.stdout.fileno(), rest)
+            pump(Link(path, session_id, project), sock, sys.stdin.fileno(),
+                 sys.stdout.fileno(), rest)
     except PumpError as exc:
         print(f"ctxctl mcp: {exc}", file=sys.stderr)
         return 1

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shlex
-import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -24,6 +23,7 @@ import msgspec
 import trio
 
 from ctxd.config import HygieneConfig
+from ctxd.hygiene._child import open_child
 from ctxd.remote import RemoteError, post_json
 from ctxd.wire.types import RenderedMessage
 
@@ -444,7 +444,9 @@ def span_json(span: Sequence[RenderedMessage], max_tokens: int) -> bytes:
 
 
 class CommandSummarizer:
-    """Runs ``argv`` with the span as JSON on stdin; its stdout is the summary.
+    """Runs ``argv`` with the span as JSON on stdin; its stdout is the summary. The program
+    leads a process group of its own, killed whole when it times out or is cancelled, and
+    dies with the daemon (`open_child`).
 
     Args:
         command: the command line, split like a shell's (``shlex``).
@@ -469,17 +471,13 @@ class CommandSummarizer:
     async def summarize(self, span: Sequence[RenderedMessage], max_tokens: int) -> str:
         argv = self._argv()
         try:
-            process = await trio.lowlevel.open_process(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            process = await open_child(argv)
         except OSError as exc:
             raise SummarizerError(f"summarizer command {argv[0]!r} cannot be run: "
                                   f"{exc.strerror or exc}") from exc
         stdin = process.stdin
         stdout = process.stdout
         stderr = process.stderr
-        assert stdin is not None
-        assert stdout is not None
-        assert stderr is not None
         output = bytearray()
         errors = bytearray()
         overflow = False

@@ -122,8 +122,12 @@ class Builder:
 
         Raises:
             EmbedderError: the embedder failed.
+
+        Cancellation: the thread is abandoned (it changes nothing), so an endpoint that
+        holds its answer or a model that takes long does not hold up a shutdown.
         """
-        return await trio.to_thread.run_sync(self._embedder.embed_sync, texts)
+        return await trio.to_thread.run_sync(self._embedder.embed_sync, texts,
+                                             abandon_on_cancel=True)
 
     def outgrown(self, index: Any) -> bool:
         """An exact index that has grown past ``ann_threshold``, or an approximate one past

@@ -226,7 +226,7 @@ class SentenceTransformerEmbedder:
         self._model = model
 
     async def load(self) -> None:
-        await trio.to_thread.run_sync(self._load_sync)
+        await trio.to_thread.run_sync(self._load_sync, abandon_on_cancel=True)
 
     def embed_sync(self, texts: Sequence[str]) -> Vectors:
         if self._model is None:
@@ -291,7 +291,8 @@ class HttpEmbedder:
         return vectors
 
     async def load(self) -> None:
-        probe = await trio.to_thread.run_sync(self._post, ["dimension probe"])
+        probe = await trio.to_thread.run_sync(self._post, ["dimension probe"],
+                                              abandon_on_cancel=True)
         self._dim = int(probe.shape[1])
 
 

@@ -152,7 +152,8 @@ class MemoryIndex:
         if not await self._load_embedder():
             return
         generation, count = await self._store.read(q.index_generation)
-        loaded = await trio.to_thread.run_sync(self._builder.load, generation, count)
+        loaded = await trio.to_thread.run_sync(self._builder.load, generation, count,
+                                               abandon_on_cancel=True)
         if loaded is not None:
             self._index, self._max_id = loaded
             self.generation, self.state, self.reason = generation, "ready", None

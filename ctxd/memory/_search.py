@@ -66,7 +66,7 @@ class Searcher:
         def run() -> Found:
             return self._search(index, self._embed_query(query), k, selection)
 
-        return await trio.to_thread.run_sync(run)
+        return await trio.to_thread.run_sync(run, abandon_on_cancel=True)
 
     def beside(self, found: Slot[Found], index: Any, query: str, k: int,
                selection: Selection) -> None:

@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import os
-import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ import trio
 from ctxd.errors import CtxdError, ErrorCode, invalid_state, params_error
 from ctxd.hub import find_usage, insert_usage
 from ctxd.sessions._actor import SessionActor
+from ctxd.sessions._files import open_regular
 from ctxd.sessions._queries import decode_meta, list_messages, scalar_rowid
 from ctxd.sessions._supervisor import Supervisor
 from ctxd.store import Transaction
@@ -214,7 +214,7 @@ def _tool_names(conn: apsw.Connection, session_id: str) -> dict[str, str]:
 
 
 def _head_hash(path: Path, length: int) -> str:
-    with path.open("rb") as file:
+    with open_regular(path) as file:
         return hashlib.sha256(file.read(length)).hexdigest()
 
 
@@ -228,29 +228,22 @@ def check_path(raw: str) -> tuple[Path, int]:
     if not path.is_absolute():
         raise params_error("$.path", f"{raw!r} is not an absolute path; give the full path "
                                      "(ctxctl resolves a relative one)")
-    try:
-        info = os.stat(path)
-    except OSError as exc:
-        raise params_error("$.path", f"cannot read {raw}: {exc.strerror or exc}") from exc
-    if not stat.S_ISREG(info.st_mode):
-        raise params_error("$.path", f"{raw} is not a regular file")
-    if not os.access(path, os.R_OK):
-        raise params_error("$.path", f"{raw} is not readable by the daemon's user")
-    return path, info.st_size
+    with open_regular(path) as file:
+        return path, os.fstat(file.fileno()).st_size
 
 
 def _newline_free(path: Path, offset: int, length: int) -> bool:
     """Whether the ``length`` bytes at ``offset`` hold no newline: what a remembered
     unterminated line claims of its start (a row written before ``size`` meant that could
     claim bytes an interrupted import never read; a real line holds none)."""
-    with path.open("rb") as file:
+    with open_regular(path) as file:
         file.seek(offset)
         return b"\n" not in file.read(length)
 
 
 def _first_byte(path: Path) -> bytes:
     """The file's first non-blank byte (b"" when it has none)."""
-    with path.open("rb") as file:
+    with open_regular(path) as file:
         while chunk := file.read(HEAD_BYTES):
             if chunk.strip():
                 return chunk.lstrip()[:1]
@@ -273,7 +266,7 @@ def _scan_claude(path: Path) -> tuple[str | None, str | None]:
     """The ``sessionId`` of the first record that has one, within the file's first MB, and
     why the file is not a Claude Code transcript (None when it is, or cannot be told:
     complete lines there, and not one of them is a record)."""
-    with path.open("rb") as file:
+    with open_regular(path) as file:
         data = file.read(SESSION_ID_SCAN_BYTES)
     session_id: str | None = None
     recognised = False
@@ -304,7 +297,7 @@ def _scan_array(path: Path, limit: int) -> tuple[str | None, str | None]:
     """As `_scan_claude`, for a file holding one JSON array: the elements complete within
     its first MB."""
     splitter = ArraySplitter(limit)
-    with path.open("rb") as file:
+    with open_regular(path) as file:
         data = file.read(SESSION_ID_SCAN_BYTES)
     session_id: str | None = None
     recognised = False
@@ -339,7 +332,7 @@ def _scan_export(path: Path, limit: int) -> tuple[dict[str, Any], int]:
     """
     if _first_byte(path) != b"{":
         raise ValueError(NOT_AN_EXPORT)
-    with path.open("rb") as file:
+    with open_regular(path) as file:
         splitter = ArraySplitter(limit)
         members = []
         while chunk := file.read(CHUNK_BYTES):
@@ -648,7 +641,7 @@ async def _import_claude_code(job: _Import, path: Path, limit: int, seen: int) -
                                                                   job.actor.session_id)
     splitter = LineSplitter(start, job.state.lines + 1, limit, seen)
     job.state.size = 0  # what an interrupted import commits claims no unterminated line
-    with path.open("rb") as file:
+    with open_regular(path) as file:
         file.seek(start + seen)
         records = _Records(file, splitter.feed,
                            lambda piece: parser.parse_piece(piece, limit))
@@ -682,7 +675,7 @@ async def _import_elements(job: _Import, path: Path, start: int,
     size; elements after an unclosed array's last comma are left for later."""
     splitter = ArraySplitter(job.actor.supervisor.config.max_request_bytes)
     imported = job.state.offset
-    with path.open("rb") as file:
+    with open_regular(path) as file:
         file.seek(start)
         # The elements already imported are parsed too: the parser links records across
         # them (tool names, sub-agent chains).

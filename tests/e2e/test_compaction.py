@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -515,3 +516,60 @@ def test_clearing_clears_old_tool_calls_large_inputs(manual_daemon: DaemonProces
     for index, message in enumerate(rendered):
         if message["role"] == "assistant":
             assert rendered[index + 1]["tool_call_id"] == message["content"][1]["id"]
+
+
+WORKER_THREAD_IDLE_S = 10.0
+"""How long one of trio's cached worker threads waits for work before it ends."""
+HELD_SUMMARIZER = """
+import os, pathlib, sys, time
+root = pathlib.Path(sys.argv[1])
+sys.stdin.buffer.read()
+(root / "pid.tmp").write_text(str(os.getpid()))
+(root / "pid.tmp").rename(root / "pid")
+while not (root / "release").exists():
+    time.sleep(0.05)
+print("The user greeted the agent.")
+"""
+"""A summarizer command that records its pid, then waits for the test's release."""
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie has ended: it only waits to be reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_command_summarizer_dies_with_a_killed_daemon(daemon_root: Path, sid: str) -> None:
+    script = daemon_root / "held.py"
+    script.write_text(HELD_SUMMARIZER)
+    process = summarizing_daemon(
+        daemon_root, "--hygiene-summarizer", "command", "--hygiene-summarizer-command",
+        f"{sys.executable} {script} {daemon_root}", "--hygiene-summarizer-timeout-s", "600")
+    process.start()
+    try:
+        with process.client() as client:
+            client.call("session.open", {"session_id": sid, "budget": WINDOW})
+            client.call("message.append", {"session_id": sid, "messages": [SYSTEM, TASK]})
+            work(client, sid, range(0, 10))
+            client.submit("context.compact", {"session_id": sid,
+                                              "strategies": ["summarize"]})
+            deadline = time.monotonic() + 30
+            while not (daemon_root / "pid").exists():
+                assert time.monotonic() < deadline, "the summarizer never started"
+                time.sleep(0.01)
+            pid = int((daemon_root / "pid").read_text())
+            # The parent-death signal follows the thread that forked: a summarizer forked
+            # by a worker thread of trio's cache was killed once that thread fell idle.
+            time.sleep(WORKER_THREAD_IDLE_S + 1)
+            assert running(pid)
+            process.kill()
+        deadline = time.monotonic() + 10
+        while running(pid):
+            assert time.monotonic() < deadline, f"summarizer {pid} outlived the daemon"
+            time.sleep(0.01)
+    finally:
+        (daemon_root / "release").touch()

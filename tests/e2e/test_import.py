@@ -330,12 +330,24 @@ def test_a_branch_an_interrupted_import_left_active_is_returned_first(
 
 
 def test_path_errors(shared_daemon: DaemonProcess, tmp_path: Path, sid: str) -> None:
+    fifo = tmp_path / "swapped.jsonl"
+    os.mkfifo(fifo)
+    linked = tmp_path / "linked.jsonl"
+    linked.symlink_to(fifo)
     with shared_daemon.client() as client:
-        for path, reason in ((tmp_path / "none.jsonl", "cannot read"),
-                             (tmp_path, "is not a regular file")):
+        for path, reason in (
+                (tmp_path / "none.jsonl",
+                 f"cannot read {tmp_path / 'none.jsonl'}: No such file or directory"),
+                (tmp_path, f"{tmp_path} is a directory, not a regular file; give the path of "
+                           "a transcript file"),
+                # Opened without blocking and checked on what was opened: a FIFO (nobody
+                # writes to it) is refused at once, also behind a symbolic link.
+                (fifo, f"{fifo} is a FIFO (named pipe), not a regular file; give the path "
+                       "of a transcript file"),
+                (linked, f"{linked} is a FIFO (named pipe), not a regular file; give the "
+                         "path of a transcript file")):
             error = import_error(client, path, session_id=sid)
-            assert (error.code, error.data["path"]) == (-32602, "$.path")
-            assert reason in error.data["reason"]
+            assert (error.code, error.data) == (-32602, {"path": "$.path", "reason": reason})
         error = import_error(client, Path("rel.jsonl"), session_id=sid)
         assert "not an absolute path" in error.data["reason"]
         empty = tmp_path / "empty.jsonl"

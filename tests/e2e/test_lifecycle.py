@@ -20,6 +20,7 @@ import pytest
 import trio
 from conftest import DaemonProcess
 from tests_support import hello_text
+from unit.test_embedders import EmbeddingServer
 
 import ctxclient
 from ctxclient import Client, DaemonUnavailable, RpcError
@@ -486,3 +487,41 @@ def test_running_out_of_descriptors_keeps_the_daemon_serving(daemon_root: Path) 
                 time.sleep(0.05)
     finally:
         process.stop()
+
+
+def test_sigterm_stops_the_daemon_while_a_worker_thread_is_stuck(daemon_root: Path) -> None:
+    # Regression: a worker thread blocked in a system call (here the embedding of a memory,
+    # whose endpoint holds the request; before, a read of a FIFO) held the shutdown until
+    # the thread returned: "still running 32 s later".
+    grace_s = 1.0
+    with EmbeddingServer() as server:
+        process = DaemonProcess(daemon_root, [
+            "--memory-embedder", "http", "--memory-embedding-url", server.url,
+            "--memory-embedding-model", "test-model", "--shutdown-timeout-s", str(grace_s)])
+        process.start()
+        with process.client() as client:
+            client.call("session.open", {"session_id": "s"})
+            appended = client.call("message.append", {"session_id": "s", "messages": [
+                {"role": "user", "content": f"message {i}"} for i in range(50)]})
+            assert [m["seq"] for m in appended["appended"]] == list(range(1, 51))
+            server.delay_s, server.delay_when = 120.0, "held"
+            client.submit("memory.record", {"title": "held", "content": "its embedding"})
+            deadline = time.monotonic() + 30
+            while not any("held" in text for r in server.requests
+                          for text in r.body["input"]):
+                assert time.monotonic() < deadline, "the embedding was never requested"
+                time.sleep(0.01)
+            # A worker thread now waits for the endpoint's answer (for 30 s at least).
+            assert process.proc is not None
+            process.proc.send_signal(signal.SIGTERM)
+            # A guard, not a measure: without the fix this waits for the thread.
+            assert process.proc.wait(grace_s + 10) == 0
+        assert "ctxd stopped" in process.log()
+        assert not process.socket.exists()
+        server.delay_s = 0.0
+        process.start()
+        with process.client() as client:
+            listed = client.call("message.list", {"session_id": "s", "limit": 100})
+            assert [m["content"] for m in listed["messages"]] == [
+                f"message {i}" for i in range(50)]
+        assert process.stop() == 0

@@ -501,3 +501,60 @@ def test_an_mcp_connection_is_never_idle(daemon_root: Path) -> None:
             assert line.ask("ping", request_id=2) == {"jsonrpc": "2.0", "id": 2, "result": {}}
     finally:
         process.stop()
+
+
+async def test_a_call_in_flight_when_the_daemon_dies_is_answered_and_the_session_goes_on(
+        gated: Gated, sid: str) -> None:
+    with gated.process.client() as client:
+        client.call("session.open", {"session_id": sid, "budget": WINDOW})
+        client.call("message.append", {"session_id": sid, "messages": chat(10, 450)})
+    async with mcp_session(gated.process, "--session", sid) as session:
+        async with trio.open_nursery() as nursery:
+            answers: list[Any] = []
+
+            async def compact() -> None:
+                answers.append(await session.call_tool(
+                    "compact_context", {"strategies": ["summarize"]}))
+
+            nursery.start_soon(compact)
+            await trio.to_thread.run_sync(gated.wait_started)
+            gated.process.kill()  # the call is in flight: held at the summarizer
+        gated.process.start()  # the same socket and data
+        listed = await session.call_tool("context_list_branches", {})
+    [stopped] = answers
+    assert (stopped.is_error, [block.text for block in stopped.content]) == (  # type: ignore[union-attr]
+        True, ["ctxd stopped; retrying"])
+    assert listed.is_error is False
+    assert listed.structured_content is not None
+    assert listed.structured_content["context_state"]["session_id"] == sid
+    assert listed.structured_content["context_state"]["main_thread_tokens"] > 4500
+
+
+def test_after_a_restart_the_pump_binds_the_session_the_daemon_made(
+        daemon_root: Path) -> None:
+    process = DaemonProcess(daemon_root).start()
+    try:
+        with pump(process) as (pumping, line):
+            line.ask("initialize", initialize("2025-06-18"))
+            line.send("notifications/initialized")
+            first = line.ask("tools/call", {"name": "context_list_branches",
+                                            "arguments": {}}, 2)
+            process.kill()
+            # Nothing listens: answered by the pump.
+            stopped = line.ask("ping", request_id=3)
+            process.start()
+            # Answered by the restarted daemon on a new connection of the same pump.
+            again = line.ask("tools/call", {"name": "context_list_branches",
+                                            "arguments": {}}, 4)
+            pinged = line.ask("ping", request_id=5)
+            pumping.stdin.close()  # type: ignore[union-attr]
+            assert pumping.wait(30) == 0
+    finally:
+        process.stop()
+    made = first["result"]["structuredContent"]["context_state"]["session_id"]
+    assert made.startswith("ses_")
+    assert again["result"]["isError"] is False
+    assert again["result"]["structuredContent"]["context_state"]["session_id"] == made
+    assert stopped == {"jsonrpc": "2.0", "id": 3,
+                       "error": {"code": -32007, "message": "ctxd stopped; retrying"}}
+    assert pinged == {"jsonrpc": "2.0", "id": 5, "result": {}}

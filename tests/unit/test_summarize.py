@@ -4,12 +4,16 @@ server."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
 from chat_server import ChatServer, SeenRequest
 
 from ctxd.config import HygieneConfig
@@ -302,6 +306,35 @@ async def test_command_timeout_kills_it(tmp_path: Path) -> None:
         await command(line, timeout_s=0.5).summarize(ANTHROPIC_SPAN, 100)
     assert str(caught.value) == (f"summarizer command {sys.executable!r} did not finish "
                                  "within 0.5 s; it was killed")
+
+
+SPAWNS = """import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+with open(sys.argv[1], "w") as fifo:
+    fifo.write(str(child.pid))
+child.wait()
+"""
+"""A summarizer command that starts a program of its own and waits for it."""
+
+
+async def test_a_cancelled_command_is_killed_with_what_it_started(tmp_path: Path) -> None:
+    # Regression: only the command was killed; a program it had started ran on.
+    fifo = tmp_path / "grandchild"
+    os.mkfifo(fifo)
+    summarizer = command(script(tmp_path, "spawns", SPAWNS) + f" '{fifo}'")
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(summarizer.summarize, ANTHROPIC_SPAN, 100)
+            # Until the command has started its program and said which.
+            grandchild = os.pidfd_open(int(await trio.to_thread.run_sync(fifo.read_text)))
+            scope.cancel()
+    try:
+        with trio.fail_after(10):  # a guard: it is gone at once
+            await trio.lowlevel.wait_readable(grandchild)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # gone, and reaped already
+            signal.pidfd_send_signal(grandchild, signal.SIGKILL)
+        os.close(grandchild)
 
 
 async def test_command_missing_program(tmp_path: Path) -> None:

@@ -1,0 +1,53 @@
+"""What ``ctxctl mcp`` keeps of an MCP session across connections (`ctxclient._mcp.Link`):
+the requests in flight and how they are answered when the daemon goes away, the binding
+and the handshake it repeats (docs/protocol.md, "MCP")."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ctxclient._mcp import REINITIALIZE_ID, Link
+
+
+def line(message: dict[str, Any]) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", **message}).encode()
+
+
+INITIALIZE = {"id": 0, "method": "initialize",
+              "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                         "clientInfo": {"name": "t", "version": "1"}}}
+
+
+def test_the_calls_in_flight_are_answered_when_the_daemon_goes_away() -> None:
+    link = Link("/run/ctxd.sock", "s1", None)
+    for message in (INITIALIZE, {"method": "notifications/initialized"},
+                    {"id": 1, "method": "tools/call", "params": {"name": "memory_search"}},
+                    {"id": "two", "method": "tools/call", "params": {"name": "compact_context"}},
+                    {"id": 3, "method": "tools/list"},
+                    {"method": "notifications/cancelled", "params": {"requestId": "two"}}):
+        link.from_client(line(message))
+    assert link.from_daemon(line({"id": 0, "result": {"protocolVersion": "2025-06-18"}}))
+    assert (link.initialize, link.initialized) == ({"jsonrpc": "2.0", **INITIALIZE}, True)
+    # The cancelled call goes unanswered (as the daemon leaves it); the others are answered.
+    assert [json.loads(answer) for answer in link.lost().splitlines()] == [
+        {"jsonrpc": "2.0", "id": 1, "result": {
+            "content": [{"type": "text", "text": "ctxd stopped; retrying"}], "isError": True}},
+        {"jsonrpc": "2.0", "id": 3,
+         "error": {"code": -32007, "message": "ctxd stopped; retrying"}}]
+    assert link.lost() == b""
+
+
+def test_the_session_the_daemon_made_is_learnt_and_the_repeated_handshake_is_not_passed_on(
+        ) -> None:
+    link = Link("/run/ctxd.sock", None, "/work/p")
+    link.from_client(line({"id": 7, "method": "tools/call",
+                           "params": {"name": "context_list_branches"}}))
+    assert link.from_daemon(line({"id": 7, "result": {
+        "content": [], "isError": False,
+        "structuredContent": {"branches": [], "context_state": {"session_id": "ses_made"}}}}))
+    assert (link.session_id, link.in_flight) == ("ses_made", {})
+    assert link.from_daemon(line({"id": REINITIALIZE_ID, "result": {}})) is False
+    # Notifications and lines that are not JSON pass on untouched.
+    assert link.from_daemon(line({"method": "notifications/progress", "params": {}}))
+    assert link.from_daemon(b"not json")
