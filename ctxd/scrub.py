@@ -319,19 +319,37 @@ def scrub(text: str, rules: tuple[Rule, ...] = RULES) -> Scrubbed:
         raise ScrubError(f"could not scrub secrets: {type(exc).__name__}: {exc}") from exc
 
 
+_SECRET_KEY = re.compile(_SECRET_WORD + r"\Z", re.IGNORECASE)
+"""A key of a JSON object whose name ends with a secret word (``password``, ``apiKey``)."""
+
+
 def scrub_value(value: Any) -> Any:
-    """A JSON value (a message's content: a string, or parts) with every string in it
-    scrubbed, keys kept.
+    """A JSON value (a message's content: a string, or parts; a tool call's input) with
+    every string in it scrubbed, keys kept. A string under a secret-named key is redacted
+    whole, as the quoted value after that key in a text would be (``{"password":
+    "hunter2"}``: the rule ``secret_assignment``), unless it is a placeholder.
 
     Raises:
         ScrubError: as `scrub`.
     """
+    try:
+        return _scrub_value(value)
+    except ScrubError:
+        raise
+    except Exception as exc:
+        raise ScrubError(f"could not scrub secrets: {type(exc).__name__}: {exc}") from exc
+
+
+def _scrub_value(value: Any) -> Any:
     if isinstance(value, str):
         return scrub(value).text
     if isinstance(value, list):
-        return [scrub_value(item) for item in value]
+        return [_scrub_value(item) for item in value]
     if isinstance(value, dict):
-        return {key: scrub_value(item) for key, item in value.items()}
+        return {key: f"{_MARKER}secret_assignment]"
+                if isinstance(item, str) and isinstance(key, str) and item
+                and _SECRET_KEY.search(key) and not _placeholder(item)
+                else _scrub_value(item) for key, item in value.items()}
     return value
 
 
@@ -360,4 +378,4 @@ def _apply(rule: Rule, text: str, lowered: str) -> tuple[str, int]:
     return ("".join(pieces) + text[done:] if found else text), found
 
 
-__all__ = ["RULES", "Found", "Rule", "ScrubError", "Scrubbed", "scrub"]
+__all__ = ["RULES", "Found", "Rule", "ScrubError", "Scrubbed", "scrub", "scrub_value"]

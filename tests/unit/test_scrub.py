@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ctxd.scrub import RULES, ScrubError, scrub
+from ctxd.scrub import RULES, ScrubError, scrub, scrub_value
 
 ALNUM = string.ascii_letters + string.digits
 
@@ -286,3 +286,25 @@ def test_scrubbing_a_mebibyte_of_near_misses_finishes(name: str) -> None:
         assert result.text == text
     if name == "pem_unterminated":
         assert result.text == "[REDACTED:private_key]"
+
+
+def test_a_json_value_is_scrubbed_with_its_secret_named_keys() -> None:
+    """A tool call's input: each string scrubbed, and a string under a secret-named key
+    redacted whole, as ``"password": "hunter2"`` in a text is."""
+    value = {"command": "mysql -u root -pS3cr3t! app", "password": "hunter2",
+             "db": {"apiKey": "k", "tokens": "12", "DB_PASSWORD": "${DB_PASSWORD}"},
+             "parts": [{"type": "text", "text": f"t {fake('ghp_', 36)}"}], "n": 3}
+    assert scrub_value(value) == {
+        "command": "mysql -u root -p[REDACTED:cli_password] app",
+        "password": "[REDACTED:secret_assignment]",
+        "db": {"apiKey": "[REDACTED:secret_assignment]", "tokens": "12",
+               "DB_PASSWORD": "${DB_PASSWORD}"},
+        "parts": [{"type": "text", "text": "t [REDACTED:github_token]"}], "n": 3}
+
+
+def test_a_json_value_that_cannot_be_scrubbed_fails_closed() -> None:
+    deep: list[object] = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(ScrubError, match="RecursionError"):
+        scrub_value(deep)
