@@ -5,15 +5,14 @@ gone from the database file."""
 from __future__ import annotations
 
 import json
-import os
 import stat
 import string
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from conftest import DaemonProcess
+from e2e.test_hooks import event, hook
 from tests_support import next_event
 
 from ctxclient import Client
@@ -216,6 +215,9 @@ FORKED_CONTEXT = (
     '[assistant]\n[tool_use Bash id=c1] {"command": "curl -u deploy:[REDACTED:cli_password] '
     'https://api.example.com/deploy", "password": "[REDACTED:secret_assignment]"}\n\n'
     f"[tool: Bash]\n{SOURCE_SCRUBBED[2]}")
+MEMORY_BLOCK = ("Memories from earlier work that may help with this sub-task:\n"
+                "- staging pgpass (confidence 0.80): Our ~/.pgpass line:\n"
+                "db.internal:5432:app:appuser:[REDACTED:pgpass_password]\n")
 RAW = [DSN.split(":")[2], CURL_PW, OKTA, "hunter2hunter2", KUBE_KEY, NETRC_PW, PG_PW, DJANGO,
        DJANGO[20:], AWS_ID, API_TOKEN, GITHUB, ACK_PW]
 
@@ -249,6 +251,7 @@ def test_every_channel_out_of_a_session_is_scrubbed(daemon_root: Path, sid: str)
         client.call("session.open", {"session_id": sid + "-fork",
                                      "fork_from": {"session_id": sid}})
         got["session.open fork_from"] = seeded(client, sid + "-fork")
+        # MCP over the socket, as `ctxctl mcp` relays it.
         mcp.call("mcp.bind", {"session_id": sid})
         tool = mcp.call("tools/call", {"name": "context_fork",
                                        "arguments": {"session_id": sid + "-mcp",
@@ -276,14 +279,20 @@ def test_every_channel_out_of_a_session_is_scrubbed(daemon_root: Path, sid: str)
             "branch.status", {"branch_id": inner["branch_id"]})["branch"]["result"]
         extracted = wait_for(watcher, "memory.recorded")["data"]["id"]
         got["memory extracted"] = client.call("memory.get", {"id": extracted})["memory"]["content"]
-        # Memories, and the block memory.context (the hooks' memories) makes of them.
+        # Memories, and what is built of them: memory.context's block (the hooks' memories),
+        # the injection into a new branch.
         made = client.call("memory.record", {
             "title": "staging pgpass", "scope": "global",
             "content": f"Our ~/.pgpass line:\ndb.internal:5432:app:appuser:{PG_PW}"})
         got["memory.record"] = client.call("memory.get", {"id": made["memory"]["id"]})[
             "memory"]["content"]
         got["memory.context"] = client.call("memory.context", {
-            "query": "staging pgpass", "scope": "global"})["text"].splitlines()[-1]
+            "query": "staging pgpass", "scope": "global"})["text"]
+        injected = client.call("branch.create", {"session_id": sid, "parent_branch_id": None,
+                                                 "description": "staging pgpass",
+                                                 "prompt": "check the staging pgpass"})
+        got["branch.create injection"] = client.call("message.list", {
+            "session_id": sid, "branch_id": injected["branch_id"]})["messages"][-2]["content"]
         # Injections, as inject.pull and a hook's answer hand them out; an answer's reason.
         client.call("inject.push", {"session_id": sid,
                                     "content": f"Set SECRET_KEY={DJANGO} in prod"})
@@ -296,13 +305,8 @@ def test_every_channel_out_of_a_session_is_scrubbed(daemon_root: Path, sid: str)
         got["inject.ack (reason)"] = acked["reason"]
         client.call("inject.push", {"session_id": sid,
                                     "content": f"Set SECRET_KEY={DJANGO} in staging"})
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CTXD_")}
-        answer = subprocess.run(
-            [str(Path(sys.executable).with_name("ctxctl")), "hook", "--socket",
-             str(process.socket)], input=json.dumps({
-                 "session_id": sid, "hook_event_name": "UserPromptSubmit", "cwd": "/",
-                 "prompt": "continue"}), capture_output=True, text=True, env=env,
-            timeout=30, check=True).stdout
+        _, answer, _ = hook(process.socket, event("UserPromptSubmit", sid, "/",
+                                                  prompt="continue"))
         got["hook answer"] = json.loads(answer)["hookSpecificOutput"]["additionalContext"]
         # The span a compaction sends to a command summarizer.
         client.call("session.open", {"session_id": sid + "-span", "budget": {
@@ -334,7 +338,8 @@ def test_every_channel_out_of_a_session_is_scrubbed(daemon_root: Path, sid: str)
         "memory extracted": "Done. client-key-data: [REDACTED:kubeconfig_client_key]",
         "memory.record": "Our ~/.pgpass line:\ndb.internal:5432:app:appuser:"
                          "[REDACTED:pgpass_password]",
-        "memory.context": "db.internal:5432:app:appuser:[REDACTED:pgpass_password]",
+        "memory.context": MEMORY_BLOCK,
+        "branch.create injection": MEMORY_BLOCK,
         "inject.pull": "Set SECRET_KEY=[REDACTED:secret_assignment] in prod",
         "inject.ack (reason)": "use DB_PASSWORD=[REDACTED:secret_assignment] instead",
         "hook answer": "Set SECRET_KEY=[REDACTED:secret_assignment] in staging",
