@@ -40,11 +40,11 @@ from ctxd.wire.types import (
 if TYPE_CHECKING:
     from ctxd.sessions._actor import SessionActor
 
+T = TypeVar("T")
+
 ON_LOOP_TOKENS = 4_000
 """A thread of at most this many tokens (about `ctxd.tokens.OFF_LOOP_BYTES` of text) is
 forked on the loop: a worker thread would cost more than the work."""
-T = TypeVar("T")
-
 FORK_META = "fork"
 """The ``meta`` key of the preamble that seeds a forked session: the source."""
 
