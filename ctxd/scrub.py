@@ -126,6 +126,7 @@ _CODE_NAME = re.compile(r"[A-Za-z_][A-Za-z_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 _CODE_CALL = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\(")
 """A call in code (``get_password(user``), which an unquoted value's parentheses may be."""
 _CODE_WORDS = re.compile(r"[A-Za-z0-9_.()]+")
+"""What such a call holds: names, numbers and parentheses (a secret has other symbols)."""
 
 
 def _assigned_secret(match: Found) -> bool:
@@ -397,11 +398,15 @@ def _scrub_value(value: Any) -> Any:
     if isinstance(value, list):
         return [_scrub_value(item) for item in value]
     if isinstance(value, dict):
-        return {key: f"{_MARKER}secret_assignment]"
-                if isinstance(item, str) and isinstance(key, str) and item
-                and _SECRET_KEY.search(key) and not _placeholder(item)
+        return {key: f"{_MARKER}secret_assignment]" if _under_secret_key(key, item)
                 else _scrub_value(item) for key, item in value.items()}
     return value
+
+
+def _under_secret_key(key: Any, item: Any) -> bool:
+    """``item`` is a string given to a secret-named key, and no placeholder."""
+    return isinstance(key, str) and isinstance(item, str) and bool(item) \
+        and _SECRET_KEY.search(key) is not None and not _placeholder(item)
 
 
 _MARKER = "[REDACTED:"
