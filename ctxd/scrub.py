@@ -123,6 +123,12 @@ def _looks_random(value: str) -> bool:
 _CODE_NAME = re.compile(r"[A-Za-z_][A-Za-z_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 """A name in code (``HEALTH_ORDER.index``, ``session_id``): not a secret, however mixed."""
 
+_CODE_CALL = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\(")
+"""A call in code (``get_password(user``), which an unquoted value's parentheses may be."""
+_CODE_WORDS = re.compile(r"[A-Za-z0-9_.()]+")
+"""What such a call holds: names, numbers and parentheses (a secret has other symbols)."""
+
+
 def _assigned_secret(match: Found) -> bool:
     """A value given to a secret-named key: any quoted value, or an unquoted one that looks
     random (:func:`_looks_random`), unless it is a placeholder. An upper-case key
@@ -133,6 +139,8 @@ def _assigned_secret(match: Found) -> bool:
         return False
     if match.group("secret_bare") is None:
         return True
+    if _CODE_CALL.match(value) and _CODE_WORDS.fullmatch(value):
+        return False
     if (match.group("key") or "").isupper():
         return "." not in value or not _CODE_NAME.fullmatch(value)
     return _looks_random(value)
@@ -183,16 +191,37 @@ def _value(bare: str, suffix: str = "") -> str:
 
 
 _BARE_WORD = r"[^\s\"'`,;()\[\]{}<>\\]"
+_BARE_VALUE = rf"(?=[^\s\"'`,;\[\]{{}}<>\\]{{6}}){_BARE_WORD}+(?:[()]+{_BARE_WORD}+)*"
+"""An unquoted value of 6 characters or more: bare words, and the parentheses between them
+(a Django ``SECRET_KEY`` has some); a closing one at its end is code's, not the value's."""
 _ASSIGN = r"\\?[\"']?[ \t]*(?::=|=>|[:=])[ \t]*"
 """Between a key and its value: a closing quote (an escaped one in JSON inside JSON), then
 ``:``, ``=``, ``:=`` or ``=>``, and spaces or tabs on the same line (a YAML key alone on its
 line, ``credentials:``, has its value on the next lines, each with its own key)."""
 
+_CSV_FIELD = r"(?:\"(?:[^\"\n]|\"\"){1,512}\"|[^,\"\r\n]{1,512})"
+"""A field of a CSV row: quoted (``""`` inside), or bare to the next comma or line end."""
+_CSV_MORE = r"(?:,[a-z ]{1,64}){0,8}\r?\n"
+"""The rest of a header line of AWS's CSV (more columns), lower-cased, and its end."""
+
 RULES: tuple[Rule, ...] = (
+    # PEM, and PuTTY's .ppk (its header to its Private-MAC line), to their end or the text's.
     _rule("private_key",
           r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
-          r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|\Z)",
-          "private key"),
+          r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|\Z)"
+          r"|PuTTY-User-Key-File-\d+:[\s\S]*?(?:Private-(?:MAC|Hash):[ \t]*[0-9a-fA-F]*|\Z)",
+          "private key", "putty-user-key-file-"),
+    # The CSV the AWS console hands out (credentials.csv, <user>_accessKeys.csv): the row
+    # after its header, from the password (or the secret key) to the secret key.
+    _rule("aws_credentials_csv",
+          r"(?m)^\ufeff?(?:user name,password,access key id,secret access key" + _CSV_MORE
+          + rf"{_CSV_FIELD},(?P<secret>{_CSV_FIELD},{_CSV_FIELD},{_CSV_FIELD})"
+          r"|user name,password" + _CSV_MORE + rf"{_CSV_FIELD},(?P<secret_password>{_CSV_FIELD})"
+          r"|user name,access key id,secret access key" + _CSV_MORE
+          + rf"{_CSV_FIELD},{_CSV_FIELD},(?P<secret_user_key>{_CSV_FIELD})"
+          r"|access key id,secret access key" + _CSV_MORE
+          + rf"{_CSV_FIELD},(?P<secret_key>{_CSV_FIELD}))",
+          "user name,password", "secret access key", caseless=True),
     _rule("aws_access_key_id", r"\b(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}\b",
           "akia", "asia", "abia", "acca"),
     # After its usual names, also bare (a space or a newline between): aws_secret_access_key,
@@ -248,6 +277,24 @@ RULES: tuple[Rule, ...] = (
           caseless=True),
     _rule("basic_auth", r"\bauthorization:\s*basic\s+(?P<secret>[A-Za-z0-9+/]{8,}=*)",
           "basic", caseless=True),
+    _rule("okta_token", r"\bssws[ \t]+(?P<secret>[a-z0-9_-]{20,})(?![a-z0-9_-])", "ssws",
+          caseless=True),
+    # kubeconfig's user key, inline (base64 of a PEM key): YAML or JSON.
+    _rule("kubeconfig_client_key",
+          r"client-key-data[\"']?[ \t]*:[ \t]*[\"']?(?P<secret>[A-Za-z0-9+/]{16,}={0,2})",
+          "client-key-data", caseless=True),
+    # ~/.netrc: a machine's (or the default's) login, then its password, on its line or the
+    # lines after.
+    _rule("netrc_password",
+          r"\b(?:machine\s+\S+|default)\s+login\s+\S+(?:\s+(?:account|port)\s+\S+)*"
+          r"\s+password\s+(?P<secret>\S+)",
+          "machine", "default", check=_not_placeholder),
+    # ~/.pgpass: host:port:database:user:password, a line of its own (``\:`` escapes a
+    # colon); the host has a letter, a dot or *, the port is a number or *.
+    _rule("pgpass_password",
+          r"(?m)^(?=[^:\s]*[A-Za-z.*])[^:\s]+:(?:\d{1,5}|\*):[^:\s]+:[^:\s]+:"
+          r"(?P<secret>(?:[^:\s\\]|\\.)+)[ \t]*\r?$",
+          ":", check=_not_placeholder),
     # The password runs to the LAST @ before the host (Pa@ss!w0rd9 is one password); the
     # user may be empty (redis://:<password>@host).
     _rule("url_password",
@@ -260,8 +307,13 @@ RULES: tuple[Rule, ...] = (
           r"(?:\"(?P<secret>[^\"\n]{1,512})\"|'(?P<secret_single>[^'\n]{1,512})'"
           r"|(?P<secret_bare>[^\s'\"]+))"
           r"|\bsshpass[ \t]+-p[ \t]*(?P<secret_sshpass>[^\s]+)"
-          r"|\bredis-cli\b[^\n]{0,200}?[ \t]-a[ \t]+(?P<secret_redis>[^\s]+)",
-          "mysql", "mariadb", "sshpass", "redis-cli", check=_not_placeholder),
+          r"|\bredis-cli\b[^\n]{0,200}?[ \t]-a[ \t]+(?P<secret_redis>[^\s]+)"
+          # curl's -u (or --user) with a password after the user's colon (else curl asks).
+          r"|\bcurl\b[^\n]{0,200}?[ \t](?:-u|--user)(?:[ \t]+|=)?"
+          r"(?:'[^'\n:]{0,256}:(?P<secret_curl_single>[^'\n]{1,512})'"
+          r"|\"[^\"\n:]{0,256}:(?P<secret_curl_double>[^\"\n]{1,512})\""
+          r"|[^\s:\"']{0,256}:(?P<secret_curl>[^\s\"']+))",
+          "mysql", "mariadb", "sshpass", "redis-cli", "curl", check=_not_placeholder),
     # --password, --token, --pass and the like, with their value after = or a space.
     _rule("cli_secret_flag",
           r"(?<![\w-])--?(?:pass|password|passwd|passphrase|token|secret|api-key|apikey|"
@@ -271,7 +323,7 @@ RULES: tuple[Rule, ...] = (
           "--", "-pass", "-token", "-secret", "-api", "-access", "-auth", "-client",
           "-private", caseless=True, check=_flag_secret),
     _rule("secret_assignment",
-          rf"(?P<key>{_SECRET_WORD}){_ASSIGN}" + _value(_BARE_WORD + "{6,}"),
+          rf"(?P<key>{_SECRET_WORD}){_ASSIGN}" + _value(_BARE_VALUE),
           "secret", "passw", "passphrase", "pwd", "token", "credential", "key",
           caseless=True, check=_assigned_secret),
     # A random-looking value given to a name that may hold one (a key, a signature, a salt,
@@ -319,20 +371,42 @@ def scrub(text: str, rules: tuple[Rule, ...] = RULES) -> Scrubbed:
         raise ScrubError(f"could not scrub secrets: {type(exc).__name__}: {exc}") from exc
 
 
+_SECRET_KEY = re.compile(_SECRET_WORD + r"\Z", re.IGNORECASE)
+"""A key of a JSON object whose name ends with a secret word (``password``, ``apiKey``)."""
+
+
 def scrub_value(value: Any) -> Any:
-    """A JSON value (a message's content: a string, or parts) with every string in it
-    scrubbed, keys kept.
+    """A JSON value (a message's content: a string, or parts; a tool call's input) with
+    every string in it scrubbed, keys kept. A string under a secret-named key is redacted
+    whole, as the quoted value after that key in a text would be (``{"password":
+    "hunter2"}``: the rule ``secret_assignment``), unless it is a placeholder.
 
     Raises:
         ScrubError: as `scrub`.
     """
+    try:
+        return _scrub_value(value)
+    except ScrubError:
+        raise
+    except Exception as exc:
+        raise ScrubError(f"could not scrub secrets: {type(exc).__name__}: {exc}") from exc
+
+
+def _scrub_value(value: Any) -> Any:
     if isinstance(value, str):
         return scrub(value).text
     if isinstance(value, list):
-        return [scrub_value(item) for item in value]
+        return [_scrub_value(item) for item in value]
     if isinstance(value, dict):
-        return {key: scrub_value(item) for key, item in value.items()}
+        return {key: f"{_MARKER}secret_assignment]" if _under_secret_key(key, item)
+                else _scrub_value(item) for key, item in value.items()}
     return value
+
+
+def _under_secret_key(key: Any, item: Any) -> bool:
+    """``item`` is a string given to a secret-named key, and no placeholder."""
+    return isinstance(key, str) and isinstance(item, str) and bool(item) \
+        and _SECRET_KEY.search(key) is not None and not _placeholder(item)
 
 
 _MARKER = "[REDACTED:"
@@ -360,4 +434,4 @@ def _apply(rule: Rule, text: str, lowered: str) -> tuple[str, int]:
     return ("".join(pieces) + text[done:] if found else text), found
 
 
-__all__ = ["RULES", "Found", "Rule", "ScrubError", "Scrubbed", "scrub"]
+__all__ = ["RULES", "Found", "Rule", "ScrubError", "Scrubbed", "scrub", "scrub_value"]

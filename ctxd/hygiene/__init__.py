@@ -22,7 +22,9 @@ from ctxd.hygiene._fork import (
     NO_REMOVAL_CHARS,
     Fork,
     ForkedMessage,
+    Sliced,
     fork,
+    sliced,
 )
 from ctxd.hygiene._offload import (
     HEAD_CHARS,
@@ -69,6 +71,7 @@ __all__ = [
     "Fork",
     "ForkedMessage",
     "SessionTool",
+    "Sliced",
     "Snapshot",
     "Summarizer",
     "SummarizerError",
@@ -103,6 +106,7 @@ __all__ = [
     "register_prompt",
     "result_size",
     "save_snapshot",
+    "sliced",
     "stage_blobs",
     "stage_promote",
     "stage_register",

@@ -1,7 +1,8 @@
 """The fork pipeline (docs/protocol.md, "context.fork"): a bounded copy of a thread for a
-sub-agent, in three pure stages — the latest compaction boundary, graduated tool-result
-truncation, a character budget — and the text a child reads (a preamble that says what was
-cut, then the formatted context). Linear in the thread's size; no LLM call."""
+sub-agent, in three pure stages — the latest compaction boundary (what it keeps scrubbed of
+secrets), graduated tool-result truncation, a character budget — and the text a child reads
+(a preamble that says what was cut, then the formatted context). Linear in the thread's
+size; no LLM call."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import msgspec
+
 from ctxd.hygiene._compact import COMPACTION_META
 from ctxd.hygiene._offload import STUB_PREFIX
+from ctxd.scrub import scrub_value
 from ctxd.wire.types import Content, ForkStats, Role, StoredMessage, TierDistribution
 
 FULL_RESULTS = 5
@@ -134,6 +138,42 @@ def _compaction_part(meta: dict[str, Any]) -> str | None:
             tail = part.get("tail_start_id")
             found = tail if isinstance(tail, str) else ""
     return found
+
+
+@dataclass(frozen=True)
+class Sliced:
+    """Stage 1's outcome: the messages a fork is made of, in the order the child reads them,
+    their content scrubbed of secrets (what leaves a session is: docs/security.md)."""
+
+    messages: list[StoredMessage]
+    original_count: int
+    """The thread's messages."""
+    boundary: Boundary | None
+    skipped: int
+    """The thread's messages left out before the latest compaction summary."""
+
+
+def sliced(messages: Sequence[StoredMessage]) -> Sliced:
+    """Stage 1: the thread from its latest compaction boundary (`compaction_slice`), each
+    message's content scrubbed before anything is cut, so that no cut leaves a piece of a
+    secret the scrubber would no longer recognise.
+
+    Raises:
+        ScrubError: a content could not be scrubbed; nothing of the thread may leave.
+    """
+    boundary = compaction_slice(messages)
+    kept: Sequence[StoredMessage]
+    if boundary is None:
+        kept, skipped = messages, 0
+    else:
+        # The summary, then the tail the agent kept (OpenCode), then what followed: the
+        # order the compacted agent saw them in (docs/decisions.md, "Fork pipeline").
+        summary, tail = boundary.summary, boundary.tail
+        kept = [messages[summary], *(messages[i] for i in tail), *messages[summary + 1:]]
+        skipped = summary - len(tail)
+    return Sliced(messages=[msgspec.structs.replace(m, content=scrub_value(m.content))
+                            for m in kept],
+                  original_count=len(messages), boundary=boundary, skipped=skipped)
 
 
 def compaction_boundary(messages: Sequence[StoredMessage]) -> int | None:
@@ -494,21 +534,18 @@ def preamble(stats: ForkStats, skipped: int, tail: int, cut_to_fit: int,
         "Cut text is marked …[truncated N chars]…: re-read files for full contents."))
 
 
-def fork(messages: Sequence[StoredMessage], count_tokens: Callable[[str], int],
+def fork(messages: Sequence[StoredMessage] | Sliced, count_tokens: Callable[[str], int],
          char_budget: int = CHAR_BUDGET, no_removal_chars: int = NO_REMOVAL_CHARS) -> Fork:
-    """The forked context of a thread's messages (in thread order), and its exact tokens
-    counted by ``count_tokens``."""
-    boundary = compaction_slice(messages)
-    kept: Sequence[StoredMessage]
-    if boundary is None:
-        kept, skipped = messages, 0
-    else:
-        # The summary, then the tail the agent kept (OpenCode), then what followed: the
-        # order the compacted agent saw them in (docs/decisions.md, "Fork pipeline").
-        summary, tail = boundary.summary, boundary.tail
-        kept = [messages[summary], *(messages[i] for i in tail), *messages[summary + 1:]]
-        skipped = summary - len(tail)
-    forked, counts = truncate(kept)
+    """The forked context of a thread's messages (in thread order), or of what `sliced`
+    kept of them (a fork fitted in several passes slices and scrubs once), and its exact
+    tokens counted by ``count_tokens``.
+
+    Raises:
+        ScrubError: as `sliced`.
+    """
+    source = messages if isinstance(messages, Sliced) else sliced(messages)
+    boundary, skipped = source.boundary, source.skipped
+    forked, counts = truncate(source.messages)
     blocks = [block(message) for message in forked]
     fitted = fit(blocks, [m.role for m in forked], char_budget, no_removal_chars,
                  protected(forked), call_parents(forked))
@@ -519,7 +556,7 @@ def fork(messages: Sequence[StoredMessage], count_tokens: Callable[[str], int],
     removed = len(forked) - len(final)
     context = SEPARATOR.join(blocks[index] for index in fitted.kept)
     stats = ForkStats(
-        original_count=len(messages), final_count=len(forked) - removed,
+        original_count=source.original_count, final_count=len(forked) - removed,
         total_chars=len(context), removed_messages=removed,
         compaction_detected=boundary is not None,
         compaction_slice_index=None if boundary is None else boundary.summary,

@@ -4,13 +4,14 @@ thread on its session's actor and run the fork pipeline of ``ctxd.hygiene`` over
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import trio
 
-from ctxd.errors import params_error
+from ctxd.errors import params_error, scrub_failed
 from ctxd.hygiene import (
     CHAR_BUDGET,
     COMPACTION_META,
@@ -21,7 +22,9 @@ from ctxd.hygiene import (
     offload,
     originals,
     ref_id_for,
+    sliced,
 )
+from ctxd.scrub import ScrubError
 from ctxd.sessions import _queries as q
 from ctxd.sessions._state import effective_window
 from ctxd.wire.types import (
@@ -36,6 +39,8 @@ from ctxd.wire.types import (
 
 if TYPE_CHECKING:
     from ctxd.sessions._actor import SessionActor
+
+T = TypeVar("T")
 
 ON_LOOP_TOKENS = 4_000
 """A thread of at most this many tokens (about `ctxd.tokens.OFF_LOOP_BYTES` of text) is
@@ -76,22 +81,32 @@ async def _read(actor: SessionActor, branch_id: str | None, char_budget: int,
     return await actor.supervisor.store.read(_whole_thread, actor.session_id, branch_id)
 
 
-async def _run(actor: SessionActor, messages: list[StoredMessage], loaded: bool,
-               char_budget: int, no_removal_chars: int) -> Fork:
-    count = actor.supervisor.counter.count
-    if not loaded and sum(m.tokens for m in messages) <= ON_LOOP_TOKENS:
-        return fork(messages, count, char_budget, no_removal_chars)
-    # Off the loop: a thread of millions of characters takes tens of milliseconds
-    # (docs/performance.md, "Fork pipeline"), and an offloaded original's size is known
-    # only once loaded (its row counts its stub); the messages are immutable.
-    return await trio.to_thread.run_sync(fork, messages, count, char_budget, no_removal_chars)
+async def _run(messages: list[StoredMessage], loaded: bool, stage: Callable[..., T],
+               *args: Any) -> T:
+    """``stage(*args)`` of the fork pipeline, on the loop for a small thread, else in a
+    worker thread: a thread of millions of characters takes tens of milliseconds
+    (docs/performance.md, "Fork pipeline"), and an offloaded original's size is known only
+    once loaded (its row counts its stub); the messages are immutable.
+
+    Raises:
+        CtxdError: -32603 when the thread could not be scrubbed of secrets: nothing of it
+            leaves (docs/security.md).
+    """
+    try:
+        if not loaded and sum(m.tokens for m in messages) <= ON_LOOP_TOKENS:
+            return stage(*args)
+        return await trio.to_thread.run_sync(stage, *args)
+    except ScrubError as exc:
+        raise scrub_failed("the forked context", exc, "nothing was forked") from exc
 
 
 async def forked(actor: SessionActor, branch_id: str | None, char_budget: int,
                  no_removal_chars: int) -> Fork:
-    """The forked context of one of the actor's threads (errors: `_read`'s)."""
+    """The forked context of one of the actor's threads, scrubbed of secrets (errors:
+    `_read`'s and `_run`'s)."""
     messages, loaded = await _read(actor, branch_id, char_budget, no_removal_chars)
-    return await _run(actor, messages, loaded, char_budget, no_removal_chars)
+    return await _run(messages, loaded, fork, messages, actor.supervisor.counter.count,
+                      char_budget, no_removal_chars)
 
 
 async def context_fork(actor: SessionActor, p: ContextForkParams) -> ContextForkResult:
@@ -131,12 +146,14 @@ async def fork_seed(actor: SessionActor, source: ForkFrom, session_id: str,
     would; fitted to ``target`` tokens by forking again with a smaller character budget,
     in proportion, a few passes at most (docs/decisions.md, "Fork pipeline")."""
     messages, loaded = await _read(actor, source.branch_id, CHAR_BUDGET, NO_REMOVAL_CHARS)
+    kept = await _run(messages, loaded, sliced, messages)
     supervisor = actor.supervisor
     threshold = supervisor.config.hygiene.offload_threshold_bytes
     origin = {FORK_META: {"session_id": actor.session_id, "branch_id": source.branch_id}}
     char_budget, no_removal = CHAR_BUDGET, NO_REMOVAL_CHARS
     for attempt in range(SEED_PASSES):
-        done = await _run(actor, messages, loaded, char_budget, no_removal)
+        done = await _run(messages, loaded, fork, kept, supervisor.counter.count,
+                          char_budget, no_removal)
         seed = [MessageIn(role="user", content=done.preamble, meta=origin)] + [
             MessageIn(role=m.role, content=m.content, name=m.name,
                       tool_call_id=m.tool_call_id) for m in done.messages]

@@ -18,6 +18,7 @@ from ctxd.hygiene._fork import (
     truncate,
     wants_head_tail,
 )
+from ctxd.scrub import ScrubError
 from ctxd.tokens import TokenCounter
 from ctxd.wire.types import Content, ForkStats, Role, StoredMessage, TierDistribution
 
@@ -460,3 +461,43 @@ def test_fork_without_compaction_and_with_removal() -> None:
     assert forked.preamble.splitlines()[3] == (
         "Messages removed to fit the character budget: 1.")
     assert forked.tokens == len(forked.preamble) + 2 + len(forked.context)
+
+
+# ---- secrets -------------------------------------------------------------------------
+
+GITHUB = "ghp_" + "A1b2C3d4" * 5
+
+
+def test_a_fork_is_scrubbed_before_anything_is_cut() -> None:
+    """What a child reads leaves the session: scrubbed (docs/security.md), the whole text
+    before a cut, so no piece of a secret stays; a tool call's secret-named parameter too."""
+    messages = [msg("user", "deploy with DB_PASSWORD=hunter2hunter2"),
+                call("c0", "read", {}), result("c0", "x" * 490 + f" {GITHUB} done")]
+    for index in range(1, 15):
+        messages += [call(f"c{index}", "read", {}), result(f"c{index}", "ok")]
+    messages += [call("c15", "Bash", {"command": "mysql -u root -pS3cr3t! app",
+                                      "password": "hunter2"}),
+                 result("c15", [{"type": "text", "text": f"pushed with {GITHUB}"}], "Bash")]
+    forked = fork(messages, len)
+    blocks = forked.context.split("\n\n")
+    assert blocks[:3] == [
+        "[user]\ndeploy with DB_PASSWORD=[REDACTED:secret_assignment]",
+        "[assistant]\n[tool_use read id=c0] {}",
+        # The oldest result, cut to 500 characters after the token became its marker.
+        "[tool: read]\n" + "x" * 490 + " [REDACTED…[truncated 19 chars]…"]
+    assert blocks[-2:] == [
+        '[assistant]\n[tool_use Bash id=c15] {"command": "mysql -u root '
+        '-p[REDACTED:cli_password] app", "password": "[REDACTED:secret_assignment]"}',
+        "[tool: Bash]\npushed with [REDACTED:github_token]"]
+    assert forked.messages[-1].content == [{"type": "text",
+                                            "text": "pushed with [REDACTED:github_token]"}]
+    assert forked.stats.truncated_results == 1
+
+
+def test_a_fork_that_cannot_be_scrubbed_fails_closed() -> None:
+    deep: Any = "ghp"
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(ScrubError, match="RecursionError"):
+        fork([msg("user", "go"), msg("tool", [{"type": "text", "text": "x", "nested": deep}],
+                                     call_id="c0")], len)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ctxd.scrub import RULES, ScrubError, scrub
+from ctxd.scrub import RULES, ScrubError, scrub, scrub_value
 
 ALNUM = string.ascii_letters + string.digits
 
@@ -80,6 +80,19 @@ CASES = {
                         "deploy --token [REDACTED:cli_secret_flag] --dry-run"),
     "high_entropy_secret": (f"session_key={fake('', 32)}",
                             "session_key=[REDACTED:high_entropy_secret]"),
+    "aws_credentials_csv": ("User name,Password,Console login link\ndeploy,Xy7#pQ!2zR,"
+                            "https://123456789012.signin.aws.amazon.com/console",
+                            "User name,Password,Console login link\ndeploy,"
+                            "[REDACTED:aws_credentials_csv],"
+                            "https://123456789012.signin.aws.amazon.com/console"),
+    "okta_token": (f"Authorization: SSWS {fake('00', 40)}",
+                   "Authorization: SSWS [REDACTED:okta_token]"),
+    "kubeconfig_client_key": (f"client-key-data: {fake('LS0tLS1CRUdJTi', 80)}",
+                              "client-key-data: [REDACTED:kubeconfig_client_key]"),
+    "netrc_password": ("machine github.com login octocat password hunter2hunter2",
+                       "machine github.com login octocat password [REDACTED:netrc_password]"),
+    "pgpass_password": ("db.internal:5432:app:appuser:Sup3r$ecret!",
+                        "db.internal:5432:app:appuser:[REDACTED:pgpass_password]"),
 }
 
 
@@ -160,6 +173,68 @@ FORMATS = [
 ]
 
 
+AWS_SECRET = fake("", 40, ALNUM + "/+")
+# Formats that leaked before (issue "Hardening the new surfaces", part 7), as the tools that
+# write them do.
+LEAKED_FORMATS = {
+    "aws_console_credentials_csv": (
+        "User name,Password,Access key ID,Secret access key,Console login link\r\n"
+        f"deploy,Xy7#pQ!2zR{{k,{fake('AKIA', 16, string.ascii_uppercase)},{AWS_SECRET},"
+        "https://123456789012.signin.aws.amazon.com/console\r\n",
+        "User name,Password,Access key ID,Secret access key,Console login link\r\n"
+        "deploy,[REDACTED:aws_credentials_csv],"
+        "https://123456789012.signin.aws.amazon.com/console\r\n"),
+    "django_secret_key_with_parenthesis": (
+        "DJANGO_SECRET_KEY=django-insecure-7x)k2#v@9m$!8^w%n(q&5e-r_3tb0c*y=j4o6p+l1a\n"
+        "DEBUG=False",
+        "DJANGO_SECRET_KEY=[REDACTED:secret_assignment]\nDEBUG=False"),
+    "kubeconfig_client_key_data": (
+        "users:\n- name: admin\n  user:\n"
+        f"    client-certificate-data: {fake('LS0tLS1CRUdJTiBDRVJU', 60)}\n"
+        f"    client-key-data: {fake('LS0tLS1CRUdJTiBSU0Eg', 120)}=\n",
+        "users:\n- name: admin\n  user:\n"
+        f"    client-certificate-data: {fake('LS0tLS1CRUdJTiBDRVJU', 60)}\n"
+        "    client-key-data: [REDACTED:kubeconfig_client_key]\n"),
+    "netrc_password": (
+        "machine api.heroku.com\n  login me@example.com\n"
+        "  password 01234567-89ab-cdef-0123-456789abcdef\ndefault login anonymous password x@y",
+        "machine api.heroku.com\n  login me@example.com\n  password [REDACTED:netrc_password]\n"
+        "default login anonymous password [REDACTED:netrc_password]"),
+    "pgpass_lines": (
+        "db.internal:5432:app:appuser:Sup3r$ecret!\n*:*:*:replicator:r3pl\\:icat0r\n",
+        "db.internal:5432:app:appuser:[REDACTED:pgpass_password]\n"
+        "*:*:*:replicator:[REDACTED:pgpass_password]\n"),
+    "curl_user_password": (
+        "curl -sS -u deploy:S3cr3tPass! https://api.example.com/v1/deploy\n"
+        "curl --user 'ci:two words' https://x",
+        "curl -sS -u deploy:[REDACTED:cli_password] https://api.example.com/v1/deploy\n"
+        "curl --user 'ci:[REDACTED:cli_password]' https://x"),
+    "okta_ssws_token": (
+        f'curl -H "Authorization: SSWS {fake("00", 40, ALNUM + "-_")}" '
+        "https://dev-123.okta.com/api/v1/users",
+        'curl -H "Authorization: SSWS [REDACTED:okta_token]" '
+        "https://dev-123.okta.com/api/v1/users"),
+    "putty_private_key": (
+        "saved as id.ppk:\nPuTTY-User-Key-File-3: ssh-ed25519\nEncryption: none\n"
+        "Comment: eddsa-key-20260101\nPublic-Lines: 1\n"
+        f"{fake('AAAAC3NzaC1lZDI1NTE5AAAAI', 43)}\nPrivate-Lines: 1\n{fake('AAAAIE', 42)}\n"
+        f"Private-MAC: {fake('', 64, HEX)}\nthen loaded it",
+        "saved as id.ppk:\n[REDACTED:private_key]\nthen loaded it"),
+    "aws_access_keys_csv": (
+        f"Access key ID,Secret access key\n{fake('AKIA', 16, string.ascii_uppercase)},{AWS_SECRET}",
+        "Access key ID,Secret access key\n[REDACTED:aws_access_key_id],"
+        "[REDACTED:aws_credentials_csv]"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LEAKED_FORMATS))
+def test_formats_that_leaked_are_redacted_whole(name: str) -> None:
+    text, expected = LEAKED_FORMATS[name]
+    result = scrub(text)
+    assert result.text == expected
+    assert result.total == expected.count("[REDACTED:")
+
+
 @pytest.mark.parametrize(("text", "expected"), FORMATS)
 def test_every_format_is_redacted_whole(text: str, expected: str) -> None:
     result = scrub(text)
@@ -190,6 +265,14 @@ NEAR_MISSES = [
     "pass the --password flag, or --token when asked; mysql -h db -P 3306 -p",
     "credentials:\n  from: the environment\nsecrets:\n  - name: db",
     "postgres://app:${DB_PASSWORD}@db/app and password: '${PW}' and token: '<token>'",
+    # Parentheses of code after a secret-named key; a password curl asks for; a machine in
+    # prose; lines of colons that are not ~/.pgpass; kubeconfig's certificate (public).
+    "password = get_password(user)\nTOKEN = make_token(seed)\nf(token=settings.TOKEN)",
+    'curl -u admin https://x and curl -u "$USER:$TOKEN" https://y',
+    "the machine learning model's default login flow asks for a password each time",
+    "12:30:45:00:done\nroot:x:0:0:root:/root:/bin/bash\nfe80::1:2:3:4",
+    "client-certificate-data: LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0t and SSWS is Okta's scheme",
+    "User name,Password,Access key ID,Secret access key are the columns of credentials.csv",
 ]
 
 
@@ -274,6 +357,14 @@ ADVERSARIAL = {
     "yaml_keys_alone": (_repeat("credentials:\n  "), 0),
     "sas_too_short": (_repeat("&sig=a"), 0),
     "one_long_value": ("token:" + _repeat("aB3"), 1),
+    "csv_headers_without_rows": (_repeat("user name,password,access key id,secret access key,"),
+                                 0),
+    "netrc_without_password": (_repeat("machine a login b "), 0),
+    "pgpass_hosts_without_colons": ("x" * MIB + ":1:db:user:", 0),
+    "pgpass_short_lines": (_repeat("a:1:b:c:\n"), 0),
+    "curl_without_colon": (_repeat("curl -u "), 0),
+    "putty_unterminated": (_repeat("PuTTY-User-Key-File-3: "), 1),
+    "parentheses_without_words": ("password=a1b2c3" + _repeat("()"), 1),
 }
 
 
@@ -286,3 +377,25 @@ def test_scrubbing_a_mebibyte_of_near_misses_finishes(name: str) -> None:
         assert result.text == text
     if name == "pem_unterminated":
         assert result.text == "[REDACTED:private_key]"
+
+
+def test_a_json_value_is_scrubbed_with_its_secret_named_keys() -> None:
+    """A tool call's input: each string scrubbed, and a string under a secret-named key
+    redacted whole, as ``"password": "hunter2"`` in a text is."""
+    value = {"command": "mysql -u root -pS3cr3t! app", "password": "hunter2",
+             "db": {"apiKey": "k", "tokens": "12", "DB_PASSWORD": "${DB_PASSWORD}"},
+             "parts": [{"type": "text", "text": f"t {fake('ghp_', 36)}"}], "n": 3}
+    assert scrub_value(value) == {
+        "command": "mysql -u root -p[REDACTED:cli_password] app",
+        "password": "[REDACTED:secret_assignment]",
+        "db": {"apiKey": "[REDACTED:secret_assignment]", "tokens": "12",
+               "DB_PASSWORD": "${DB_PASSWORD}"},
+        "parts": [{"type": "text", "text": "t [REDACTED:github_token]"}], "n": 3}
+
+
+def test_a_json_value_that_cannot_be_scrubbed_fails_closed() -> None:
+    deep: list[object] = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(ScrubError, match="RecursionError"):
+        scrub_value(deep)
