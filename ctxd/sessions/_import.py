@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -262,19 +262,11 @@ def _is_record(record: object) -> bool:
     return isinstance(record, dict) and isinstance(record.get("type"), str)
 
 
-def _scan_claude(path: Path) -> tuple[str | None, str | None]:
-    """The ``sessionId`` of the first record that has one, within the file's first MB, and
-    why the file is not a Claude Code transcript (None when it is, or cannot be told:
-    complete lines there, and not one of them is a record)."""
-    with open_regular(path) as file:
-        data = file.read(SESSION_ID_SCAN_BYTES)
-    session_id: str | None = None
-    recognised = False
-    # Complete lines only: the last one too when the whole file was read.
-    whole = len(data) < SESSION_ID_SCAN_BYTES
-    lines = [raw for raw in (data if whole else data[:data.rfind(b"\n") + 1]).splitlines()
-             if raw.strip()]
-    for raw in lines:
+def _recognise(records: Iterable[bytes]) -> tuple[bool, str | None]:
+    """Whether any of ``records`` is a Claude Code record, and the first session id one
+    names (read until both are known)."""
+    recognised, session_id = False, None
+    for raw in records:
         try:
             record = decode_record(raw)
         except ValueError:
@@ -285,6 +277,20 @@ def _scan_claude(path: Path) -> tuple[str | None, str | None]:
             session_id = str(record["sessionId"])
         if recognised and session_id is not None:
             break
+    return recognised, session_id
+
+
+def _scan_claude(path: Path) -> tuple[str | None, str | None]:
+    """The ``sessionId`` of the first record that has one, within the file's first MB, and
+    why the file is not a Claude Code transcript (None when it is, or cannot be told:
+    complete lines there, and not one of them is a record)."""
+    with open_regular(path) as file:
+        data = file.read(SESSION_ID_SCAN_BYTES)
+    # Complete lines only: the last one too when the whole file was read.
+    whole = len(data) < SESSION_ID_SCAN_BYTES
+    lines = [raw for raw in (data if whole else data[:data.rfind(b"\n") + 1]).splitlines()
+             if raw.strip()]
+    recognised, session_id = _recognise(lines)
     if recognised or not lines:
         return session_id, None
     which = "its one line is not" if len(lines) == 1 \
@@ -299,20 +305,8 @@ def _scan_array(path: Path, limit: int) -> tuple[str | None, str | None]:
     splitter = ArraySplitter(limit)
     with open_regular(path) as file:
         data = file.read(SESSION_ID_SCAN_BYTES)
-    session_id: str | None = None
-    recognised = False
     pieces = splitter.feed(data)
-    for piece in pieces:
-        try:
-            record = decode_record(piece.data or b"")
-        except ValueError:
-            continue
-        recognised = recognised or _is_record(record)
-        if session_id is None and isinstance(record, dict) \
-                and isinstance(record.get("sessionId"), str):
-            session_id = str(record["sessionId"])
-        if recognised and session_id is not None:
-            break
+    recognised, session_id = _recognise(piece.data or b"" for piece in pieces)
     whole = len(data) < SESSION_ID_SCAN_BYTES
     if recognised or (not pieces and (splitter.closed or not whole)):
         return session_id, None  # a record, an empty array, or nothing complete yet
