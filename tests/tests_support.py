@@ -5,11 +5,12 @@ import contextlib
 import functools
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -166,3 +167,20 @@ def others_could_have_placed(tmp_path: Path, where: str) -> tuple[Path, str]:
     return (directory / "ctxd.sock",
             f"{directory} has mode 0755, so others could have put a socket there: make it "
             f"private with `chmod 700 {directory}`, or {SOCKET_FIX}")
+
+
+@contextlib.contextmanager
+def placed_by_others(tmp_path: Path, where: str) -> Iterator[tuple[Path, str]]:
+    """A socket listening at `others_could_have_placed`'s path for the block, and why a
+    client refuses it; after the block, that nobody connected to it."""
+    path, reason = others_could_have_placed(tmp_path, where)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        try:
+            listener.listen(4)
+            listener.setblocking(False)
+            yield path, reason
+            with pytest.raises(BlockingIOError):
+                listener.accept()  # nobody connected
+        finally:
+            path.unlink()

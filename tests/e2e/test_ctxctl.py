@@ -9,7 +9,6 @@ import os
 import pty
 import re
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from typing import Any
 
 import pytest
 from conftest import DaemonProcess
-from tests_support import COUNTER, hello_text, needs, others_could_have_placed
+from tests_support import COUNTER, hello_text, needs, placed_by_others
 
 from ctxclient import Client
 
@@ -1175,17 +1174,8 @@ def test_inject_errors(shared_daemon: DaemonProcess, sid: str) -> None:
 def test_a_socket_others_could_have_placed_is_refused_naming_the_fix(
         tmp_path: Path, where: str) -> None:
     # docs/decisions.md, "Who serves the socket": a given path is held to the rule too.
-    path, reason = others_could_have_placed(tmp_path, where)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
-        listener.bind(str(path))
-        try:
-            listener.listen(4)
-            listener.setblocking(False)
-            for command in (["status"], ["stop"], ["call", "daemon.ping"]):
-                result = ctxctl(path, *command)
-                assert (result.returncode, result.stdout, result.stderr) == (
-                    2, "", f"ctxctl: {reason}\n")
-            with pytest.raises(BlockingIOError):
-                listener.accept()  # nobody connected
-        finally:
-            path.unlink()
+    with placed_by_others(tmp_path, where) as (path, reason):
+        for command in (["status"], ["stop"], ["call", "daemon.ping"]):
+            result = ctxctl(path, *command)
+            assert (result.returncode, result.stdout, result.stderr) == (
+                2, "", f"ctxctl: {reason}\n")

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import pytest
 from conftest import DaemonProcess
-from tests_support import needs, others_could_have_placed
+from tests_support import needs, placed_by_others
 
 from ctxclient import DaemonUnavailable, RpcError
 from ctxd.config import default_socket_path
@@ -307,20 +307,11 @@ def test_not_a_socket(daemon_root: Path) -> None:
 def test_a_socket_others_could_have_placed_is_refused_naming_the_fix(
         tmp_path: Path, transport: str, where: str) -> None:
     # docs/decisions.md, "Who serves the socket": a given path is held to the rule too.
-    path, reason = others_could_have_placed(tmp_path, where)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
-        listener.bind(str(path))
-        try:
-            listener.listen(4)
-            listener.setblocking(False)
-            proc = run("-s", str(path), "daemon.ping",
-                       env=base_env(CTXD_CALL_TRANSPORT=transport))
-            assert (proc.returncode, proc.stdout, proc.stderr.decode()) == (
-                2, b"", f"ctxd-call: {reason}\n")
-            with pytest.raises(BlockingIOError):
-                listener.accept()  # nobody connected
-        finally:
-            path.unlink()
+    with placed_by_others(tmp_path, where) as (path, reason):
+        proc = run("-s", str(path), "daemon.ping",
+                   env=base_env(CTXD_CALL_TRANSPORT=transport))
+        assert (proc.returncode, proc.stdout, proc.stderr.decode()) == (
+            2, b"", f"ctxd-call: {reason}\n")
 
 
 def test_no_answer_within_the_timeout(daemon_root: Path, transport: str) -> None:
