@@ -35,6 +35,11 @@ class PumpError(Exception):
     """What ctxctl mcp says on stderr before exiting 1."""
 
 
+class DaemonBusy(PumpError):
+    """The daemon closed the connection before answering the binding, or answered -32007
+    (its connections are all taken, it is shutting down): a reconnection tries again."""
+
+
 def _user_socket_unit(environ: Mapping[str, str]) -> Path | None:
     home = Path(environ.get("HOME") or Path.home())
     config = Path(environ.get("XDG_CONFIG_HOME") or home / ".config")
@@ -136,25 +141,33 @@ def bind(sock: socket.socket, session_id: str | None, project: str | None) -> by
         Bytes the daemon sent after the answer (to pass on to the client).
 
     Raises:
-        PumpError: the daemon refused the binding (an invalid session id, an old daemon).
+        PumpError: the daemon refused the binding (an invalid session id, an old daemon);
+            DaemonBusy when it closed the connection, did not answer, or was busy (-32007).
     """
     params: dict[str, Any] = {"session_id": session_id, "project": project}
     sock.sendall(encode({"jsonrpc": "2.0", "id": BIND_ID, "method": "mcp.bind",
                          "params": params}) + b"\n")
     received = b""
-    while b"\n" not in received:
-        chunk = sock.recv(CHUNK)
-        if not chunk:
-            raise PumpError("ctxd closed the connection before answering mcp.bind")
-        received += chunk
+    sock.settimeout(START_WAIT_S)  # a daemon that accepted and hangs is not waited for
+    try:
+        while b"\n" not in received:
+            chunk = sock.recv(CHUNK)
+            if not chunk:
+                raise DaemonBusy("ctxd closed the connection before answering mcp.bind")
+            received += chunk
+    except TimeoutError:
+        raise DaemonBusy(f"ctxd did not answer mcp.bind within {START_WAIT_S:.0f} s") from None
+    finally:
+        sock.settimeout(None)
     line, _, rest = received.partition(b"\n")
     answer = msgspec.json.decode(line)
     error = answer.get("error") if isinstance(answer, dict) else None
     if error:
         fix = (error.get("data") or {}).get("fix") if isinstance(error.get("data"), dict) \
             else None
-        raise PumpError(f"ctxd refused the MCP session binding: {error.get('message')}"
-                        + (f" (fix: {fix})" if fix else ""))
+        refused = (DaemonBusy if error.get("code") == ErrorCode.OVERLOADED else PumpError)
+        raise refused(f"ctxd refused the MCP session binding: {error.get('message')}"
+                      + (f" (fix: {fix})" if fix else ""))
     return rest
 
 
@@ -278,7 +291,8 @@ class Link:
         what listens went away at once).
 
         Raises:
-            PumpError: the daemon refused the binding.
+            PumpError: the daemon refused the binding (not for being busy: `DaemonBusy`
+                is tried again).
         """
         sock = _connect(self.path)
         if sock is None:
@@ -292,9 +306,9 @@ class Link:
             if self.initialized:
                 handshake += b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n'
             sock.sendall(handshake)
-        except OSError:
+        except (OSError, DaemonBusy):
             sock.close()
-            return None
+            return None  # tried again after a while
         except PumpError:
             sock.close()
             raise

@@ -5,9 +5,14 @@ and the handshake it repeats (docs/protocol.md, "MCP")."""
 from __future__ import annotations
 
 import json
+import socket
+import tempfile
+import threading
 from typing import Any
 
-from ctxclient._mcp import REINITIALIZE_ID, Link
+import pytest
+
+from ctxclient._mcp import REINITIALIZE_ID, Link, PumpError
 
 
 def line(message: dict[str, Any]) -> bytes:
@@ -51,3 +56,38 @@ def test_the_session_the_daemon_made_is_learnt_and_the_repeated_handshake_is_not
     # Notifications and lines that are not JSON pass on untouched.
     assert link.from_daemon(line({"method": "notifications/progress", "params": {}}))
     assert link.from_daemon(b"not json")
+
+
+@pytest.mark.parametrize(("answer", "retried"), [
+    (None, True),  # accepted, then closed before answering (a daemon going down)
+    ({"id": None, "error": {"code": -32007, "message": "overloaded: too many connections; "
+                            "retry later"}}, True),
+    ({"id": "ctxctl-mcp-bind", "error": {"code": -32602, "message": "invalid params"}}, False),
+])
+def test_a_reconnection_tries_again_unless_the_binding_is_refused(
+        answer: dict[str, Any] | None, retried: bool) -> None:
+    # Regression: a pump reconnecting to a daemon that was full or stopping exited 1.
+    with tempfile.TemporaryDirectory(prefix="ctxd-t") as root, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        path = f"{root}/ctxd.sock"
+        listener.bind(path)
+        listener.listen(1)
+
+        def serve() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.makefile("rb").readline()  # the binding
+                if answer is not None:
+                    conn.sendall(line(answer) + b"\n")
+
+        server = threading.Thread(target=serve)
+        server.start()
+        link = Link(path, "s1", None)
+        try:
+            if retried:
+                assert link.reconnect() is None
+            else:
+                with pytest.raises(PumpError, match="refused the MCP session binding: invalid"):
+                    link.reconnect()
+        finally:
+            server.join()
