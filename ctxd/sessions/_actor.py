@@ -316,10 +316,17 @@ class SessionActor:
         self._last = None if key is None else _Shared(key, reply)
         try:
             await self._send.send((op, reply, request))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        except BaseException as exc:
+            # Not queued: the actor retired, or the caller was cancelled while the mailbox
+            # was full (its connection dropped, the daemon stopping). Whoever shares this
+            # reply queues its own (`Supervisor.call_shared` retries on ActorGone).
             if not reply.done:
-                reply.fail(ActorGone())  # whoever shares it retries too
-            raise ActorGone from None
+                reply.fail(ActorGone())
+            if self._last is not None and self._last.reply is reply:
+                self._last = None
+            if isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError):
+                raise ActorGone from None
+            raise
         return await reply.wait()
 
     async def _deadline_passed(self, branch_id: str) -> None:

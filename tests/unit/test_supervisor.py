@@ -11,6 +11,7 @@ from tests_support import running_supervisor
 from ctxd.config import Config
 from ctxd.errors import CtxdError, ErrorCode
 from ctxd.sessions import Supervisor
+from ctxd.sessions._actor import MAILBOX_SIZE
 from ctxd.wire.types import MessageAppendParams, MessageIn, SessionOpenParams
 
 
@@ -80,3 +81,49 @@ async def test_max_open_sessions(supervisor: Supervisor) -> None:
     opened = await supervisor.call("d", lambda a: a.open(SessionOpenParams(session_id="d")))
     assert opened.created is True
     assert supervisor.sessions_open == 3
+
+
+async def test_a_shared_operation_whose_caller_left_while_the_mailbox_was_full_is_not_waited_for(
+        supervisor: Supervisor, autojump_clock: trio.testing.MockClock) -> None:
+    # Regression: the operation queued last was recorded as the one to share before its
+    # caller waited for room in the mailbox; a caller cancelled there (its connection
+    # dropped) left that record behind, and whoever shared it waited forever.
+    await supervisor.call("s", lambda a: a.open(SessionOpenParams(session_id="s")))
+    gate = trio.Event()
+
+    async def held(actor: object) -> str:
+        await gate.wait()
+        return "held"
+
+    async def own(actor: object) -> str:
+        return "own"
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(supervisor.call, "s", held)
+        await trio.testing.wait_all_tasks_blocked()
+        for _ in range(MAILBOX_SIZE):  # the mailbox full behind it
+            nursery.start_soon(supervisor.call, "s", own)
+        await trio.testing.wait_all_tasks_blocked()
+        leaving = trio.CancelScope()
+
+        async def left() -> None:
+            with leaving:
+                await supervisor.call_shared("s", "compact", own)
+
+        nursery.start_soon(left)
+        await trio.testing.wait_all_tasks_blocked()  # waiting for room
+        shared: list[tuple[str, bool]] = []
+        answered = trio.Event()
+
+        async def sharing() -> None:
+            shared.append(await supervisor.call_shared("s", "compact", own))
+            answered.set()
+
+        nursery.start_soon(sharing)
+        await trio.testing.wait_all_tasks_blocked()  # waiting for the first one's result
+        leaving.cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        gate.set()
+        with trio.fail_after(60):  # virtual time: a wait that never ends fails at once
+            await answered.wait()
+    assert shared == [("own", False)]  # queued after all, and run
