@@ -776,9 +776,17 @@ async def run_import(actor: SessionActor, p: TranscriptImportParams, path: Path,
     for found in subagents:
         try:
             found_size = (await trio.to_thread.run_sync(os.stat, found)).st_size
+            sub, sub_bytes, _ = await _import_file(actor, p, found, found_size, None, True)
         except OSError:
             continue  # gone since it was listed
-        sub, sub_bytes, _ = await _import_file(actor, p, found, found_size, None, True)
+        except CtxdError as error:
+            if error.code != ErrorCode.INVALID_PARAMS:
+                raise
+            # Not a regular file once opened (swapped since it was listed): the main
+            # file's import stands; this one is left out, as a vanished one is.
+            log.warning("session %s: sub-agent file left out of the import: %s",
+                        actor.session_id, error.message)
+            continue
         jobs.append(sub)
         bytes_read += sub_bytes
     unknown: dict[str, int] = {}
