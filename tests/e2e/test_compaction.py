@@ -563,7 +563,9 @@ def test_the_command_summarizer_dies_with_a_killed_daemon(daemon_root: Path, sid
                 time.sleep(0.01)
             pid = int((daemon_root / "pid").read_text())
             # The parent-death signal follows the thread that forked: a summarizer forked
-            # by a worker thread of trio's cache was killed once that thread fell idle.
+            # by a worker thread of trio's cache was killed once that thread fell idle. A
+            # real wait on purpose: that idle time is trio's, in another process, and no
+            # clock of the test's can stand in for it.
             time.sleep(WORKER_THREAD_IDLE_S + 1)
             assert running(pid)
             process.kill()
