@@ -204,9 +204,23 @@ def test_a_corrupt_index_file_is_rebuilt(daemon: DaemonProcess) -> None:
     assert "memory index rebuilt: 4 vectors" in log
 
 
+def wait_index_holds(client: Client, vectors: int, timeout: float = 20) -> dict[str, Any]:
+    """The index's status once it is ready and holds ``vectors`` vectors (or at the
+    timeout)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        index = wait_index_ready(client, timeout)
+        if index["vectors"] == vectors or time.monotonic() > deadline:
+            return index
+        time.sleep(0.02)
+
+
 def test_a_stale_index_file_is_rebuilt(daemon: DaemonProcess, tmp_path: Path) -> None:
     with daemon.client() as client:
         record(client, *LESSONS[0])
+        # Indexed before the stop, which saves the index: a stop while the memory is being
+        # embedded abandons that (the file is then left to the next start's rebuild).
+        assert wait_index_holds(client, 1)["vectors"] == 1
     daemon.stop()
     saved = (daemon.data_dir / "memory.faiss").read_bytes()
     saved_meta = (daemon.data_dir / "memory.json").read_text()
