@@ -286,14 +286,16 @@ class SessionActor:
         """
         return await self._queue(op, None)
 
-    async def submit_shared(self, key: Hashable, op: Op) -> tuple[Any, bool]:
+    async def submit_shared(self, key: Hashable | None, op: Op) -> tuple[Any, bool]:
         """`submit`, unless the operation queued last (waiting or running) was queued
-        with the same ``key`` and nothing of the session was queued after it: then that
-        one's result, and True (docs/decisions.md, "One session's storm").
+        with the same ``key`` (not None) and nothing of the session was queued after it:
+        then that one's result, and True (docs/decisions.md, "One session's storm").
 
         Cancellation: a request waiting for another's result stops at once (-32006);
         should the other be cancelled (nothing written), this one is queued after all.
         """
+        if key is None:
+            return await self._queue(op, None), False
         request = current_request()
         while True:
             last = self._last
@@ -606,18 +608,23 @@ class SessionActor:
         """message.append; ``stage`` adds a caller's steps to the append's transaction (the
         importer's read position and usage: docs/protocol.md, "transcript.import")."""
         self.require_open()
-        _check_parts(params.messages)
-        messages = self._at_rest(params.messages, "nothing was appended")
+        messages, offloads = self._prepared(params.messages, self.require().last_seq + 1,
+                                            "nothing was appended")
         branch = None
         if params.branch_id is not None:
             branch = await self._live_branch(params.branch_id, for_append=True)
+        return await self._append(params, branch, messages, offloads, [], stage)
+
+    def _prepared(self, messages: list[MessageIn], first_seq: int, nothing: str
+                  ) -> tuple[list[MessageIn], list[tuple[MessageIn, ToolResultBlob] | None]]:
+        """``messages`` checked and as they are stored (`_at_rest`; ``nothing`` says what a
+        failure left undone), with the offload of each, numbered from ``first_seq``."""
+        _check_parts(messages)
+        at_rest = self._at_rest(messages, nothing)
         threshold = self.supervisor.config.hygiene.offload_threshold_bytes
-        first_seq = self.require().last_seq + 1
-        return await self._append(params, branch, messages,
-                                  [offload(message, threshold,
-                                           ref_id_for(self.session_id, first_seq + offset))
-                                   for offset, message in enumerate(messages)], [],
-                                  stage)
+        return at_rest, [offload(message, threshold,
+                                 ref_id_for(self.session_id, first_seq + offset))
+                         for offset, message in enumerate(at_rest)]
 
     async def _append(self, params: MessageAppendParams, branch: Branch | None,
                       messages: list[MessageIn],
@@ -1380,16 +1387,12 @@ class SessionActor:
 
         if first:
             try:
-                _check_parts(first)
-                at_rest = self._at_rest(first, "no branch was created")
-                threshold = config.hygiene.offload_threshold_bytes
+                at_rest, offloads = self._prepared(first, updated.last_seq + 1,
+                                                   "no branch was created")
                 await self._append(
                     MessageAppendParams(session_id=self.session_id, messages=first,
                                         branch_id=branch.branch_id, allow_over=True),
-                    branch, at_rest,
-                    [offload(message, threshold, ref_id_for(self.session_id,
-                                                            updated.last_seq + 1 + offset))
-                     for offset, message in enumerate(at_rest)], [], stage_caller,
+                    branch, at_rest, offloads, [], stage_caller,
                     _Opened(planned, updated, stage_opening))
             except BaseException:
                 if self.require().last_seq == record.last_seq:

@@ -84,17 +84,13 @@ class Supervisor:
         Raises:
             CtxdError: whatever the operation raises; -32007 while the daemon shuts down.
         """
-        while True:
-            try:
-                result: T = await self._actor(session_id).submit(op)
-            except ActorGone:
-                continue
-            return result
+        result, _ = await self.call_shared(session_id, None, op)
+        return result
 
-    async def call_shared(self, session_id: str, key: Hashable,
+    async def call_shared(self, session_id: str, key: Hashable | None,
                           op: Callable[[SessionActor], Awaitable[T]]) -> tuple[T, bool]:
-        """`call`, unless an operation of the session with the same ``key`` is queued
-        last or running with nothing queued after it: then its result, and True
+        """`call`, unless an operation of the session with the same ``key`` (not None) is
+        queued last or running with nothing queued after it: then its result, and True
         (`SessionActor.submit_shared`).
 
         Raises:
