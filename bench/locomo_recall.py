@@ -179,10 +179,11 @@ def load(folder: Path) -> list[Conversation]:
 @contextlib.contextmanager
 def running(root: Path, data_dir: Path, label: str, python: str,
             settings: dict[str, str]) -> Iterator[tuple[DaemonProcess, Caller]]:
-    """A daemon on ``data_dir`` with ``--memory-<key> value`` flags, stopped on exit."""
+    """A daemon of this tree on ``data_dir`` with ``--memory-<key> value`` flags, run by
+    ``python`` (which need not have ctxd installed), stopped on exit."""
     flags = [arg for key, value in settings.items() for arg in (f"--memory-{key}", value)]
     daemon = DaemonProcess(root, flags, name=label, data=data_dir, python=python,
-                           start_timeout=START_TIMEOUT_S)
+                           code=REPO_ROOT, start_timeout=START_TIMEOUT_S)
     with daemon.running(), contextlib.closing(RawClient(daemon.socket)) as client:
         yield daemon, Caller(client)
 
