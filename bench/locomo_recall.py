@@ -69,9 +69,8 @@ from rpc import (
     run_and_report,
 )
 
-from ctxd.memory import HashingEmbedder, fuse
+from ctxd.memory import HashingEmbedder, feature_bucket, fuse
 from ctxd.memory import stem as light_stem
-from ctxd.memory._embedders import _bucket
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DIR = REPO_ROOT.parent / "shared" / "bench-data" / "locomo" / "dev"
@@ -468,7 +467,7 @@ class Variant:
         return features
 
 
-bucket = functools.cache(_bucket)
+bucket = functools.cache(feature_bucket)
 """The daemon's hashing of a feature into a dimension and a sign, remembered."""
 
 

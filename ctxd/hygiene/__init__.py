@@ -46,7 +46,7 @@ from ctxd.hygiene._offload import (
 )
 from ctxd.hygiene._prompt import register as register_prompt
 from ctxd.hygiene._snapshots import Snapshot, drop_snapshot_after, load_snapshot, save_snapshot
-from ctxd.hygiene._summarize import Summarizer, SummarizerError, make_summarizer
+from ctxd.hygiene._summarize import Summarizer, SummarizerError, extract_summary, make_summarizer
 from ctxd.hygiene._tools import (
     SessionTool,
     called_tools,
@@ -89,6 +89,7 @@ __all__ = [
     "defer",
     "deferred_note",
     "drop_snapshot_after",
+    "extract_summary",
     "fork",
     "grep",
     "input_clear_candidates",

@@ -1,22 +1,27 @@
 """Memory: ReasoningBank items, hybrid FTS5 + FAISS retrieval, embedders."""
 
+from ctxd.memory._build import CODES, REGROW, lists_for
 from ctxd.memory._embedders import (
     Embedder,
     EmbedderError,
     HashingEmbedder,
     HttpEmbedder,
     SentenceTransformerEmbedder,
+    feature_bucket,
     make_embedder,
     stem,
 )
 from ctxd.memory._index import MemoryIndex
 from ctxd.memory._injection import INJECT_SHARE, Injected
+from ctxd.memory._lexical import LOAD_CHUNK, LexicalIndex
 from ctxd.memory._methods import register
-from ctxd.memory._queries import MemoryCandidate
+from ctxd.memory._queries import MemoryCandidate, by_ids, lexical
 from ctxd.memory._retrieval import fuse
 from ctxd.memory._service import Memory
 from ctxd.wire.types import project_scope
 
-__all__ = ["INJECT_SHARE", "Embedder", "EmbedderError", "HashingEmbedder", "HttpEmbedder",
-           "Injected", "Memory", "MemoryCandidate", "MemoryIndex", "SentenceTransformerEmbedder",
-           "fuse", "make_embedder", "project_scope", "register", "stem"]
+__all__ = ["CODES", "INJECT_SHARE", "LOAD_CHUNK", "REGROW", "Embedder", "EmbedderError",
+           "HashingEmbedder", "HttpEmbedder", "Injected", "LexicalIndex", "Memory",
+           "MemoryCandidate", "MemoryIndex", "SentenceTransformerEmbedder", "by_ids",
+           "feature_bucket", "fuse", "lexical", "lists_for", "make_embedder", "project_scope",
+           "register", "stem"]

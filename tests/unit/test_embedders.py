@@ -32,7 +32,7 @@ from ctxd.memory import (
 from ctxd.memory._embedders import (
     PACKAGED_MODEL,
     Vectors,
-    _bucket,
+    feature_bucket,
     normalise,
     packaged_model_path,
     stem,
@@ -158,7 +158,7 @@ def test_hashing_vectors_are_those_of_adding_each_feature_in_turn() -> None:
             features = Counter(terms)
             features.update(f"{a} {b}" for a, b in itertools.pairwise(terms))
             for feature, count in features.items():
-                place, sign = _bucket(feature, dim)
+                place, sign = feature_bucket(feature, dim)
                 expected[row, place] += sign * (1.0 + math.log(count))
         np.testing.assert_array_equal(HashingEmbedder(dim).embed_sync(texts),
                                       normalise(expected))
