@@ -14,6 +14,8 @@ import subprocess
 import sys
 import termios
 import textwrap
+import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -136,28 +138,68 @@ def test_stop(daemon_root: Path) -> None:
     assert process.proc.poll() == 0  # type: ignore[union-attr]
 
 
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+class Screen:
+    """What a process writes to its stdout, read as it comes (in a thread of its own)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream, self.data = stream, b""
+        self.changed = threading.Condition()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        while chunk := os.read(self.stream.fileno(), 65536):
+            with self.changed:
+                self.data += chunk
+                self.changed.notify_all()
+        with self.changed:
+            self.stream = None
+            self.changed.notify_all()
+
+    def frame(self) -> str:
+        """The last frame a live display drew (after its last erase), without styles."""
+        return ANSI.sub("", self.data.decode(errors="replace").rsplit("\x1b[2K", 1)[-1])
+
+    def wait_for(self, shown: Callable[[str], bool]) -> None:
+        """Until the last frame satisfies ``shown`` (Timeout: 60 s, when it never does)."""
+        with self.changed:
+            assert self.changed.wait_for(lambda: shown(self.frame()) or self.stream is None,
+                                         timeout=60), self.frame()
+            assert shown(self.frame()), self.frame()
+
+
 def test_status_watch_refreshes_until_interrupted(shared_daemon: DaemonProcess,
                                                   sid: str) -> None:
-    import time
-
-    environ = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160"}
-    watch = subprocess.Popen(
-        [sys.executable, "-m", "ctxclient.cli", "--socket", str(shared_daemon.socket),
-         "status", "--watch", "--interval", "0.1", "--format", "table"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ)
-    try:
-        time.sleep(0.5)
-        with shared_daemon.client() as client:  # opened after the watch started
-            client.call("session.open", {"session_id": sid, "project": "watched"})
-            branch = client.call("branch.create", {"session_id": sid, "budget": 500,
-                                                   "description": "watched", "prompt": "go"})
-        time.sleep(0.5)
-    finally:
-        watch.send_signal(signal.SIGINT)
-        out, err = watch.communicate(timeout=30)
+    # As on a terminal: the live display redraws each refresh (into a pipe, it would draw
+    # only its last frame, at the end).
+    environ = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160", "TTY_COMPATIBLE": "1",
+               "TTY_INTERACTIVE": "1"}
+    with subprocess.Popen(
+            [sys.executable, "-m", "ctxclient.cli", "--socket", str(shared_daemon.socket),
+             "status", "--watch", "--interval", "0.1", "--format", "table"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ) as watch:
+        screen = Screen(watch.stdout)
+        try:
+            # Its first frame (which names the socket).
+            screen.wait_for(lambda frame: f"socket {shared_daemon.socket}" in frame)
+            with shared_daemon.client() as client:  # opened after the watch started
+                client.call("session.open", {"session_id": sid, "project": "watched"})
+                branch = client.call("branch.create", {
+                    "session_id": sid, "budget": 500, "description": "watched",
+                    "prompt": "go"})
+            screen.wait_for(lambda frame: f"{branch['budget_used']}/500" in frame)
+        finally:
+            watch.send_signal(signal.SIGINT)
+            watch.wait(30)
+            screen.thread.join(30)
+        err = watch.stderr.read()  # type: ignore[union-attr]
     assert watch.returncode == 0, err
-    assert sid in out
-    assert f"{branch['budget_used']}/500" in row_of(out, sid, branch["branch_id"])
+    assert sid in screen.frame()
+    assert f"{branch['budget_used']}/500" in row_of(screen.frame(), sid,
+                                                     branch["branch_id"])
 
 
 def row_of(output: str, *cells: str) -> str:
