@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +18,18 @@ from ctxclient import Client, DaemonUnavailable, daemon_command, private_environ
 REPO_ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0
+
+
+def entry_with(constants: Mapping[str, object]) -> list[str]:
+    """The entry (`DaemonProcess.entry`) of a ctxd whose module constants, named
+    ``module.NAME``, are set before it runs: a test's daemon that waits less than a user's
+    where the test would otherwise sit out the whole wait (the same code runs)."""
+    lines = ["import importlib, runpy"]
+    for dotted, value in constants.items():
+        module, name = dotted.rsplit(".", 1)
+        lines.append(f"setattr(importlib.import_module({module!r}), {name!r}, {value!r})")
+    lines.append('runpy.run_module("ctxd", run_name="__main__", alter_sys=True)')
+    return ["-c", "\n".join(lines)]
 
 
 class DaemonFailed(Exception):

@@ -15,6 +15,7 @@ import apsw
 import pytest
 from chat_server import ChatServer
 from conftest import DaemonProcess, kill_leftovers, short_root
+from daemon_process import entry_with
 from tests_support import COUNTER, next_event, rpc_error
 
 from ctxclient import Client
@@ -520,14 +521,7 @@ def test_clearing_clears_old_tool_calls_large_inputs(manual_daemon: DaemonProces
 
 WORKER_THREAD_IDLE_S = 0.5
 """How long one of trio's cached worker threads waits for work before it ends, in the
-daemon `IDLE_THREADS_END_SOON` runs (10 s in trio: waiting for that took a test 11 s)."""
-IDLE_THREADS_END_SOON = ["-c", f"""
-import runpy
-import trio._core._thread_cache
-trio._core._thread_cache.IDLE_TIMEOUT = {WORKER_THREAD_IDLE_S}
-runpy.run_module("ctxd", run_name="__main__", alter_sys=True)
-"""]
-"""The entry of a daemon whose idle worker threads end after `WORKER_THREAD_IDLE_S`."""
+daemon of the test below (10 s in trio: waiting for that took the test 11 s)."""
 HELD_SUMMARIZER = """
 import os, pathlib, sys, time
 root = pathlib.Path(sys.argv[1])
@@ -557,7 +551,7 @@ def test_the_command_summarizer_dies_with_a_killed_daemon(daemon_root: Path, sid
     process = summarizing_daemon(
         daemon_root, "--hygiene-summarizer", "command", "--hygiene-summarizer-command",
         f"{sys.executable} {script} {daemon_root}", "--hygiene-summarizer-timeout-s", "600")
-    process.entry = IDLE_THREADS_END_SOON
+    process.entry = entry_with({"trio._core._thread_cache.IDLE_TIMEOUT": WORKER_THREAD_IDLE_S})
     process.start()
     try:
         with process.client() as client:
