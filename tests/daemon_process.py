@@ -23,11 +23,14 @@ STOP_TIMEOUT_S = 20.0
 def entry_with(constants: Mapping[str, object]) -> list[str]:
     """The entry (`DaemonProcess.entry`) of a ctxd whose module constants, named
     ``module.NAME``, are set before it runs: a test's daemon that waits less than a user's
-    where the test would otherwise sit out the whole wait (the same code runs)."""
+    where the test would otherwise sit out the whole wait (the same code runs). A constant
+    that is not there (moved, renamed) stops the daemon with AttributeError."""
     lines = ["import importlib, runpy"]
     for dotted, value in constants.items():
         module, name = dotted.rsplit(".", 1)
-        lines.append(f"setattr(importlib.import_module({module!r}), {name!r}, {value!r})")
+        lines.append(f"module = importlib.import_module({module!r})")
+        lines.append(f"getattr(module, {name!r})")
+        lines.append(f"setattr(module, {name!r}, {value!r})")
     lines.append('runpy.run_module("ctxd", run_name="__main__", alter_sys=True)')
     return ["-c", "\n".join(lines)]
 
