@@ -32,6 +32,8 @@ Component = Literal["system_prompt", "skill_prompts", "tool_descriptions", "conv
 COMPONENTS: tuple[Component, ...] = ("system_prompt", "skill_prompts", "tool_descriptions",
                                      "conversation")
 Health = Literal["ok", "warn", "caution", "compact", "blocked"]
+HEALTH_ORDER: tuple[Health, ...] = ("ok", "warn", "caution", "compact", "blocked")
+"""The health levels, best first: a session's thresholds (`Budget`) tell them apart."""
 SessionStateName = Literal["open", "closed"]
 Compaction = Literal["cleared", "summarized", "truncated"]
 """What compaction did to a message it took out of its thread (docs/protocol.md,
@@ -84,6 +86,24 @@ class Budget(Result, frozen=True, forbid_unknown_fields=True):
     warn: Ratio = 0.70
     caution: Ratio = 0.80
 
+    @property
+    def effective_window(self) -> int:
+        """The tokens a prompt may use: context_window - max_output_tokens."""
+        return self.context_window - self.max_output_tokens
+
+    def health(self, usage: float) -> Health:
+        """The health of a share of the window (or of a branch's budget) by these
+        thresholds: ok < warn ≤ caution ≤ compact ≤ blocked."""
+        if usage >= self.hard_block:
+            return "blocked"
+        if usage >= self.compact_trigger:
+            return "compact"
+        if usage >= self.caution:
+            return "caution"
+        if usage >= self.warn:
+            return "warn"
+        return "ok"
+
 
 class ContextState(Result, frozen=True):
     """Where a session's context stands; carried by every session-scoped result."""
@@ -116,6 +136,8 @@ class SessionInfo(Result, frozen=True):
     message_count: int
     total_tokens: int
     main_thread_tokens: int
+    effective_window: int
+    """``budget.effective_window``: what ``usage`` is a share of."""
     usage: float
     health: Health
     live_branches: int
