@@ -9,6 +9,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import get_args
 
 import pytest
 import trio
@@ -19,6 +20,7 @@ import ctxclient
 import ctxclient._errors
 from ctxclient import DaemonUnavailable, RpcError
 from ctxd.errors import ErrorCode
+from ctxd.wire.types import MemoryQuery
 
 
 async def test_a_garbled_answer_ends_the_connection_as_unavailable(tmp_path: Path) -> None:
@@ -86,6 +88,31 @@ def test_errors_from_the_daemon_raise_their_codes_class(shared_daemon: DaemonPro
         with pytest.raises(ctxclient.InvalidState):
             client.call("message.append", {"session_id": sid, "messages": [
                 {"role": "user", "content": "late"}]})
+
+
+def test_every_error_about_the_daemon_is_a_ctxd_client_error() -> None:
+    from ctxclient._mcp import DaemonBusy, PumpError
+
+    tree = [RpcError, *ctxclient.ERRORS.values(), DaemonUnavailable, ctxclient.BadSocketPath,
+            ctxclient.UntrustedSocket, PumpError, DaemonBusy]
+    assert [cls.__name__ for cls in tree
+            if not issubclass(cls, ctxclient.CtxdClientError)] == []
+    unavailable = DaemonUnavailable("/run/x.sock", "connection refused")
+    # Code written before the common base caught OSError or ConnectionError: it still does.
+    assert isinstance(unavailable, ConnectionError)
+    assert (str(unavailable), unavailable.path, unavailable.reason) == (
+        "no ctxd daemon is running on /run/x.sock (connection refused); start it with `ctxd`",
+        "/run/x.sock", "connection refused")
+    with pytest.raises(ctxclient.CtxdClientError) as caught:
+        raise ctxclient._errors.rpc_error(-32004, "unknown session 's1'")
+    assert type(caught.value) is ctxclient.NotFound
+
+
+def test_the_hook_cuts_its_query_to_what_memory_context_takes() -> None:
+    # The hook imports the standard library only: it keeps the wire's limit as a number.
+    from ctxclient._hook import MAX_QUERY_CHARS
+
+    assert MAX_QUERY_CHARS == get_args(MemoryQuery)[1].max_length
 
 
 def test_an_unknown_code_is_a_plain_rpc_error() -> None:
