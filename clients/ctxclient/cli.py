@@ -117,25 +117,6 @@ def health_cell(health: str) -> Cell:
     return cell(Text(health, style=HEALTH_STYLE.get(health, "")))
 
 
-def level(usage: float, budget: dict[str, Any]) -> str:
-    """The health word of a share of a budget, by the session budget's own thresholds
-    (warn, caution, hard_block as the daemon reports them); a spent budget is blocked."""
-    if usage >= 1.0 or usage >= budget["hard_block"]:
-        return "blocked"
-    if usage >= budget["caution"]:
-        return "caution"
-    if usage >= budget["warn"]:
-        return "warn"
-    return "ok"
-
-
-def effective_window(budget: dict[str, Any]) -> int:
-    """The tokens a session's prompt may use, for a `session.list` row (which carries no
-    context_state): context_window - max_output_tokens, as docs/protocol.md defines
-    effective_window."""
-    return int(budget["context_window"] - budget["max_output_tokens"])
-
-
 def _confidence(confidence: float) -> str:
     return f"{confidence:.3f}"
 
@@ -163,7 +144,7 @@ def sessions_listing(sessions: list[dict[str, Any]], title: str) -> Listing:
         listing.rows.append([
             cell(s["session_id"]), cell(s["project"] or ""), cell(s["title"] or ""),
             cell(s["state"]), cell(str(s["message_count"])),
-            cell(f"{s['main_thread_tokens']:,}/{effective_window(s['budget']):,}"),
+            cell(f"{s['main_thread_tokens']:,}/{s['effective_window']:,}"),
             usage_bar(s["usage"], s["health"]), health_cell(s["health"])])
     return listing
 
@@ -173,9 +154,11 @@ def _branch_budget(branch: dict[str, Any]) -> str:
 
 
 def branch_budget_bar(branch: dict[str, Any], budget: dict[str, Any]) -> Cell:
-    """The usage bar of a branch's budget, coloured by its session budget's thresholds."""
+    """The usage bar of a branch's budget, coloured by the health its session's thresholds
+    give that share (`wire.Budget.health`, the daemon's own levels)."""
     usage = branch["budget_used"] / branch["budget"]
-    return usage_bar(usage, level(usage, budget))
+    thresholds = wire.Budget(**{name: budget[name] for name in wire.Budget.__struct_fields__})
+    return usage_bar(usage, thresholds.health(usage))
 
 
 LIVE_BRANCH_COLUMNS = (

@@ -122,15 +122,24 @@ def test_an_unknown_code_is_a_plain_rpc_error() -> None:
 
 
 def test_ctxctl_colours_a_branch_by_its_sessions_thresholds() -> None:
-    from ctxclient.cli import level
+    from ctxclient.cli import HEALTH_STYLE, branch_budget_bar
+
+    def health(used: int, budget: dict[str, float]) -> str:
+        bar = branch_budget_bar({"budget_used": used, "budget": 100}, budget)
+        assert bar.plain == f"{used:.1f}%"
+        return next(name for name, style in HEALTH_STYLE.items() if style == bar.shown.style)
 
     # A session opened with lower thresholds than the defaults: its branches warn sooner.
-    low = {"warn": 0.3, "caution": 0.4, "hard_block": 0.9}
-    assert [level(usage, low) for usage in (0.2, 0.35, 0.5, 0.95, 1.0)] == [
-        "ok", "warn", "caution", "blocked", "blocked"]
-    default = {"warn": 0.7, "caution": 0.8, "hard_block": 0.98}
-    assert [level(usage, default) for usage in (0.5, 0.75, 0.85, 1.0)] == [
-        "ok", "warn", "caution", "blocked"]
+    low = {"context_window": 4096, "max_output_tokens": 0, "warn": 0.3, "caution": 0.4,
+           "compact_trigger": 0.85, "hard_block": 0.9}
+    assert [health(used, low) for used in (20, 35, 50, 87, 95, 100)] == [
+        "ok", "warn", "caution", "compact", "blocked", "blocked"]
+    default = {"context_window": 200_000, "max_output_tokens": 8192, "warn": 0.7,
+               "caution": 0.8, "compact_trigger": 0.95, "hard_block": 0.98}
+    # 96 %: "compact" (red), as the daemon says of a session there; ctxctl had its own copy
+    # of the levels without it, and showed "caution".
+    assert [health(used, default) for used in (50, 75, 85, 96, 100)] == [
+        "ok", "warn", "caution", "compact", "blocked"]
 
 
 async def test_both_clients_send_unique_uuid_string_ids(tmp_path: Path) -> None:
