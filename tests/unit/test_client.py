@@ -122,7 +122,7 @@ def test_an_unknown_code_is_a_plain_rpc_error() -> None:
 
 
 def test_ctxctl_colours_a_branch_by_its_sessions_thresholds() -> None:
-    from ctxclient.cli import HEALTH_STYLE, branch_budget_bar
+    from ctxclient._cli_values import HEALTH_STYLE, branch_budget_bar
 
     def health(used: int, budget: dict[str, float]) -> str:
         bar = branch_budget_bar({"budget_used": used, "budget": 100}, budget)
