@@ -42,7 +42,7 @@ def cmd_result(client: Client, args: argparse.Namespace, out: Output) -> int:
     out.emit(result, Lines([f"{m['line']}:{m['text']}" for m in result["matches"]]),
              *([Note(f"({result['more_matches']:,} more matching lines: --max-matches)")]
                if result["more_matches"] else []))
-    return 0 if result["matched_lines"] or out.json else 1
+    return 0 if result["matched_lines"] else 1
 
 
 COMPACT_COLUMNS = (Column(""), Column("before", right=True), Column("after", right=True),
