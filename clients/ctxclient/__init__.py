@@ -18,6 +18,7 @@ if TYPE_CHECKING:
         BudgetExhausted,
         Cancelled,
         ContextLimitExceeded,
+        CtxdClientError,
         DaemonUnavailable,
         InternalError,
         InvalidParams,
@@ -36,10 +37,10 @@ if TYPE_CHECKING:
     from ctxclient._sync import Client
 
 __all__ = ["ERRORS", "AsyncClient", "BadSocketPath", "BudgetExhausted", "Cancelled", "Client",
-           "ContextLimitExceeded", "DaemonUnavailable", "InternalError", "InvalidParams",
-           "InvalidRequest", "InvalidState", "LimitReached", "MethodNotFound", "NotFound",
-           "Overloaded", "ParseError", "RpcError", "StorageError", "Timeout", "UntrustedSocket",
-           "connect"]
+           "ContextLimitExceeded", "CtxdClientError", "DaemonUnavailable", "InternalError",
+           "InvalidParams", "InvalidRequest", "InvalidState", "LimitReached", "MethodNotFound",
+           "NotFound", "Overloaded", "ParseError", "RpcError", "StorageError", "Timeout",
+           "UntrustedSocket", "connect"]
 
 _HOMES = {"AsyncClient": "_async", "connect": "_async", "Client": "_sync"}
 

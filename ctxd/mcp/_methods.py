@@ -13,8 +13,7 @@ from ctxd.errors import CtxdError, ErrorCode, invalid_state
 from ctxd.jobs import current_request
 from ctxd.mcp._schema import plain_schema
 from ctxd.mcp._tools import TOOLS, TOOLS_BY_NAME, McpConnection, ToolContext, error_text
-from ctxd.wire import NO_REPLY, Call, Dispatcher, Peer, encode
-from ctxd.wire.types import (
+from ctxd.mcp._types import (
     McpBindParams,
     McpBindResult,
     McpCancelledParams,
@@ -23,6 +22,7 @@ from ctxd.wire.types import (
     McpToolCallParams,
     McpToolsListParams,
 )
+from ctxd.wire import NO_REPLY, Call, Dispatcher, Peer, encode
 
 log = logging.getLogger("ctxd.mcp")
 

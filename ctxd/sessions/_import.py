@@ -48,6 +48,7 @@ from ctxd.transcripts import (
 )
 from ctxd.wire import Call, Dispatcher
 from ctxd.wire.types import (
+    RETURN_MESSAGE_CHARS,
     Branch,
     BranchCreateParams,
     BranchReturnParams,
@@ -589,7 +590,7 @@ def _answer(messages: Sequence[MessageIn | StoredMessage]) -> str:
         text = message.content if isinstance(message.content, str) else "\n".join(
             part.get("text", "") for part in message.content if part.get("type") == "text")
         if text.strip():
-            return text[:65_536]
+            return text[:RETURN_MESSAGE_CHARS]
     return "(the sub-agent left no answer)"
 
 

@@ -10,6 +10,7 @@ from ctxd.folding import Branches, rendered_tokens
 from ctxd.tokens import REPLY_PRIMING
 from ctxd.wire.types import (
     COMPONENTS,
+    HEALTH_ORDER,
     Budget,
     BudgetParams,
     Component,
@@ -37,11 +38,8 @@ def resolve_budget(given: BudgetParams | None, base: Budget) -> Budget:
 
 
 def effective_window(budget: Budget) -> int:
-    """The tokens a prompt may use: context_window - max_output_tokens."""
-    return budget.context_window - budget.max_output_tokens
-
-
-HEALTH_ORDER: tuple[Health, ...] = ("ok", "warn", "caution", "compact", "blocked")
+    """`Budget.effective_window`, for the callers that take it as a function."""
+    return budget.effective_window
 
 
 def worse_health(a: Health, b: Health) -> Health:
@@ -49,16 +47,8 @@ def worse_health(a: Health, b: Health) -> Health:
 
 
 def health_of(usage: float, budget: Budget) -> Health:
-    """ok < warn ≤ caution ≤ compact ≤ blocked, by the budget's thresholds."""
-    if usage >= budget.hard_block:
-        return "blocked"
-    if usage >= budget.compact_trigger:
-        return "compact"
-    if usage >= budget.caution:
-        return "caution"
-    if usage >= budget.warn:
-        return "warn"
-    return "ok"
+    """`Budget.health`, for the callers that take it as a function."""
+    return budget.health(usage)
 
 
 COMPACT_BREAKER = 3
@@ -114,7 +104,7 @@ class SessionRecord:
         return thread_tokens(self.main_message_tokens, self.message_count)
 
     def usage_of(self, tokens: int) -> float:
-        return tokens / effective_window(self.budget)
+        return tokens / self.budget.effective_window
 
     def context_state(self, branches: Branches | None = None) -> ContextState:
         """Where the context stands; ``usage`` and ``health`` are those of the active
@@ -124,7 +114,7 @@ class SessionRecord:
         branch = None if branches is None else branches.active
         used = main if branch is None else rendered_tokens(branch) + REPLY_PRIMING
         usage = self.usage_of(used)
-        health = health_of(usage, self.budget)
+        health = self.budget.health(usage)
         if branch is not None and branch.budget_warned:
             health = worse_health(health, "caution")
         return ContextState(
@@ -137,7 +127,7 @@ class SessionRecord:
             main_thread_tokens=main,
             current_branch_tokens=0 if branch is None else branch.budget_used,
             current_branch_budget=0 if branch is None else branch.budget,
-            folded_tokens=self.folded_tokens, effective_window=effective_window(self.budget),
+            folded_tokens=self.folded_tokens, effective_window=self.budget.effective_window,
             usage=round(usage, 6), health=health, compact_failures=self.compact_failures,
             auto_compact_paused=self.auto_compact_paused)
 
@@ -149,7 +139,7 @@ class SessionRecord:
             session_id=self.session_id, project=self.project, title=self.title,
             state="open" if self.state == "open" else "closed", budget=self.budget,
             message_count=self.message_count, total_tokens=state.total_tokens,
-            main_thread_tokens=state.main_thread_tokens, usage=state.usage,
-            health=state.health,
+            main_thread_tokens=state.main_thread_tokens,
+            effective_window=state.effective_window, usage=state.usage, health=state.health,
             live_branches=live_branches if branches is None else len(branches.live),
             created_at=self.created_at, updated_at=self.updated_at, closed_at=self.closed_at)
