@@ -1,5 +1,5 @@
-"""The operations that run on the daemon, not on one session or service (ctxd/daemon/_routes.py,
-``On.DAEMON``): daemon.*, events.*, request.cancel, turn.*, prompt.build. Each is
+"""The operations that run on the daemon rather than on one session or service (the routes
+``On.DAEMON``: daemon.*, events.*, request.cancel, turn.*, prompt.build). Each is
 ``op(daemon, call, params)``; the inline ones are plain functions."""
 
 from __future__ import annotations

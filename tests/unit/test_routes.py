@@ -749,3 +749,33 @@ async def test_bad_tools_params_are_named(door: Door) -> None:
     failure = await door.failure("tools.register", {"session_id": session_id,
                                                     "tools": [READ_FILE]})
     assert (failure.code, failure.data["state"]) == (-32003, "closed")
+
+
+# ---- docs/architecture.md shows the table ----------------------------------------------
+
+ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
+
+
+def _code(text: str) -> str:
+    return f"`{text}`" if text else ""
+
+
+def table_rows() -> list[str]:
+    """The route table as docs/architecture.md shows it, one line a route."""
+    rows = []
+    for route in ROUTES:
+        op = route.op
+        where = f"{op.__module__.removeprefix('ctxd.')}.{op.__qualname__}"
+        rows.append(" | ".join([
+            f"| {_code(route.method)}", _code(route.params.__name__), route.on.name.lower(),
+            _code(where), "yes" if route.inline else "",
+            ", ".join(_code(tool) for tool in route.mcp),
+            ", ".join(_code(command) for command in route.ctxctl)]) + " |")
+    return rows
+
+
+def test_the_architecture_shows_the_route_table() -> None:
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    shown = [line for line in text.split("\n## Routes\n", 1)[1].split("\n## ", 1)[0]
+             .splitlines() if line.startswith("| `")]
+    assert shown == table_rows()
