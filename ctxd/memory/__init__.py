@@ -11,7 +11,14 @@ from ctxd.memory._embedders import (
 )
 from ctxd.memory._index import MemoryIndex
 from ctxd.memory._injection import INJECT_SHARE, Injected
-from ctxd.memory._methods import register
+from ctxd.memory._methods import (
+    memory_context,
+    memory_delete,
+    memory_feedback,
+    memory_get,
+    memory_outcome,
+    memory_reindex,
+)
 from ctxd.memory._queries import MemoryCandidate
 from ctxd.memory._retrieval import fuse
 from ctxd.memory._service import Memory
@@ -19,4 +26,5 @@ from ctxd.wire.types import project_scope
 
 __all__ = ["INJECT_SHARE", "Embedder", "EmbedderError", "HashingEmbedder", "HttpEmbedder",
            "Injected", "Memory", "MemoryCandidate", "MemoryIndex", "SentenceTransformerEmbedder",
-           "fuse", "make_embedder", "project_scope", "register", "stem"]
+           "fuse", "make_embedder", "memory_context", "memory_delete", "memory_feedback",
+           "memory_get", "memory_outcome", "memory_reindex", "project_scope", "stem"]

@@ -1,10 +1,35 @@
-"""Sessions: the Supervisor, one SessionActor per session, budgets, render."""
+"""Sessions: the Supervisor, one SessionActor per session, budgets, render, and the
+operations the route table runs on them (ctxd/daemon/_routes.py)."""
 
-from ctxd.sessions._actor import SessionActor
-from ctxd.sessions._methods import register
+from ctxd.sessions._actor import Search, SessionActor
+from ctxd.sessions._fork import context_fork
+from ctxd.sessions._import import transcript_import
+from ctxd.sessions._injection_methods import ack as inject_ack
+from ctxd.sessions._injection_methods import list_queue as inject_list
+from ctxd.sessions._injection_methods import pull as inject_pull
+from ctxd.sessions._injection_methods import push as inject_push
+from ctxd.sessions._injection_methods import session_of_injection
+from ctxd.sessions._methods import (
+    branch_status,
+    compaction_key,
+    session_close,
+    session_delete,
+    session_get,
+    session_list,
+    session_open,
+    session_resume,
+)
 from ctxd.sessions._state import SessionRecord, effective_window, health_of, resolve_budget
 from ctxd.sessions._supervisor import Supervisor
-from ctxd.sessions._usage_tools import register_hub
+from ctxd.sessions._usage_tools import get_tool_call as tool_get
+from ctxd.sessions._usage_tools import get_usage as usage_get
+from ctxd.sessions._usage_tools import list_calls as tool_list
+from ctxd.sessions._usage_tools import record_usage as usage_record
+from ctxd.sessions._usage_tools import set_state as tool_state
 
-__all__ = ["SessionActor", "SessionRecord", "Supervisor", "effective_window", "health_of",
-           "register", "register_hub", "resolve_budget"]
+__all__ = ["Search", "SessionActor", "SessionRecord", "Supervisor", "branch_status",
+           "compaction_key", "context_fork", "effective_window", "health_of", "inject_ack",
+           "inject_list", "inject_pull", "inject_push", "resolve_budget", "session_close",
+           "session_delete", "session_get", "session_list", "session_of_injection",
+           "session_open", "session_resume", "tool_get", "tool_list", "tool_state",
+           "transcript_import", "usage_get", "usage_record"]

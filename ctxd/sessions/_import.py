@@ -46,7 +46,6 @@ from ctxd.transcripts import (
     locate_messages,
     parse_message,
 )
-from ctxd.wire import Call, Dispatcher
 from ctxd.wire.types import (
     RETURN_MESSAGE_CHARS,
     Branch,
@@ -813,51 +812,48 @@ async def run_import(actor: SessionActor, p: TranscriptImportParams, path: Path,
     return result
 
 
-def register_import(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
-    """Add transcript.import to the dispatcher."""
-
-    async def transcript_import(call: Call, p: TranscriptImportParams
-                                ) -> TranscriptImportResult:
-        path, size = check_path(p.path)
-        session_id = p.session_id
-        limit = supervisor.config.max_request_bytes
-        array_at: int | None = None
-        if p.format == "opencode":
-            try:
-                info, array_at = await trio.to_thread.run_sync(_scan_export, path, limit)
-            except ValueError as exc:
-                raise params_error("$.path", f"{p.path} is not an OpenCode export: {exc}"
-                                   ) from exc
-            session_id = session_id or (info.get("id") if isinstance(info.get("id"), str)
-                                        else None)
-        elif await trio.to_thread.run_sync(_starts_array, path):
-            # Claude Code records saved as one JSON array: read as a stream of elements.
-            found, refused = await trio.to_thread.run_sync(_scan_array, path, limit)
-            if refused is not None:
-                raise params_error("$.path", refused)
-            array_at = 0
-            session_id = session_id or found
-        else:
-            found, refused = await trio.to_thread.run_sync(_scan_claude, path)
-            if refused is not None:
-                raise params_error("$.path", refused)
-            session_id = session_id or found
-        if session_id is None:
-            raise params_error("$.session_id", f"{p.path} names no session id; give one "
-                                               "(ctxctl import --session ID)")
+async def transcript_import(supervisor: Supervisor, p: TranscriptImportParams
+                            ) -> TranscriptImportResult:
+    """transcript.import: the file is checked and its session found (the params', else the
+    one the transcript names), then read on that session's actor (`run_import`)."""
+    path, size = check_path(p.path)
+    session_id = p.session_id
+    limit = supervisor.config.max_request_bytes
+    array_at: int | None = None
+    if p.format == "opencode":
         try:
-            msgspec.convert({"session_id": session_id, "format": p.format, "path": p.path},
-                            TranscriptImportParams)
-        except msgspec.ValidationError as exc:
-            raise params_error("$.session_id", f"the transcript's session id "
-                                               f"{session_id!r} is not a valid ctxd session "
-                                               "id; give one (ctxctl import --session ID)"
+            info, array_at = await trio.to_thread.run_sync(_scan_export, path, limit)
+        except ValueError as exc:
+            raise params_error("$.path", f"{p.path} is not an OpenCode export: {exc}"
                                ) from exc
-        return await supervisor.call(session_id, lambda a: run_import(a, p, path, size,
-                                                                      array_at))
+        session_id = session_id or (info.get("id") if isinstance(info.get("id"), str)
+                                    else None)
+    elif await trio.to_thread.run_sync(_starts_array, path):
+        # Claude Code records saved as one JSON array: read as a stream of elements.
+        found, refused = await trio.to_thread.run_sync(_scan_array, path, limit)
+        if refused is not None:
+            raise params_error("$.path", refused)
+        array_at = 0
+        session_id = session_id or found
+    else:
+        found, refused = await trio.to_thread.run_sync(_scan_claude, path)
+        if refused is not None:
+            raise params_error("$.path", refused)
+        session_id = session_id or found
+    if session_id is None:
+        raise params_error("$.session_id", f"{p.path} names no session id; give one "
+                                           "(ctxctl import --session ID)")
+    try:
+        msgspec.convert({"session_id": session_id, "format": p.format, "path": p.path},
+                        TranscriptImportParams)
+    except msgspec.ValidationError as exc:
+        raise params_error("$.session_id", f"the transcript's session id "
+                                           f"{session_id!r} is not a valid ctxd session "
+                                           "id; give one (ctxctl import --session ID)"
+                           ) from exc
+    return await supervisor.call(session_id, lambda a: run_import(a, p, path, size,
+                                                                  array_at))
 
-    dispatcher.register("transcript.import", TranscriptImportParams, transcript_import)
 
-
-__all__ = ["register_import", "run_import"]
+__all__ = ["run_import", "transcript_import"]
 

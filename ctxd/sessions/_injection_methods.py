@@ -23,7 +23,6 @@ from ctxd.sessions._actor import SessionActor
 from ctxd.sessions._state import effective_window
 from ctxd.sessions._supervisor import Supervisor
 from ctxd.tokens import REPLY_PRIMING
-from ctxd.wire import Call, Dispatcher
 from ctxd.wire.types import (
     InjectAckParams,
     InjectAckResult,
@@ -131,25 +130,13 @@ def _unknown(injection_id: str) -> Exception:
                      "use an injection_id that inject.pull handed out")
 
 
-def register_injection(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
-    """Add the inject.* methods to the dispatcher."""
+async def session_of_injection(supervisor: Supervisor, p: InjectAckParams) -> str:
+    """The session whose queue holds the injection (``inject.ack`` names no session).
 
-    async def inject_push(call: Call, p: InjectPushParams) -> InjectPushResult:
-        return await supervisor.call(p.session_id, lambda a: push(a, p))
-
-    async def inject_pull(call: Call, p: InjectPullParams) -> InjectPullResult:
-        return await supervisor.call(p.session_id, lambda a: pull(a, p))
-
-    async def inject_ack(call: Call, p: InjectAckParams) -> InjectAckResult:
-        info = await supervisor.store.read(load_injection, p.injection_id)
-        if info is None:
-            raise _unknown(p.injection_id)
-        return await supervisor.call(info.session_id, lambda a: ack(a, p))
-
-    async def inject_list(call: Call, p: InjectListParams) -> InjectListResult:
-        return await supervisor.call(p.session_id, lambda a: list_queue(a, p))
-
-    dispatcher.register("inject.push", InjectPushParams, inject_push)
-    dispatcher.register("inject.pull", InjectPullParams, inject_pull)
-    dispatcher.register("inject.ack", InjectAckParams, inject_ack)
-    dispatcher.register("inject.list", InjectListParams, inject_list)
+    Raises:
+        CtxdError: -32004 when no session holds it.
+    """
+    info = await supervisor.store.read(load_injection, p.injection_id)
+    if info is None:
+        raise _unknown(p.injection_id)
+    return info.session_id

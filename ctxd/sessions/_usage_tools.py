@@ -27,9 +27,7 @@ from ctxd.hub import (
 )
 from ctxd.scrub import ScrubError, scrub
 from ctxd.sessions._actor import SessionActor
-from ctxd.sessions._supervisor import Supervisor
 from ctxd.tokens import REPLY_PRIMING
-from ctxd.wire import Call, Dispatcher
 from ctxd.wire.types import (
     USAGE_COUNTERS,
     ToolGetParams,
@@ -123,29 +121,3 @@ async def list_calls(actor: SessionActor, p: ToolListParams) -> ToolListResult:
     actor.require()
     return ToolListResult(tool_calls=await actor.supervisor.store.read(
         list_tool_calls, actor.session_id, p.state, time.time()))
-
-
-def register_hub(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
-    """Add usage.* and tool.* to the dispatcher."""
-
-    async def usage_record(call: Call, p: UsageRecordParams) -> UsageRecordResult:
-        counters_of(p)  # a params error needs no session
-        return await supervisor.call(p.session_id, lambda a: record_usage(a, p))
-
-    async def usage_get(call: Call, p: UsageGetParams) -> UsageGetResult:
-        return await supervisor.call(p.session_id, lambda a: get_usage(a, p))
-
-    async def tool_state(call: Call, p: ToolStateParams) -> ToolStateResult:
-        return await supervisor.call(p.session_id, lambda a: set_state(a, p))
-
-    async def tool_get(call: Call, p: ToolGetParams) -> ToolGetResult:
-        return await supervisor.call(p.session_id, lambda a: get_tool_call(a, p))
-
-    async def tool_list(call: Call, p: ToolListParams) -> ToolListResult:
-        return await supervisor.call(p.session_id, lambda a: list_calls(a, p))
-
-    dispatcher.register("usage.record", UsageRecordParams, usage_record)
-    dispatcher.register("usage.get", UsageGetParams, usage_get)
-    dispatcher.register("tool.state", ToolStateParams, tool_state)
-    dispatcher.register("tool.get", ToolGetParams, tool_get)
-    dispatcher.register("tool.list", ToolListParams, tool_list)
