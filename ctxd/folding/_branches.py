@@ -1,4 +1,4 @@
-"""Branches: one session's live branches, their BranchActors, and the changes folding makes.
+"""Branches: one session's live branches, their deadlines, and the changes folding makes.
 
 The session actor owns one `Branches` and calls it: it plans a change (a new branch, a
 fold, a rollback), the actor adds the change's rows to its transaction (`stage_*`) next to
@@ -22,7 +22,7 @@ import trio
 from ctxd.config import Config
 from ctxd.errors import CtxdError, ErrorCode, limit_reached, not_found
 from ctxd.folding import _queries as q
-from ctxd.folding._actor import BranchActor
+from ctxd.folding._deadlines import Deadlines, DeadlineStatistics
 from ctxd.folding._state import (
     BUDGET_WARNING,
     FORCED_STATUS,
@@ -156,7 +156,7 @@ class Discarded:
 
 
 class Branches:
-    """One session's live branches (its active ones), with a BranchActor each.
+    """One session's live branches (its active ones), and one timer for their deadlines.
 
     Args:
         session_id: the session.
@@ -165,35 +165,37 @@ class Branches:
         bus: where branch events are published.
         config: limits and defaults of branches.
         registry: the daemon's live branches.
-        on_deadline: called by a BranchActor whose deadline passed; the session actor
-            queues the forced return in order with its other requests.
+        on_deadline: called when the earliest deadline of a live branch has passed (once
+            for deadlines that pass together); the session actor queues the forced returns
+            in order with its other requests.
     """
 
     def __init__(self, session_id: str, store: Store, counter: TokenCounter, bus: EventBus,
                  config: Config, registry: Registry,
-                 on_deadline: Callable[[str], Awaitable[None]]):
+                 on_deadline: Callable[[], Awaitable[None]]):
         self.session_id = session_id
         self._store = store
         self._counter = counter
         self._bus = bus
         self._config = config
         self.registry = registry
-        self._on_deadline = on_deadline
         self.live: dict[str, Branch] = {}
         self._trio_deadlines: dict[str, float] = {}
         """Each live branch's deadline on trio's clock (``Branch.deadline`` is wall-clock)."""
-        self._actors: dict[str, BranchActor] = {}
-        self._nursery: trio.Nursery | None = None
+        self._timer = Deadlines(on_deadline)
 
     # ---- the live set ------------------------------------------------------------------
 
     def start(self, nursery: trio.Nursery) -> None:
-        """Where the BranchActors run: the session actor's nursery (they end with it)."""
-        self._nursery = nursery
+        """Where the deadline timer runs: the session actor's nursery (it ends with it)."""
+        self._timer.start(nursery)
+
+    def deadline_statistics(self) -> DeadlineStatistics:
+        return self._timer.statistics()
 
     async def load(self) -> None:
-        """Read the session's live branches and arm a BranchActor for each new one; a
-        branch already known keeps its deadline."""
+        """Read the session's live branches and arm the deadline of each new one; a branch
+        already known keeps its deadline."""
         stored = await self._store.read(q.live_branches, self.session_id)
         now_trio, now_wall = trio.current_time(), time.time()
         self.live = {branch.branch_id: branch for branch in stored}
@@ -204,25 +206,15 @@ class Branches:
             self._arm(branch)
 
     def _arm(self, branch: Branch) -> None:
-        """Start the branch's BranchActor in the session's nursery (once per branch)."""
-        running = self._actors.get(branch.branch_id)
-        if running is not None and not running.ended:
-            return
-        if self._nursery is None:
-            raise RuntimeError("the session actor is not running")
-        actor = BranchActor(branch.branch_id, self._trio_deadlines[branch.branch_id],
-                            self._on_deadline)
-        self._actors[branch.branch_id] = actor
+        """Wait for the branch's deadline (once per branch) and register it as live."""
+        self._timer.arm(branch.branch_id, self._trio_deadlines[branch.branch_id])
         self.registry.armed(branch.branch_id, self.session_id)
-        self._nursery.start_soon(actor.run)
 
     def _ended(self, branch_id: str) -> None:
         """Bookkeeping once a branch has left ``active`` in the store."""
         self.live.pop(branch_id, None)
         self._trio_deadlines.pop(branch_id, None)
-        actor = self._actors.pop(branch_id, None)
-        if actor is not None:
-            actor.end()
+        self._timer.disarm(branch_id)
         self.registry.released(branch_id)
 
     @property

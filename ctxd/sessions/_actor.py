@@ -268,8 +268,6 @@ class SessionActor:
                                  self._deadline_passed)
         self.arrived = 0.0
         """When the request being processed arrived (trio's clock)."""
-        self._expiries_queued = 0
-        """Deadline expiries waiting in the mailbox (see `expire`)."""
         self._stale = True
         self._deferred: tuple[str, ...] = ()
         """The tools deferred when `tools.deferred` was last published."""
@@ -331,13 +329,13 @@ class SessionActor:
             raise
         return await reply.wait()
 
-    async def _deadline_passed(self, branch_id: str) -> None:
-        """A BranchActor's deadline passed: queue its forced return, in order with the
-        session's other requests; a failure is logged, since nobody waits for it."""
-        self._expiries_queued += 1
+    async def _deadline_passed(self) -> None:
+        """The earliest deadline of a live branch passed (the branches' timer calls this):
+        queue the expiry, in order with the session's other requests, and wait for it; a
+        failure is logged, since nobody else waits for it."""
         try:
-            with working_for(None):  # no request's: its task may have started this one
-                await self.submit(lambda actor: actor.expire(branch_id))
+            with working_for(None):  # no request's: its task may have started the timer
+                await self.submit(lambda actor: actor.expire())
         except ActorGone:
             pass  # shutting down: the branch is re-armed from the store on the next start
         except CtxdError as error:
@@ -1151,8 +1149,8 @@ class SessionActor:
         transaction, and again for parents that their folds spent.
 
         A storage failure is logged, not raised: the branches stay live and their forced
-        returns are tried again by the next request that touches them (and by their
-        BranchActors).
+        returns are tried again by the next request that touches them (and by the
+        session's deadline timer).
         """
         forced: list[ForcedReturn] = []
         candidates = self.branches.oldest_first() if branches is None else branches
@@ -1188,21 +1186,21 @@ class SessionActor:
             parents[parent.branch_id] = self.branches.live[parent.branch_id]
         return list(parents.values())
 
-    async def expire(self, branch_id: str) -> None:
-        """A BranchActor's deadline passed: force-return every branch of the session that
-        is due (branches whose deadlines coincide return in one transaction).
+    async def expire(self) -> None:
+        """The earliest deadline of the session's live branches passed (its deadline timer
+        queued this): force-return every branch that is due, in one transaction (branches
+        whose deadlines coincide return together).
 
-        When nothing but other expiries waits in the mailbox, no request can have arrived
-        before a deadline that has passed since, so "due" is judged now rather than when
-        this expiry was queued: the branches whose deadlines passed meanwhile go in the
-        same transaction, and their own expiries find nothing left to do.
+        When nothing else waits in the mailbox, no request can have arrived before a
+        deadline that has passed since, so "due" is judged now rather than when this expiry
+        was queued: the branches whose deadlines passed meanwhile go in the same
+        transaction. Otherwise it is judged at its arrival, so that a request that arrived
+        before a deadline (and waits behind this expiry) is not overtaken; the timer queues
+        the next expiry at once.
         """
-        self._expiries_queued -= 1
-        stats = self._receive.statistics()
-        if stats.current_buffer_used + stats.tasks_waiting_send == self._expiries_queued:
+        if not self._has_queued():
             self.arrived = trio.current_time()
-        if branch_id in self.branches.live:
-            await self._enforce_all()
+        await self._enforce_all()
 
     # ---- branches: returns and folds ---------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""Folding in-process on trio's virtual clock: BranchActor deadlines and forced returns."""
+"""Folding in-process on trio's virtual clock: branch deadlines and forced returns (the
+timer itself: test_deadlines.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from tests_support import running_supervisor
 
 from ctxd.config import Config
 from ctxd.errors import CtxdError, ErrorCode
-from ctxd.folding import BranchActor
 from ctxd.sessions import SessionActor, Supervisor
 from ctxd.wire.types import (
     BranchCreateParams,
@@ -58,28 +58,6 @@ async def create(supervisor: Supervisor, session_id: str, timeout_s: float,
 async def status_of(supervisor: Supervisor, session_id: str, branch_id: str) -> str:
     result = await supervisor.call(session_id, lambda a: a.branch_status(branch_id))
     return result.branch.status
-
-
-async def test_branch_actor_calls_back_at_its_deadline_until_the_branch_ends(
-        clock: trio.testing.MockClock) -> None:
-    fired: list[tuple[str, float]] = []
-
-    async def on_deadline(branch_id: str) -> None:
-        # The first two forced returns "fail" (the branch stays live); the third ends it.
-        fired.append((branch_id, trio.current_time()))
-        if len(fired) == 3:
-            late.end()
-
-    async with trio.open_nursery() as nursery:
-        late = BranchActor("br_000000000001", trio.current_time() + 30, on_deadline)
-        ended = BranchActor("br_000000000002", trio.current_time() + 20, on_deadline)
-        nursery.start_soon(late.run)
-        nursery.start_soon(ended.run)
-        await trio.sleep(10)
-        ended.end()
-    assert fired == [("br_000000000001", 30.0), ("br_000000000001", 31.0),
-                     ("br_000000000001", 32.0)]
-    assert ended.ended
 
 
 async def test_timeout_force_returns_at_the_deadline(
