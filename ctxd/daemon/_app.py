@@ -150,7 +150,7 @@ class Daemon:
         memory.register(dispatcher, self.memory)
         hygiene.register_prompt(dispatcher, counter,
                                 lambda session_id: self.supervisor.call(
-                                    session_id, lambda actor: actor.get()),
+                                    session_id, sessions.get_session),
                                 self.memory)
         hub.register(dispatcher, self.bus, self.config.max_subscriptions_per_connection)
         hub.register_cancel(dispatcher, requests, hub.Turns(self.bus),

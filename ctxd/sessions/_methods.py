@@ -7,8 +7,10 @@ import secrets
 
 import msgspec
 
+from ctxd.sessions import _branch_ops as branch_ops
+from ctxd.sessions import _hygiene_ops as hygiene_ops
 from ctxd.sessions import _queries as q
-from ctxd.sessions._actor import Search
+from ctxd.sessions import _session_ops as session_ops
 from ctxd.sessions._compaction import STRATEGIES
 from ctxd.sessions._fork import context_fork, fork_seed, seed_target
 from ctxd.sessions._import import register_import
@@ -66,22 +68,23 @@ def register(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
     async def session_open(call: Call, p: SessionOpenParams) -> SessionOpenResult:
         source = p.fork_from
         if source is None:
-            return await supervisor.call(p.session_id or new_session_id(), lambda a: a.open(p))
+            return await supervisor.call(p.session_id or new_session_id(),
+                                         lambda a: session_ops.open_session(a, p))
         session_id = p.session_id or new_session_id()
         target = seed_target(resolve_budget(p.budget, supervisor.config.budget),
                              supervisor.config.hygiene.compact_target)
         seed = await supervisor.call(source.session_id,
                                      lambda a: fork_seed(a, source, session_id, target))
-        return await supervisor.call(session_id, lambda a: a.open(p, seed))
+        return await supervisor.call(session_id, lambda a: session_ops.open_session(a, p, seed))
 
     async def session_get(call: Call, p: SessionIdParams) -> SessionResult:
-        return await supervisor.call(p.session_id, lambda a: a.get())
+        return await supervisor.call(p.session_id, lambda a: session_ops.get_session(a))
 
     async def session_close(call: Call, p: SessionIdParams) -> SessionResult:
-        return await supervisor.call(p.session_id, lambda a: a.close())
+        return await supervisor.call(p.session_id, lambda a: session_ops.close_session(a))
 
     async def session_delete(call: Call, p: SessionIdParams) -> SessionDeleteResult:
-        return await supervisor.call(p.session_id, lambda a: a.delete())
+        return await supervisor.call(p.session_id, lambda a: session_ops.delete_session(a))
 
     async def session_list(call: Call, p: SessionListParams) -> SessionListResult:
         after = int(p.cursor) if p.cursor else 0
@@ -94,58 +97,58 @@ def register(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
                                  next_cursor=str(rows[-1][0]) if more else None)
 
     async def session_resume(call: Call, p: SessionIdParams) -> SessionResumeResult:
-        return await supervisor.call(p.session_id, lambda a: a.resume())
+        return await supervisor.call(p.session_id, lambda a: hygiene_ops.resume(a))
 
     async def context_compact(call: Call, p: ContextCompactParams) -> ContextCompactResult:
         # Identical compactions of a thread share one run (docs/protocol.md, "Compaction").
         key = ("context.compact", p.branch_id, frozenset(p.strategies or STRATEGIES))
         done, shared = await supervisor.call_shared(p.session_id, key,
-                                                    lambda a: a.compact(p))
+                                                    lambda a: hygiene_ops.compact(a, p))
         return msgspec.structs.replace(done, coalesced=True) if shared else done
 
     async def context_fork_(call: Call, p: ContextForkParams) -> ContextForkResult:
         return await supervisor.call(p.session_id, lambda a: context_fork(a, p))
 
     async def message_append(call: Call, p: MessageAppendParams) -> MessageAppendResult:
-        return await supervisor.call(p.session_id, lambda a: a.append(p))
+        return await supervisor.call(p.session_id, lambda a: session_ops.append(a, p))
 
     async def message_list(call: Call, p: MessageListParams) -> MessageListResult:
-        return await supervisor.call(p.session_id, lambda a: a.list_messages(p))
+        return await supervisor.call(p.session_id, lambda a: session_ops.list_messages(a, p))
 
     async def render(call: Call, p: RenderParams) -> RenderResult:
-        return await supervisor.call(p.session_id, lambda a: a.render(p))
+        return await supervisor.call(p.session_id, lambda a: session_ops.render(a, p))
 
     async def result_read(call: Call, p: ResultReadParams) -> ResultReadResult:
-        found = await supervisor.call(p.session_id, lambda a: a.read_result(p))
-        if isinstance(found, Search):
+        found = await supervisor.call(p.session_id, lambda a: hygiene_ops.read_result(a, p))
+        if isinstance(found, hygiene_ops.Search):
             return await found.run(supervisor.searches)  # off the session's mailbox
         return found
 
     async def budget_measure(call: Call, p: BudgetMeasureParams) -> BudgetMeasureResult:
-        return await supervisor.call(p.session_id, lambda a: a.measure(p))
+        return await supervisor.call(p.session_id, lambda a: session_ops.measure(a, p))
 
     async def tools_register(call: Call, p: ToolsRegisterParams) -> ToolsRegisterResult:
-        return await supervisor.call(p.session_id, lambda a: a.register_tools(p))
+        return await supervisor.call(p.session_id, lambda a: hygiene_ops.register_tools(a, p))
 
     async def tools_search(call: Call, p: ToolsSearchParams) -> ToolsSearchResult:
-        return await supervisor.call(p.session_id, lambda a: a.search_tools(p))
+        return await supervisor.call(p.session_id, lambda a: hygiene_ops.search_tools(a, p))
 
     async def branch_create(call: Call, p: BranchCreateParams) -> BranchCreateResult:
-        return await supervisor.call(p.session_id, lambda a: a.create_branch(p))
+        return await supervisor.call(p.session_id, lambda a: branch_ops.create_branch(a, p))
 
     async def branch_return(call: Call, p: BranchReturnParams) -> BranchReturnResult:
         session_id = await supervisor.registry.session_of(p.branch_id)
-        return await supervisor.call(session_id, lambda a: a.return_branch(p))
+        return await supervisor.call(session_id, lambda a: branch_ops.return_branch(a, p))
 
     async def branch_status(call: Call, p: BranchIdParams) -> BranchStatusResult:
         session_id = await supervisor.registry.session_of(p.branch_id)
-        return await supervisor.call(session_id, lambda a: a.branch_status(p.branch_id))
+        return await supervisor.call(session_id, lambda a: branch_ops.branch_status(a, p.branch_id))
 
     async def branch_list(call: Call, p: BranchListParams) -> BranchListResult:
-        return await supervisor.call(p.session_id, lambda a: a.list_branches(p))
+        return await supervisor.call(p.session_id, lambda a: branch_ops.list_branches(a, p))
 
     async def branch_rollback(call: Call, p: BranchRollbackParams) -> BranchRollbackResult:
-        return await supervisor.call(p.session_id, lambda a: a.rollback(p))
+        return await supervisor.call(p.session_id, lambda a: branch_ops.rollback(a, p))
 
     dispatcher.register("session.open", SessionOpenParams, session_open)
     dispatcher.register("session.get", SessionIdParams, session_get)

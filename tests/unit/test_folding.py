@@ -18,6 +18,8 @@ from tests_support import running_supervisor
 from ctxd.config import Config
 from ctxd.errors import CtxdError, ErrorCode
 from ctxd.sessions import SessionActor, Supervisor
+from ctxd.sessions import _branch_ops as branch_ops
+from ctxd.sessions import _session_ops as session_ops
 from ctxd.wire.types import (
     BranchCreateParams,
     BranchCreateResult,
@@ -45,18 +47,19 @@ async def supervisor(tmp_path: Path, clock: trio.testing.MockClock
 
 
 async def open_session(supervisor: Supervisor, session_id: str) -> None:
-    await supervisor.call(session_id, lambda a: a.open(SessionOpenParams(session_id=session_id)))
+    await supervisor.call(session_id, lambda a: session_ops.open_session(
+        a, SessionOpenParams(session_id=session_id)))
 
 
 async def create(supervisor: Supervisor, session_id: str, timeout_s: float,
                  parent: str | msgspec.UnsetType | None = msgspec.UNSET) -> BranchCreateResult:
     params = BranchCreateParams(session_id=session_id, description="work", prompt="do it",
                                 timeout_seconds=timeout_s, parent_branch_id=parent)
-    return await supervisor.call(session_id, lambda a: a.create_branch(params))
+    return await supervisor.call(session_id, lambda a: branch_ops.create_branch(a, params))
 
 
 async def status_of(supervisor: Supervisor, session_id: str, branch_id: str) -> str:
-    result = await supervisor.call(session_id, lambda a: a.branch_status(branch_id))
+    result = await supervisor.call(session_id, lambda a: branch_ops.branch_status(a, branch_id))
     return result.branch.status
 
 
@@ -68,7 +71,8 @@ async def test_timeout_force_returns_at_the_deadline(
     subscription = supervisor.bus.subscribe("s1", ["branch.forced_return"])
     await trio.sleep(299.5)
     assert await status_of(supervisor, "s1", created.branch_id) == "active"
-    info = (await supervisor.call("s1", lambda a: a.branch_status(created.branch_id))).branch
+    info = (await supervisor.call(
+        "s1", lambda a: branch_ops.branch_status(a, created.branch_id))).branch
     assert info.time_left_s == pytest.approx(0.5, abs=0.01)
     with trio.fail_after(5):
         event = await subscription.receive()
@@ -94,7 +98,7 @@ async def test_requests_are_judged_by_when_they_arrived(
     async def late_request() -> None:
         await trio.sleep(10.5)
         with pytest.raises(CtxdError) as caught:
-            await supervisor.call("s1", lambda a: a.append(append("late")))
+            await supervisor.call("s1", lambda a: session_ops.append(a, append("late")))
         late_errors.append(caught.value.code)
 
     late_errors: list[int] = []
@@ -103,10 +107,11 @@ async def test_requests_are_judged_by_when_they_arrived(
         await trio.sleep(1)
         # Arrives before the deadline, is processed after it: accepted (it becomes the
         # partial result below).
-        nursery.start_soon(supervisor.call, "s1", lambda a: a.append(append("ok")))
+        nursery.start_soon(supervisor.call, "s1", lambda a: session_ops.append(a, append("ok")))
         nursery.start_soon(late_request)
     assert late_errors == [ErrorCode.TIMEOUT]
-    info = (await supervisor.call("s1", lambda a: a.branch_status(created.branch_id))).branch
+    info = (await supervisor.call(
+        "s1", lambda a: branch_ops.branch_status(a, created.branch_id))).branch
     assert (info.status, info.result) == ("timeout", "ok")
 
 
@@ -207,7 +212,7 @@ async def test_a_request_that_arrived_before_a_deadline_is_not_overtaken_by_expi
 
     async def append_late() -> None:
         await trio.sleep(10.3)
-        await supervisor.call("s1", lambda a: a.append(MessageAppendParams(
+        await supervisor.call("s1", lambda a: session_ops.append(a, MessageAppendParams(
             session_id="s1", branch_id=last,
             messages=[MessageIn(role="assistant", content="made it")])))
 
@@ -215,7 +220,7 @@ async def test_a_request_that_arrived_before_a_deadline_is_not_overtaken_by_expi
         nursery.start_soon(supervisor.call, "s1", busy)
         nursery.start_soon(append_late)
     await trio.testing.wait_all_tasks_blocked()
-    info = (await supervisor.call("s1", lambda a: a.branch_status(last))).branch
+    info = (await supervisor.call("s1", lambda a: branch_ops.branch_status(a, last))).branch
     assert (info.status, info.result) == ("timeout", "made it")
 
 
