@@ -9,7 +9,7 @@ from ctxd.folding._branches import (
     Registry,
     not_active,
 )
-from ctxd.folding._deadlines import RETRY_S, Deadlines, DeadlineStatistics
+from ctxd.folding._deadlines import RETRY_S, DeadlineTimer, TimerStatistics
 from ctxd.folding._queries import (
     MessagesDiscarded,
     chunks,
@@ -23,7 +23,7 @@ from ctxd.folding._state import (
     rendered_tokens,
 )
 
-__all__ = ["OPENING_META", "RETRY_S", "Branches", "DeadlineStatistics", "Deadlines",
-           "Discarded", "Fold", "MessagesDiscarded", "Opening", "Registry", "branch_note",
+__all__ = ["OPENING_META", "RETRY_S", "Branches", "DeadlineTimer", "Discarded", "Fold",
+           "MessagesDiscarded", "Opening", "Registry", "TimerStatistics", "branch_note",
            "chunks", "live_branch_counts", "not_active", "partial_result", "rendered_tokens",
            "thread_chain"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,7 @@ import trio
 from ctxd.config import Config
 from ctxd.errors import CtxdError, ErrorCode, limit_reached, not_found
 from ctxd.folding import _queries as q
-from ctxd.folding._deadlines import Deadlines, DeadlineStatistics
+from ctxd.folding._deadlines import DeadlineTimer
 from ctxd.folding._state import (
     BUDGET_WARNING,
     FORCED_STATUS,
@@ -182,16 +182,16 @@ class Branches:
         self.live: dict[str, Branch] = {}
         self._trio_deadlines: dict[str, float] = {}
         """Each live branch's deadline on trio's clock (``Branch.deadline`` is wall-clock)."""
-        self._timer = Deadlines(on_deadline)
+        self._timer = DeadlineTimer(on_deadline)
+        self._untouched: set[str] = set()
+        """Live branches created by this actor that hold nothing but their opening (see
+        `untouched`)."""
 
     # ---- the live set ------------------------------------------------------------------
 
     def start(self, nursery: trio.Nursery) -> None:
         """Where the deadline timer runs: the session actor's nursery (it ends with it)."""
         self._timer.start(nursery)
-
-    def deadline_statistics(self) -> DeadlineStatistics:
-        return self._timer.statistics()
 
     async def load(self) -> None:
         """Read the session's live branches and arm the deadline of each new one; a branch
@@ -213,6 +213,7 @@ class Branches:
     def _ended(self, branch_id: str) -> None:
         """Bookkeeping once a branch has left ``active`` in the store."""
         self.live.pop(branch_id, None)
+        self._untouched.discard(branch_id)
         self._trio_deadlines.pop(branch_id, None)
         self._timer.disarm(branch_id)
         self.registry.released(branch_id)
@@ -259,6 +260,12 @@ class Branches:
         """Every live branch, deepest (then newest) first: the order a closing session
         returns them in."""
         return sorted(self.live.values(), key=lambda b: (b.depth, b.fork_seq), reverse=True)
+
+    def untouched(self, branch_id: str) -> bool:
+        """Whether a live branch holds nothing but its opening messages: nothing appended
+        to it, no child folded into it, since this actor created it (a branch loaded from
+        the store may hold anything). Its forced return has no work to read."""
+        return branch_id in self._untouched
 
     def oldest_first(self) -> list[Branch]:
         return sorted(self.live.values(), key=lambda b: b.fork_seq)
@@ -343,6 +350,7 @@ class Branches:
         """The new branch committed: it is live, armed and announced."""
         branch = opening.branch
         self.live[branch.branch_id] = branch
+        self._untouched.add(branch.branch_id)
         self._arm(branch)
         self._bus.publish(self.session_id, "branch.created", {
             "branch_id": branch.branch_id, "parent_branch_id": branch.parent_branch_id,
@@ -371,6 +379,7 @@ class Branches:
     def charged(self, before: Branch, after: Branch) -> None:
         """The new meter committed; the budget warning goes out the first time."""
         self.live[after.branch_id] = after
+        self._untouched.discard(after.branch_id)
         if after.budget_warned and not before.budget_warned:
             self.publish_budget_warning(after)
 
@@ -414,14 +423,19 @@ class Branches:
                     message=message, parent=grown, parent_warned_now=warned_now)
 
     @staticmethod
-    def stage_fold(transaction: Transaction, fold: Fold) -> None:
-        transaction.add(q.close_branch, q.Closed(
+    def stage_folds(transaction: Transaction, folds: Sequence[Fold]) -> None:
+        """The branches' ends, and each grown parent's meter as the last of the folds
+        into it left it."""
+        transaction.add(q.close_branches, [q.Closed(
             branch_id=fold.branch.branch_id, status=fold.status, return_reason=fold.reason,
             returned_at=fold.message.created_at, result=fold.result,
             fold_seq=fold.message.seq, tokens_folded=fold.branch.budget_used,
-            tokens_saved=fold.tokens_saved, secrets_scrubbed=fold.secrets_scrubbed))
-        if fold.parent is not None:
-            transaction.add(q.save_meter, fold.parent)
+            tokens_saved=fold.tokens_saved, secrets_scrubbed=fold.secrets_scrubbed)
+            for fold in folds])
+        grown = {fold.parent.branch_id: fold.parent for fold in folds
+                 if fold.parent is not None}
+        if grown:
+            transaction.add(q.save_meters, list(grown.values()))
 
     def folded(self, fold: Fold) -> None:
         """The fold committed: the branch has ended, its parent grew; events go out (the
@@ -430,6 +444,7 @@ class Branches:
         self._ended(branch.branch_id)
         if fold.parent is not None:
             self.live[fold.parent.branch_id] = fold.parent
+            self._untouched.discard(fold.parent.branch_id)
         if fold.reason is not None:
             data: dict[str, Any] = {"branch_id": branch.branch_id, "status": fold.status,
                                     "reason": fold.reason, "budget": branch.budget,
@@ -477,6 +492,7 @@ class Branches:
                 self._ended(discarded)
         if gone.parent is not None:
             self.live[gone.parent.branch_id] = gone.parent
+            self._untouched.discard(gone.parent.branch_id)
         self._bus.publish(self.session_id, "branch.rolled_back", {
             "branch_id": branch_id, "thread": gone.thread, "rolled_back_to": fork_seq,
             "branches_discarded": gone.branch_ids, "messages_discarded": gone.messages,

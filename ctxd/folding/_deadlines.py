@@ -1,5 +1,5 @@
-"""Deadlines: one session's live-branch deadlines and the one timer task that waits for the
-earliest, in its session actor's nursery."""
+"""DeadlineTimer: one session's live-branch deadlines and the one timer task that waits for
+the earliest, in its session actor's nursery."""
 
 from __future__ import annotations
 
@@ -15,17 +15,20 @@ RETRY_S = 1.0
 
 
 @dataclass(frozen=True)
-class DeadlineStatistics:
-    """What `Deadlines.statistics` reports."""
+class TimerStatistics:
+    """What `DeadlineTimer.statistics` reports."""
 
     armed: int
     """Live branches whose deadline is waited for."""
     earliest: float | None
     """The earliest of their deadlines (trio's clock)."""
+    heap_entries: int
+    """Entries of the heap, those of branches that ended before their deadline included
+    (they are dropped once they outnumber the armed ones)."""
     timer_running: bool
 
 
-class Deadlines:
+class DeadlineTimer:
     """The deadlines of one session's live branches, on trio's clock, in a heap; one timer
     task sleeps until the earliest (a cancel scope whose deadline moves as branches are
     armed and end).
@@ -85,9 +88,9 @@ class Deadlines:
             heapq.heapify(self._heap)
         self._moved()
 
-    def statistics(self) -> DeadlineStatistics:
-        return DeadlineStatistics(armed=len(self._armed), earliest=self._earliest(),
-                                  timer_running=self._running)
+    def statistics(self) -> TimerStatistics:
+        return TimerStatistics(armed=len(self._armed), earliest=self._earliest(),
+                               heap_entries=len(self._heap), timer_running=self._running)
 
     def _earliest(self) -> float | None:
         heap = self._heap

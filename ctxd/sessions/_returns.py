@@ -28,6 +28,9 @@ from ctxd.wire.types import Branch, ForcedReturn, StoredMessage
 log = logging.getLogger("ctxd.sessions")
 
 UNSCRUBBABLE = "(the partial result was withheld: it could not be checked for secrets)"
+NO_WORK = scrub(partial_result(None, []))
+"""The partial result of a branch that recorded no work, scrubbed once (it is ctxd's own
+text: the same for every such branch)."""
 
 
 @dataclass(frozen=True)
@@ -41,16 +44,17 @@ class Return:
     extract_memory: bool = False
 
 
-def _with_fold(record: SessionRecord, fold: Fold) -> SessionRecord:
-    """The session's record once ``fold`` is written: its seq, its folded tokens, and the
-    main thread's counters when the fold message goes there."""
-    updated = dataclasses.replace(record, last_seq=fold.message.seq,
-                                  updated_at=fold.message.created_at,
-                                  folded_tokens=record.folded_tokens + fold.branch.budget_used,
-                                  component_tokens=dict(record.component_tokens))
-    if fold.message.branch_id is None:
-        updated.message_count += 1
-        updated.component_tokens["conversation"] += fold.message.tokens
+def _with_folds(record: SessionRecord, folds: list[Fold]) -> SessionRecord:
+    """The session's record once ``folds`` are written: its seq, its folded tokens, and
+    the main thread's counters for the fold messages that go there."""
+    updated = dataclasses.replace(
+        record, last_seq=folds[-1].message.seq, updated_at=folds[-1].message.created_at,
+        folded_tokens=record.folded_tokens + sum(fold.branch.budget_used for fold in folds),
+        component_tokens=dict(record.component_tokens))
+    for fold in folds:
+        if fold.message.branch_id is None:
+            updated.message_count += 1
+            updated.component_tokens["conversation"] += fold.message.tokens
     return updated
 
 
@@ -152,50 +156,55 @@ async def return_branches(actor: SessionActor,
     """
     plan: list[Return] = []
     planned: set[str] = set()
+    parents = {branch.parent_branch_id for branch in actor.branches.live.values()}
     for target in targets:
-        for item in [*(Return(child, "parent_returned")
-                       for child in actor.branches.descendants(target.branch.branch_id)),
-                     target]:
+        children = (actor.branches.descendants(target.branch.branch_id)
+                    if target.branch.branch_id in parents else [])
+        for item in [*(Return(child, "parent_returned") for child in children), target]:
             if item.branch.branch_id not in planned:
                 plan.append(item)
                 planned.add(item.branch.branch_id)
-    works = await actor.services.store.read(
-        q.recent_works, [item.branch.branch_id for item in plan if item.reason is not None],
-        OPENING_META)
+    # A branch that holds only its opening has no work to read (nor a secret to scrub).
+    read = [item.branch.branch_id for item in plan if item.reason is not None
+            and not actor.branches.untouched(item.branch.branch_id)]
+    works = await actor.services.store.read(q.recent_works, read, OPENING_META) if read \
+        else {}
     live = dict(actor.branches.live)
     record = actor.require()
+    seq = record.last_seq
     folded_into: dict[str, list[StoredMessage]] = {}
     folds: list[Fold] = []
     forced: list[ForcedReturn] = []
-    transaction = Transaction()
+    candidates: list[MemoryCandidate] = []
     for item in plan:
         branch = live[item.branch.branch_id]
         if item.reason is None:
             assert item.message is not None
             result, scrubbed_count = item.message
         else:
-            last, recent = works[branch.branch_id]
+            last, recent = works.get(branch.branch_id, (None, []))
             # Its children folded into it on the way: their folds are its latest work.
             recent += [(m.role, m.content) for m in folded_into.get(branch.branch_id, [])]
-            try:
-                scrubbed = scrub(partial_result(last, recent[-3:]))
-            except ScrubError:
-                log.exception("branch %s: partial result could not be scrubbed",
-                              branch.branch_id)
-                scrubbed = scrub(UNSCRUBBABLE)
+            if last is None and not recent:
+                scrubbed = NO_WORK
+            else:
+                try:
+                    scrubbed = scrub(partial_result(last, recent[-3:]))
+                except ScrubError:
+                    log.exception("branch %s: partial result could not be scrubbed",
+                                  branch.branch_id)
+                    scrubbed = scrub(UNSCRUBBABLE)
             result, scrubbed_count = scrubbed.text, scrubbed.total
         parent = live.get(branch.parent_branch_id) if branch.parent_branch_id else None
-        fold = await actor.branches.fold(branch, result, scrubbed_count, item.reason,
-                                         record.last_seq + 1, parent)
-        record = _with_fold(record, fold)
+        seq += 1
+        fold = await actor.branches.fold(branch, result, scrubbed_count, item.reason, seq,
+                                         parent)
         del live[branch.branch_id]
         if fold.parent is not None:
             live[fold.parent.branch_id] = fold.parent
             folded_into.setdefault(fold.parent.branch_id, []).append(fold.message)
-        transaction.add(q.insert_messages, actor.session_id, [fold.message])
-        actor.branches.stage_fold(transaction, fold)
         if item.extract_memory:
-            Memory.stage_candidate(transaction, MemoryCandidate(
+            candidates.append(MemoryCandidate(
                 session_id=actor.session_id, branch_id=branch.branch_id,
                 title=branch.description, content=result, outcome="success",
                 created_at=fold.message.created_at, scope=project_scope(record.project)))
@@ -203,6 +212,13 @@ async def return_branches(actor: SessionActor,
         if item.reason is not None:
             forced.append(ForcedReturn(branch_id=branch.branch_id, status=fold.status,
                                        reason=item.reason, result=result))
+    if folds:
+        record = _with_folds(record, folds)
+    transaction = Transaction()
+    transaction.add(q.insert_messages, actor.session_id, [fold.message for fold in folds])
+    actor.branches.stage_folds(transaction, folds)
+    for candidate in candidates:
+        Memory.stage_candidate(transaction, candidate)
     transaction.add(q.save_counters, record)
     await actor.services.store.commit(transaction)
     actor.record = record

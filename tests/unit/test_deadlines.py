@@ -1,6 +1,6 @@
-"""One timer per session on trio's virtual clock: `folding.Deadlines` alone, then a session
-actor's branches (coincident deadlines, a deadline moved or ended by a return, no timer
-task without live branches)."""
+"""One timer per session on trio's virtual clock: `folding.DeadlineTimer` alone, then a
+session actor's branches (coincident deadlines, a deadline moved or ended by a return, no
+timer task without live branches)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import trio.testing
 from tests_support import running_supervisor
 
 from ctxd.config import Config
-from ctxd.folding import RETRY_S, Deadlines
+from ctxd.folding import RETRY_S, DeadlineTimer
 from ctxd.sessions import Supervisor
 from ctxd.sessions import _branch_ops as branch_ops
 from ctxd.sessions import _session_ops as session_ops
@@ -35,8 +35,8 @@ def _tasks(task: trio.lowlevel.Task) -> Iterator[trio.lowlevel.Task]:
 
 
 def timer_tasks() -> int:
-    """The deadline timers running: tasks of `Deadlines._run` in trio's task tree."""
-    return sum(task.name.endswith("Deadlines._run")
+    """The deadline timers running: tasks of `DeadlineTimer._run` in trio's task tree."""
+    return sum(task.name.endswith("DeadlineTimer._run")
                for task in _tasks(trio.lowlevel.current_root_task()))
 
 
@@ -48,7 +48,7 @@ class Calls:
         self.deadlines: dict[str, float] = {}
         self.failing: set[str] = set()
         self.at: list[float] = []
-        self.timer = Deadlines(self)
+        self.timer = DeadlineTimer(self)
 
     def arm(self, branch_id: str, deadline: float) -> None:
         self.deadlines[branch_id] = deadline
@@ -136,7 +136,7 @@ async def test_branches_that_return_early_leave_no_heap_behind(
         for number in range(5_000):
             calls.arm(f"br_{number}", 500.0 + number)
             calls.disarm(f"br_{number}")
-        assert len(calls.timer._heap) <= 2 * 1 + 64
+        assert calls.timer.statistics().heap_entries <= 2 * 1 + 64
         nursery.cancel_scope.cancel()
     assert calls.at == []
 

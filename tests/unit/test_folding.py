@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -19,6 +20,7 @@ from ctxd.config import Config
 from ctxd.errors import CtxdError, ErrorCode
 from ctxd.sessions import SessionActor, Supervisor
 from ctxd.sessions import _branch_ops as branch_ops
+from ctxd.sessions import _queries as q
 from ctxd.sessions import _session_ops as session_ops
 from ctxd.wire.types import (
     BranchCreateParams,
@@ -222,6 +224,56 @@ async def test_a_request_that_arrived_before_a_deadline_is_not_overtaken_by_expi
     await trio.testing.wait_all_tasks_blocked()
     info = (await supervisor.call("s1", lambda a: branch_ops.branch_status(a, last))).branch
     assert (info.status, info.result) == ("timeout", "made it")
+
+
+@pytest.fixture
+def works_read(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The branches whose recent work each forced return read from the store."""
+    read: list[list[str]] = []
+    recent_works = q.recent_works
+
+    def recording(conn: Any, branch_ids: Sequence[str], opening_meta: dict[str, Any]
+                  ) -> Any:
+        read.append(sorted(branch_ids))
+        return recent_works(conn, branch_ids, opening_meta)
+
+    monkeypatch.setattr(q, "recent_works", recording)
+    return read
+
+
+async def test_a_forced_return_reads_the_work_only_of_branches_that_did_some(
+        supervisor: Supervisor, clock: trio.testing.MockClock,
+        works_read: list[list[str]]) -> None:
+    await open_session(supervisor, "s1")
+    idle, busy = [await create(supervisor, "s1", 10, parent=None) for _ in range(2)]
+    await supervisor.call("s1", lambda a: session_ops.append(a, MessageAppendParams(
+        session_id="s1", branch_id=busy.branch_id,
+        messages=[MessageIn(role="assistant", content="half done")])))
+    await trio.sleep(11)
+    await trio.testing.wait_all_tasks_blocked()
+    assert works_read == [[busy.branch_id]]
+    results = {b: (await supervisor.call("s1", lambda a, b=b: branch_ops.branch_status(
+        a, b))).branch.result for b in (idle.branch_id, busy.branch_id)}
+    assert results == {idle.branch_id: "(the branch ended before any work was recorded)",
+                       busy.branch_id: "half done"}
+
+
+async def test_a_branch_loaded_after_a_restart_has_its_work_read(
+        tmp_path: Path, clock: trio.testing.MockClock, works_read: list[list[str]]) -> None:
+    """What a branch holds is known only for those this run created: one loaded from the
+    store is read, whatever it holds."""
+    config = Config(session_idle_s=3600.0)
+    async with running_supervisor(tmp_path / "ctxd.db", config) as first:
+        await open_session(first, "s1")
+        created = await create(first, "s1", 600, parent=None)
+    async with running_supervisor(tmp_path / "ctxd.db", config) as second:
+        await trio.sleep(601)
+        await trio.testing.wait_all_tasks_blocked()
+        info = (await second.call("s1", lambda a: branch_ops.branch_status(
+            a, created.branch_id))).branch
+    assert works_read == [[created.branch_id]]
+    assert (info.status, info.result) == (
+        "timeout", "(the branch ended before any work was recorded)")
 
 
 def test_wire_values_are_not_walked_by_the_cycle_collector() -> None:
