@@ -114,7 +114,7 @@ BIG_BUDGET = {"context_window": 10_000_000, "max_output_tokens": 8192}
 # report gives the gap that really was.
 DEFAULT_CREATE_RATE = 1000.0
 LEAD_BASE_S = 0.5
-LEAD_FACTOR = 1.25
+LEAD_FACTOR = 1.6
 
 _decode = msgspec.json.Decoder().decode
 
