@@ -14,7 +14,7 @@ import trio
 
 from ctxd import __version__, hygiene
 from ctxd.errors import CtxdError, ErrorCode, invalid_state, limit_reached, not_found
-from ctxd.sessions import SessionActor
+from ctxd.sessions import SessionActor, get_session
 from ctxd.store import DatabaseError, integrity_problems
 from ctxd.wire import Call
 from ctxd.wire.types import (
@@ -227,6 +227,6 @@ async def prompt_build(daemon: Daemon, call: Call, p: PromptBuildParams) -> Prom
         sections = p.sections
     else:
         assert p.session_id is not None  # check_prompt_params: exactly one of the two
-        session = await daemon.supervisor.call(p.session_id, lambda actor: actor.get())
+        session = await daemon.supervisor.call(p.session_id, get_session)
         sections = await hygiene.session_sections(session, daemon.memory)
     return await hygiene.build_prompt(daemon.counter, sections, p.format)

@@ -46,7 +46,7 @@ def _pushed(info: InjectionInfo, duplicate: bool, secrets_scrubbed: int) -> Inje
 async def push(actor: SessionActor, p: InjectPushParams) -> InjectPushResult:
     """Scrub, count and queue one injection; answered once it has committed. A retried
     idempotency key answers the first push's injection (``duplicate``)."""
-    store = actor.supervisor.store
+    store = actor.services.store
     actor.require_open()
     if p.idempotency_key is not None:
         found = await store.read(find_by_key, actor.session_id, p.idempotency_key)
@@ -56,19 +56,19 @@ async def push(actor: SessionActor, p: InjectPushParams) -> InjectPushResult:
         scrubbed = scrub(p.content)
     except ScrubError as exc:
         raise scrub_failed("the injection", exc, "nothing was queued") from exc
-    [tokens] = await actor.supervisor.counter.count_messages(
+    [tokens] = await actor.services.counter.count_messages(
         [MessageIn(role="user", content=scrubbed.text)])
     record = actor.require_open()
     active = actor.branches.active
     thread = record.main_message_tokens if active is None else rendered_tokens(active)
     would_use = thread + tokens + REPLY_PRIMING
     if would_use / effective_window(record.budget) >= record.budget.hard_block:
-        raise actor._over_hard_block(would_use, tokens, allow_over=False, what="injecting")
+        raise actor.over_hard_block(would_use, tokens, allow_over=False, what="injecting")
     info = await store.write(insert_injection, NewInjection(
         session_id=actor.session_id, priority=p.priority, content=scrubbed.text,
         source=p.source, idempotency_key=p.idempotency_key, tokens=tokens,
         secrets_scrubbed=scrubbed.total, created_at=time.time()))
-    actor.supervisor.bus.publish(actor.session_id, "inject.pushed", {
+    actor.services.bus.publish(actor.session_id, "inject.pushed", {
         "injection_id": info.injection_id, "priority": info.priority, "source": info.source,
         "tokens": tokens, "secrets_scrubbed": scrubbed.total})
     return _pushed(info, False, scrubbed.total)
@@ -78,11 +78,11 @@ async def pull(actor: SessionActor, p: InjectPullParams) -> InjectPullResult:
     """Hand out what waits (and what waited for its ack past ``inject_redeliver_s``)."""
     actor.require()
     now = time.time()
-    delivered, waiting = await actor.supervisor.store.write(
+    delivered, waiting = await actor.services.store.write(
         pull_injections, actor.session_id, p.max_priority, p.limit, now,
-        now - actor.supervisor.config.inject_redeliver_s)
+        now - actor.services.config.inject_redeliver_s)
     for info in delivered:
-        actor.supervisor.bus.publish(actor.session_id, "inject.delivered", {
+        actor.services.bus.publish(actor.session_id, "inject.delivered", {
             "injection_id": info.injection_id, "priority": info.priority,
             "deliveries": info.deliveries})
     return InjectPullResult(injections=delivered, waiting=waiting)
@@ -91,7 +91,7 @@ async def pull(actor: SessionActor, p: InjectPullParams) -> InjectPullResult:
 async def ack(actor: SessionActor, p: InjectAckParams) -> InjectAckResult:
     """Record the answer to a delivered injection; the same answer again is idempotent, a
     different one is refused (docs/decisions.md, Injection)."""
-    store = actor.supervisor.store
+    store = actor.services.store
     info = await store.read(load_injection, p.injection_id)
     if info is None or info.session_id != actor.session_id:
         raise _unknown(p.injection_id)
@@ -112,7 +112,7 @@ async def ack(actor: SessionActor, p: InjectAckParams) -> InjectAckResult:
         except ScrubError as exc:
             raise scrub_failed("the reason", exc, "the answer was not recorded") from exc
     acked = await store.write(ack_injection, p.injection_id, p.accepted, reason, time.time())
-    actor.supervisor.bus.publish(actor.session_id, "inject.acked", {
+    actor.services.bus.publish(actor.session_id, "inject.acked", {
         "injection_id": acked.injection_id, "accepted": p.accepted, "reason": reason,
         "deliveries": acked.deliveries})
     return InjectAckResult(injection=acked, already_acked=False)
@@ -120,7 +120,7 @@ async def ack(actor: SessionActor, p: InjectAckParams) -> InjectAckResult:
 
 async def list_queue(actor: SessionActor, p: InjectListParams) -> InjectListResult:
     actor.require()
-    injections, counts = await actor.supervisor.store.read(
+    injections, counts = await actor.services.store.read(
         list_injections, actor.session_id, p.state, p.limit)
     return InjectListResult(injections=injections, counts=counts)
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 import secrets
 from collections.abc import Hashable
 
+from ctxd.sessions import _branch_ops as branch_ops
+from ctxd.sessions import _hygiene_ops as hygiene_ops
 from ctxd.sessions import _queries as q
+from ctxd.sessions import _session_ops as session_ops
 from ctxd.sessions._actor import SessionActor
 from ctxd.sessions._compaction import STRATEGIES
 from ctxd.sessions._fork import fork_seed, seed_target
@@ -39,12 +42,12 @@ async def session_open(supervisor: Supervisor, p: SessionOpenParams) -> SessionO
     session_id = p.session_id or new_session_id()
     source = p.fork_from
     if source is None:
-        return await supervisor.call(session_id, lambda a: a.open(p))
+        return await supervisor.call(session_id, lambda a: session_ops.open_session(a, p))
     target = seed_target(resolve_budget(p.budget, supervisor.config.budget),
                          supervisor.config.hygiene.compact_target)
     seed = await supervisor.call(source.session_id,
                                  lambda a: fork_seed(a, source, session_id, target))
-    return await supervisor.call(session_id, lambda a: a.open(p, seed))
+    return await supervisor.call(session_id, lambda a: session_ops.open_session(a, p, seed))
 
 
 async def session_list(supervisor: Supervisor, p: SessionListParams) -> SessionListResult:
@@ -60,23 +63,23 @@ async def session_list(supervisor: Supervisor, p: SessionListParams) -> SessionL
 
 
 async def session_get(actor: SessionActor, p: SessionIdParams) -> SessionResult:
-    return await actor.get()
+    return await session_ops.get_session(actor)
 
 
 async def session_close(actor: SessionActor, p: SessionIdParams) -> SessionResult:
-    return await actor.close()
+    return await session_ops.close_session(actor)
 
 
 async def session_delete(actor: SessionActor, p: SessionIdParams) -> SessionDeleteResult:
-    return await actor.delete()
+    return await session_ops.delete_session(actor)
 
 
 async def session_resume(actor: SessionActor, p: SessionIdParams) -> SessionResumeResult:
-    return await actor.resume()
+    return await hygiene_ops.resume(actor)
 
 
 async def branch_status(actor: SessionActor, p: BranchIdParams) -> BranchStatusResult:
-    return await actor.branch_status(p.branch_id)
+    return await branch_ops.branch_status(actor, p.branch_id)
 
 
 def compaction_key(p: ContextCompactParams) -> Hashable:

@@ -1,6 +1,6 @@
 """Supervisor and SessionActors in-process: ordering, idle retirement, rehydration."""
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -10,9 +10,15 @@ from tests_support import running_supervisor
 
 from ctxd.config import Config
 from ctxd.errors import CtxdError, ErrorCode
-from ctxd.sessions import Supervisor
+from ctxd.sessions import SessionActor, Supervisor
+from ctxd.sessions import _session_ops as session_ops
 from ctxd.sessions._actor import MAILBOX_SIZE
-from ctxd.wire.types import MessageAppendParams, MessageIn, SessionOpenParams
+from ctxd.wire.types import (
+    MessageAppendParams,
+    MessageIn,
+    SessionOpenParams,
+    SessionOpenResult,
+)
 
 
 @pytest.fixture
@@ -22,6 +28,10 @@ async def supervisor(tmp_path: Path) -> AsyncIterator[Supervisor]:
         yield running
 
 
+def open_op(session_id: str) -> Callable[[SessionActor], Awaitable[SessionOpenResult]]:
+    return lambda a: session_ops.open_session(a, SessionOpenParams(session_id=session_id))
+
+
 def append(session_id: str, *texts: str) -> MessageAppendParams:
     return MessageAppendParams(session_id=session_id,
                                messages=[MessageIn(role="user", content=t) for t in texts])
@@ -29,23 +39,24 @@ def append(session_id: str, *texts: str) -> MessageAppendParams:
 
 async def test_idle_actor_retires_and_is_rehydrated(
         supervisor: Supervisor, autojump_clock: trio.testing.MockClock) -> None:
-    await supervisor.call("s1", lambda a: a.open(SessionOpenParams(session_id="s1")))
-    await supervisor.call("s1", lambda a: a.append(append("s1", "hello world")))
+    await supervisor.call("s1", open_op("s1"))
+    await supervisor.call("s1", lambda a: session_ops.append(a, append("s1", "hello world")))
     assert supervisor.actor_count == 1
     await trio.sleep(599)
     assert supervisor.actor_count == 1
     await trio.sleep(2)
     assert supervisor.actor_count == 0
-    got = await supervisor.call("s1", lambda a: a.get())
+    got = await supervisor.call("s1", lambda a: session_ops.get_session(a))
     assert supervisor.actor_count == 1
     assert (got.session.message_count, got.session.total_tokens) == (1, 6)
-    result = await supervisor.call("s1", lambda a: a.append(append("s1", "hello world")))
+    result = await supervisor.call("s1",
+                                   lambda a: session_ops.append(a, append("s1", "hello world")))
     assert [m.seq for m in result.appended] == [2]
 
 
 async def test_unknown_session_does_not_leave_an_actor(supervisor: Supervisor) -> None:
     with pytest.raises(CtxdError) as caught:
-        await supervisor.call("ghost", lambda a: a.get())
+        await supervisor.call("ghost", lambda a: session_ops.get_session(a))
     assert caught.value.code == ErrorCode.NOT_FOUND
     await trio.testing.wait_all_tasks_blocked()
     assert supervisor.actor_count == 0
@@ -54,11 +65,12 @@ async def test_unknown_session_does_not_leave_an_actor(supervisor: Supervisor) -
 async def test_requests_of_one_session_run_in_order_and_sessions_concurrently(
         supervisor: Supervisor) -> None:
     for sid in ("a", "b"):
-        await supervisor.call(sid, lambda a, sid=sid: a.open(SessionOpenParams(session_id=sid)))
+        await supervisor.call(sid, open_op(sid))
     seqs: dict[str, list[int]] = {"a": [], "b": []}
 
     async def writer(sid: str, n: int) -> None:
-        result = await supervisor.call(sid, lambda a: a.append(append(sid, f"m{n}", f"m{n}")))
+        result = await supervisor.call(
+            sid, lambda a: session_ops.append(a, append(sid, f"m{n}", f"m{n}")))
         seqs[sid].extend(m.seq for m in result.appended)
 
     async with trio.open_nursery() as nursery:
@@ -67,18 +79,18 @@ async def test_requests_of_one_session_run_in_order_and_sessions_concurrently(
                 nursery.start_soon(writer, sid, n)
     for sid in ("a", "b"):
         assert sorted(seqs[sid]) == list(range(1, 101))
-        got = await supervisor.call(sid, lambda a: a.get())
+        got = await supervisor.call(sid, lambda a: session_ops.get_session(a))
         assert got.session.message_count == 100
 
 
 async def test_max_open_sessions(supervisor: Supervisor) -> None:
     for sid in ("a", "b", "c"):
-        await supervisor.call(sid, lambda a, sid=sid: a.open(SessionOpenParams(session_id=sid)))
+        await supervisor.call(sid, open_op(sid))
     with pytest.raises(CtxdError) as caught:
-        await supervisor.call("d", lambda a: a.open(SessionOpenParams(session_id="d")))
+        await supervisor.call("d", open_op("d"))
     assert caught.value.code == ErrorCode.LIMIT_REACHED
-    await supervisor.call("a", lambda a: a.close())
-    opened = await supervisor.call("d", lambda a: a.open(SessionOpenParams(session_id="d")))
+    await supervisor.call("a", lambda a: session_ops.close_session(a))
+    opened = await supervisor.call("d", open_op("d"))
     assert opened.created is True
     assert supervisor.sessions_open == 3
 
@@ -88,7 +100,7 @@ async def test_a_shared_operation_whose_caller_left_while_the_mailbox_was_full_i
     # Regression: the operation queued last was recorded as the one to share before its
     # caller waited for room in the mailbox; a caller cancelled there (its connection
     # dropped) left that record behind, and whoever shared it waited forever.
-    await supervisor.call("s", lambda a: a.open(SessionOpenParams(session_id="s")))
+    await supervisor.call("s", open_op("s"))
     gate = trio.Event()
 
     async def held(actor: object) -> str:
