@@ -23,7 +23,7 @@ from ctxd.sessions._methods import (
 )
 from ctxd.sessions._services import Services, SessionCounts
 from ctxd.sessions._session_ops import append, get_session, list_messages, measure, render
-from ctxd.sessions._state import SessionRecord, effective_window, health_of, resolve_budget
+from ctxd.sessions._state import SessionRecord, resolve_budget
 from ctxd.sessions._supervisor import Supervisor
 from ctxd.sessions._usage_tools import get_tool_call as tool_get
 from ctxd.sessions._usage_tools import get_usage as usage_get
@@ -33,8 +33,8 @@ from ctxd.sessions._usage_tools import set_state as tool_state
 
 __all__ = ["Search", "Services", "SessionActor", "SessionCounts", "SessionRecord",
            "Supervisor", "append", "branch_status", "compact", "compaction_key",
-           "context_fork", "create_branch", "effective_window", "get_session", "health_of",
-           "inject_ack", "inject_list", "inject_pull", "inject_push", "list_branches",
+           "context_fork", "create_branch", "get_session", "inject_ack", "inject_list",
+           "inject_pull", "inject_push", "list_branches",
            "list_messages", "measure", "read_result", "register_tools", "render",
            "resolve_budget", "return_branch", "rollback", "search_tools", "session_close",
            "session_delete", "session_get", "session_list", "session_of_injection",

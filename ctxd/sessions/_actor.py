@@ -27,7 +27,7 @@ from ctxd.folding import Branches
 from ctxd.jobs import Request, Slot, cancellation_point, current_request, working_for
 from ctxd.sessions import _queries as q
 from ctxd.sessions._services import Services
-from ctxd.sessions._state import SessionRecord, effective_window
+from ctxd.sessions._state import SessionRecord
 from ctxd.wire.types import ContextState
 
 log = logging.getLogger("ctxd.sessions")
@@ -275,7 +275,7 @@ class SessionActor:
         """-32001: the active thread would pass the hard block (``allow_over``: whether
         the method takes ``allow_over=true``; ``what``: the verb the message starts with)."""
         record = self.require()
-        window = effective_window(record.budget)
+        window = record.budget.effective_window
         limit = int(window * record.budget.hard_block)
         return CtxdError(
             ErrorCode.CONTEXT_LIMIT_EXCEEDED,

@@ -34,7 +34,7 @@ from ctxd.sessions._returns import (
     return_branches,
 )
 from ctxd.sessions._session_ops import Opened, append_prepared, prepared, text_at_rest
-from ctxd.sessions._state import SessionRecord, effective_window
+from ctxd.sessions._state import SessionRecord
 from ctxd.store import Transaction
 from ctxd.tokens import REPLY_PRIMING
 from ctxd.wire.types import (
@@ -98,7 +98,7 @@ async def create_branch(actor: SessionActor, p: BranchCreateParams,
                            f"tokens, so a budget of {budget} leaves nothing for its work; "
                            "give a larger budget or a shorter prompt")
     prefix_tokens = rendered_tokens(parent) if parent else record.main_message_tokens
-    window = effective_window(record.budget)
+    window = record.budget.effective_window
     window_room = (math.ceil(window * record.budget.hard_block) - 1 - prefix_tokens
                    - sum(counts) - REPLY_PRIMING)
     injected = await _inject(actor, p, description, budget,

@@ -26,7 +26,6 @@ from ctxd.hygiene import (
 )
 from ctxd.scrub import ScrubError
 from ctxd.sessions import _queries as q
-from ctxd.sessions._state import effective_window
 from ctxd.wire.types import (
     Budget,
     ContextForkParams,
@@ -125,7 +124,7 @@ SEED_PASSES = 4
 def seed_target(budget: Budget, compact_target: float) -> int:
     """The tokens a seed must fit in: the compaction target of the new session's effective
     window (what its compaction brings a thread under: docs/protocol.md, "Compaction")."""
-    return math.floor(effective_window(budget) * min(compact_target, budget.compact_trigger))
+    return math.floor(budget.effective_window * min(compact_target, budget.compact_trigger))
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from ctxd.sessions import _queries as q
 from ctxd.sessions._actor import SessionActor
 from ctxd.sessions._compaction import STRATEGIES, Plan, thread_view
 from ctxd.sessions._returns import enforce_all, live_branch
-from ctxd.sessions._state import COMPACT_BREAKER, SessionRecord, effective_window, thread_tokens
+from ctxd.sessions._state import COMPACT_BREAKER, SessionRecord, thread_tokens
 from ctxd.store import Transaction
 from ctxd.tokens import REPLY_PRIMING
 from ctxd.wire.types import (
@@ -186,7 +186,7 @@ async def auto_compact(actor: SessionActor, branch: Branch | None, room: int = 0
     if _live_children(actor, thread):
         return None
     limit = record.budget.hard_block if before_append else record.budget.compact_trigger
-    if (_thread_used(actor, branch) + room) / effective_window(record.budget) < limit:
+    if (_thread_used(actor, branch) + room) / record.budget.effective_window < limit:
         return None
     try:
         return await _compact(actor, branch, STRATEGIES, automatic=True, room=room)
@@ -211,7 +211,7 @@ async def _compact(actor: SessionActor, branch: Branch | None,
     record = actor.require()
     health_before = actor.context_state().health
     thread = None if branch is None else branch.branch_id
-    window = effective_window(record.budget)
+    window = record.budget.effective_window
     target = math.floor(window * min(services.config.hygiene.compact_target,
                                      record.budget.compact_trigger))
     before = _thread_used(actor, branch)
@@ -329,7 +329,7 @@ async def resume(actor: SessionActor) -> SessionResumeResult:
 
 def _tool_threshold(actor: SessionActor) -> int:
     return math.floor(actor.services.config.hygiene.tool_deferral_threshold
-                      * effective_window(actor.require().budget))
+                      * actor.require().budget.effective_window)
 
 
 async def tool_view(actor: SessionActor) -> tuple[list[SessionTool], list[SessionTool]]:

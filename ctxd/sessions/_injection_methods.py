@@ -20,7 +20,6 @@ from ctxd.hub import (
 )
 from ctxd.scrub import ScrubError, scrub
 from ctxd.sessions._actor import SessionActor
-from ctxd.sessions._state import effective_window
 from ctxd.sessions._supervisor import Supervisor
 from ctxd.tokens import REPLY_PRIMING
 from ctxd.wire.types import (
@@ -62,7 +61,7 @@ async def push(actor: SessionActor, p: InjectPushParams) -> InjectPushResult:
     active = actor.branches.active
     thread = record.main_message_tokens if active is None else rendered_tokens(active)
     would_use = thread + tokens + REPLY_PRIMING
-    if would_use / effective_window(record.budget) >= record.budget.hard_block:
+    if would_use / record.budget.effective_window >= record.budget.hard_block:
         raise actor.over_hard_block(would_use, tokens, allow_over=False, what="injecting")
     info = await store.write(insert_injection, NewInjection(
         session_id=actor.session_id, priority=p.priority, content=scrubbed.text,

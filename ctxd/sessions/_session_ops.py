@@ -37,8 +37,6 @@ from ctxd.sessions._hygiene_ops import auto_compact, tool_view
 from ctxd.sessions._returns import enforce, enforce_all, live_branch, return_all
 from ctxd.sessions._state import (
     SessionRecord,
-    effective_window,
-    health_of,
     resolve_budget,
     thread_tokens,
 )
@@ -304,7 +302,7 @@ async def append_prepared(actor: SessionActor, params: MessageAppendParams,
                          else rendered_tokens(branch))
         return thread_before + tokens_appended + REPLY_PRIMING
 
-    window = effective_window(record.budget)
+    window = record.budget.effective_window
     if would_use() / window >= record.budget.hard_block and not params.allow_over:
         done = await auto_compact(actor, branch, room=tokens_appended, before_append=True)
         if done is not None:
@@ -455,7 +453,7 @@ async def render(actor: SessionActor, params: RenderParams) -> RenderResult:
         q.render_rows, actor.session_id, branch_id)
     tokens = thread_tokens(message_tokens, len(messages))
     shown, deferred = await tool_view(actor)
-    usage = tokens / effective_window(record.budget)
+    usage = tokens / record.budget.effective_window
     note = actor.services.config.hygiene.context_note
     return RenderResult(
         context_note=note.format(percent=round(usage * 100))
@@ -491,7 +489,7 @@ async def measure(actor: SessionActor, params: BudgetMeasureParams) -> BudgetMea
     parts = {c: record.component_tokens[c] + extra[c] for c in COMPONENTS}
     message_total = sum(parts.values())
     used = message_total + REPLY_PRIMING if message_total else 0
-    window = effective_window(record.budget)
+    window = record.budget.effective_window
     usage = used / window
     return BudgetMeasureResult(
         total=record.budget.context_window, max_output_tokens=record.budget.max_output_tokens,
@@ -500,5 +498,5 @@ async def measure(actor: SessionActor, params: BudgetMeasureParams) -> BudgetMea
         conversation=parts["conversation"], used=used, remaining=window - used,
         used_pct=round(usage * 100, 4),
         should_compact=usage >= record.budget.compact_trigger,
-        is_blocked=health_of(usage, record.budget) == "blocked",
+        is_blocked=record.budget.health(usage) == "blocked",
         context_state=actor.context_state())

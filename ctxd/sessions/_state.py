@@ -37,18 +37,8 @@ def resolve_budget(given: BudgetParams | None, base: Budget) -> Budget:
     return budget
 
 
-def effective_window(budget: Budget) -> int:
-    """`Budget.effective_window`, for the callers that take it as a function."""
-    return budget.effective_window
-
-
 def worse_health(a: Health, b: Health) -> Health:
     return max(a, b, key=HEALTH_ORDER.index)
-
-
-def health_of(usage: float, budget: Budget) -> Health:
-    """`Budget.health`, for the callers that take it as a function."""
-    return budget.health(usage)
 
 
 COMPACT_BREAKER = 3
