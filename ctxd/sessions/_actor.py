@@ -662,11 +662,9 @@ class SessionActor:
                     branch = self.branches.live[branch.branch_id]
             if would_use() / window >= record.budget.hard_block:
                 raise self._over_hard_block(would_use(), tokens_appended)
-        health_before = self.context_state().health
+        health_before = self.require().health(self.branches)
         now = time.time()
-        updated = dataclasses.replace(record, last_seq=record.last_seq + len(messages),
-                                      updated_at=now,
-                                      component_tokens=dict(record.component_tokens))
+        updated = record.appended(len(messages), now)
         stored: list[StoredMessage] = []
         blobs: list[ToolResultBlob] = []
         for offset, (message, offloaded, tokens) in enumerate(
@@ -703,6 +701,21 @@ class SessionActor:
         if stage is not None:
             stage(transaction)
         bus = self.supervisor.bus
+        events: list[tuple[str, dict[str, Any]]] = [
+            ("result.offloaded",
+             {"branch_id": blob.branch_id, "seq": blob.seq, "ref_id": blob.ref_id,
+              "tool_name": blob.tool_name, "size_bytes": blob.size_bytes,
+              "tokens": counts[blob.seq - stored[0].seq]}) for blob in blobs]
+        events.append(("message.appended",
+                       {"branch_id": params.branch_id, "first_seq": stored[0].seq,
+                        "last_seq": stored[-1].seq, "count": len(stored),
+                        "tokens": tokens_appended,
+                        "main_thread_tokens": updated.main_thread_tokens}))
+        # Written with the append (docs/decisions.md, Events), unless a branch's events
+        # (created, budget warning) are to come first: they are published after the commit.
+        staged = branch is None and opened is None
+        if staged:
+            bus.stage(transaction, self.session_id, events)
         try:
             with (contextlib.nullcontext() if opened is None
                   else self.branches.registry.slot()):
@@ -724,15 +737,9 @@ class SessionActor:
         if branch is not None and grown is not None:
             self.branches.charged(branch, grown)
         state = self.context_state()
-        for blob in blobs:
-            bus.publish(self.session_id, "result.offloaded",
-                        {"branch_id": blob.branch_id, "seq": blob.seq, "ref_id": blob.ref_id,
-                         "tool_name": blob.tool_name, "size_bytes": blob.size_bytes,
-                         "tokens": counts[blob.seq - stored[0].seq]})
-        bus.publish(self.session_id, "message.appended",
-                    {"branch_id": params.branch_id, "first_seq": stored[0].seq,
-                     "last_seq": stored[-1].seq, "count": len(stored),
-                     "tokens": tokens_appended, "main_thread_tokens": state.main_thread_tokens})
+        if not staged:
+            for kind, data in events:
+                bus.publish(self.session_id, kind, data)
         if state.health != health_before:
             bus.publish(self.session_id, "context.health",
                         {"from": health_before, "to": state.health, "usage": state.usage})
@@ -754,7 +761,9 @@ class SessionActor:
                                       and isinstance(m.content, str) else None)
                       for m in stored],
             tokens_appended=tokens_appended, forced_returns=forced,
-            context_state=self.context_state(), compactions=compactions)
+            # On the main thread, unchanged since `state` unless a compaction ran.
+            context_state=state if branch is None and done is None and self.record is updated
+            else self.context_state(), compactions=compactions)
 
     async def read_result(self, p: ResultReadParams) -> ResultReadResult | Search:
         """result.read: a page of an offloaded tool result of this session, or the search
