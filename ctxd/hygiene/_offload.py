@@ -139,8 +139,10 @@ def offload(message: MessageIn, threshold_bytes: int,
 
 def stage_blobs(transaction: Transaction, session_id: str,
                 blobs: Sequence[ToolResultBlob]) -> None:
-    """Add the blobs' insert to a transaction, after the messages that carry their stubs."""
-    transaction.add(insert_blobs, session_id, list(blobs))
+    """Add the blobs' insert to a transaction, after the messages that carry their stubs
+    (nothing when there is none: an empty insert still costs the store's thread a statement)."""
+    if blobs:
+        transaction.add(insert_blobs, session_id, list(blobs))
 
 
 def insert_blobs(conn: apsw.Connection, session_id: str,
