@@ -56,7 +56,6 @@ from ctxd.hygiene import (
     originals,
     page,
     rank,
-    ref_id_for,
     save_snapshot,
     stage_blobs,
     stage_promote,
@@ -622,8 +621,7 @@ class SessionActor:
         _check_parts(messages)
         at_rest = self._at_rest(messages, nothing)
         threshold = self.supervisor.config.hygiene.offload_threshold_bytes
-        return at_rest, [offload(message, threshold,
-                                 ref_id_for(self.session_id, first_seq + offset))
+        return at_rest, [offload(message, threshold, self.session_id, first_seq + offset)
                          for offset, message in enumerate(at_rest)]
 
     async def _append(self, params: MessageAppendParams, branch: Branch | None,

@@ -331,7 +331,11 @@ async def test_staged_events_past_events_keep_have_the_writer_prune(tmp_path: Pa
             await store.commit(staged(bus, "a", "message.appended"))
         await trio.testing.wait_all_tasks_blocked()  # the writer's prune is submitted
         await store.read(lambda conn: None)  # and done: the store runs jobs in order
+        assert bus.seq == 25  # sent to nobody, but numbered all the same
         assert [seq for seq, _ in table(tmp_path / "db")] == list(range(16, 26))
+        late = bus.subscribe(since_seq=23)
+        assert await take(late, 2) == [("message.appended", 24, {"n": 0}),
+                                       ("message.appended", 25, {"n": 0})]
 
 
 async def test_without_a_store_staged_events_are_sent_after_the_commit(
