@@ -449,7 +449,8 @@ class Connection:
         try:
             if not previous.is_set():
                 await previous.wait()
-            await self._wait_to_start()
+            if self._outbox_bytes or self._sending_bytes or self._starting:
+                await self._wait_to_start()  # (with none of them there is room)
             self._starting += 1
             try:
                 if envelope is None:
