@@ -23,8 +23,9 @@ raw blocking socket client in this process that pre-encodes its request lines):
   append (all threads, read from /proc: CPU time, not wall time, so other work on the
   machine counts little) over the echo server's CPU time per request, and over ctxd's own
   per ping. ``--baseline REV`` runs the append passes against a daemon of that revision
-  too (``git archive`` of it, this interpreter), interleaved: the same figures for both
-  and this tree's over the revision's.
+  too (``git archive`` of it, this interpreter), in lockstep (one request to each daemon
+  in turn, each one's CPU time read over the same window, so both see the same machine):
+  the same figures for both and this tree's over the revision's.
 
 Machines are shared and noisy, so the passes are interleaved over ``--rounds`` rounds and
 each figure is the best round, with the range of all rounds beside it. The script reports;
@@ -576,29 +577,39 @@ class AppendSession:
         self.session_id = ""
 
 
-def append_round(client: RawClient, pid: int, source: MessageSource, batch: int,
-                 seconds: float, run: AppendRun, tag: str) -> None:
-    session = AppendSession(client, tag)
-    for _ in range(3):  # warm-up: the actor starts and loads its record
-        session.append(source.take(batch), batch)
+def append_round(targets: Sequence[tuple[RawClient, int, AppendRun]], source: MessageSource,
+                 batch: int, seconds: float, tag: str) -> None:
+    """Append for ``seconds`` to each target (a daemon's connection, its pid, its figures)
+    in turn, one request each, so that several daemons are measured over the same moments
+    of a noisy machine: each one's CPU time is read over the same window, its rate is its
+    messages over the time its own requests took (over the whole window with one target).
+    """
+    sessions = [AppendSession(client, f"{tag}-{n}") for n, (client, _, _) in enumerate(targets)]
+    for session in sessions:
+        for _ in range(3):  # warm-up: the actor starts and loads its record
+            session.append(source.take(batch), batch)
+    tokens_before = [session.tokens for session in sessions]
+    busy = [0.0] * len(targets)
     messages = 0
-    tokens_before = session.tokens
-    probe = UsageProbe(pid)
+    probes = [UsageProbe(pid) for _, pid, _ in targets]
     started = time.perf_counter()
-    stop_at = started + seconds
     now = started
-    while now < stop_at:
-        payload = source.take(batch)
-        sent_at = time.perf_counter()
-        session.append(payload, batch)
-        now = time.perf_counter()
-        run.latencies.append(now - sent_at)
+    while now < started + seconds:
+        for n, (session, (_, _, run)) in enumerate(zip(sessions, targets, strict=True)):
+            payload = source.take(batch)
+            sent_at = time.perf_counter()
+            session.append(payload, batch)
+            now = time.perf_counter()
+            run.latencies.append(now - sent_at)
+            busy[n] += now - sent_at
         messages += batch
-    run.rate.values.append(messages / (now - started))
-    run.usage.add(probe.stop(messages))
-    run.messages += messages
-    run.tokens += max(0, session.tokens - tokens_before)
-    session.verify_and_delete()
+    for n, (session, probe, (_, _, run)) in enumerate(zip(sessions, probes, targets,
+                                                          strict=True)):
+        run.rate.values.append(messages / (now - started if len(targets) == 1 else busy[n]))
+        run.usage.add(probe.stop(messages))
+        run.messages += messages
+        run.tokens += max(0, session.tokens - tokens_before[n])
+        session.verify_and_delete()
 
 
 # ---- the report ------------------------------------------------------------------------
@@ -771,11 +782,11 @@ def run_benchmark(report: Report) -> None:
                     ("batched", BATCH_SIZE, report.batched, report.base_batched)):
                 if kind not in passes:
                     continue
-                append_round(ctxd_client, ctxd.proc.pid, source, batch, args.append_seconds,
-                             run, f"{kind}-r{round_number}")
+                targets = [(ctxd_client, ctxd.proc.pid, run)]
                 if base is not None and base_client is not None and base.proc is not None:
-                    append_round(base_client, base.proc.pid, source, batch,
-                                 args.append_seconds, base_run, f"base-{kind}-r{round_number}")
+                    targets.append((base_client, base.proc.pid, base_run))  # in lockstep
+                append_round(targets, source, batch, args.append_seconds,
+                             f"{kind}-r{round_number}")
         try:
             code = ctxd.stop()
         except DaemonFailed:  # it ignored SIGTERM and was killed
