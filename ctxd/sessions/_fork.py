@@ -21,7 +21,6 @@ from ctxd.hygiene import (
     fork,
     offload,
     originals,
-    ref_id_for,
     sliced,
 )
 from ctxd.scrub import ScrubError
@@ -156,7 +155,7 @@ async def fork_seed(actor: SessionActor, source: ForkFrom, session_id: str,
         seed = [MessageIn(role="user", content=done.preamble, meta=origin)] + [
             MessageIn(role=m.role, content=m.content, name=m.name,
                       tool_call_id=m.tool_call_id) for m in done.messages]
-        offloads = [offload(message, threshold, ref_id_for(session_id, seq))
+        offloads = [offload(message, threshold, session_id, seq)
                     for seq, message in enumerate(seed, 1)]
         shown = [message if offloaded is None else offloaded[0]
                  for message, offloaded in zip(seed, offloads, strict=True)]

@@ -26,7 +26,6 @@ from ctxd.hygiene import (
     deferred_note,
     offload,
     originals,
-    ref_id_for,
     stage_blobs,
     stage_use,
 )
@@ -270,8 +269,7 @@ def prepared(actor: SessionActor, messages: list[MessageIn], first_seq: int, not
     _check_parts(messages)
     at_rest = _at_rest(actor, messages, nothing)
     threshold = actor.services.config.hygiene.offload_threshold_bytes
-    return at_rest, [offload(message, threshold,
-                             ref_id_for(actor.session_id, first_seq + offset))
+    return at_rest, [offload(message, threshold, actor.session_id, first_seq + offset)
                      for offset, message in enumerate(at_rest)]
 
 
@@ -312,11 +310,9 @@ async def append_prepared(actor: SessionActor, params: MessageAppendParams,
                 branch = actor.branches.live[branch.branch_id]
         if would_use() / window >= record.budget.hard_block:
             raise actor.over_hard_block(would_use(), tokens_appended)
-    health_before = actor.context_state().health
+    health_before = actor.require().health(actor.branches)
     now = time.time()
-    updated = dataclasses.replace(record, last_seq=record.last_seq + len(messages),
-                                  updated_at=now,
-                                  component_tokens=dict(record.component_tokens))
+    updated = record.appended(len(messages), now)
     stored: list[StoredMessage] = []
     blobs: list[ToolResultBlob] = []
     for offset, (message, offloaded, tokens) in enumerate(
@@ -353,6 +349,21 @@ async def append_prepared(actor: SessionActor, params: MessageAppendParams,
     if stage is not None:
         stage(transaction)
     bus = actor.services.bus
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("result.offloaded",
+         {"branch_id": blob.branch_id, "seq": blob.seq, "ref_id": blob.ref_id,
+          "tool_name": blob.tool_name, "size_bytes": blob.size_bytes,
+          "tokens": counts[blob.seq - stored[0].seq]}) for blob in blobs]
+    events.append(("message.appended",
+                   {"branch_id": params.branch_id, "first_seq": stored[0].seq,
+                    "last_seq": stored[-1].seq, "count": len(stored),
+                    "tokens": tokens_appended,
+                    "main_thread_tokens": updated.main_thread_tokens}))
+    # Written with the append (docs/decisions.md, Events), unless a branch's events
+    # (created, budget warning) are to come first: they are published after the commit.
+    staged = branch is None and opened is None
+    if staged:
+        bus.stage(transaction, actor.session_id, events)
     try:
         with (contextlib.nullcontext() if opened is None
               else actor.branches.registry.slot()):
@@ -374,15 +385,9 @@ async def append_prepared(actor: SessionActor, params: MessageAppendParams,
     if branch is not None and grown is not None:
         actor.branches.charged(branch, grown)
     state = actor.context_state()
-    for blob in blobs:
-        bus.publish(actor.session_id, "result.offloaded",
-                    {"branch_id": blob.branch_id, "seq": blob.seq, "ref_id": blob.ref_id,
-                     "tool_name": blob.tool_name, "size_bytes": blob.size_bytes,
-                     "tokens": counts[blob.seq - stored[0].seq]})
-    bus.publish(actor.session_id, "message.appended",
-                {"branch_id": params.branch_id, "first_seq": stored[0].seq,
-                 "last_seq": stored[-1].seq, "count": len(stored),
-                 "tokens": tokens_appended, "main_thread_tokens": state.main_thread_tokens})
+    if not staged:
+        for kind, data in events:
+            bus.publish(actor.session_id, kind, data)
     if state.health != health_before:
         bus.publish(actor.session_id, "context.health",
                     {"from": health_before, "to": state.health, "usage": state.usage})
@@ -404,7 +409,9 @@ async def append_prepared(actor: SessionActor, params: MessageAppendParams,
                                   and isinstance(m.content, str) else None)
                   for m in stored],
         tokens_appended=tokens_appended, forced_returns=forced,
-        context_state=actor.context_state(), compactions=compactions)
+        # On the main thread, unchanged since `state` unless a compaction ran.
+        context_state=state if branch is None and done is None and actor.record is updated
+        else actor.context_state(), compactions=compactions)
 
 
 async def list_messages(actor: SessionActor, params: MessageListParams) -> MessageListResult:

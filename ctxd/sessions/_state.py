@@ -11,6 +11,7 @@ from ctxd.tokens import REPLY_PRIMING
 from ctxd.wire.types import (
     COMPONENTS,
     HEALTH_ORDER,
+    Branch,
     Budget,
     BudgetParams,
     Component,
@@ -80,6 +81,17 @@ class SessionRecord:
     compacted_at: float | None = None
     """When a compaction last shrank a thread of the session."""
 
+    def appended(self, count: int, now: float) -> SessionRecord:
+        """The record once ``count`` messages are appended at ``now``: seq and time moved
+        on, with component tokens of its own for the caller to add to. (A copy without
+        `dataclasses.replace`, which inspects the fields on every call: one per append.)"""
+        record = object.__new__(SessionRecord)
+        record.__dict__.update(self.__dict__)
+        record.last_seq = self.last_seq + count
+        record.updated_at = now
+        record.component_tokens = dict(self.component_tokens)
+        return record
+
     @property
     def auto_compact_paused(self) -> bool:
         return self.compact_failures >= COMPACT_BREAKER
@@ -96,25 +108,38 @@ class SessionRecord:
     def usage_of(self, tokens: int) -> float:
         return tokens / self.budget.effective_window
 
-    def context_state(self, branches: Branches | None = None) -> ContextState:
-        """Where the context stands; ``usage`` and ``health`` are those of the active
-        thread (the active branch's rendered context, else the main thread), and a branch
-        past its budget warning is at least ``caution``."""
-        main = self.main_thread_tokens
-        branch = None if branches is None else branches.active
-        used = main if branch is None else rendered_tokens(branch) + REPLY_PRIMING
+    def _active(self, branches: Branches | None, main_messages: int
+                ) -> tuple[Branch | None, float, Health]:
+        """The active thread (a branch, or None for the main thread), its usage and its
+        health (a branch past its budget warning is at least ``caution``)."""
+        branch = None if branches is None or not branches.live else branches.active
+        if branch is None:
+            used = thread_tokens(main_messages, self.message_count)
+        else:
+            used = rendered_tokens(branch) + REPLY_PRIMING
         usage = self.usage_of(used)
         health = self.budget.health(usage)
         if branch is not None and branch.budget_warned:
             health = worse_health(health, "caution")
+        return branch, usage, health
+
+    def health(self, branches: Branches | None = None) -> Health:
+        """The ``health`` of `context_state`, alone."""
+        return self._active(branches, self.main_message_tokens)[2]
+
+    def context_state(self, branches: Branches | None = None) -> ContextState:
+        """Where the context stands; ``usage`` and ``health`` are those of the active
+        thread (the active branch's rendered context, else the main thread), and a branch
+        past its budget warning is at least ``caution``."""
+        main_messages = self.main_message_tokens
+        branch, usage, health = self._active(branches, main_messages)
         return ContextState(
             session_id=self.session_id,
             active_branch_id=None if branch is None else branch.branch_id,
             branch_depth=0 if branch is None else branch.depth,
-            branch_path=[] if branches is None else branches.path(branch),
-            total_tokens=self.main_message_tokens + (
-                0 if branches is None else branches.budget_used),
-            main_thread_tokens=main,
+            branch_path=[] if branches is None or branch is None else branches.path(branch),
+            total_tokens=main_messages + (0 if branches is None else branches.budget_used),
+            main_thread_tokens=thread_tokens(main_messages, self.message_count),
             current_branch_tokens=0 if branch is None else branch.budget_used,
             current_branch_budget=0 if branch is None else branch.budget,
             folded_tokens=self.folded_tokens, effective_window=self.budget.effective_window,

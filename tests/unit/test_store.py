@@ -7,7 +7,7 @@ import pytest
 import trio
 
 from ctxd.errors import CtxdError, ErrorCode
-from ctxd.store import DatabaseError, Store, migrate, scalar_int, schema_version
+from ctxd.store import DatabaseError, Store, Transaction, migrate, scalar_int, schema_version
 from ctxd.store.migrations import load_all
 
 LATEST = len(load_all())
@@ -104,6 +104,32 @@ async def test_a_full_database_is_a_storage_error_and_rolls_back(tmp_path: Path)
     # Nothing of the failed transaction is left behind.
     assert await store.read(scalar_int, "SELECT count(*) FROM sessions") == 0
     assert await store.read(scalar_int, "SELECT count(*) FROM messages") == 0
+    store.close()
+
+
+async def test_a_transaction_s_after_steps_learn_whether_it_committed(tmp_path: Path) -> None:
+    store = Store(tmp_path / "ctxd.db")
+    store.open()
+    seen: list[bool] = []
+
+    def insert(conn: apsw.Connection, session_id: str) -> None:
+        conn.execute("INSERT INTO sessions (id, state, context_window, max_output_tokens, "
+                     "compact_trigger, hard_block, warn, caution, created_at, updated_at) "
+                     "VALUES (?, 'open', 1000, 10, .95, .98, .7, .8, 0, 0)", (session_id,))
+
+    committed = Transaction()
+    committed.add(insert, "a")
+    committed.after(lambda: seen.append(committed.committed))
+    await store.commit(committed)
+
+    rolled_back = Transaction()
+    rolled_back.add(insert, "b")
+    rolled_back.add(insert, "a")  # the primary key: the whole transaction rolls back
+    rolled_back.after(lambda: seen.append(rolled_back.committed))
+    with pytest.raises(apsw.ConstraintError):
+        await store.commit(rolled_back)
+    assert seen == [True, False]
+    assert await store.read(scalar_int, "SELECT count(*) FROM sessions") == 1
     store.close()
 
 

@@ -3,16 +3,19 @@
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 import trio
 import trio.testing
-from tests_support import running_supervisor
+from tests_support import COUNTER, running_supervisor
 
 from ctxd.config import Config
 from ctxd.errors import CtxdError, ErrorCode
+from ctxd.hub import EventBus
 from ctxd.sessions import SessionActor, Supervisor
 from ctxd.sessions import _session_ops as session_ops
 from ctxd.sessions._actor import MAILBOX_SIZE
+from ctxd.store import Store
 from ctxd.wire.types import (
     MessageAppendParams,
     MessageIn,
@@ -139,3 +142,35 @@ async def test_a_shared_operation_whose_caller_left_while_the_mailbox_was_full_i
         with trio.fail_after(60):  # virtual time: a wait that never ends fails at once
             await answered.wait()
     assert shared == [("own", False)]  # queued after all, and run
+
+
+async def test_an_append_s_events_are_written_with_it(tmp_path: Path) -> None:
+    """message.append writes its events in its own transaction: they are in the table and
+    sent when it is answered (docs/decisions.md, Events), in the order published."""
+    store = Store(tmp_path / "ctxd.db")
+    store.open()
+    try:
+        bus = EventBus(store=store)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(bus.run)
+            supervisor = await nursery.start(Supervisor(store, COUNTER, bus, Config()).run)
+            watcher = bus.subscribe(since_seq=0)
+            await supervisor.call("s1", open_op("s1"))
+            assert (await watcher.receive()).type == "session.opened"  # the bus's writer
+            seen = bus.subscribe(session_id="s1")
+            result = await supervisor.call(
+                "s1", lambda a: session_ops.append(a, append("s1", "hello world", "hello")))
+            rows = await store.read(lambda conn: conn.execute(
+                "SELECT seq, type, data FROM events ORDER BY seq").fetchall())
+            assert [(seq, type) for seq, type, _ in rows] == [
+                (1, "session.opened"), (2, "message.appended")]
+            assert bus.seq == 2
+            event = seen._receive.receive_nowait()
+            assert (event.seq, event.type) == (2, "message.appended")
+            assert event.data == msgspec.json.decode(rows[1][2]) == {
+                "branch_id": None, "first_seq": 1, "last_seq": 2, "count": 2,
+                "tokens": result.tokens_appended,
+                "main_thread_tokens": result.context_state.main_thread_tokens}
+            nursery.cancel_scope.cancel()
+    finally:
+        store.close()
