@@ -23,8 +23,8 @@ from daemon_process import DaemonProcess  # noqa: E402
 
 @contextlib.contextmanager
 def checkout(ref: str) -> Iterator[Path]:
-    """The files of ``ref`` (``git archive``), removed afterwards. A daemon started there
-    with this tree's interpreter (``python -m ctxd`` from that folder) runs that code.
+    """The files of ``ref`` (``git archive``), removed afterwards. A daemon given them as
+    its code (``DaemonProcess(code=…)``) runs that revision with this tree's interpreter.
 
     Raises:
         subprocess.CalledProcessError: ``ref`` is not a revision of this repository.
@@ -87,10 +87,10 @@ def start_daemons(stack: contextlib.ExitStack, baseline: str,
     on its own temporary socket and data directory, stopped when ``stack`` closes."""
     base_tree = stack.enter_context(checkout(baseline))
     daemons = {}
-    for label, cwd in ((baseline, base_tree), ("this tree", REPO_ROOT)):
+    for label, code in ((baseline, base_tree), ("this tree", REPO_ROOT)):
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ctxd-b")))
-        daemon = DaemonProcess(root, env=env)
-        daemon.start(cwd=cwd)
+        daemon = DaemonProcess(root, env=env, code=code)
+        daemon.start()
         stack.callback(daemon.stop)
         daemons[label] = daemon
     return daemons

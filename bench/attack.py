@@ -729,13 +729,10 @@ def run_attack(attack: Attack, checkout: Path, root: Path) -> Outcome:
         assert attack.nofile is not None
         resource.setrlimit(resource.RLIMIT_NOFILE, (attack.nofile, attack.nofile))
 
-    daemon = DaemonProcess(root / attack.name, name="ctxd",
+    daemon = DaemonProcess(root / attack.name, name="ctxd", code=checkout,
                            extra_args=["--max-request-bytes", str(MAX_REQUEST_BYTES)])
     (root / attack.name).mkdir(parents=True)
-    popen: dict[str, Any] = {"cwd": checkout}
-    if attack.nofile is not None:
-        popen["preexec_fn"] = low_nofile
-    daemon.start(**popen)
+    daemon.start(before_exec=low_nofile if attack.nofile is not None else None)
     target = Target(daemon)
     try:
         attack.setup(target)

@@ -69,9 +69,8 @@ from rpc import (
     run_and_report,
 )
 
-from ctxd.memory import HashingEmbedder, fuse
+from ctxd.memory import HashingEmbedder, feature_bucket, fuse
 from ctxd.memory import stem as light_stem
-from ctxd.memory._embedders import _bucket
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DIR = REPO_ROOT.parent / "shared" / "bench-data" / "locomo" / "dev"
@@ -179,10 +178,11 @@ def load(folder: Path) -> list[Conversation]:
 @contextlib.contextmanager
 def running(root: Path, data_dir: Path, label: str, python: str,
             settings: dict[str, str]) -> Iterator[tuple[DaemonProcess, Caller]]:
-    """A daemon on ``data_dir`` with ``--memory-<key> value`` flags, stopped on exit."""
+    """A daemon of this tree on ``data_dir`` with ``--memory-<key> value`` flags, run by
+    ``python`` (which need not have ctxd installed), stopped on exit."""
     flags = [arg for key, value in settings.items() for arg in (f"--memory-{key}", value)]
     daemon = DaemonProcess(root, flags, name=label, data=data_dir, python=python,
-                           start_timeout=START_TIMEOUT_S)
+                           code=REPO_ROOT, start_timeout=START_TIMEOUT_S)
     with daemon.running(), contextlib.closing(RawClient(daemon.socket)) as client:
         yield daemon, Caller(client)
 
@@ -467,7 +467,7 @@ class Variant:
         return features
 
 
-bucket = functools.cache(_bucket)
+bucket = functools.cache(feature_bucket)
 """The daemon's hashing of a feature into a dimension and a sign, remembered."""
 
 

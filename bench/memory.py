@@ -101,10 +101,16 @@ from rpc import (
     verdict,
 )
 
-from ctxd.memory import HashingEmbedder
-from ctxd.memory import _queries as queries
-from ctxd.memory._build import CODES, REGROW, lists_for
-from ctxd.memory._lexical import LOAD_CHUNK, LexicalIndex
+from ctxd.memory import (
+    CODES,
+    LOAD_CHUNK,
+    REGROW,
+    HashingEmbedder,
+    LexicalIndex,
+    by_ids,
+    lexical,
+    lists_for,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SEARCH_P99_TARGET_S = 0.005
@@ -554,11 +560,11 @@ def breakdown(report: Report, data_dir: Path, flat: Path, ivf: Path | None,
     for label, leg in (("FTS5 bm25()", fts5), ("in-memory mirror", mirror)):
         lexical_pairs = itertools.cycle(zip(sample, scopes, strict=True))
         row(f"lexical leg, {label}: 50 best of a 4-10-word query, project scope",
-            _best_of(lambda p=lexical_pairs, m=leg: queries.lexical(
+            _best_of(lambda p=lexical_pairs, m=leg: lexical(
                 conn, m, *next(p), 0.0, LEG_CANDIDATES), 200))
         long_iter = itertools.cycle(long_queries)
         row(f"lexical leg, {label}: 50 best of a description + 1 KB prompt",
-            _best_of(lambda i=long_iter, m=leg: queries.lexical(conn, m, next(i), scopes[0],
+            _best_of(lambda i=long_iter, m=leg: lexical(conn, m, next(i), scopes[0],
                                                                 0.0, LEG_CANDIDATES), 30))
     # The mirror keeps its terms' BM25 parts until a memory is added or removed (which
     # moves its version on): the first queries after that compute them again.
@@ -566,13 +572,13 @@ def breakdown(report: Report, data_dir: Path, flat: Path, ivf: Path | None,
 
     def after_a_change() -> object:
         mirror.version += 1
-        return queries.lexical(conn, mirror, next(long_iter), scopes[0], 0.0, LEG_CANDIDATES)
+        return lexical(conn, mirror, next(long_iter), scopes[0], 0.0, LEG_CANDIDATES)
 
     row("  the same, its words' BM25 parts computed afresh (after a memory was added or "
         "removed)", _best_of(after_a_change, 30))
     overlap = statistics.mean(
-        len({i for i, _ in queries.lexical(conn, mirror, text, scopes[0], 0.0, 10).hits}
-            & {i for i, _ in queries.lexical(conn, fts5, text, scopes[0], 0.0, 10).hits}) / 10
+        len({i for i, _ in lexical(conn, mirror, text, scopes[0], 0.0, 10).hits}
+            & {i for i, _ in lexical(conn, fts5, text, scopes[0], 0.0, 10).hits}) / 10
         for text in long_queries[:20])
     rows.append(("  the mirror's 10 best of a long query among FTS5's 10 best "
                  "(it may leave common words out)", f"{overlap:.0%}", ""))
@@ -583,7 +589,7 @@ def breakdown(report: Report, data_dir: Path, flat: Path, ivf: Path | None,
         id_lists.append([int(i) for i in found if i >= 0])
     lists = itertools.cycle(id_lists)
     row("SQLite read of the 5 results", _best_of(
-        lambda: queries.by_ids(conn, next(lists)), 200))
+        lambda: by_ids(conn, next(lists)), 200))
     conn.close()
     report.breakdown = rows
 

@@ -1,5 +1,5 @@
 """Replay: context saved (docs/performance.md). Each transcript replayed turn by turn into
-a private ctxd with its default hygiene (clients/ctxclient/_replay.py), at ctxd's default
+a private ctxd with its default hygiene (``ctxctl replay --json``), at ctxd's default
 window and at a 32,000-token window; the baseline, in the same run, is the raw thread
 (the same transcript imported with hygiene off). Targets at 32k: peak rendered context
 ≤ 15 % of the raw peak, key facts kept ≥ 90 %, every removed byte retrievable. The floor
@@ -13,8 +13,12 @@ there (min(raw peak, trigger) / raw peak).
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TRANSCRIPTS = REPO_ROOT.parent / "shared" / "bench-data" / "transcripts"
@@ -22,11 +26,22 @@ WINDOWS = (None, 32_000)
 SMALL = 32_000
 TARGET_SHARE = 0.15
 TARGET_FACTS = 0.90
+CTXCTL = str(Path(sys.executable).parent / "ctxctl")
+
+
+def replay(path: Path, window: int | None) -> Any:
+    """``ctxctl replay --json``'s report, its fields as attributes (the facts missed too).
+
+    Raises:
+        subprocess.CalledProcessError: the replay failed (its stderr was shown).
+    """
+    flags = [] if window is None else ["--window", str(window)]
+    done = subprocess.run([CTXCTL, "replay", str(path), "--json", *flags], check=True,
+                          stdout=subprocess.PIPE, text=True)
+    return json.loads(done.stdout, object_hook=lambda fields: SimpleNamespace(**fields))
 
 
 def main() -> int:
-    from ctxclient._replay import interruptible, replay
-
     cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cli.add_argument("files", nargs="*", type=Path,
                      help="transcripts (default: the shared Claude Code sessions)")
@@ -42,8 +57,7 @@ def main() -> int:
               f"{'reduction':>9} {'floor':>6} {'facts':>7} {'kept':>6} {'retrievable':>11} "
               f"{'offloaded':>9} {'compacted':>9}")
         for window in WINDOWS:
-            with interruptible():  # killed, its private daemons stop too
-                report = replay(path, window)
+            report = replay(path, window)  # killed, ctxctl stops its private daemons
             share = report.peak_tokens / report.raw_peak_tokens
             print(f"  {report.window:>8,} {report.turns:>5} {report.raw_peak_tokens:>9,} "
                   f"{report.peak_tokens:>9,} {share:>6.1%} {report.reduction:>9.1%} "

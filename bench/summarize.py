@@ -22,8 +22,7 @@ import trio
 from _common import timed
 
 from ctxd.config import HygieneConfig
-from ctxd.hygiene import make_summarizer
-from ctxd.hygiene._summarize import extract_summary
+from ctxd.hygiene import extract_summary, make_summarizer
 from ctxd.tokens import TokenCounter
 from ctxd.wire.types import RenderedMessage
 

@@ -1,24 +1,38 @@
-"""DaemonProcess: a ctxd started with ``python -m ctxd`` on a private socket and data
-directory, for the end-to-end tests and for the benchmarks (which add this folder to their
-import path)."""
+"""DaemonProcess: a ctxd started by ``ctxclient.spawn_daemon`` (``python -P -m ctxd``) on a
+private socket and data directory, for the end-to-end tests and for the benchmarks (which
+add this folder to their import path)."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ctxclient import Client, DaemonUnavailable
+from ctxclient import Client, DaemonUnavailable, daemon_command, private_environment, spawn_daemon
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0
+
+
+def entry_with(constants: Mapping[str, object]) -> list[str]:
+    """The entry (`DaemonProcess.entry`) of a ctxd whose module constants, named
+    ``module.NAME``, are set before it runs: a test's daemon that waits less than a user's
+    where the test would otherwise sit out the whole wait (the same code runs). A constant
+    that is not there (moved, renamed) stops the daemon with AttributeError."""
+    lines = ["import importlib, runpy"]
+    for dotted, value in constants.items():
+        module, name = dotted.rsplit(".", 1)
+        lines.append(f"module = importlib.import_module({module!r})")
+        lines.append(f"getattr(module, {name!r})")
+        lines.append(f"setattr(module, {name!r}, {value!r})")
+    lines.append('runpy.run_module("ctxd", run_name="__main__", alter_sys=True)')
+    return ["-c", "\n".join(lines)]
 
 
 class DaemonFailed(Exception):
@@ -28,8 +42,8 @@ class DaemonFailed(Exception):
 
 @dataclass
 class DaemonProcess:
-    """A ctxd started with ``python -m ctxd`` (from the repository's folder, so that it runs
-    this tree's code).
+    """A ctxd started with ``python -P -m ctxd``: the installed package (this tree, in the
+    development install), or the tree named by ``code``; never one where it stands.
 
     Its socket is ``<root>/run/<name>.sock``, its log ``<root>/<name>.log`` and its
     configuration folder ``<root>/config``: daemons that share a root differ by name.
@@ -46,6 +60,8 @@ class DaemonProcess:
     """Where cProfile writes the daemon's profile (default: not profiled)."""
     entry: list[str] = field(default_factory=lambda: ["-m", "ctxd"])
     """What runs the daemon after the interpreter: ``-m ctxd``, or a script that wraps it."""
+    code: Path | None = None
+    """Another source tree whose ctxd runs (a benchmark's baseline checkout)."""
     start_timeout: float = START_TIMEOUT_S
     proc: subprocess.Popen[bytes] | None = None
 
@@ -61,29 +77,36 @@ class DaemonProcess:
     def log_path(self) -> Path:
         return self.root / f"{self.name}.log"
 
-    def command(self) -> list[str]:
+    def arguments(self) -> list[str]:
+        """ctxd's own arguments (its socket, data directory and ``extra_args``)."""
+        return ["--socket", str(self.socket), "--data-dir", str(self.data_dir),
+                *self.extra_args]
+
+    def entry_point(self) -> list[str]:
         profiler = [] if self.profile is None else [
             "-m", "cProfile", "-o", str(self.profile.resolve())]
-        return [self.python, *profiler, *self.entry, "--socket", str(self.socket),
-                "--data-dir", str(self.data_dir), *self.extra_args]
+        return [*profiler, *self.entry]
+
+    def command(self) -> list[str]:
+        """The command line `start` runs (to run it otherwise: in the foreground, under
+        another process), in `environment`."""
+        return daemon_command(self.arguments(), python=self.python, entry=self.entry_point())
 
     def environment(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("CTXD_", "NOTIFY_SOCKET", "LISTEN_", "WATCHDOG_"))}
-        env["XDG_CONFIG_HOME"] = str(self.root / "config")
-        env.update(self.env)
-        return env
+        return private_environment({"XDG_CONFIG_HOME": str(self.root / "config"), **self.env})
 
-    def start(self, wait: bool = True, **popen: object) -> DaemonProcess:
-        """Start it and (with ``wait``) wait until it answers a ping.
+    def start(self, wait: bool = True, *, cwd: Path | None = None,
+              pass_fds: tuple[int, ...] = (),
+              before_exec: Callable[[], object] | None = None) -> DaemonProcess:
+        """Start it (standing in ``cwd``; see `ctxclient.spawn_daemon`) and (with ``wait``)
+        wait until it answers a ping.
 
         Raises:
             DaemonFailed: it exited, or did not answer within ``start_timeout``.
         """
-        options: dict[str, object] = {"stdin": subprocess.DEVNULL, "cwd": REPO_ROOT, **popen}
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=log,
-                                         env=self.environment(), **options)  # type: ignore[call-overload]
+        self.proc = spawn_daemon(self.arguments(), log=self.log_path, env=self.environment(),
+                                 python=self.python, entry=self.entry_point(), code=self.code,
+                                 cwd=cwd, pass_fds=pass_fds, before_exec=before_exec)
         if wait:
             self.wait_ready()
         return self

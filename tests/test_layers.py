@@ -1,7 +1,9 @@
 """Who may import whom (docs/architecture.md, "Layers"): read from the import statements.
 
 A module of ctxd imports only packages of a lower layer (or its own package), never a
-private ``_module`` of another package, and no two packages import each other.
+private ``_module`` of another package, and no two packages import each other. The
+clients take only the protocol and paths of ctxd; the benchmarks only public names of
+ctxd and ctxclient.
 """
 
 from __future__ import annotations
@@ -50,16 +52,16 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> Iterator[tuple[int, str]]:
-    """(line, imported dotted name) of every import of ctxd in a file; ``from a import b``
-    yields ``a.b`` (b may be a module)."""
+def _imports(path: Path, packages: tuple[str, ...] = ("ctxd",)) -> Iterator[tuple[int, str]]:
+    """(line, imported dotted name) of every import of ``packages`` in a file; ``from a
+    import b`` yields ``a.b`` (b may be a module)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     package = _module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" \
         else _module_name(path)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name.split(".")[0] == "ctxd":
+                if alias.name.split(".")[0] in packages:
                     yield node.lineno, alias.name
         elif isinstance(node, ast.ImportFrom):
             if node.level:
@@ -68,7 +70,7 @@ def _imports(path: Path) -> Iterator[tuple[int, str]]:
                 module = ".".join([*base, node.module] if node.module else base)
             else:
                 module = node.module or ""
-            if module.split(".")[0] != "ctxd":
+            if module.split(".")[0] not in packages:
                 continue
             for alias in node.names:
                 yield node.lineno, f"{module}.{alias.name}"
@@ -164,3 +166,27 @@ def test_the_clients_import_only_the_protocol_and_paths_of_ctxd() -> None:
              if not any(name == allowed or name.startswith(f"{allowed}.")
                         for allowed in CLIENT_MAY_IMPORT)}
     assert sorted(taken) == []
+
+
+def _private(name: str) -> bool:
+    """A dotted name through a ``_private`` module or to a ``_private`` name."""
+    return any(part.startswith("_") and not part.startswith("__") for part in name.split("."))
+
+
+def test_the_benchmarks_import_only_public_names() -> None:
+    """bench/ measures ctxd from outside: what it needs is exported (``__all__``), so a
+    refactoring of a private module cannot silently break a benchmark."""
+    private = [f"{_where(path, line)}: {name}"
+               for path in sorted((ROOT / "bench").rglob("*.py"))
+               for line, name in _imports(path, ("ctxd", "ctxclient"))
+               if _private(name)]
+    assert private == []
+
+
+@pytest.mark.parametrize(("name", "private"), [
+    ("ctxd.memory.lexical", False), ("ctxd.memory._queries", True),
+    ("ctxd.memory._embedders.stem", True), ("ctxd.memory.feature_bucket", False),
+    ("ctxd.__version__", False), ("ctxclient._replay.replay", True),
+])
+def test_a_private_name_is_told_apart(name: str, private: bool) -> None:
+    assert _private(name) is private

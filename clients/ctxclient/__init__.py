@@ -1,4 +1,5 @@
-"""ctxclient: the Python client of ctxd (blocking `Client`, trio `connect`) and `ctxctl`.
+"""ctxclient: the Python client of ctxd (blocking `Client`, trio `connect`), `ctxctl`, and
+`spawn_daemon`, the one way to start a ctxd process.
 
 It imports nothing of the daemon but its wire types, error codes and default paths, so a
 client does not load the tokenizer or the store.
@@ -34,15 +35,18 @@ if TYPE_CHECKING:
         Timeout,
         UntrustedSocket,
     )
+    from ctxclient._spawn import daemon_command, private_environment, spawn_daemon
     from ctxclient._sync import Client
 
 __all__ = ["ERRORS", "AsyncClient", "BadSocketPath", "BudgetExhausted", "Cancelled", "Client",
            "ContextLimitExceeded", "CtxdClientError", "DaemonUnavailable", "InternalError",
            "InvalidParams", "InvalidRequest", "InvalidState", "LimitReached", "MethodNotFound",
            "NotFound", "Overloaded", "ParseError", "RpcError", "StorageError", "Timeout",
-           "UntrustedSocket", "connect"]
+           "UntrustedSocket", "connect", "daemon_command", "private_environment",
+           "spawn_daemon"]
 
-_HOMES = {"AsyncClient": "_async", "connect": "_async", "Client": "_sync"}
+_HOMES = {"AsyncClient": "_async", "connect": "_async", "Client": "_sync",
+          "daemon_command": "_spawn", "private_environment": "_spawn", "spawn_daemon": "_spawn"}
 
 
 def __getattr__(name: str) -> Any:

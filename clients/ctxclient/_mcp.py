@@ -9,7 +9,6 @@ import errno
 import os
 import select
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -20,6 +19,7 @@ import msgspec
 
 from ctxclient._codec import encode
 from ctxclient._errors import CtxdClientError
+from ctxclient._spawn import spawn_daemon
 from ctxd.errors import ErrorCode
 from ctxd.paths import UntrustedSocket, check_peer, check_socket_directory, default_socket_path
 
@@ -95,12 +95,8 @@ def start_daemon(path: str, explicit: bool, environ: Mapping[str, str]) -> socke
     """
     log_path = _log_path(environ)
     log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "ctxd", *(["--socket", path] if explicit else [])]
     print(f"ctxctl mcp: no daemon on {path}; starting ctxd (log: {log_path})", file=sys.stderr)
-    with log_path.open("ab") as log:
-        os.chmod(log_path, 0o600)
-        daemon = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                  start_new_session=True, close_fds=True)
+    daemon = spawn_daemon(["--socket", path] if explicit else [], log=log_path, detach=True)
     deadline = time.monotonic() + START_WAIT_S
     while time.monotonic() < deadline:
         sock = _connect(path)

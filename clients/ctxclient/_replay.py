@@ -20,7 +20,6 @@ import contextlib
 import importlib.util
 import json
 import math
-import os
 import re
 import shutil
 import signal
@@ -36,13 +35,13 @@ from typing import Any
 
 from ctxclient._errors import DaemonUnavailable
 from ctxclient._output import Column, Listing, Output, cell
+from ctxclient._spawn import private_environment, spawn_daemon
 from ctxclient._sync import Client
 
 FORMATS = ("claude-code", "opencode")
 START_WAIT_S = 30.0
 STOP_WAIT_S = 20.0
 """A private daemon asked to stop is killed after this long."""
-PR_SET_PDEATHSIG = 1
 INTERRUPTED = 130
 """``ctxctl replay``'s exit code when interrupted (SIGINT, SIGTERM, SIGHUP)."""
 LAST_TURNS = 20
@@ -238,15 +237,6 @@ def load(path: Path, fmt: str | None = None) -> Transcript:
 
 # ---- the private daemons -------------------------------------------------------------
 
-def _die_with_parent() -> None:
-    """In the daemon's child, before exec: SIGTERM when the replay's process dies, even of
-    SIGKILL (Linux's PR_SET_PDEATHSIG), since its own session keeps it from the terminal's
-    signals."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 class PrivateDaemon:
     """A ctxd of its own: socket, data directory and configuration under ``root``."""
 
@@ -256,17 +246,14 @@ class PrivateDaemon:
         self.log = root / f"{name}.log"
         config_path = root / f"{name}.toml"
         config_path.write_text(config)
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("CTXD_", "NOTIFY_SOCKET", "LISTEN_", "WATCHDOG_"))}
-        env["XDG_CONFIG_HOME"] = str(root / "config")
-        env["XDG_STATE_HOME"] = str(root / "state")
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ctxd", "--socket", str(self.socket), "--data-dir",
-                 str(root / f"{name}-data"), "--config", str(config_path)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-                start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        env = private_environment({"XDG_CONFIG_HOME": str(root / "config"),
+                                   "XDG_STATE_HOME": str(root / "state")})
+        # Its own session keeps it from the terminal's signals: the replay stops it
+        # (`stop_all`), or its death does.
+        self.proc = spawn_daemon(
+            ["--socket", str(self.socket), "--data-dir", str(root / f"{name}-data"),
+             "--config", str(config_path)],
+            log=self.log, env=env, detach=True, die_with_parent=True)
 
     def connect(self) -> Client:
         """A client once the daemon answers.

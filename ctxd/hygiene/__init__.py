@@ -48,7 +48,7 @@ from ctxd.hygiene._prompt import build as build_prompt
 from ctxd.hygiene._prompt import check_params as check_prompt_params
 from ctxd.hygiene._prompt import session_sections
 from ctxd.hygiene._snapshots import Snapshot, drop_snapshot_after, load_snapshot, save_snapshot
-from ctxd.hygiene._summarize import Summarizer, SummarizerError, make_summarizer
+from ctxd.hygiene._summarize import Summarizer, SummarizerError, extract_summary, make_summarizer
 from ctxd.hygiene._tools import (
     SessionTool,
     called_tools,
@@ -93,6 +93,7 @@ __all__ = [
     "defer",
     "deferred_note",
     "drop_snapshot_after",
+    "extract_summary",
     "fork",
     "grep",
     "input_clear_candidates",

@@ -91,7 +91,8 @@ def stem(word: str) -> str:
     return word
 
 
-def _bucket(feature: str, dim: int) -> tuple[int, float]:
+def feature_bucket(feature: str, dim: int) -> tuple[int, float]:
+    """Where feature hashing puts ``feature`` among ``dim`` dimensions, and its sign."""
     digest = int.from_bytes(hashlib.blake2b(feature.encode(), digest_size=8).digest(), "little")
     return digest % dim, (1.0 if digest >> 63 else -1.0)
 
@@ -145,7 +146,7 @@ class HashingEmbedder:
             for feature, count in features.items():
                 bucket = buckets.get(feature)
                 if bucket is None:
-                    bucket = buckets[feature] = _bucket(feature, self._dim)
+                    bucket = buckets[feature] = feature_bucket(feature, self._dim)
                 places.append(bucket[0])
                 values.append(bucket[1] * (1.0 + math.log(count)))
             # Added one after another in 32 bits, as element by element (the same vector

@@ -211,6 +211,10 @@ class StoreStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """Transactions committed since the store was opened."""
     jobs_running: int
     """Jobs submitted and not finished (queued or running in the store's thread)."""
+    checkpoints: int
+    """Checkpoints `Store.keep_wal_small` has finished (copied back what it could)."""
+    checkpointing: bool
+    """Whether one is running now."""
 
 
 class Transaction:
@@ -290,6 +294,8 @@ class Store:
         self._jobs_running = 0
         self._last_job_at = 0.0
         """When the last job was submitted or finished (trio's clock)."""
+        self._checkpoints = 0
+        self._checkpointing = False
 
     def open(self, check: bool = True) -> None:
         """Open (creating if needed), check and migrate; blocking, called once at start-up.
@@ -507,10 +513,14 @@ class Store:
                 else:
                     continue
                 self._pages_checkpointed = self._pages_written
+                self._checkpointing = True
                 try:
                     copied = await trio.to_thread.run_sync(_checkpoint, checkpointer, mode)
                 except apsw.BusyError:
                     continue  # the writer kept the lock past the busy timeout: next tick
+                finally:
+                    self._checkpointing = False
+                self._checkpoints += 1
                 overtaken = not quiet and copied < self._wal_pages
         finally:
             checkpointer.close()
@@ -562,7 +572,9 @@ class Store:
         conn.execute(f"PRAGMA max_page_count = {pages:d}")
 
     def statistics(self) -> StoreStatistics:
-        return StoreStatistics(commits=self._commits, jobs_running=self._jobs_running)
+        return StoreStatistics(commits=self._commits, jobs_running=self._jobs_running,
+                               checkpoints=self._checkpoints,
+                               checkpointing=self._checkpointing)
 
     def size_bytes(self) -> int:
         """The database file plus its WAL, in bytes."""

@@ -15,6 +15,7 @@ import apsw
 import pytest
 from chat_server import ChatServer
 from conftest import DaemonProcess, kill_leftovers, short_root
+from daemon_process import entry_with
 from tests_support import COUNTER, next_event, rpc_error
 
 from ctxclient import Client
@@ -502,8 +503,9 @@ def test_clearing_clears_old_tool_calls_large_inputs(manual_daemon: DaemonProces
             assert rendered[index + 1]["tool_call_id"] == message["content"][1]["id"]
 
 
-WORKER_THREAD_IDLE_S = 10.0
-"""How long one of trio's cached worker threads waits for work before it ends."""
+WORKER_THREAD_IDLE_S = 0.5
+"""How long one of trio's cached worker threads waits for work before it ends, in the
+daemon of the test below (10 s in trio: waiting for that took the test 11 s)."""
 HELD_SUMMARIZER = """
 import os, pathlib, sys, time
 root = pathlib.Path(sys.argv[1])
@@ -533,6 +535,7 @@ def test_the_command_summarizer_dies_with_a_killed_daemon(daemon_root: Path, sid
     process = summarizing_daemon(
         daemon_root, "--hygiene-summarizer", "command", "--hygiene-summarizer-command",
         f"{sys.executable} {script} {daemon_root}", "--hygiene-summarizer-timeout-s", "600")
+    process.entry = entry_with({"trio._core._thread_cache.IDLE_TIMEOUT": WORKER_THREAD_IDLE_S})
     process.start()
     try:
         with process.client() as client:
@@ -549,7 +552,7 @@ def test_the_command_summarizer_dies_with_a_killed_daemon(daemon_root: Path, sid
             # The parent-death signal follows the thread that forked: a summarizer forked
             # by a worker thread of trio's cache was killed once that thread fell idle. A
             # real wait on purpose: that idle time is trio's, in another process, and no
-            # clock of the test's can stand in for it.
+            # clock of the test's can stand in for it (the daemon's is made short).
             time.sleep(WORKER_THREAD_IDLE_S + 1)
             assert running(pid)
             process.kill()

@@ -13,6 +13,7 @@ from typing import Any
 import faiss
 import pytest
 from conftest import DaemonProcess
+from daemon_process import entry_with
 from tests_support import LESSONS, search
 from unit.test_embedders import HAS_SENTENCE_TRANSFORMERS, NEEDS_SEMANTIC, EmbeddingServer
 
@@ -102,7 +103,7 @@ def indexed_lessons(daemon_root: Path) -> Iterator[tuple[EmbeddingServer, Client
 def test_a_search_during_a_rebuild_answers_lexically_without_waiting_for_it(
         daemon_root: Path) -> None:
     with indexed_lessons(daemon_root) as (server, client, other):
-        server.delay_s = 5.0  # the rebuild's embedding request waits
+        server.hold()  # the rebuild's embedding request waits
         rebuild = threading.Thread(target=other.call, args=("memory.reindex", {}))
         rebuild.start()
         wait_index(client, "rebuilding")
@@ -112,23 +113,24 @@ def test_a_search_during_a_rebuild_answers_lexically_without_waiting_for_it(
         assert ([r["id"] for r in found["results"]], found["legs_used"], found["note"]) == (
             [3], ["lexical"],
             "dense leg unavailable (the dense index is being rebuilt); lexical results only")
-        server.delay_s = 0.0
+        server.release()
         rebuild.join()
         assert wait_index(client, "ready")["vectors"] == 3
 
 
 def test_a_search_does_not_wait_for_the_index_to_add_a_memory(daemon_root: Path) -> None:
     with indexed_lessons(daemon_root) as (server, client, other):
-        server.delay_s, server.delay_when = 5.0, "slow"
+        server.hold("slow")
         recording = threading.Thread(target=other.call, args=(
             "memory.record", {"title": "slow", "content": "a lesson"}))
         recording.start()
-        while not any("slow" in text for r in server.requests[4:] for text in r.body["input"]):
-            time.sleep(0.01)  # the index is adding it: its embedding waits
+        until(lambda: any("slow" in text for r in server.requests[4:]
+                          for text in r.body["input"]))  # the index is adding it: held
         found = search(client, "coffee machine floor", mode="dense", k=1)
         # Answered from the index while the memory is still being added.
         assert recording.is_alive()
         assert ([r["id"] for r in found["results"]], found["legs_used"]) == ([3], ["dense"])
+        server.release()
         recording.join()
 
 
@@ -244,16 +246,31 @@ def test_an_approximate_index_with_few_memories_keeps_the_daemon_up(
         assert daemon.stop() == 0
 
 
+OWNER_TICK_S = 0.2
+"""The index owner's idle tick in the daemon of the test below (5 s in ctxd)."""
+
+
 def test_a_rebuild_may_take_longer_than_the_index_owners_tick(daemon_root: Path) -> None:
     with EmbeddingServer(dim=64) as server:
-        daemon = http_daemon(daemon_root, server.url).start()
+        daemon = http_daemon(daemon_root, server.url)
+        daemon.entry = entry_with({"ctxd.memory._index.TICK_S": OWNER_TICK_S})
+        daemon.start()
         try:
-            with daemon.client(timeout=60) as client:
+            with daemon.client(timeout=60) as client, daemon.client(timeout=60) as other:
                 wait_index(client, "ready")
                 record_lessons(client)
-                server.delay_s = 6.0  # the owner task's idle tick is 5 s
-                status = client.call("memory.reindex", {})
-                assert (status["state"], status["vectors"]) == ("ready", 3)
+                server.hold()
+                answers: list[dict[str, Any]] = []
+                rebuild = threading.Thread(target=lambda: answers.append(
+                    other.call("memory.reindex", {})))
+                rebuild.start()
+                until(lambda: len(server.requests) > 4)  # the rebuild's first, held
+                # A real wait on purpose: the rebuild outlasts ticks of the daemon's clock.
+                time.sleep(5 * OWNER_TICK_S)
+                server.release()
+                rebuild.join()
+                assert [(status["state"], status["vectors"]) for status in answers] == [
+                    ("ready", 3)]
         finally:
             assert daemon.stop() == 0
 
@@ -283,8 +300,8 @@ def test_a_grown_index_is_rebuilt_while_it_answers(daemon_root: Path) -> None:
                 for i in range(1, 31):  # past ann_threshold: rebuilt approximate (1 list)
                     add(i)
                 until(lambda: rebuilt() == 1 and wait_index(client, "ready")["vectors"] == 30)
-                # 78 memories call for 2 lists: the next rebuild's reading waits 5 s.
-                server.delay_s, server.delay_when = 5.0, "topic1 notes"
+                # 78 memories call for 2 lists: the next rebuild's reading waits.
+                server.hold("topic1 notes")
                 server.requests.clear()
                 for i in range(31, 79):
                     add(i)
@@ -298,6 +315,7 @@ def test_a_grown_index_is_rebuilt_while_it_answers(daemon_root: Path) -> None:
                 assert 9 not in dense_ids(9)
                 assert (rebuilt(), client.call("daemon.status")["memory_index"]["state"]) == (
                     1, "ready")
+                server.release()
                 until(lambda: rebuilt() == 2)
                 index = wait_index(client, "ready")
                 assert (index["vectors"], index["memories"]) == (78, 78)

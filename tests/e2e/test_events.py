@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -83,17 +82,16 @@ def test_a_subscriber_that_never_reads_blocks_nobody(daemon_root: Path) -> None:
         stalled.connect(str(process.socket))
         stalled.sendall(b'{"jsonrpc":"2.0","id":1,"method":"events.subscribe"}\n')
         payload = "x" * 2000
+        # Were the agent held back by the subscriber, its next call would never be
+        # answered (and raise Timeout after the client's 30 s): each one is.
         with process.client() as agent:
             agent.call("session.open", {"session_id": "busy", "budget": {
                 "context_window": 10_000_000}})
-            started = time.monotonic()
             for i in range(1500):
                 agent.call("message.append", {"session_id": "busy", "messages": [
                     {"role": "user", "content": f"{i} {payload}"}]})
-            elapsed = time.monotonic() - started
             got = agent.call("session.get", {"session_id": "busy"})["session"]
             assert got["message_count"] == 1500
-        assert elapsed < 60
         # The stalled subscriber now reads: it finds a "dropped" marker among its events.
         stalled.settimeout(10)
         received = b""

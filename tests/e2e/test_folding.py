@@ -289,7 +289,9 @@ def test_a_short_real_timeout_force_returns_the_branch(shared_daemon: DaemonProc
                                  "budget_used": created["budget_used"]
                                  + message_tokens(assistant("halfway there")),
                                  "deadline": created["deadline"]}
-        assert 0 <= event["ts"] - created["deadline"] < 0.5
+        # Not before its deadline; how soon after is tested on virtual time (unit
+        # test_timeout_force_returns_at_the_deadline), which a loaded machine cannot skew.
+        assert event["ts"] >= created["deadline"]
         error = rpc_error(client, "message.append", {"session_id": sid, "branch_id": branch_id,
                                                      "messages": [assistant("too late")]})
         assert error.code == -32009

@@ -11,6 +11,7 @@ from typing import Any
 import apsw
 import pytest
 from conftest import DaemonProcess
+from daemon_process import entry_with
 from tests_support import COUNTER, next_event, rpc_error
 
 from ctxclient import Client, RpcError
@@ -196,9 +197,14 @@ def test_pattern_returns_the_lines_grep_n_finds(shared_daemon: DaemonProcess, si
         assert (error.code, error.data["path"]) == (-32602, "$.offset")
 
 
-def test_a_search_that_backtracks_without_end_is_stopped(daemon: DaemonProcess,
-                                                          sid: str) -> None:
-    with daemon.client() as client, daemon.client() as other:
+SEARCH_TIMEOUT_S = 0.5
+"""How long a search may run in the daemon of the test below (5 s in ctxd)."""
+
+
+def test_a_search_that_backtracks_without_end_is_stopped(daemon_root: Path, sid: str) -> None:
+    daemon = DaemonProcess(daemon_root, entry=entry_with(
+        {"ctxd.sessions._actor.SEARCH_TIMEOUT_S": SEARCH_TIMEOUT_S}))
+    with daemon.running(), daemon.client() as client, daemon.client() as other:
         start(client, sid)
         client.call("message.append", {"session_id": sid, "messages": [tool("a" * 5000)]})
         ref_id = listed(client, sid)[-1]["ref_id"]
@@ -210,7 +216,7 @@ def test_a_search_that_backtracks_without_end_is_stopped(daemon: DaemonProcess,
             pending.result()
         assert (caught.value.code, caught.value.data["path"]) == (-32602, "$.pattern")
         assert caught.value.message.startswith(
-            "invalid params: the search did not end within 5 s")
+            f"invalid params: the search did not end within {SEARCH_TIMEOUT_S:g} s")
         assert client.call("result.read", {"session_id": sid, "ref_id": ref_id,
                                            "pattern": "a{5000}"})["matched_lines"] == 1
 

@@ -424,7 +424,7 @@ def test_running_out_of_descriptors_keeps_the_daemon_serving(daemon_root: Path) 
     def low_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE, NOFILE))
 
-    process = DaemonProcess(daemon_root).start(preexec_fn=low_limit)
+    process = DaemonProcess(daemon_root).start(before_exec=low_limit)
     try:
         with process.client() as client:
             fitting = client.call("daemon.status")["max_connections"]

@@ -27,6 +27,8 @@ import pytest
 from daemon_process import REPO_ROOT
 from tests_support import SOCKET_FIX
 
+from ctxclient import daemon_command
+
 PROMPT = "my db password is hunter2"
 
 pytestmark = pytest.mark.skipif(
@@ -351,7 +353,7 @@ def test_the_daemon_names_whose_directory_it_is_and_the_fix(users: Users, mode: 
     made = users.run(users.b, ["mkdir", "-m", mode, str(directory)], {"PATH": "/usr/bin:/bin"})
     assert made.returncode == 0, made.stderr
     try:
-        done = users.run(users.a, [users.python, "-m", "ctxd"], users.env())
+        done = users.run(users.a, daemon_command(python=users.python), users.env())
         assert (done.returncode, done.stdout, done.stderr) == (
             1, "", f"ctxd: {refusal(users, 'fallback', {})}\n")
         assert not (users.a.home / ".local" / "share" / "ctxd").exists()

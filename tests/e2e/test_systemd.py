@@ -97,12 +97,12 @@ class ActivatedDaemon(DaemonProcess):
 
     listen_fd: int = -1
 
-    def command(self) -> list[str]:
-        python, *ctxd = super().command()
-        return [python, "-c", ACTIVATE, str(self.listen_fd), *ctxd]
+    def entry_point(self) -> list[str]:
+        return ["-c", ACTIVATE, str(self.listen_fd), "-P", *super().entry_point()]
 
-    def start(self, wait: bool = True, **popen: object) -> ActivatedDaemon:
-        super().start(wait, pass_fds=(self.listen_fd,), **popen)
+    def start(self, wait: bool = True, *, cwd: Path | None = None,
+              pass_fds: tuple[int, ...] = ()) -> ActivatedDaemon:
+        super().start(wait, cwd=cwd, pass_fds=(*pass_fds, self.listen_fd))
         return self
 
 

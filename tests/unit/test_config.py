@@ -1,12 +1,12 @@
 """Configuration sources, precedence, unknown keys, --print-config."""
 
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from ctxclient import daemon_command
 from ctxd import config
 from ctxd.errors import CtxdError
 
@@ -77,8 +77,8 @@ def test_bad_value_type_is_named(tmp_path: Path) -> None:
 def _run_ctxd(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
                "PATH": "/usr/bin:/bin", **env}
-    return subprocess.run([sys.executable, "-m", "ctxd", *args], capture_output=True,
-                          text=True, env=environ, timeout=60, check=False)
+    return subprocess.run(daemon_command(args), capture_output=True, text=True, env=environ,
+                          timeout=60, check=False)
 
 
 def test_print_config_is_valid_toml_of_the_effective_values(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import itertools
 import json
 import math
 import random
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -32,13 +33,16 @@ from ctxd.memory import (
 from ctxd.memory._embedders import (
     PACKAGED_MODEL,
     Vectors,
-    _bucket,
+    feature_bucket,
     normalise,
     packaged_model_path,
     stem,
 )
 
 SERVER_DIM = 48
+HOLD_LIMIT_S = 60.0
+"""The longest `EmbeddingServer.hold` keeps an answer back (a test that fails before its
+`release`)."""
 """Dimensions of the vectors the test server answers."""
 
 
@@ -56,24 +60,25 @@ class EmbeddingServer(LocalServer):
     A text's vector is the hashing embedder's (``dim`` dimensions) times 3, so a client
     must normalise it; rows are answered in reverse order, so a client must sort them by
     ``index``. ``failure`` makes every answer fail: ``"status"`` (HTTP 500),
-    ``"bad-json"`` or ``"wrong-count"`` (one vector too few); ``delay_s`` delays every
-    answer, or only those to a request with a text holding ``delay_when``.
+    ``"bad-json"`` or ``"wrong-count"`` (one vector too few); `hold` keeps answers back
+    until `release`.
     """
 
     def __init__(self, dim: int = SERVER_DIM):
         self.dim = dim
         self.failure: str | None = None
-        self.delay_s = 0.0
-        self.delay_when: str | None = None
+        self.held_when: str | None = None
+        self.released = threading.Event()
+        self.released.set()
         self.requests: list[SeenRequest] = []
         server = self
 
         class Handler(ScriptedHandler):
             def do_POST(self) -> None:
                 body = self.read_json(server.requests)
-                if server.delay_when is None or any(
-                        server.delay_when in text for text in body.get("input", [])):
-                    time.sleep(server.delay_s)
+                if server.held_when is None or any(
+                        server.held_when in text for text in body.get("input", [])):
+                    server.released.wait(HOLD_LIMIT_S)
                 if self.path != "/v1/embeddings":
                     self.answer(404, b'{"error": "not found"}')
                 elif server.failure == "status":
@@ -91,6 +96,19 @@ class EmbeddingServer(LocalServer):
                                                  "model": body["model"]}).encode())
 
         super().__init__(Handler, "/v1")
+
+    def hold(self, when: str | None = None) -> None:
+        """Keep every answer back (or those to a request with a text holding ``when``)
+        until `release`."""
+        self.held_when = when
+        self.released.clear()
+
+    def release(self) -> None:
+        self.released.set()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()  # a held request's thread ends
+        super().__exit__(*exc)
 
     def expected(self, texts: list[str]) -> Any:
         """The normalised vectors a client should return for ``texts``."""
@@ -158,7 +176,7 @@ def test_hashing_vectors_are_those_of_adding_each_feature_in_turn() -> None:
             features = Counter(terms)
             features.update(f"{a} {b}" for a, b in itertools.pairwise(terms))
             for feature, count in features.items():
-                place, sign = _bucket(feature, dim)
+                place, sign = feature_bucket(feature, dim)
                 expected[row, place] += sign * (1.0 + math.log(count))
         np.testing.assert_array_equal(HashingEmbedder(dim).embed_sync(texts),
                                       normalise(expected))

@@ -133,30 +133,52 @@ async def test_a_transaction_s_after_steps_learn_whether_it_committed(tmp_path: 
     store.close()
 
 
-async def test_wal_is_checkpointed_off_the_writer(tmp_path: Path) -> None:
-    store = Store(tmp_path / "ctxd.db")
-    store.open()
+SESSION_ROW = ("INSERT OR IGNORE INTO sessions (id, state, context_window, max_output_tokens, "
+               "compact_trigger, hard_block, warn, caution, created_at, updated_at) "
+               "VALUES ('s', 'open', 1000, 10, .95, .98, .7, .8, 0, 0)")
 
-    def write_rows(conn: apsw.Connection, start: int) -> None:
-        conn.execute("INSERT OR IGNORE INTO sessions (id, state, context_window, "
-                     "max_output_tokens, compact_trigger, hard_block, warn, caution, "
-                     "created_at, updated_at) VALUES ('s', 'open', 1000, 10, .95, .98, .7, "
-                     ".8, 0, 0)")
-        for seq in range(start, start + 50):
+
+class Rows:
+    """Messages of 4,000 bytes (about a page each) appended to session 's'."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+
+    def write(self, conn: apsw.Connection, rows: int) -> None:
+        conn.execute(SESSION_ROW)
+        for _ in range(rows):
+            self.seq += 1
             conn.execute("INSERT INTO messages (session_id, seq, role, content, component, "
                          "tokens, created_at) VALUES ('s', ?, 'user', ?, 'conversation', 1, 0)",
-                         (seq, b"x" * 4000))
+                         (self.seq, b"x" * 4000))
 
-    for batch in range(4):
-        await store.write(write_rows, batch * 50 + 1)
+
+async def advance(clock: trio.testing.MockClock, store: Store, seconds: float) -> None:
+    """Move trio's (virtual) clock on and let `Store.keep_wal_small` act on it: its tick
+    runs, and a checkpoint it starts finishes (in its thread) before this returns, so what
+    the test writes next never races it."""
+    clock.jump(seconds)
+    await trio.testing.wait_all_tasks_blocked()
+    while store.statistics().checkpointing:
+        await trio.lowlevel.checkpoint()  # lets the thread's answer in (no time passes)
+    await trio.testing.wait_all_tasks_blocked()
+
+
+async def test_wal_is_checkpointed_off_the_writer(tmp_path: Path,
+                                                  mock_clock: trio.testing.MockClock) -> None:
+    store = Store(tmp_path / "ctxd.db")
+    store.open()
+    rows = Rows()
+    for _ in range(4):
+        await store.write(rows.write, 50)
     assert store._wal_pages > 20  # the WAL hook saw the commits; nothing checkpointed them
     assert store._pages_written == store._wal_pages
-    async with trio.open_nursery() as nursery:  # the store is quiet: a checkpoint soon
+    async with trio.open_nursery() as nursery:
         nursery.start_soon(store.keep_wal_small, 20, 0.01, 0.05)
-        for _ in range(1000):  # up to ~10 s of real time: the checkpoint runs in a thread
-            if store._pages_checkpointed:
-                break
-            await trio.sleep(0.01)
+        await advance(mock_clock, store, 0.04)  # the store is quiet, but not for 0.05 s yet
+        assert store.statistics().checkpoints == 0
+        await advance(mock_clock, store, 0.02)
+        assert store.statistics().checkpoints == 1
         nursery.cancel_scope.cancel()
     assert store._pages_checkpointed == store._pages_written
     # Everything was copied back, so the next commit starts the WAL from its beginning.
@@ -167,58 +189,87 @@ async def test_wal_is_checkpointed_off_the_writer(tmp_path: Path) -> None:
 
 
 async def test_a_busy_store_checkpoints_at_a_quiet_moment_or_once_the_wal_grows_long(
-        tmp_path: Path) -> None:
+        tmp_path: Path, mock_clock: trio.testing.MockClock) -> None:
     store = Store(tmp_path / "ctxd.db")
     store.open()
-    await store.write(lambda conn: conn.execute(
-        "INSERT INTO sessions (id, state, context_window, max_output_tokens, "
-        "compact_trigger, hard_block, warn, caution, created_at, updated_at) "
-        "VALUES ('s', 'open', 1000, 10, .95, .98, .7, .8, 0, 0)"))
-    seq = 0
-
-    def write_rows(conn: apsw.Connection, rows: int) -> None:
-        nonlocal seq
-        for _ in range(rows):
-            seq += 1
-            conn.execute("INSERT INTO messages (session_id, seq, role, content, component, "
-                         "tokens, created_at) VALUES ('s', ?, 'user', ?, 'conversation', 1, 0)",
-                         (seq, b"x" * 4000))
-
+    rows = Rows()
     # Past 20 pages a checkpoint waits for 0.5 s without a store job: a write every 10 ms
     # for 2 s never gives it one; once they stop, it comes.
     async with trio.open_nursery() as nursery:
         nursery.start_soon(store.keep_wal_small, 20, 0.01, 0.5, 1_000_000)
-        busy_until = trio.current_time() + 2.0
-        while trio.current_time() < busy_until:
-            await store.write(write_rows, 1)
-            await trio.sleep(0.01)
+        for _ in range(200):
+            await store.write(rows.write, 1)
+            await advance(mock_clock, store, 0.01)
         assert store._pages_written > 100
-        assert store._pages_checkpointed == 0
-        for _ in range(1000):
-            if store._pages_checkpointed:
-                break
-            await trio.sleep(0.01)
+        assert store.statistics().checkpoints == 0
+        await advance(mock_clock, store, 0.45)
+        assert store.statistics().checkpoints == 0
+        await advance(mock_clock, store, 0.1)
+        assert store.statistics().checkpoints == 1
         nursery.cancel_scope.cancel()
     assert store._pages_checkpointed == store._pages_written
-    await store.write(write_rows, 1)
+    await store.write(rows.write, 1)
     assert store._wal_pages < 10  # copied back whole: the WAL started again (was > 100)
 
-    # Under sustained load (a commit every 2 ms) a checkpoint comes every 200 pages, and
-    # the WAL starts again from its beginning instead of growing for as long as it lasts.
-    restarts, longest = 0, 0
+    # Under sustained load (five commits between two ticks) a checkpoint comes every 200
+    # pages, and the WAL starts again from its beginning instead of growing for as long as
+    # it lasts.
+    restarts, longest, most_per_tick = 0, 0, 0
     async with trio.open_nursery() as nursery:
         nursery.start_soon(store.keep_wal_small, 20, 0.01, 0.5, 200)
-        busy_until = trio.current_time() + 2.0
-        while trio.current_time() < busy_until:
-            before = store._wal_pages
-            await store.write(write_rows, 3)
-            restarts += store._wal_pages < before
-            longest = max(longest, store._wal_pages)
-            await trio.sleep(0.002)
+        for _ in range(200):
+            written = store._pages_written
+            for _ in range(5):
+                before = store._wal_pages
+                await store.write(rows.write, 3)
+                restarts += store._wal_pages < before
+                longest = max(longest, store._wal_pages)
+            most_per_tick = max(most_per_tick, store._pages_written - written)
+            await advance(mock_clock, store, 0.01)  # one tick
         nursery.cancel_scope.cancel()
+    before = store._wal_pages
+    await store.write(rows.write, 1)  # after the last tick's checkpoint, if it made one
+    restarts += store._wal_pages < before
     assert store._pages_written > 1000
-    assert restarts >= 2
-    assert longest < 800
+    checkpoints = store.statistics().checkpoints - 1
+    assert checkpoints >= store._pages_written // (200 + most_per_tick)
+    assert restarts == checkpoints
+    # A tick that finds more than 200 pages checkpoints them all; the WAL holds at most
+    # what was written up to the tick after the one that found 200 or fewer.
+    assert longest <= 200 + most_per_tick
+    store.close()
+
+
+async def test_a_checkpoint_overtaken_by_commits_is_finished_in_restart_mode(
+        tmp_path: Path, mock_clock: trio.testing.MockClock) -> None:
+    """Under load a checkpoint cannot copy back what was committed after it began: until
+    one copies the whole WAL back, the WAL cannot start again. A reader holding an old
+    snapshot stops a checkpoint at the same place, deterministically."""
+    store = Store(tmp_path / "ctxd.db")
+    store.open()
+    rows = Rows()
+    await store.write(rows.write, 10)
+    reader = apsw.Connection(str(tmp_path / "ctxd.db"))
+    reader.execute("BEGIN")
+    assert reader.execute("SELECT count(*) FROM messages").fetchall() == [(10,)]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(store.keep_wal_small, 20, 0.01, 0.5, 200)
+        for _ in range(100):  # 300 pages or more: past 200, whatever a row takes
+            await store.write(rows.write, 3)
+            await advance(mock_clock, store, 0.01)
+            if store.statistics().checkpoints:
+                break
+        assert store.statistics().checkpoints == 1
+        grown = store._wal_pages
+        await store.write(rows.write, 1)
+        assert store._wal_pages > grown  # the WAL could not start again: it grows on
+        reader.execute("COMMIT")  # the old snapshot goes; the next tick copies the rest
+        await advance(mock_clock, store, 0.01)
+        assert store.statistics().checkpoints == 2
+        nursery.cancel_scope.cancel()
+    await store.write(rows.write, 1)
+    assert store._wal_pages < 10  # copied back whole: the WAL started again
+    reader.close()
     store.close()
 
 

@@ -1,0 +1,90 @@
+"""One way to start a daemon (``ctxclient.spawn_daemon``, docs/decisions.md): a folder named
+``ctxd`` where the user stands is never imported in place of the installed package, by
+each path that starts one: the tests' and benchmarks' `DaemonProcess`, ``ctxctl replay``'s
+private daemons and ``ctxctl mcp``'s start of a missing daemon."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from daemon_process import DaemonProcess
+
+CTXCTL = str(Path(sys.executable).parent / "ctxctl")
+IMPOSTOR = 'raise SystemExit("imported the ctxd folder where the user stands")\n'
+
+
+@pytest.fixture
+def standing_in(tmp_path: Path) -> Path:
+    """A folder holding a ``ctxd`` package that exits as soon as it is imported."""
+    folder = tmp_path / "here"
+    (folder / "ctxd").mkdir(parents=True)
+    (folder / "ctxd" / "__init__.py").write_text(IMPOSTOR)
+    (folder / "ctxd" / "__main__.py").write_text(IMPOSTOR)
+    return folder
+
+
+def test_the_folder_is_imported_by_python_m_ctxd(standing_in: Path) -> None:
+    """What the starters avoid: ``python -m ctxd`` puts the current directory first."""
+    done = subprocess.run([sys.executable, "-m", "ctxd", "--version"], cwd=standing_in,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1, "", "imported the ctxd folder where the user stands\n")
+
+
+def test_a_daemon_process_ignores_it(daemon_root: Path, standing_in: Path) -> None:
+    process = DaemonProcess(daemon_root).start(cwd=standing_in)
+    try:
+        assert process.command()[1:4] == ["-P", "-m", "ctxd"]
+        with process.client() as client:
+            assert client.call("daemon.ping")["pong"] is True
+    finally:
+        assert process.stop() == 0
+
+
+def test_ctxctl_replay_ignores_it(tmp_path: Path, standing_in: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({
+        "type": role, "uuid": f"{role}-{turn}", "sessionId": "s1",
+        "message": {"role": role, "content": f"{role} {turn}"}}) + "\n"
+        for turn in (1, 2) for role in ("user", "assistant")))
+    done = subprocess.run([CTXCTL, "replay", str(path), "--json"], cwd=standing_in,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert [point["turn"] for point in json.loads(done.stdout)["series"]] == [1, 2]
+
+
+def test_ctxctl_mcp_starts_a_daemon_that_ignores_it(daemon_root: Path,
+                                                    standing_in: Path) -> None:
+    sock = daemon_root / "run" / "ctxd.sock"
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("CTXD_", "CLAUDE_"))}
+    env.update(HOME=str(daemon_root), XDG_CONFIG_HOME=str(daemon_root / "config"),
+               XDG_STATE_HOME=str(daemon_root / "state"), CTXD_SOCKET=str(sock),
+               CTXD_DATA_DIR=str(daemon_root / "data"))
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"}}}
+    with subprocess.Popen([CTXCTL, "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, env=env, cwd=standing_in) as process:
+        assert process.stdin is not None
+        assert process.stdout is not None
+        try:
+            process.stdin.write(json.dumps(initialize).encode() + b"\n")
+            process.stdin.flush()
+            answer = json.loads(process.stdout.readline())
+        finally:
+            process.stdin.close()
+            process.wait(30)
+            with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as client:
+                client.connect(str(sock))
+                client.sendall(b'{"jsonrpc":"2.0","id":1,"method":"daemon.shutdown"}\n')
+                client.recv(1024)
+    assert process.returncode == 0
+    assert answer["result"]["serverInfo"]["name"] == "ctxd"
