@@ -57,7 +57,7 @@ def test_version_2_keeps_version_1_sessions_and_messages(tmp_path: Path) -> None
 def test_version_14_keeps_the_events_and_their_high_water_seq(tmp_path: Path) -> None:
     conn = apsw.Connection(str(tmp_path / "db"))
     with conn:
-        for version, module in load_all()[:13]:
+        for _, module in load_all()[:13]:
             conn.execute(module.SQL)
         conn.execute("PRAGMA user_version = 13")
         conn.executemany("INSERT INTO events (seq, ts, session_id, type, data) "
