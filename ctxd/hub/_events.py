@@ -32,7 +32,7 @@ import msgspec
 import trio
 
 from ctxd.errors import CtxdError
-from ctxd.store import Store, Transaction
+from ctxd.store import Store, Transaction, scalar_int
 from ctxd.wire.types import Event
 
 log = logging.getLogger("ctxd.hub")
@@ -164,9 +164,8 @@ def _start(conn: apsw.Connection, retention_before: float) -> tuple[int, int]:
     _prune_by_age(conn, retention_before)
     # Seq never goes back: the newest row's, or the highest at the last deletion (migration
     # v0014).
-    high = int(conn.execute(
-        "SELECT max(coalesce((SELECT max(seq) FROM events), 0), "
-        "coalesce((SELECT seq FROM events_high_water), 0))").fetchall()[0][0])
+    high = scalar_int(conn, "SELECT max(coalesce((SELECT max(seq) FROM events), 0), "
+                            "coalesce((SELECT seq FROM events_high_water), 0))")
     oldest = conn.execute("SELECT min(seq) FROM events").fetchall()[0][0]
     return high, (high if oldest is None else int(oldest) - 1)
 
