@@ -32,7 +32,7 @@ import msgspec
 import trio
 
 from ctxd.errors import CtxdError
-from ctxd.store import Store, Transaction
+from ctxd.store import Store, Transaction, scalar_int
 from ctxd.wire.types import Event
 
 log = logging.getLogger("ctxd.hub")
@@ -162,10 +162,19 @@ class Subscription:
 def _start(conn: apsw.Connection, retention_before: float) -> tuple[int, int]:
     """The high-water seq and the last seq pruned, after the retention's pruning."""
     _prune_by_age(conn, retention_before)
-    row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
-    high = int(row[0]) if row else 0
+    # Seq never goes back: the newest row's, or the highest at the last deletion (migration
+    # v0014).
+    high = scalar_int(conn, "SELECT max(coalesce((SELECT max(seq) FROM events), 0), "
+                            "coalesce((SELECT seq FROM events_high_water), 0))")
     oldest = conn.execute("SELECT min(seq) FROM events").fetchall()[0][0]
     return high, (high if oldest is None else int(oldest) - 1)
+
+
+def _keep_high_water(conn: apsw.Connection) -> None:
+    """Before events are deleted: remember the highest seq (the newest may go)."""
+    conn.execute("INSERT INTO events_high_water (singleton, seq) "
+                 "SELECT 1, coalesce(max(seq), 0) FROM events WHERE true "
+                 "ON CONFLICT (singleton) DO UPDATE SET seq = max(seq, excluded.seq)")
 
 
 def _prune_by_age(conn: apsw.Connection, before: float) -> None:
@@ -173,6 +182,7 @@ def _prune_by_age(conn: apsw.Connection, before: float) -> None:
     row = conn.execute("SELECT seq FROM events WHERE ts >= ? ORDER BY seq LIMIT 1",
                        (before,)).fetchone()
     if row is None:
+        _keep_high_water(conn)  # (the newest is kept otherwise)
         conn.execute("DELETE FROM events")
     else:
         conn.execute("DELETE FROM events WHERE seq < ?", (row[0],))
@@ -182,6 +192,8 @@ def _write(conn: apsw.Connection, rows: list[tuple[int, float, str | None, str, 
            prune_through: int, retention_before: float | None,
            forgotten: list[tuple[str, int]]) -> None:
     conn.executemany(_INSERT, rows)
+    if forgotten or prune_through:
+        _keep_high_water(conn)
     conn.executemany("DELETE FROM events WHERE session_id = ? AND seq <= ?", forgotten)
     if prune_through:
         conn.execute("DELETE FROM events WHERE seq <= ?", (prune_through,))

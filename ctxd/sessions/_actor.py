@@ -8,6 +8,7 @@ none of them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
@@ -36,6 +37,11 @@ Queued = tuple[Op, Slot[Any], Request | None]
 """An operation in a mailbox, its caller's reply, and the request it works for."""
 
 MAILBOX_SIZE = 32
+
+
+async def _idle(actor: SessionActor) -> None:
+    """Queued by the actor's idle watch when it waited ``session_idle_s`` for a request;
+    the run loop takes it as the sign to retire, never runs it."""
 
 
 class ActorGone(Exception):
@@ -80,6 +86,9 @@ class SessionActor:
         self._send, self._receive = trio.open_memory_channel[Queued](MAILBOX_SIZE)
         self._last: _Shared | None = None
         """The operation queued last, when requests with its key may share it."""
+        self._waiting_since: float | None = None
+        """Since when the run loop waits for a request (trio's clock); None while it
+        processes one."""
 
     # ---- the mailbox -------------------------------------------------------------------
 
@@ -163,11 +172,18 @@ class SessionActor:
         try:
             async with trio.open_nursery() as nursery:
                 self.branches.start(nursery)
+                nursery.start_soon(self._watch_idle)
+                idle_s = self.services.config.session_idle_s
                 while True:
-                    with trio.move_on_after(self.services.config.session_idle_s):
-                        op, current, request = await self._receive.receive()
-                    if current is None:
-                        if self.has_queued() or self.branches.live:
+                    since = self._waiting_since = trio.current_time()
+                    op, current, request = await self._receive.receive()
+                    self._waiting_since = None
+                    if op is _idle:
+                        current = None
+                        # Idle only if this receive waited the whole time: one queued
+                        # behind requests is stale.
+                        if (trio.current_time() < since + idle_s or self.has_queued()
+                                or self.branches.live):
                             continue
                         break
                     await self._process(op, current, request)
@@ -179,6 +195,25 @@ class SessionActor:
             if current is not None and not current.done:
                 current.fail(shutting_down())
             self._retire()
+
+    async def _watch_idle(self) -> None:
+        """Queue `_idle` once the run loop has waited ``session_idle_s`` for a request.
+
+        The idle timeout of the loop, without a cancel scope around every receive (a
+        deadline registered and removed per request, docs/performance.md): this task
+        wakes at most once per ``session_idle_s`` while requests come.
+        """
+        idle_s = self.services.config.session_idle_s
+        while True:
+            since = self._waiting_since
+            if since is None:
+                await trio.sleep(idle_s)  # processing: the next wait starts after now
+            elif trio.current_time() < since + idle_s:
+                await trio.sleep_until(since + idle_s)
+            else:
+                with contextlib.suppress(trio.WouldBlock):  # full: not idle
+                    self._send.send_nowait((_idle, Slot(), None))
+                await trio.sleep(idle_s)
 
     async def _process(self, op: Op, reply: Slot[Any], request: Request | None) -> None:
         """Run one queued operation and fulfil its reply.

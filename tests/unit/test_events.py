@@ -246,6 +246,22 @@ async def test_a_forgotten_session_leaves_no_event_in_the_table(tmp_path: Path) 
     assert table(tmp_path / "db") == [(2, "session.opened"), (4, "session.deleted")]
 
 
+async def test_the_seq_goes_on_after_a_restart_when_the_newest_events_were_forgotten(
+        tmp_path: Path) -> None:
+    async with running(tmp_path / "db") as bus:
+        bus.publish("b", "session.opened", {})
+        bus.publish("a", "branch.created", {})
+        bus.publish("a", "branch.folded", {})
+        await written(bus, 3)
+        bus.forget("a")
+    assert table(tmp_path / "db") == [(1, "session.opened")]
+    async with running(tmp_path / "db") as bus:
+        assert bus.seq == 3
+        bus.publish(None, "tick", {})
+        await written(bus, 4)
+    assert table(tmp_path / "db") == [(1, "session.opened"), (4, "tick")]
+
+
 def staged(bus: EventBus, session_id: str, *types: str) -> Transaction:
     """A request's transaction that writes nothing of its own but ``types`` as events."""
     transaction = Transaction()

@@ -54,6 +54,21 @@ def test_version_2_keeps_version_1_sessions_and_messages(tmp_path: Path) -> None
     assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
 
 
+def test_version_14_keeps_the_events_and_their_high_water_seq(tmp_path: Path) -> None:
+    conn = apsw.Connection(str(tmp_path / "db"))
+    with conn:
+        for _, module in load_all()[:13]:
+            conn.execute(module.SQL)
+        conn.execute("PRAGMA user_version = 13")
+        conn.executemany("INSERT INTO events (seq, ts, session_id, type, data) "
+                         "VALUES (?, 1.0, 's1', 'tick', X'7B7D')", [(1,), (2,), (3,)])
+        conn.execute("DELETE FROM events WHERE seq = 3")
+    assert migrate(conn) == LATEST
+    assert conn.execute("SELECT seq FROM events ORDER BY seq").fetchall() == [(1,), (2,)]
+    assert conn.execute("SELECT seq FROM events_high_water").fetchall() == [(3,)]
+    assert conn.execute("SELECT name FROM sqlite_sequence").fetchall() == []
+
+
 def test_refuses_a_newer_database(tmp_path: Path) -> None:
     conn = apsw.Connection(str(tmp_path / "db"))
     conn.execute(f"PRAGMA user_version = {LATEST + 1}")
