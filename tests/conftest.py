@@ -17,11 +17,15 @@ E2E = Path(__file__).resolve().parent / "e2e"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # With PYTHONDONTWRITEBYTECODE set, each of the suite's ~200 daemons and ctxctl runs
+    # With PYTHONDONTWRITEBYTECODE set, each of the suite's ~250 daemons and ctxctl runs
     # compiled ctxd from source again (0.1 s of a daemon's 0.6 s start): their bytecode is
-    # cached in a folder of the run's own instead (not in the tree), removed after it.
-    # Workers of pytest-xdist inherit the variable, so they share the folder.
-    if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
+    # cached in a folder of the process's own instead (not in the tree), removed after it.
+    # Not in pytest-xdist's controller: its workers would inherit the folder, where the
+    # bytecode of everything they import (pytest, hypothesis, ...) is not yet.
+    controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(
+        config, "workerinput")
+    if (os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX")
+            and not controller):
         folder = tempfile.mkdtemp(prefix="ctxd-pyc-")
         os.environ["PYTHONPYCACHEPREFIX"] = folder
         del os.environ["PYTHONDONTWRITEBYTECODE"]

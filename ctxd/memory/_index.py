@@ -196,9 +196,11 @@ class MemoryIndex:
         if self.state != "rebuilding":
             return  # the pending ones could not be embedded: unavailable, retried later
         self.state, self.reason = "ready", None
-        await self._save_if_dirty()
+        # Logged as it becomes ready, not after the save: whoever sees it ready (a test
+        # reading the log) finds the line.
         log.info("memory index rebuilt: %d vectors (%d memories when it started)",
                  len(ids), count)
+        await self._save_if_dirty()
 
     async def _regrow(self, changed: NextIndex) -> None:
         """Build the next index from SQLite while this one keeps answering, then put it in

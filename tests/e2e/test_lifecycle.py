@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import trio
 from conftest import DaemonProcess
+from e2e.test_cancel import SUMMARY, WINDOW, chat, gated_daemon
 from tests_support import hello_text
 from unit.test_embedders import EmbeddingServer
 
@@ -125,25 +126,26 @@ def test_sigterm_exits_zero_keeps_everything_and_removes_the_socket(daemon_root:
 
 
 def test_sigterm_lets_an_in_flight_request_finish(daemon_root: Path) -> None:
-    process = DaemonProcess(daemon_root).start()
+    # A compaction held in flight by its summarizer, before its commit point (a cancelled
+    # one would be answered -32006), until the test opens the summarizer's gate: no race
+    # with its end.
+    gated = gated_daemon(daemon_root, "--hygiene-auto-compact", "false")
+    process = gated.process.start()
     with process.client() as client:
-        client.call("session.open", {"session_id": "s", "budget": {
-            "context_window": 10_000_000}})
-        big = [{"role": "user", "content": hello_text(2000) + f" {i}"} for i in range(400)]
-        pending = client.submit("message.append", {"session_id": "s", "messages": big})
-        with process.client() as observer:
-            deadline = time.monotonic() + 30
-            while observer.call("daemon.status")["requests_inflight"] == 0:
-                assert not pending.done(), "the append finished before it was seen in flight"
-                assert time.monotonic() < deadline
-                time.sleep(0.001)
+        client.call("session.open", {"session_id": "s", "budget": WINDOW})
+        client.call("message.append", {"session_id": "s", "messages": chat(10, 450)})
+        compacting = client.submit("context.compact", {"session_id": "s",
+                                                       "strategies": ["summarize"]})
+        gated.wait_started()
         process.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
-        result = pending.result(60)
-        assert len(result["appended"]) == 400
+        gated.release()
+        done = compacting.result(60)
+        assert (done["summarizer"], done["summarized"] > 0) == ("command", True)
     assert process.proc.wait(60) == 0  # type: ignore[union-attr]
     process.start()
     with process.client() as client:
-        assert client.call("session.get", {"session_id": "s"})["session"]["message_count"] == 400
+        listed = client.call("message.list", {"session_id": "s", "limit": 1000})["messages"]
+        assert SUMMARY in listed[-1]["content"]
     assert process.stop() == 0
 
 

@@ -1,13 +1,16 @@
 """Configuration sources, precedence, unknown keys, --print-config."""
 
+import contextlib
+import io
+import os
 import subprocess
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from ctxclient import daemon_command
 from ctxd import config
+from ctxd.daemon import main
 from ctxd.errors import CtxdError
 
 
@@ -75,10 +78,25 @@ def test_bad_value_type_is_named(tmp_path: Path) -> None:
 
 
 def _run_ctxd(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``ctxd ARGS`` with ``env`` (beside HOME and XDG_CONFIG_HOME) as its whole environment:
+    its exit status, standard output and error. In this process (``ctxd.daemon.main``, what
+    ``python -m ctxd`` runs): only for runs that end before the daemon serves (a refused
+    configuration, ``--print-config``, ``--help``)."""
     environ = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
                "PATH": "/usr/bin:/bin", **env}
-    return subprocess.run(daemon_command(args), capture_output=True, text=True, env=environ,
-                          timeout=60, check=False)
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch:
+        for key in list(os.environ):
+            patch.delenv(key)
+        for key, value in environ.items():
+            patch.setenv(key, value)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exit:  # argparse's --help and usage errors
+                code = (0 if exit.code is None else exit.code if isinstance(exit.code, int)
+                        else 1)
+    return subprocess.CompletedProcess(["ctxd", *args], code, out.getvalue(), err.getvalue())
 
 
 def test_print_config_is_valid_toml_of_the_effective_values(tmp_path: Path) -> None:
