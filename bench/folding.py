@@ -22,29 +22,34 @@ time; percentiles pool every round:
 * ``branch.create`` throughput, pipelined (``--window`` in flight over sessions), which
   also sizes the lead time of the next phases.
 
-Phases ``spread`` and ``burst`` (a fresh daemon each): ``--branches`` live branches
-(default 10,000: 1,000 sessions x 10, the per-session and per-daemon defaults), created
-pipelined with timeouts chosen so that every deadline falls a planned time after creation
-ends: ``spread`` spreads them uniformly over ``--spread`` (default 5-15 s), ``burst``
-puts them all on one instant (``--burst-after``, default 5 s). A second connection
-subscribed to ``branch.forced_return`` records every event; lateness is the event's
-``ts`` minus its ``data.deadline`` (both the daemon's wall clock). Target: every one
-within 100 ms. Beside it: ``returned_at`` of every branch from ``branch.list`` (stamped
-before the fold is written, so it is never later than the event), the status of every
-branch (all must be ``timeout``), ``daemon.ping`` round trips every 50 ms while the
-deadlines pass (how long the event loop is unavailable), the daemon's CPU in that time,
-and its memory: ``daemon.status`` ``rss_bytes`` once all branches are live and the peak
-(``VmHWM``) after they have all been force-returned, against the idle daemon's RSS.
-Target <= 500 MB.
+Phases ``spread`` and ``burst`` (a fresh daemon each): live branches in sessions of 10
+(the per-session default), created pipelined with timeouts chosen so that every deadline
+falls a planned time after creation ends. ``spread``: ``--branches`` of them (default
+10,000: 1,000 sessions, the per-daemon default) spread uniformly over ``--spread``
+(default 5-15 s); target: every one force-returned within 100 ms of its deadline.
+``burst``: for each of ``--bursts`` (default 1,000 and 10,000), that many all on one
+instant (``--burst-after``, default 5 s), first on a daemon of a baseline revision
+(``--baseline``, default ``main``; ``none``: no baseline), then on one of this tree, each
+figure beside the baseline's and the ratio of the two; target: every one within 100 µs
+per branch of the burst (1,000 within 100 ms, 10,000 within 1 s), and at least 100 ms.
+A second connection subscribed to ``branch.forced_return`` records every event (the
+daemons' ``event_buffer`` holds a whole burst, so that none is dropped); lateness is the
+event's ``ts`` minus its ``data.deadline`` (both the daemon's wall clock). Beside it:
+``returned_at`` of every branch from ``branch.list`` (stamped before the fold is written,
+so it is never later than the event), the status of every branch (all must be
+``timeout``), ``daemon.ping`` round trips every 50 ms while the deadlines pass (how long
+the event loop is unavailable), the daemon's CPU in that time, and its memory:
+``daemon.status`` ``rss_bytes`` once all branches are live and the peak (``VmHWM``) after
+they have all been force-returned, against the idle daemon's RSS. Target <= 500 MB.
 
 The script reports and exits 0 once the daemons have started; it exits 1 only when a
 figure could not be measured (an error reply, a daemon that died). ``--quick`` is a short
-run (2,000 branches, smaller samples); ``--profile-ctxd FILE`` runs each daemon under
-cProfile (``FILE.<phase>``; figures are then slower); ``--keep-logs DIR`` keeps the
-daemons' logs.
+run (2,000 branches spread, bursts of 1,000 and 2,000, smaller samples);
+``--profile-ctxd FILE`` runs each daemon under cProfile (``FILE.<phase>``; figures are then
+slower); ``--keep-logs DIR`` keeps the daemons' logs.
 
-Run: ``python bench/folding.py`` (about a minute), ``python bench/folding.py --quick``
-(about 20 s).
+Run: ``python bench/folding.py`` (about two minutes), ``python bench/folding.py --quick``
+(about 40 s), ``python bench/folding.py --only burst`` (the bursts alone).
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from _common import checkout
 from rpc import (
     RECV_CHUNK,
     BenchError,
@@ -93,6 +99,10 @@ FILL_SLACK = 32  # a message never seen may be a little larger than the largest 
 CREATE_P99_TARGET_S = 0.005
 RETURN_P99_TARGET_S = 0.020
 LATENESS_TARGET_S = 0.100
+BURST_TARGET_PER_BRANCH_S = 0.000_1
+"""A burst of n coincident deadlines: every branch returned within n x 100 µs (1,000 in
+100 ms, 10,000 in 1 s), and within `LATENESS_TARGET_S` at least."""
+EVENT_BUFFER_SPARE = 1_000
 RSS_TARGET_BYTES = 500 * 1000 * 1000
 PING_EVERY_S = 0.05
 SUBSCRIBE_TIMEOUT_S = 5.0
@@ -104,7 +114,7 @@ BIG_BUDGET = {"context_window": 10_000_000, "max_output_tokens": 8192}
 # report gives the gap that really was.
 DEFAULT_CREATE_RATE = 1000.0
 LEAD_BASE_S = 0.5
-LEAD_FACTOR = 1.25
+LEAD_FACTOR = 1.6
 
 _decode = msgspec.json.Decoder().decode
 
@@ -420,6 +430,20 @@ class Expiry:
     expiry_seconds: float = 0.0
     log_problems: list[str] = field(default_factory=list)
     exit_code: int | None = None
+    revision: str = "this tree"
+    """The code the daemon ran: this tree, or the baseline revision."""
+
+    @property
+    def target_s(self) -> float:
+        """Every branch's lateness must be at most this."""
+        if self.name == "burst":
+            return max(LATENESS_TARGET_S, self.branches * BURST_TARGET_PER_BRANCH_S)
+        return LATENESS_TARGET_S
+
+    @property
+    def met(self) -> bool:
+        return (bool(self.late) and len(self.late) == self.branches
+                and max(self.late) <= self.target_s)
 
 
 def plan_offsets(args: argparse.Namespace, variant: str, count: int) -> list[float]:
@@ -434,17 +458,17 @@ def plan_offsets(args: argparse.Namespace, variant: str, count: int) -> list[flo
     return offsets
 
 
-def run_expiry(server: DaemonProcess, args: argparse.Namespace, variant: str,
-               create_rate: float, texts: Texts) -> Expiry:
+def run_expiry(server: DaemonProcess, args: argparse.Namespace, variant: str, count: int,
+               create_rate: float, texts: Texts, revision: str = "this tree") -> Expiry:
+    assert server.proc is not None
     pid = server.proc.pid
-    sessions_count = -(-args.branches // args.per_session)
-    count = args.branches
+    sessions_count = -(-count // args.per_session)
     lead = LEAD_BASE_S + LEAD_FACTOR * count / create_rate
     offsets = plan_offsets(args, variant, count)
     plan = (f"deadlines {args.spread[0]:g}-{args.spread[1]:g} s" if variant == "spread"
             else f"deadlines all at {args.burst_after:g} s")
     result = Expiry(variant, plan + " after the planned end of creation", branches=count,
-                    sessions=sessions_count)
+                    sessions=sessions_count, revision=revision)
     result.idle_rss = vm_bytes(pid, "VmRSS")
     with contextlib.ExitStack() as stack:
         caller = Caller(stack.enter_context(contextlib.closing(RawClient(server.socket))))
@@ -539,8 +563,14 @@ class Report:
         rows: list[tuple[str, ...]] = [("measurement", "baseline", "ctxd", "ratio", "target",
                                         "result")]
         self._latency_rows(rows)
+        baselines = {(e.name, e.branches): e for e in self.expiries
+                     if e.revision != "this tree"}
         for expiry in self.expiries:
-            self._expiry_rows(rows, expiry)
+            if expiry.revision == "this tree":
+                self._expiry_rows(rows, expiry, baselines.get((expiry.name, expiry.branches)))
+        if baselines:
+            rows.append((f"baseline: a daemon of {self.args.baseline}, the same burst just "
+                         "before", "", "", "", "", ""))
         print_table(rows)
         self._notes()
         print()
@@ -575,42 +605,71 @@ class Report:
             rows.append((f"branch.create pipelined ({self.args.window} in flight), best round",
                          "-", f"{max(lat.create_rates):,.0f}/s{cpu}", "-", "-", "info"))
 
-    def _expiry_rows(self, rows: list[tuple[str, ...]], e: Expiry) -> None:
-        late_met = bool(e.late) and len(e.late) == e.branches and max(e.late) <= LATENESS_TARGET_S
-        within = sum(value <= LATENESS_TARGET_S for value in e.late)
-        rows.append((f"[{e.name}] {e.branches:,} branches in {e.sessions:,} sessions: create",
-                     "-", f"{e.create_seconds:.1f} s ({e.branches / e.create_seconds:,.0f}/s)",
-                     "-", "-", "info"))
-        rows.append((f"[{e.name}] forced-return lateness max / p99 / p50 (event ts - deadline)",
-                     "-", triple(e.late), "-", f"max <= {LATENESS_TARGET_S * 1000:g} ms",
-                     verdict(late_met)))
-        rows.append((f"[{e.name}]   events received / within 100 ms", "-",
-                     f"{len(e.late):,} / {within:,} of {e.branches:,}", "-", "-", "info"))
+    def _expiry_rows(self, rows: list[tuple[str, ...]], e: Expiry,
+                     base: Expiry | None = None) -> None:
+        """The rows of one many-branches run, beside the baseline revision's run of the
+        same burst (``base``) when there is one."""
+        tag = f"[{e.name}]" if e.name == "spread" else f"[{e.name} {e.branches:,}]"
+
+        def beside(figure: Callable[[Expiry], str]) -> str:
+            return "-" if base is None else figure(base)
+
+        def ratio(value: Callable[[Expiry], float | None]) -> str:
+            if base is None:
+                return "-"
+            mine, theirs = value(e), value(base)
+            return f"{mine / theirs:.2f}x" if mine is not None and theirs else "-"
+
+        def creation(x: Expiry) -> str:
+            return f"{x.create_seconds:.1f} s ({x.branches / x.create_seconds:,.0f}/s)"
+
+        def received(x: Expiry) -> str:
+            within = sum(value <= x.target_s for value in x.late)
+            return f"{len(x.late):,} / {within:,} of {x.branches:,}"
+
+        def cpu(x: Expiry) -> str:
+            if x.cpu_seconds is None or not x.expiry_seconds:
+                return "n/a"
+            return (f"{x.cpu_seconds:.1f} s in {x.expiry_seconds:.1f} s "
+                    f"({x.cpu_seconds / x.branches * 1e6:,.0f} us per branch)")
+
+        rows.append((f"{tag} {e.branches:,} branches in {e.sessions:,} sessions: create",
+                     beside(creation), creation(e), "-", "-", "info"))
+        rows.append((f"{tag} forced-return lateness max / p99 / p50 (event ts - deadline)",
+                     beside(lambda x: triple(x.late)), triple(e.late),
+                     ratio(lambda x: max(x.late, default=None)),
+                     f"max <= {e.target_s * 1000:,.0f} ms", verdict(e.met)))
+        rows.append((f"{tag}   events received / within {e.target_s * 1000:,.0f} ms",
+                     beside(received), received(e), "-", "-", "info"))
         if e.name == "burst" and e.late and max(e.late) > 0:
-            rows.append((f"[{e.name}]   drain rate (events / latest lateness)", "-",
-                         f"{len(e.late) / max(e.late):,.0f} forced returns/s", "-", "-",
-                         "info"))
-        rows.append((f"[{e.name}]   returned_at - deadline, every branch (branch.list)", "-",
-                     triple(e.returned_late), "-", "-", "info"))
-        rows.append((f"[{e.name}]   event read by the client - deadline", "-",
-                     triple(e.received_late), "-", "-", "info"))
-        rows.append((f"[{e.name}]   daemon.ping while deadlines pass, max / p99 / p50 "
-                     f"({len(e.pings)} req)", "-", triple(e.pings), "-", "-", "info"))
-        if e.cpu_seconds is not None and e.expiry_seconds:
-            rows.append((f"[{e.name}]   daemon CPU while deadlines pass", "-",
-                         f"{e.cpu_seconds:.1f} s in {e.expiry_seconds:.1f} s "
-                         f"({e.cpu_seconds / e.branches * 1e6:,.0f} us per branch)",
-                         "-", "-", "info"))
+            rows.append((f"{tag}   drain rate (events / latest lateness)",
+                         beside(lambda x: f"{len(x.late) / max(x.late):,.0f}/s"
+                                if x.late and max(x.late) > 0 else "-"),
+                         f"{len(e.late) / max(e.late):,.0f}/s", "-", "-", "info"))
+        rows.append((f"{tag}   returned_at - deadline, every branch (branch.list)",
+                     beside(lambda x: triple(x.returned_late)), triple(e.returned_late),
+                     ratio(lambda x: max(x.returned_late, default=None)), "-", "info"))
+        rows.append((f"{tag}   event read by the client - deadline",
+                     beside(lambda x: triple(x.received_late)), triple(e.received_late),
+                     ratio(lambda x: max(x.received_late, default=None)), "-", "info"))
+        rows.append((f"{tag}   daemon.ping while deadlines pass, max / p99 / p50 "
+                     f"({len(e.pings)} req)", beside(lambda x: triple(x.pings)),
+                     triple(e.pings), ratio(lambda x: max(x.pings, default=None)), "-",
+                     "info"))
+        rows.append((f"{tag}   daemon CPU while deadlines pass", beside(cpu), cpu(e),
+                     ratio(lambda x: x.cpu_seconds), "-", "info"))
         live_ratio = (f"{e.live_rss / e.idle_rss:.2f}x"
                       if e.live_rss and e.idle_rss else "-")
-        rows.append((f"[{e.name}] RSS with {e.live_branches_reported:,} live (daemon.status)",
+        rows.append((f"{tag} RSS with {e.live_branches_reported:,} live (daemon.status)",
                      f"{mb(e.idle_rss)} idle", mb(e.live_rss), live_ratio, "-", "info"))
         if e.live_rss and e.idle_rss:
-            rows.append((f"[{e.name}]   memory per live branch (live - idle) / branches", "-",
+            rows.append((f"{tag}   memory per live branch (live - idle) / branches",
+                         beside(lambda x: f"{(x.live_rss - x.idle_rss) / x.branches / 1000:,.1f}"
+                                f" KB" if x.live_rss and x.idle_rss else "-"),
                          f"{(e.live_rss - e.idle_rss) / e.branches / 1000:,.1f} KB", "-", "-",
                          "info"))
         peak_met = e.peak_rss is not None and e.peak_rss <= RSS_TARGET_BYTES
-        rows.append((f"[{e.name}] peak RSS (VmHWM)", f"{mb(e.idle_rss)} idle", mb(e.peak_rss),
+        rows.append((f"{tag} peak RSS (VmHWM)", f"{mb(e.idle_rss)} idle", mb(e.peak_rss),
                      f"{e.peak_rss / e.idle_rss:.2f}x" if e.peak_rss and e.idle_rss else "-",
                      f"<= {RSS_TARGET_BYTES / 1e6:g} MB", verdict(peak_met)))
 
@@ -623,29 +682,36 @@ class Report:
             print(f"full branches at return: {min(lat.full_tokens):,}-{max(lat.full_tokens):,}"
                   f" of {FULL_BUDGET:,} tokens (opening included); none force-returned")
         for e in self.expiries:
-            print(f"[{e.name}] {e.plan}: after creation ended, deadlines fell "
+            tag = (f"[{e.name}]" if e.name == "spread" else f"[{e.name} {e.branches:,}]") + (
+                "" if e.revision == "this tree" else f" ({e.revision})")
+            print(f"{tag} {e.plan}: after creation ended, deadlines fell "
                   f"{e.deadline_window[0]:.1f}-{e.deadline_window[1]:.1f} s later; branch "
                   f"statuses {e.statuses}; events dropped by the daemon: {e.dropped}; daemon "
                   f"exit code {e.exit_code}")
             missing = e.branches - len(e.late)
             if missing:
-                print(f"[{e.name}] {missing:,} forced-return events never arrived")
+                print(f"{tag} {missing:,} forced-return events never arrived")
             for row in e.log_problems[:5]:
-                print(f"[{e.name}] daemon log: {row}")
+                print(f"{tag} daemon log: {row}")
             if len(e.log_problems) > 5:
-                print(f"[{e.name}] ... {len(e.log_problems) - 5} more warnings/errors in the log")
+                print(f"{tag} ... {len(e.log_problems) - 5} more warnings/errors in the log")
 
 
 # ---- the run ---------------------------------------------------------------------------
 
-def _daemon(stack: contextlib.ExitStack, root: Path, phase: str,
-            args: argparse.Namespace) -> DaemonProcess:
+def _daemon(stack: contextlib.ExitStack, root: Path, phase: str, args: argparse.Namespace,
+            tree: Path | None = None, env: dict[str, str] | None = None) -> DaemonProcess:
+    """A fresh daemon for ``phase``, of this tree or of the baseline's ``tree``."""
     home = root / phase
     home.mkdir()
     if args.keep_logs:
         stack.callback(_copy_log, home / "ctxd.log", Path(args.keep_logs) / f"ctxd-{phase}.log")
     profile = Path(f"{args.profile_ctxd}.{phase}") if args.profile_ctxd else None
-    return stack.enter_context(DaemonProcess(home, profile=profile).running())
+    server = DaemonProcess(home, profile=profile, env=env or {})
+    if tree is None:
+        return stack.enter_context(server.running())
+    stack.callback(server.stop)
+    return server.start(cwd=tree)
 
 
 def _copy_log(log: Path, destination: Path) -> None:
@@ -672,20 +738,36 @@ def run_benchmark(report: Report) -> None:
                     latency_round(caller, texts, args, round_number, report.latency,
                                   server.proc.pid)
                 create_rate = max(report.latency.create_rates)
-        for variant in ("spread", "burst"):
-            if variant not in args.only:
-                continue
+        if "spread" in args.only:
             with contextlib.ExitStack() as stack:
-                print(f"{variant}: starting ctxd ...", flush=True)
-                server = _daemon(stack, root, variant, args)
-                report.expiries.append(run_expiry(server, args, variant, create_rate, texts))
+                print("spread: starting ctxd ...", flush=True)
+                server = _daemon(stack, root, "spread", args)
+                report.expiries.append(run_expiry(server, args, "spread", args.branches,
+                                                  create_rate, texts))
+        if "burst" not in args.only:
+            return
+        revisions: list[tuple[str, Path | None]] = [("this tree", None)]
+        if args.baseline != "none":
+            print(f"burst: the baseline is {args.baseline}", flush=True)
+            revisions.insert(0, (args.baseline, outer.enter_context(checkout(args.baseline))))
+        for count in args.bursts:
+            # Every event of the burst fits in the subscriber's buffer: none is dropped.
+            env = {"CTXD_EVENT_BUFFER": str(count + EVENT_BUFFER_SPARE)}
+            for revision, tree in revisions:
+                with contextlib.ExitStack() as stack:
+                    print(f"burst of {count:,}: starting ctxd ({revision}) ...", flush=True)
+                    phase = f"burst-{count}-{'this' if tree is None else 'baseline'}"
+                    server = _daemon(stack, root, phase, args, tree, env)
+                    report.expiries.append(run_expiry(server, args, "burst", count,
+                                                      create_rate, texts, revision))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     cli = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     cli.add_argument("--quick", action="store_true",
                      help="a short run: 1 round, 2,000 branches, smaller samples, spread "
-                          "3-8 s, burst at 3 s (explicit options still win)")
+                          "3-8 s, bursts of 1,000 and 2,000 at 3 s (explicit options still "
+                          "win)")
     cli.add_argument("--rounds", type=int, help="interleaved latency rounds (default 3)")
     cli.add_argument("--pings", type=int, help="daemon.ping per round (default 1000)")
     cli.add_argument("--appends", type=int, help="baseline appends per round (default 500)")
@@ -695,7 +777,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     cli.add_argument("--rate-creates", type=int,
                      help="pipelined creates per round for the throughput (default 1000)")
     cli.add_argument("--branches", type=int,
-                     help="live branches in the spread and burst phases (default 10000)")
+                     help="live branches in the spread phase (default 10000)")
+    cli.add_argument("--bursts", type=lambda text: [int(x) for x in text.split(",")],
+                     help="comma-separated sizes of the bursts of coincident deadlines "
+                          "(default 1000,10000)")
+    cli.add_argument("--baseline", default="main",
+                     help="the git revision whose daemon runs each burst first, as the "
+                          "baseline (default main; none: no baseline)")
     cli.add_argument("--per-session", type=int, default=10,
                      help="branches per session (default 10, the daemon's limit)")
     cli.add_argument("--spread", type=lambda text: tuple(float(x) for x in text.split(",")),
@@ -714,11 +802,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     cli.add_argument("--keep-logs", metavar="DIR", help="copy the daemons' logs to DIR")
     args = cli.parse_args(argv)
     defaults = ({"rounds": 1, "pings": 300, "appends": 200, "creates": 200, "returns": 30,
-                 "rate_creates": 300, "branches": 2000, "spread": (3.0, 8.0),
-                 "burst_after": 3.0} if args.quick else
+                 "rate_creates": 300, "branches": 2000, "bursts": [1000, 2000],
+                 "spread": (3.0, 8.0), "burst_after": 3.0} if args.quick else
                 {"rounds": 3, "pings": 1000, "appends": 500, "creates": 500, "returns": 100,
-                 "rate_creates": 1000, "branches": 10_000, "spread": (5.0, 15.0),
-                 "burst_after": 5.0})
+                 "rate_creates": 1000, "branches": 10_000, "bursts": [1000, 10_000],
+                 "spread": (5.0, 15.0), "burst_after": 5.0})
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -728,7 +816,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if len(args.spread) != 2 or not 0 < args.spread[0] <= args.spread[1]:
         cli.error("--spread takes LOW,HIGH with 0 < LOW <= HIGH")
     if min(args.rounds, args.window, args.per_session, args.branches, args.creates,
-           args.returns, args.appends, args.pings, args.rate_creates) < 1:
+           args.returns, args.appends, args.pings, args.rate_creates, *args.bursts) < 1:
         cli.error("counts must be at least 1")
     return args
 

@@ -18,7 +18,14 @@ raw blocking socket client in this process that pre-encodes its request lines):
   one request at a time, (a) one message per request, (b) 100 messages per request. The
   session's budget is large enough never to reach the hard block; the client checks each
   reply (no error, one ``appended`` entry per message, tokens counted) and afterwards that
-  the session's ``message_count`` equals what it sent.
+  the session's ``message_count`` equals what it sent. Beside (a), in the same rounds, the
+  echo baseline and ctxd's ``daemon.ping`` one request at a time: the daemon's CPU time per
+  append (all threads, read from /proc: CPU time, not wall time, so other work on the
+  machine counts little) over the echo server's CPU time per request, and over ctxd's own
+  per ping. ``--baseline REV`` runs the append passes against a daemon of that revision
+  too (``git archive`` of it, this interpreter), in lockstep (one request to each daemon
+  in turn, each one's CPU time read over the same window, so both see the same machine):
+  the same figures for both and this tree's over the revision's.
 
 Machines are shared and noisy, so the passes are interleaved over ``--rounds`` rounds and
 each figure is the best round, with the range of all rounds beside it. The script reports;
@@ -26,7 +33,8 @@ it always exits 0 once the servers have started. ``--profile-ctxd FILE`` runs th
 under cProfile (figures are then slower and only good for finding hot spots) and
 ``--only`` picks passes, e.g. ``--only single --profile-ctxd /tmp/single.prof``.
 
-Run: ``python bench/rpc.py`` (about 20 s).
+Run: ``python bench/rpc.py`` (about 30 s); ``python bench/rpc.py --only single --rounds 5
+--baseline 6ea803f`` for the append path against that revision.
 """
 
 from __future__ import annotations
@@ -53,7 +61,7 @@ import trio
 
 # The daemon starter of the end-to-end tests, shared with them (tests/daemon_process.py).
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
-from _common import percentile
+from _common import checkout, percentile
 from daemon_process import DaemonFailed, DaemonProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -321,6 +329,23 @@ def sequential_latencies(client: RawClient, make_line: Callable[[int], bytes], c
     return samples
 
 
+def sequential_round(client: RawClient, pid: int, make_line: Callable[[int], bytes],
+                     seconds: float) -> tuple[float, Usage]:
+    """Requests/s of one request at a time for ``seconds``, and what the server used."""
+    for request_id in range(1, 101):  # warm-up
+        check_reply(client.call(make_line(request_id)))
+    answered = 0
+    probe = UsageProbe(pid)
+    started = time.perf_counter()
+    now = started
+    while now < started + seconds:
+        answered += 1
+        if check_reply(client.call(make_line(answered))) != answered:
+            raise BenchError("reply to the wrong request")
+        now = time.perf_counter()
+    return answered / (now - started), probe.stop(answered)
+
+
 def process_cpu_seconds(pid: int) -> float | None:
     """User + system CPU seconds of a process, all its threads (None where /proc is absent)."""
     try:
@@ -479,6 +504,18 @@ class Rounds:
 
 
 @dataclass
+class SequentialRun:
+    """Requests one at a time over all rounds: their rate and what the server used."""
+
+    rate: Rounds = field(default_factory=Rounds)
+    usage: Usage = field(default_factory=Usage)
+
+    def add(self, measured: tuple[float, Usage]) -> None:
+        self.rate.values.append(measured[0])
+        self.usage.add(measured[1])
+
+
+@dataclass
 class AppendRun:
     """The figures of one kind of append over all rounds."""
 
@@ -540,29 +577,39 @@ class AppendSession:
         self.session_id = ""
 
 
-def append_round(client: RawClient, pid: int, source: MessageSource, batch: int,
-                 seconds: float, run: AppendRun, tag: str) -> None:
-    session = AppendSession(client, tag)
-    for _ in range(3):  # warm-up: the actor starts and loads its record
-        session.append(source.take(batch), batch)
+def append_round(targets: Sequence[tuple[RawClient, int, AppendRun]], source: MessageSource,
+                 batch: int, seconds: float, tag: str) -> None:
+    """Append for ``seconds`` to each target (a daemon's connection, its pid, its figures)
+    in turn, one request each, so that several daemons are measured over the same moments
+    of a noisy machine: each one's CPU time is read over the same window, its rate is its
+    messages over the time its own requests took (over the whole window with one target).
+    """
+    sessions = [AppendSession(client, f"{tag}-{n}") for n, (client, _, _) in enumerate(targets)]
+    for session in sessions:
+        for _ in range(3):  # warm-up: the actor starts and loads its record
+            session.append(source.take(batch), batch)
+    tokens_before = [session.tokens for session in sessions]
+    busy = [0.0] * len(targets)
     messages = 0
-    tokens_before = session.tokens
-    probe = UsageProbe(pid)
+    probes = [UsageProbe(pid) for _, pid, _ in targets]
     started = time.perf_counter()
-    stop_at = started + seconds
     now = started
-    while now < stop_at:
-        payload = source.take(batch)
-        sent_at = time.perf_counter()
-        session.append(payload, batch)
-        now = time.perf_counter()
-        run.latencies.append(now - sent_at)
+    while now < started + seconds:
+        for n, (session, (_, _, run)) in enumerate(zip(sessions, targets, strict=True)):
+            payload = source.take(batch)
+            sent_at = time.perf_counter()
+            session.append(payload, batch)
+            now = time.perf_counter()
+            run.latencies.append(now - sent_at)
+            busy[n] += now - sent_at
         messages += batch
-    run.rate.values.append(messages / (now - started))
-    run.usage.add(probe.stop(messages))
-    run.messages += messages
-    run.tokens += max(0, session.tokens - tokens_before)
-    session.verify_and_delete()
+    for n, (session, probe, (_, _, run)) in enumerate(zip(sessions, probes, targets,
+                                                          strict=True)):
+        run.rate.values.append(messages / (now - started if len(targets) == 1 else busy[n]))
+        run.usage.add(probe.stop(messages))
+        run.messages += messages
+        run.tokens += max(0, session.tokens - tokens_before[n])
+        session.verify_and_delete()
 
 
 # ---- the report ------------------------------------------------------------------------
@@ -596,6 +643,10 @@ class Report:
     ctxd_latency: list[float] = field(default_factory=list)
     single: AppendRun = field(default_factory=AppendRun)
     batched: AppendRun = field(default_factory=AppendRun)
+    echo_sequential: SequentialRun = field(default_factory=SequentialRun)
+    ping_sequential: SequentialRun = field(default_factory=SequentialRun)
+    base_single: AppendRun = field(default_factory=AppendRun)
+    base_batched: AppendRun = field(default_factory=AppendRun)
 
     def print(self) -> None:
         args = self.args
@@ -629,22 +680,47 @@ class Report:
                 rows.append((f"daemon.ping latency {label}, one at a time "
                              f"({len(self.ctxd_latency)} req)", ms(echo), ms(ctxd),
                              f"{ctxd / echo:.2f}x", "-", "info", ""))
-        for run, name, target in ((self.single, "1 msg/request", SINGLE_TARGET),
-                                  (self.batched, f"{BATCH_SIZE} msgs/request", BATCHED_TARGET)):
+        for run, base, name, target in (
+                (self.single, self.base_single, "1 msg/request", SINGLE_TARGET),
+                (self.batched, self.base_batched, f"{BATCH_SIZE} msgs/request",
+                 BATCHED_TARGET)):
             if not run.rate.values:
                 continue
-            rows.append((f"message.append msgs/s, 1 KB, {name}, sequential", "-",
-                         f"{run.rate.best:,.0f}", "-", f">= {target:,.0f}",
-                         verdict(run.rate.best >= target), run.rate.spread()))
+            echo = self.echo_sequential if run is self.single else SequentialRun()
+            rows.append((f"message.append msgs/s, 1 KB, {name}, sequential",
+                         f"{echo.rate.best:,.0f} req/s" if echo.rate.values else "-",
+                         f"{run.rate.best:,.0f}",
+                         f"{run.rate.best / echo.rate.best:.2f}x" if echo.rate.values else "-",
+                         f">= {target:,.0f}", verdict(run.rate.best >= target),
+                         run.rate.spread()))
             rows.append((f"  request latency p50 / p99 ({name})", "-",
                          f"{ms(percentile(run.latencies, 0.5))} / "
                          f"{ms(percentile(run.latencies, 0.99))}", "-", "-", "info", ""))
             per_message = run.usage.server_us_per_unit()
+            echo_cpu = echo.usage.server_us_per_unit()
             if per_message is not None:
-                rows.append((f"  ctxd CPU per message, all threads ({name})", "-",
-                             f"{per_message:.1f} us", "-", "-", "info", ""))
+                rows.append((f"  daemon CPU per message, all threads ({name})",
+                             "-" if echo_cpu is None else f"{echo_cpu:.1f} us",
+                             f"{per_message:.1f} us",
+                             "-" if echo_cpu is None else f"{per_message / echo_cpu:.1f}x",
+                             "-", "info", ""))
+            ping_cpu = self.ping_sequential.usage.server_us_per_unit()
+            if run is self.single and per_message is not None and ping_cpu is not None:
+                rows.append(("  ctxd CPU per daemon.ping, one at a time",
+                             "-" if echo_cpu is None else f"{echo_cpu:.1f} us",
+                             f"{ping_cpu:.1f} us",
+                             f"append {per_message / ping_cpu:.1f}x", "-", "info", ""))
             rows.append((f"  CPU busy, ctxd / load generator ({name})", "-",
                          run.usage.busy(), "-", "-", "info", ""))
+            base_cpu = base.usage.server_us_per_unit()
+            if base.rate.values and base_cpu is not None and per_message is not None:
+                label = args.baseline
+                rows.append((f"  {label}: msgs/s ({name})", "-", f"{base.rate.best:,.0f}",
+                             f"this tree {run.rate.best / base.rate.best:.2f}x", "-", "info",
+                             base.rate.spread()))
+                rows.append((f"  {label}: daemon CPU per message ({name})", "-",
+                             f"{base_cpu:.1f} us", f"this tree {per_message / base_cpu:.2f}x",
+                             "-", "info", ""))
         print_table(rows)
         appended = self.single.messages + self.batched.messages
         if appended:
@@ -665,12 +741,19 @@ def run_benchmark(report: Report) -> None:
         if args.keep_logs:
             stack.callback(copy_logs, root, Path(args.keep_logs))
         print(f"starting the echo baseline and ctxd in {root} ...", flush=True)
-        echo = start_echo(stack, root) if passes & {"ping", "latency"} else None
+        echo = start_echo(stack, root) if passes & {"ping", "latency", "single"} else None
         ctxd = stack.enter_context(DaemonProcess(
             root, profile=Path(args.profile_ctxd) if args.profile_ctxd else None).running())
         ctxd_client = stack.enter_context(contextlib.closing(RawClient(ctxd.socket)))
         echo_client = (stack.enter_context(contextlib.closing(RawClient(echo.socket_path)))
                        if echo is not None else None)
+        base: DaemonProcess | None = None
+        base_client: RawClient | None = None
+        if args.baseline:
+            base = DaemonProcess(root, name="baseline", data=root / "baseline-data")
+            base.start(cwd=stack.enter_context(checkout(args.baseline)))
+            stack.callback(base.stop)
+            base_client = stack.enter_context(contextlib.closing(RawClient(base.socket)))
         source = MessageSource()
         for round_number in range(1, args.rounds + 1):
             print(f"round {round_number}/{args.rounds}: " + ", ".join(sorted(passes)),
@@ -689,12 +772,21 @@ def run_benchmark(report: Report) -> None:
                     echo_client, ping_line, args.latency_count, args.seconds)
                 report.ctxd_latency += sequential_latencies(
                     ctxd_client, ping_line, args.latency_count, args.seconds)
-            if "single" in passes:
-                append_round(ctxd_client, ctxd.proc.pid, source, 1, args.append_seconds,
-                             report.single, f"single-r{round_number}")
-            if "batched" in passes:
-                append_round(ctxd_client, ctxd.proc.pid, source, BATCH_SIZE,
-                             args.append_seconds, report.batched, f"batched-r{round_number}")
+            if "single" in passes and echo is not None and echo_client is not None:
+                report.echo_sequential.add(sequential_round(
+                    echo_client, echo.proc.pid, ping_line, args.append_seconds))
+                report.ping_sequential.add(sequential_round(
+                    ctxd_client, ctxd.proc.pid, ping_line, args.append_seconds))
+            for kind, batch, run, base_run in (
+                    ("single", 1, report.single, report.base_single),
+                    ("batched", BATCH_SIZE, report.batched, report.base_batched)):
+                if kind not in passes:
+                    continue
+                targets = [(ctxd_client, ctxd.proc.pid, run)]
+                if base is not None and base_client is not None and base.proc is not None:
+                    targets.append((base_client, base.proc.pid, base_run))  # in lockstep
+                append_round(targets, source, batch, args.append_seconds,
+                             f"{kind}-r{round_number}")
         try:
             code = ctxd.stop()
         except DaemonFailed:  # it ignored SIGTERM and was killed
@@ -734,6 +826,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     cli.add_argument("--only", type=lambda text: text.split(","),
                      default=["ping", "latency", "single", "batched"],
                      help="comma-separated passes: ping,latency,single,batched")
+    cli.add_argument("--baseline", metavar="REV",
+                     help="run the append passes against a daemon of this revision too")
     cli.add_argument("--profile-ctxd", metavar="FILE",
                      help="run ctxd under cProfile and write its profile to FILE")
     cli.add_argument("--keep-logs", metavar="DIR", help="copy the servers' logs to DIR")

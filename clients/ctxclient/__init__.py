@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         BudgetExhausted,
         Cancelled,
         ContextLimitExceeded,
+        CtxdClientError,
         DaemonUnavailable,
         InternalError,
         InvalidParams,
@@ -38,10 +39,11 @@ if TYPE_CHECKING:
     from ctxclient._sync import Client
 
 __all__ = ["ERRORS", "AsyncClient", "BadSocketPath", "BudgetExhausted", "Cancelled", "Client",
-           "ContextLimitExceeded", "DaemonUnavailable", "InternalError", "InvalidParams",
-           "InvalidRequest", "InvalidState", "LimitReached", "MethodNotFound", "NotFound",
-           "Overloaded", "ParseError", "RpcError", "StorageError", "Timeout", "UntrustedSocket",
-           "connect", "daemon_command", "private_environment", "spawn_daemon"]
+           "ContextLimitExceeded", "CtxdClientError", "DaemonUnavailable", "InternalError",
+           "InvalidParams", "InvalidRequest", "InvalidState", "LimitReached", "MethodNotFound",
+           "NotFound", "Overloaded", "ParseError", "RpcError", "StorageError", "Timeout",
+           "UntrustedSocket", "connect", "daemon_command", "private_environment",
+           "spawn_daemon"]
 
 _HOMES = {"AsyncClient": "_async", "connect": "_async", "Client": "_sync",
           "daemon_command": "_spawn", "private_environment": "_spawn", "spawn_daemon": "_spawn"}

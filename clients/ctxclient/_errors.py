@@ -1,4 +1,5 @@
-"""Client-side errors: one `RpcError` subclass per error code (docs/protocol.md, Errors)."""
+"""Client-side errors, one tree under `CtxdClientError`: `RpcError` and one subclass of it per
+error code (docs/protocol.md, Errors), `DaemonUnavailable` when no daemon answers."""
 
 from __future__ import annotations
 
@@ -11,7 +12,23 @@ from ctxd.errors import ErrorCode
 from ctxd.paths import MAX_SOCKET_PATH
 
 
-class RpcError(Exception):
+class CtxdClientError(Exception):
+    """The base of every error the client raises about the daemon: catch it for any call
+    that did not get an answer (``except CtxdClientError``), a subclass for one reason.
+
+    ::
+
+        CtxdClientError
+        ├── RpcError               the daemon answered with an error
+        │   └── NotFound, InvalidParams, …   one class per error code
+        ├── DaemonUnavailable      no daemon answers (also a ConnectionError)
+        │   └── BadSocketPath      none could: the path is wrong
+        │       └── UntrustedSocket   not the user's own ctxd's
+        └── PumpError              ctxctl mcp could not bind or pump (DaemonBusy: try again)
+    """
+
+
+class RpcError(CtxdClientError):
     """The daemon answered with a JSON-RPC error; the base of one class per code.
 
     Catch a subclass (``except NotFound``) for one code, or ``RpcError`` for any.
@@ -97,8 +114,9 @@ def rpc_error(code: int, message: str, data: Any = None) -> RpcError:
     return ERRORS.get(code, RpcError)(code, message, data)
 
 
-class DaemonUnavailable(ConnectionError):
-    """No daemon listens on the socket (or the connection was lost)."""
+class DaemonUnavailable(CtxdClientError, ConnectionError):
+    """No daemon listens on the socket (or the connection was lost); still a
+    `ConnectionError`, as it was before `CtxdClientError` existed."""
 
     def __init__(self, path: str, reason: str):
         super().__init__(f"no ctxd daemon is running on {path} ({reason}); start it with `ctxd`")

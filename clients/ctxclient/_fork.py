@@ -5,14 +5,13 @@ afterwards."""
 from __future__ import annotations
 
 import argparse
-import json
 import secrets
 import sys
 from pathlib import Path
 from typing import Any
 
 from ctxclient._errors import RpcError
-from ctxclient._output import Column, Listing, Output, cell
+from ctxclient._output import Column, Lines, Listing, Output, cell
 from ctxclient._sync import Client
 
 FORMATS = {"claude-code": "a Claude Code JSONL transcript",
@@ -42,15 +41,12 @@ def stats_listing(result: dict[str, Any], title: str) -> Listing:
 
 
 def _print(result: dict[str, Any], args: argparse.Namespace, out: Output, title: str) -> None:
-    if out.json:
-        shown = {"stats": result["stats"], "tokens": result["tokens"]} if args.stats \
-            else result
-        sys.stdout.write(json.dumps(shown, indent=2, ensure_ascii=False) + "\n")
-    elif args.stats:
-        out.listing(stats_listing(result, title), "")
+    if args.stats:
+        out.emit({"stats": result["stats"], "tokens": result["tokens"]},
+                 stats_listing(result, title))
     else:
-        text = result["preamble"] + ("\n\n" + result["context"] if result["context"] else "")
-        sys.stdout.write(text + "\n")
+        out.emit(result, Lines([result["preamble"] + (
+            "\n\n" + result["context"] if result["context"] else "")]))
 
 
 def _read(imported: dict[str, Any]) -> str:
@@ -91,7 +87,7 @@ def _from_file(client: Client, args: argparse.Namespace, out: Output) -> int:
             return 1
         result = client.call("context.fork", {"session_id": session})
     except RpcError as exc:
-        if out.json or exc.code != -32602:
+        if out.json or exc.code != -32602:  # as JSON, the error itself (ctxctl's main)
             raise
         data = exc.data if isinstance(exc.data, dict) else {}
         print(f"ctxctl: {data.get('reason', exc.message)}\n{pick}", file=sys.stderr)

@@ -5,13 +5,12 @@ added."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from ctxclient._errors import RpcError
-from ctxclient._output import Column, Listing, Output, cell
+from ctxclient._output import Column, Listing, Note, Output, cell
 from ctxclient._sync import Client
 from ctxd.errors import ErrorCode
 
@@ -122,25 +121,23 @@ def cmd_import(client: Client, args: argparse.Namespace, out: Output) -> int:
         # committed stays, and the next import resumes there).
         result = client.call("transcript.import", params, timeout=None)
     except RpcError as exc:
-        if out.json:
+        if out.json:  # the error itself, as JSON (ctxctl's main)
             raise
         _explain(exc, args, path)
         return 1
-    if out.json:
-        sys.stdout.write(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
-        return 0
     whole = whole_document(result, path)
     if _nothing_new(result):
-        out.note(f"nothing new: {path} is imported into session {result['session_id']} "
-                 + (f"up to {result['offset']:,} of {result['size']:,} bytes" if not whole
-                    else f"up to its {result['offset']:,} "
-                    + ("records" if result["format"] == "claude-code" else "messages")),
-                 style="")
+        out.emit(result, Note(
+            f"nothing new: {path} is imported into session {result['session_id']} "
+            + (f"up to {result['offset']:,} of {result['size']:,} bytes" if not whole
+               else f"up to its {result['offset']:,} "
+               + ("records" if result["format"] == "claude-code" else "messages")),
+            style=""))
         return 0
-    out.listing(summary(result, whole), "")
     verb = "created" if result["created"] else "added to"
-    out.note(f"({verb} session {result['session_id']}"
-             + (", imported again from the start" if result["restarted"] else "") + ")")
+    out.emit(result, summary(result, whole), Note(
+        f"({verb} session {result['session_id']}"
+        + (", imported again from the start" if result["restarted"] else "") + ")"))
     return 0
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from ctxclient._codec import encode
+from ctxclient._errors import CtxdClientError
 from ctxclient._spawn import spawn_daemon
 from ctxd.errors import ErrorCode
 from ctxd.paths import UntrustedSocket, check_peer, check_socket_directory, default_socket_path
@@ -31,7 +32,7 @@ SOCKET_UNITS = (Path("/etc/systemd/user/ctxd.socket"), Path("/usr/lib/systemd/us
 """Where a systemd user socket unit for ctxd is installed system-wide."""
 
 
-class PumpError(Exception):
+class PumpError(CtxdClientError):
     """What ctxctl mcp says on stderr before exiting 1."""
 
 

@@ -1,9 +1,11 @@
-"""How ctxctl prints a listing: a rich table fitted to the terminal, plain rows, or TSV.
+"""How ctxctl prints what a command got: as JSON, or its parts (a listing, fields, lines,
+notes) as a rich table fitted to the terminal, plain rows, or TSV.
 
-A table never cuts an id or a state: when the terminal is too narrow for every column, the
-columns that matter least are left out, and text columns wrap. Plain output (the default
-when standard output is not a terminal) is one row per line, columns aligned with spaces,
-no box drawing, so ``grep``, ``awk`` and ``wc -l`` work on it.
+A command hands its result and its parts to `Output.emit`, which prints the one or the
+others by ``--format``. A table never cuts an id or a state: when the terminal is too narrow
+for every column, the columns that matter least are left out, and text columns wrap. Plain
+output (the default when standard output is not a terminal) is one row per line, columns
+aligned with spaces, no box drawing, so ``grep``, ``awk`` and ``wc -l`` work on it.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol
 
+import msgspec
 from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
@@ -60,6 +63,13 @@ def cell(value: str | Text, plain: str | None = None) -> Cell:
     return Cell(shown, shown.plain if plain is None else plain)
 
 
+class Part(Protocol):
+    """A piece of what a command prints in the text formats (table, plain, TSV)."""
+
+    def show(self, out: Output) -> None:
+        """Print it as ``out.format`` says."""
+
+
 @dataclass
 class Listing:
     """Rows under columns, with a title that only a table shows."""
@@ -67,6 +77,77 @@ class Listing:
     columns: Sequence[Column]
     rows: list[list[Cell]] = field(default_factory=list)
     title: str | None = None
+    empty: str = ""
+    """What is said instead when there are no rows (see `Output.listing`)."""
+
+    def show(self, out: Output) -> None:
+        out.listing(self, self.empty)
+
+
+FIELD_COLUMNS = (Column("field"), Column("value", wrap=True, min_width=20))
+
+
+@dataclass(frozen=True)
+class Fields:
+    """Name/value pairs of one thing, shown whole: aligned lines without a frame in a
+    table; without a header line in plain and TSV output."""
+
+    pairs: Sequence[tuple[str, str]]
+
+    def show(self, out: Output) -> None:
+        if out.format == "table":
+            grid = Table.grid(padding=(0, 2))
+            grid.add_column(style="bold", no_wrap=True)
+            grid.add_column(overflow="fold")
+            for name, value in self.pairs:
+                grid.add_row(name, Text(value))
+            out.console.print(grid)
+            return
+        listing = Listing(FIELD_COLUMNS, [[cell(name), cell(value)] for name, value in self.pairs])
+        out.lines(plain_lines(listing, headers=False) if out.format == "plain"
+                  else tsv_lines(listing, headers=False))
+
+
+@dataclass(frozen=True)
+class Lines:
+    """Lines as they are, on standard output, whatever the text format."""
+
+    lines: Sequence[str]
+
+    def show(self, out: Output) -> None:
+        out.lines(self.lines)
+
+
+@dataclass(frozen=True)
+class Raw:
+    """Text as it is, without a newline added (a page of an offloaded result)."""
+
+    text: str
+
+    def show(self, out: Output) -> None:
+        sys.stdout.write(self.text)
+        sys.stdout.flush()
+
+
+@dataclass(frozen=True)
+class Note:
+    """A remark about the output (`Output.note`)."""
+
+    text: str
+    style: str = "dim"
+
+    def show(self, out: Output) -> None:
+        out.note(self.text, self.style)
+
+
+@dataclass(frozen=True)
+class Stderr:
+    """A line on standard error, in every text format (the JSON says it otherwise)."""
+
+    text: str
+
+    def show(self, out: Output) -> None:
+        print(self.text, file=sys.stderr)
 
 
 def _one_line(text: str) -> str:
@@ -170,6 +251,37 @@ class Output:
     @property
     def json(self) -> bool:
         return self.format == "json"
+
+    def emit(self, value: Any, *parts: Part, one_line: bool = False) -> None:
+        """Print what a command got: ``value`` as JSON (indented, or on ``one_line`` for a
+        stream of them), else its ``parts`` in order in the text format chosen."""
+        if not self.json:
+            self.text(*parts)
+        elif one_line:
+            self.lines([msgspec.json.encode(value).decode()])
+        else:
+            self.print_json(value)
+
+    def text(self, *parts: Part) -> None:
+        """Print ``parts``, unless the format is JSON (whose value says the same)."""
+        if not self.json:
+            for part in parts:
+                part.show(self)
+
+    def row(self, value: Any, fields: Sequence[str]) -> None:
+        """One row of a stream (an event), printed at once: ``value`` as JSON on one line,
+        or its ``fields`` separated by a tab (TSV, as they are) or by two spaces."""
+        if self.json:
+            line = msgspec.json.encode(value).decode()
+        else:
+            line = ("\t" if self.format == "tsv" else "  ").join(fields)
+        self.lines([line])
+
+    @staticmethod
+    def print_json(value: Any) -> None:
+        """``value`` as indented JSON, whatever the format (`ctxctl call`)."""
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(value), indent=2).decode()
+                         + "\n")
 
     def listing(self, listing: Listing, empty: str) -> None:
         """Print a listing, or ``empty`` when it has no rows (on standard error, unless in

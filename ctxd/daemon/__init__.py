@@ -12,6 +12,7 @@ import trio
 
 from ctxd import __version__, config
 from ctxd.daemon._app import Daemon
+from ctxd.daemon._routes import ROUTES, On, Route
 from ctxd.daemon._socket import Lock, PlacementError, check_private_directory, check_socket_path
 from ctxd.errors import CtxdError
 from ctxd.store import DatabaseError, integrity_problems, recover
@@ -150,4 +151,4 @@ def _recover(database: Path) -> int:
     return 0
 
 
-__all__ = ["Daemon", "main"]
+__all__ = ["ROUTES", "Daemon", "On", "Route", "main"]

@@ -9,13 +9,14 @@ import signal
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
 import trio
 
-from ctxd import __version__, hub, hygiene, mcp, memory, sessions
+from ctxd import __version__, hub, memory
 from ctxd.config import Config
-from ctxd.daemon import _methods, _systemd
+from ctxd.daemon import _systemd
+from ctxd.daemon._methods import ClientLog
+from ctxd.daemon._routes import register_routes
 from ctxd.daemon._server import Server
 from ctxd.daemon._socket import Lock, bind_unix_socket, check_private_directory
 from ctxd.hub import EventBus
@@ -59,11 +60,6 @@ def fitting_connections(wanted: int, limit: int) -> int:
     return fitting
 
 
-async def _require_open(actor: Any) -> None:
-    """A session operation that raises unless the session exists and is open."""
-    actor.require_open()
-
-
 class Daemon:
     """Everything one ctxd process owns.
 
@@ -86,8 +82,16 @@ class Daemon:
         self.socket_path = config.socket
         """Where clients reach us: the configured path, or the activated socket's address."""
         self._signals = 0
+        self.requests = hub.Requests()
+        """The requests in flight that request.cancel may stop."""
+        self.checking = trio.Lock()
+        """Held while daemon.check reads the database (one check at a time)."""
+        self.client_log = ClientLog()
+        self.counter: TokenCounter
         self.supervisor: Supervisor
         self.memory: memory.Memory
+        self.turns: hub.Turns
+        self.dispatcher: Dispatcher
         self.server: Server
 
     def request_stop(self) -> None:
@@ -135,27 +139,24 @@ class Daemon:
             data_lock.release()
             log.info("ctxd stopped")
 
-    async def _serve(self, sock: socket.socket, counter: TokenCounter, activated: bool,
-                     max_connections: int) -> None:
-        dispatcher = Dispatcher()
+    def assemble(self, counter: TokenCounter, max_connections: int) -> None:
+        """Make the parts that serve, the store being open: memory, the supervisor, the
+        server, and its dispatcher with every route (ctxd/daemon/_routes.py). Nothing
+        runs until their tasks start."""
+        self.counter = counter
         self.memory = memory.Memory(self.store, memory.make_embedder(self.config.memory),
                                     Path(self.config.data_dir) / "memory.faiss",
                                     self.config.memory, self.bus, counter)
         self.supervisor = Supervisor(self.store, counter, self.bus, self.config, self.memory)
-        requests = hub.Requests()
-        self.server = Server(dispatcher, self.bus, self.config, max_connections, requests)
-        _methods.register(dispatcher, self, self.request_stop)
-        sessions.register(dispatcher, self.supervisor)
-        sessions.register_hub(dispatcher, self.supervisor)
-        memory.register(dispatcher, self.memory)
-        hygiene.register_prompt(dispatcher, counter,
-                                lambda session_id: self.supervisor.call(
-                                    session_id, lambda actor: actor.get()),
-                                self.memory)
-        hub.register(dispatcher, self.bus, self.config.max_subscriptions_per_connection)
-        hub.register_cancel(dispatcher, requests, hub.Turns(self.bus),
-                            lambda session_id: self.supervisor.call(session_id, _require_open))
-        mcp.register(dispatcher)
+        self.turns = hub.Turns(self.bus)
+        self.dispatcher = Dispatcher()
+        self.server = Server(self.dispatcher, self.bus, self.config, max_connections,
+                             self.requests)
+        register_routes(self.dispatcher, self)
+
+    async def _serve(self, sock: socket.socket, counter: TokenCounter, activated: bool,
+                     max_connections: int) -> None:
+        self.assemble(counter, max_connections)
         async with trio.open_nursery() as root:
             root.start_soon(self._watch_signals)
             root.start_soon(self.store.keep_wal_small)

@@ -117,9 +117,11 @@ class Connection:
         self._reply_sizes: deque[int] = deque(maxlen=REPLY_SIZES_KEPT)
         self._room = trio.Event()
         """Set (and replaced) whenever unsent answers leave or a started request's answer
-        is queued: `_wait_to_start` looks again."""
+        is queued while `_wait_to_start` waits for it: it looks again."""
+        self._room_waiters = 0
         self.last_active = trio.current_time()
-        self._read_scope = trio.CancelScope()
+        self._read_scope: trio.CancelScope | None = None
+        """The scope of the read waiting now, when a deadline may fall on it."""
         self._scope = trio.CancelScope()
         """Around everything it does: cancelled when it is dropped to make room."""
         self._line_open = False
@@ -139,8 +141,9 @@ class Connection:
         self._scope.cancel()
 
     def _wake(self) -> None:
-        self._room.set()
-        self._room = trio.Event()
+        if self._room_waiters:
+            self._room.set()
+            self._room = trio.Event()
 
     def _hold(self, size: int) -> None:
         self.server.bytes_inflight += size
@@ -285,20 +288,32 @@ class Connection:
     async def _receive(self) -> bytes | None:
         """The next chunk; None when the connection is to close (EOF, a timeout, evicted)."""
         while True:
-            if trio.current_time() >= self._read_deadline():
+            if not self._line_open and not self.server.config.idle_timeout_s:
+                # No deadline can fall on this read: only the reader opens a line, and
+                # without idle_timeout_s being idle sets none. A cancel scope per read
+                # was a measurable share of a small request's CPU (docs/performance.md).
+                data: bytes = await self.stream.receive_some(READ_CHUNK)
+                self.last_active = trio.current_time()
+                return data or None
+            deadline = self._read_deadline()
+            if trio.current_time() >= deadline:
                 log.info("closed a connection: %s", "its line was not finished within "
                          "partial_line_timeout_s" if self._line_open else
                          "idle for idle_timeout_s")
                 return None
-            self._read_scope = trio.CancelScope(deadline=self._read_deadline())
-            with self._read_scope:
-                data: bytes = await self.stream.receive_some(READ_CHUNK)
-                self.last_active = trio.current_time()
-                return data or None
+            self._read_scope = trio.CancelScope(deadline=deadline)
+            try:
+                with self._read_scope:
+                    data = await self.stream.receive_some(READ_CHUNK)
+                    self.last_active = trio.current_time()
+                    return data or None
+            finally:
+                self._read_scope = None
 
     def refresh_deadline(self) -> None:
-        """Its idle state changed: the read's deadline follows."""
-        self._read_scope.deadline = self._read_deadline()
+        """Its idle state changed: the deadline of the read waiting now follows."""
+        if self._read_scope is not None:
+            self._read_scope.deadline = self._read_deadline()
 
     async def _read_loop(self) -> None:
         limit = self.server.config.max_request_bytes
@@ -434,7 +449,8 @@ class Connection:
         try:
             if not previous.is_set():
                 await previous.wait()
-            await self._wait_to_start()
+            if self._outbox_bytes or self._sending_bytes or self._starting:
+                await self._wait_to_start()  # (with none of them there is room)
             self._starting += 1
             try:
                 if envelope is None:
@@ -503,7 +519,11 @@ class Connection:
             if self._outbox and not self._sending:
                 await self.flush()
             else:
-                await self._room.wait()
+                self._room_waiters += 1
+                try:
+                    await self._room.wait()
+                finally:
+                    self._room_waiters -= 1
 
 
 class Server:

@@ -1,7 +1,6 @@
 """Context folding: a session's branches with their deadlines and budgets, fold, rollback
 (docs/architecture.md). The session actor owns one `Branches` and calls it."""
 
-from ctxd.folding._actor import BranchActor
 from ctxd.folding._branches import (
     Branches,
     Discarded,
@@ -10,6 +9,7 @@ from ctxd.folding._branches import (
     Registry,
     not_active,
 )
+from ctxd.folding._deadlines import RETRY_S, DeadlineTimer, TimerStatistics
 from ctxd.folding._queries import (
     MessagesDiscarded,
     chunks,
@@ -23,7 +23,7 @@ from ctxd.folding._state import (
     rendered_tokens,
 )
 
-__all__ = ["OPENING_META", "BranchActor", "Branches", "Discarded", "Fold",
-           "MessagesDiscarded", "Opening", "Registry", "branch_note", "chunks",
-           "live_branch_counts", "not_active", "partial_result", "rendered_tokens",
+__all__ = ["OPENING_META", "RETRY_S", "Branches", "DeadlineTimer", "Discarded", "Fold",
+           "MessagesDiscarded", "Opening", "Registry", "TimerStatistics", "branch_note",
+           "chunks", "live_branch_counts", "not_active", "partial_result", "rendered_tokens",
            "thread_chain"]

@@ -1,4 +1,4 @@
-"""Branches: one session's live branches, their BranchActors, and the changes folding makes.
+"""Branches: one session's live branches, their deadlines, and the changes folding makes.
 
 The session actor owns one `Branches` and calls it: it plans a change (a new branch, a
 fold, a rollback), the actor adds the change's rows to its transaction (`stage_*`) next to
@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,7 @@ import trio
 from ctxd.config import Config
 from ctxd.errors import CtxdError, ErrorCode, limit_reached, not_found
 from ctxd.folding import _queries as q
-from ctxd.folding._actor import BranchActor
+from ctxd.folding._deadlines import DeadlineTimer
 from ctxd.folding._state import (
     BUDGET_WARNING,
     FORCED_STATUS,
@@ -156,7 +156,7 @@ class Discarded:
 
 
 class Branches:
-    """One session's live branches (its active ones), with a BranchActor each.
+    """One session's live branches (its active ones), and one timer for their deadlines.
 
     Args:
         session_id: the session.
@@ -165,35 +165,37 @@ class Branches:
         bus: where branch events are published.
         config: limits and defaults of branches.
         registry: the daemon's live branches.
-        on_deadline: called by a BranchActor whose deadline passed; the session actor
-            queues the forced return in order with its other requests.
+        on_deadline: called when the earliest deadline of a live branch has passed (once
+            for deadlines that pass together); the session actor queues the forced returns
+            in order with its other requests.
     """
 
     def __init__(self, session_id: str, store: Store, counter: TokenCounter, bus: EventBus,
                  config: Config, registry: Registry,
-                 on_deadline: Callable[[str], Awaitable[None]]):
+                 on_deadline: Callable[[], Awaitable[None]]):
         self.session_id = session_id
         self._store = store
         self._counter = counter
         self._bus = bus
         self._config = config
         self.registry = registry
-        self._on_deadline = on_deadline
         self.live: dict[str, Branch] = {}
         self._trio_deadlines: dict[str, float] = {}
         """Each live branch's deadline on trio's clock (``Branch.deadline`` is wall-clock)."""
-        self._actors: dict[str, BranchActor] = {}
-        self._nursery: trio.Nursery | None = None
+        self._timer = DeadlineTimer(on_deadline)
+        self._untouched: set[str] = set()
+        """Live branches created by this actor that hold nothing but their opening (see
+        `untouched`)."""
 
     # ---- the live set ------------------------------------------------------------------
 
     def start(self, nursery: trio.Nursery) -> None:
-        """Where the BranchActors run: the session actor's nursery (they end with it)."""
-        self._nursery = nursery
+        """Where the deadline timer runs: the session actor's nursery (it ends with it)."""
+        self._timer.start(nursery)
 
     async def load(self) -> None:
-        """Read the session's live branches and arm a BranchActor for each new one; a
-        branch already known keeps its deadline."""
+        """Read the session's live branches and arm the deadline of each new one; a branch
+        already known keeps its deadline."""
         stored = await self._store.read(q.live_branches, self.session_id)
         now_trio, now_wall = trio.current_time(), time.time()
         self.live = {branch.branch_id: branch for branch in stored}
@@ -204,25 +206,16 @@ class Branches:
             self._arm(branch)
 
     def _arm(self, branch: Branch) -> None:
-        """Start the branch's BranchActor in the session's nursery (once per branch)."""
-        running = self._actors.get(branch.branch_id)
-        if running is not None and not running.ended:
-            return
-        if self._nursery is None:
-            raise RuntimeError("the session actor is not running")
-        actor = BranchActor(branch.branch_id, self._trio_deadlines[branch.branch_id],
-                            self._on_deadline)
-        self._actors[branch.branch_id] = actor
+        """Wait for the branch's deadline (once per branch) and register it as live."""
+        self._timer.arm(branch.branch_id, self._trio_deadlines[branch.branch_id])
         self.registry.armed(branch.branch_id, self.session_id)
-        self._nursery.start_soon(actor.run)
 
     def _ended(self, branch_id: str) -> None:
         """Bookkeeping once a branch has left ``active`` in the store."""
         self.live.pop(branch_id, None)
+        self._untouched.discard(branch_id)
         self._trio_deadlines.pop(branch_id, None)
-        actor = self._actors.pop(branch_id, None)
-        if actor is not None:
-            actor.end()
+        self._timer.disarm(branch_id)
         self.registry.released(branch_id)
 
     @property
@@ -267,6 +260,12 @@ class Branches:
         """Every live branch, deepest (then newest) first: the order a closing session
         returns them in."""
         return sorted(self.live.values(), key=lambda b: (b.depth, b.fork_seq), reverse=True)
+
+    def untouched(self, branch_id: str) -> bool:
+        """Whether a live branch holds nothing but its opening messages: nothing appended
+        to it, no child folded into it, since this actor created it (a branch loaded from
+        the store may hold anything). Its forced return has no work to read."""
+        return branch_id in self._untouched
 
     def oldest_first(self) -> list[Branch]:
         return sorted(self.live.values(), key=lambda b: b.fork_seq)
@@ -351,6 +350,7 @@ class Branches:
         """The new branch committed: it is live, armed and announced."""
         branch = opening.branch
         self.live[branch.branch_id] = branch
+        self._untouched.add(branch.branch_id)
         self._arm(branch)
         self._bus.publish(self.session_id, "branch.created", {
             "branch_id": branch.branch_id, "parent_branch_id": branch.parent_branch_id,
@@ -379,6 +379,7 @@ class Branches:
     def charged(self, before: Branch, after: Branch) -> None:
         """The new meter committed; the budget warning goes out the first time."""
         self.live[after.branch_id] = after
+        self._untouched.discard(after.branch_id)
         if after.budget_warned and not before.budget_warned:
             self.publish_budget_warning(after)
 
@@ -422,14 +423,19 @@ class Branches:
                     message=message, parent=grown, parent_warned_now=warned_now)
 
     @staticmethod
-    def stage_fold(transaction: Transaction, fold: Fold) -> None:
-        transaction.add(q.close_branch, q.Closed(
+    def stage_folds(transaction: Transaction, folds: Sequence[Fold]) -> None:
+        """The branches' ends, and each grown parent's meter as the last of the folds
+        into it left it."""
+        transaction.add(q.close_branches, [q.Closed(
             branch_id=fold.branch.branch_id, status=fold.status, return_reason=fold.reason,
             returned_at=fold.message.created_at, result=fold.result,
             fold_seq=fold.message.seq, tokens_folded=fold.branch.budget_used,
-            tokens_saved=fold.tokens_saved, secrets_scrubbed=fold.secrets_scrubbed))
-        if fold.parent is not None:
-            transaction.add(q.save_meter, fold.parent)
+            tokens_saved=fold.tokens_saved, secrets_scrubbed=fold.secrets_scrubbed)
+            for fold in folds])
+        grown = {fold.parent.branch_id: fold.parent for fold in folds
+                 if fold.parent is not None}
+        if grown:
+            transaction.add(q.save_meters, list(grown.values()))
 
     def folded(self, fold: Fold) -> None:
         """The fold committed: the branch has ended, its parent grew; events go out (the
@@ -438,6 +444,7 @@ class Branches:
         self._ended(branch.branch_id)
         if fold.parent is not None:
             self.live[fold.parent.branch_id] = fold.parent
+            self._untouched.discard(fold.parent.branch_id)
         if fold.reason is not None:
             data: dict[str, Any] = {"branch_id": branch.branch_id, "status": fold.status,
                                     "reason": fold.reason, "budget": branch.budget,
@@ -485,6 +492,7 @@ class Branches:
                 self._ended(discarded)
         if gone.parent is not None:
             self.live[gone.parent.branch_id] = gone.parent
+            self._untouched.discard(gone.parent.branch_id)
         self._bus.publish(self.session_id, "branch.rolled_back", {
             "branch_id": branch_id, "thread": gone.thread, "rolled_back_to": fork_seq,
             "branches_discarded": gone.branch_ids, "messages_discarded": gone.messages,

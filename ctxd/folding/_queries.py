@@ -37,10 +37,15 @@ def insert_branch(conn: apsw.Connection, branch: Branch, prompt: str) -> None:
 
 def save_meter(conn: apsw.Connection, branch: Branch) -> None:
     """A live branch's budget meter; the caller's transaction."""
-    conn.execute("UPDATE branches SET budget_used = ?, operations_count = ?, budget_warned = ? "
-                 "WHERE branch_id = ?",
-                 (branch.budget_used, branch.operations_count, int(branch.budget_warned),
-                  branch.branch_id))
+    save_meters(conn, [branch])
+
+
+def save_meters(conn: apsw.Connection, branches: Sequence[Branch]) -> None:
+    """Live branches' budget meters; the caller's transaction."""
+    conn.executemany("UPDATE branches SET budget_used = ?, operations_count = ?, "
+                     "budget_warned = ? WHERE branch_id = ?",
+                     [(branch.budget_used, branch.operations_count, int(branch.budget_warned),
+                       branch.branch_id) for branch in branches])
 
 
 def live_branches(conn: apsw.Connection, session_id: str) -> list[Branch]:
@@ -103,15 +108,14 @@ class Closed:
     secrets_scrubbed: int
 
 
-def close_branch(conn: apsw.Connection, closed: Closed) -> None:
-    """Mark a branch returned; the caller's transaction (with its fold message)."""
-    conn.execute(
+def close_branches(conn: apsw.Connection, closed: Sequence[Closed]) -> None:
+    """Mark branches returned; the caller's transaction (with their fold messages)."""
+    conn.executemany(
         "UPDATE branches SET status = ?, return_reason = ?, returned_at = ?, result = ?, "
         "fold_seq = ?, tokens_folded = ?, tokens_saved = ?, secrets_scrubbed = ? "
         "WHERE branch_id = ?",
-        (closed.status, closed.return_reason, closed.returned_at, closed.result,
-         closed.fold_seq, closed.tokens_folded, closed.tokens_saved, closed.secrets_scrubbed,
-         closed.branch_id))
+        [(c.status, c.return_reason, c.returned_at, c.result, c.fold_seq, c.tokens_folded,
+          c.tokens_saved, c.secrets_scrubbed, c.branch_id) for c in closed])
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from ctxd.hub._injections import (
     load_injection,
     pull_injections,
 )
-from ctxd.hub._methods import register
 from ctxd.hub._tools_state import (
     allowed_next,
     list_tool_calls,
@@ -20,11 +19,10 @@ from ctxd.hub._tools_state import (
     set_tool_state,
 )
 from ctxd.hub._turns import Turns
-from ctxd.hub._turns import register as register_cancel
 from ctxd.hub._usage import counters_of, find_usage, insert_usage, usage_summary
 
 __all__ = ["EventBus", "NewInjection", "Requests", "Subscription", "Turns", "ack_injection",
            "allowed_next", "counters_of", "find_by_key", "find_usage",
            "insert_injection", "insert_usage", "list_injections", "list_tool_calls",
-           "load_injection", "load_tool_call", "pull_injections", "register",
-           "register_cancel", "set_tool_state", "usage_summary"]
+           "load_injection", "load_tool_call", "pull_injections", "set_tool_state",
+           "usage_summary"]

@@ -3,6 +3,8 @@ with (docs/protocol.md, "Cancellation"); no table."""
 
 from __future__ import annotations
 
+import contextlib
+
 from ctxd.jobs import Request
 
 
@@ -23,7 +25,8 @@ class Requests:
         same = self._by_id.get(key)
         if same is None:
             return
-        same[:] = [other for other in same if other is not request]
+        with contextlib.suppress(ValueError):  # discarded before
+            same.remove(request)  # by identity: a Request has no __eq__
         if not same:
             del self._by_id[key]
 

@@ -5,7 +5,11 @@ every queued event at once, numbers them (``seq`` continues from the table's hig
 mark, so it survives restarts), writes them in one transaction through the store's writer,
 and only then fans them out. So every ``seq`` a subscriber sees is in the table, and the
 table's seqs have no gap and no duplicate, even after a SIGKILL: an event still queued at
-the kill never got a seq (docs/decisions.md, Events).
+the kill never got a seq (docs/decisions.md, Events). `stage` publishes the events of a
+request with the request's own transaction instead: numbered and written in it, sent once
+it committed (the append path: no transaction of the writer's per request). Seqs are given
+in the store's thread, where both kinds of write run one after the other, and events are
+sent in seq order.
 
 A subscription with ``since_seq`` first replays from the table, page by page, then turns
 live in the same step that finds it has caught up with the last written seq, so there is
@@ -28,7 +32,7 @@ import msgspec
 import trio
 
 from ctxd.errors import CtxdError
-from ctxd.store import Store
+from ctxd.store import Store, Transaction, scalar_int
 from ctxd.wire.types import Event
 
 log = logging.getLogger("ctxd.hub")
@@ -44,6 +48,7 @@ RETENTION_CHECK_S = 60.0
 
 _decode_data = msgspec.json.Decoder(dict[str, Any]).decode
 _encode = msgspec.json.Encoder().encode
+_INSERT = "INSERT INTO events (seq, ts, session_id, type, data) VALUES (?, ?, ?, ?, ?)"
 
 
 class BusStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -157,10 +162,19 @@ class Subscription:
 def _start(conn: apsw.Connection, retention_before: float) -> tuple[int, int]:
     """The high-water seq and the last seq pruned, after the retention's pruning."""
     _prune_by_age(conn, retention_before)
-    row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'").fetchone()
-    high = int(row[0]) if row else 0
+    # Seq never goes back: the newest row's, or the highest at the last deletion (migration
+    # v0014).
+    high = scalar_int(conn, "SELECT max(coalesce((SELECT max(seq) FROM events), 0), "
+                            "coalesce((SELECT seq FROM events_high_water), 0))")
     oldest = conn.execute("SELECT min(seq) FROM events").fetchall()[0][0]
     return high, (high if oldest is None else int(oldest) - 1)
+
+
+def _keep_high_water(conn: apsw.Connection) -> None:
+    """Before events are deleted: remember the highest seq (the newest may go)."""
+    conn.execute("INSERT INTO events_high_water (singleton, seq) "
+                 "SELECT 1, coalesce(max(seq), 0) FROM events WHERE true "
+                 "ON CONFLICT (singleton) DO UPDATE SET seq = max(seq, excluded.seq)")
 
 
 def _prune_by_age(conn: apsw.Connection, before: float) -> None:
@@ -168,6 +182,7 @@ def _prune_by_age(conn: apsw.Connection, before: float) -> None:
     row = conn.execute("SELECT seq FROM events WHERE ts >= ? ORDER BY seq LIMIT 1",
                        (before,)).fetchone()
     if row is None:
+        _keep_high_water(conn)  # (the newest is kept otherwise)
         conn.execute("DELETE FROM events")
     else:
         conn.execute("DELETE FROM events WHERE seq < ?", (row[0],))
@@ -176,8 +191,9 @@ def _prune_by_age(conn: apsw.Connection, before: float) -> None:
 def _write(conn: apsw.Connection, rows: list[tuple[int, float, str | None, str, bytes]],
            prune_through: int, retention_before: float | None,
            forgotten: list[tuple[str, int]]) -> None:
-    conn.executemany("INSERT INTO events (seq, ts, session_id, type, data) "
-                     "VALUES (?, ?, ?, ?, ?)", rows)
+    conn.executemany(_INSERT, rows)
+    if forgotten or prune_through:
+        _keep_high_water(conn)
     conn.executemany("DELETE FROM events WHERE session_id = ? AND seq <= ?", forgotten)
     if prune_through:
         conn.execute("DELETE FROM events WHERE seq <= ?", (prune_through,))
@@ -205,6 +221,19 @@ def _read_page(conn: apsw.Connection, after: int, upto: int, session_id: str | N
     return (upto + 1 if oldest is None else int(oldest)), events
 
 
+class _Staged:
+    """Events of one session staged in a request's transaction (`EventBus.stage`)."""
+
+    __slots__ = ("events", "first", "session_id", "ts")
+
+    def __init__(self, session_id: str | None, events: list[tuple[str, dict[str, Any]]]):
+        self.session_id = session_id
+        self.events = events
+        self.ts = time.time()
+        self.first = 0
+        """The seq of the first, once numbered in the store's thread (0: not written)."""
+
+
 class EventBus:
     """Publishes events to every matching subscription without ever waiting.
 
@@ -227,6 +256,13 @@ class EventBus:
         self._retention_s = retention_days * 86_400
         self._subscriptions: dict[str, Subscription] = {}
         self._seq = 0
+        self._written = 0
+        """The newest seq in the table or in the transaction being written: read and
+        advanced only in the store's thread, which numbers every event."""
+        self._unsent: dict[int, tuple[Event, int]] = {}
+        """Events written, each with its publish number, waiting for a lower seq still on
+        its way back from the store's thread: events are sent in seq order."""
+        self._running = False
         self._pruned_through = 0
         self._retention_checked = 0.0
         self._queued: list[tuple[int, float, str | None, str, dict[str, Any]]] = []
@@ -258,6 +294,70 @@ class EventBus:
         self._queued.append((self._published, time.time(), session_id, type, data))
         self._wake.set()
 
+    def stage(self, transaction: Transaction, session_id: str | None,
+              events: list[tuple[str, dict[str, Any]]]) -> None:
+        """Publish ``events`` (type and data, in order) of a session with ``transaction``,
+        a request's write: numbered and written in it, sent once it committed, never when
+        it rolled back (docs/decisions.md, Events).
+
+        Should events published before still wait for the writer, these are published
+        after the commit instead, like any other: the waiting ones keep the lower seqs.
+        """
+        if not events:
+            return
+        if self._store is None or self._queued or not self._running:
+            def publish_committed() -> None:
+                if transaction.committed:
+                    for type, data in events:
+                        self.publish(session_id, type, data)
+            transaction.after(publish_committed)
+            return
+        staged = _Staged(session_id, events)
+        transaction.add(self._insert_staged, staged)
+        transaction.on_rollback(lambda: self._unnumber(staged.first))
+        transaction.after(lambda: self._send_staged(transaction, staged))
+
+    def _insert_staged(self, conn: apsw.Connection, staged: _Staged) -> None:
+        # In the store's thread, inside the request's transaction.
+        first = self._written + 1
+        conn.executemany(_INSERT, [(first + n, staged.ts, staged.session_id, type, _encode(data))
+                                   for n, (type, data) in enumerate(staged.events)])
+        staged.first = first
+        self._written = first + len(staged.events) - 1
+
+    def _unnumber(self, first: int) -> None:
+        # In the store's thread, right after a rollback: the seqs from ``first`` are free.
+        if first:
+            self._written = first - 1
+
+    def _send_staged(self, transaction: Transaction, staged: _Staged) -> None:
+        if not transaction.committed:
+            return
+        if staged.first == self._seq + 1 and not self._subscriptions:
+            # In order, and nobody to send them to: only the counts move.
+            self._seq += len(staged.events)
+            self._published += len(staged.events)
+        else:
+            for n, (type, data) in enumerate(staged.events):
+                self._published += 1
+                self._unsent[staged.first + n] = (
+                    Event(seq=staged.first + n, ts=staged.ts, session_id=staged.session_id,
+                          type=type, data=data), self._published)
+        self._send_written()
+        if self._prune_due(staged.ts):
+            self._wake.set()  # the writer prunes; the request's transaction did not
+
+    def _send_written(self) -> None:
+        """Send the events written, in seq order, up to the first one still on its way."""
+        while (written := self._unsent.pop(self._seq + 1, None)) is not None:
+            self._seq += 1
+            self._send(*written)
+
+    def _prune_due(self, now: float) -> bool:
+        """Whether the writer has pruning to do: by count, or by age (once a minute)."""
+        return ((self._seq - self._keep) // self._prune_step * self._prune_step
+                > self._pruned_through or now - self._retention_checked >= RETENTION_CHECK_S)
+
     def forget(self, session_id: str) -> None:
         """Delete the kept events of a deleted session (its titles, descriptions and
         results: docs/security.md), those still queued included; events published after
@@ -285,6 +385,8 @@ class EventBus:
         self._retention_checked = time.time()
         self._seq, self._pruned_through = await self._store.write(
             _start, self._retention_checked - self._retention_s)
+        self._written = self._seq
+        self._running = True
         task_status.started()
         try:
             while True:
@@ -298,24 +400,36 @@ class EventBus:
     async def _flush(self, store: Store) -> None:
         batch, self._queued = self._queued, []
         forgotten, self._forgotten = self._forgotten, []
-        if not batch and not forgotten:
-            return
-        first = self._seq + 1
-        last = first + len(batch) - 1
-        rows = [(first + n, ts, session_id, type, _encode(data))
-                for n, (_, ts, session_id, type, data) in enumerate(batch)]
-        prune_through = (last - self._keep) // self._prune_step * self._prune_step
-        if prune_through <= self._pruned_through:
-            prune_through = 0
         now = time.time()
+        if not batch and not forgotten and not self._prune_due(now):
+            return
         retention_before = None
         if now - self._retention_checked >= RETENTION_CHECK_S:
             retention_before = now - self._retention_s
-        try:
+        pruned_through = self._pruned_through
+        keep, step = self._keep, self._prune_step
+        numbered: list[int] = []
+
+        def write(conn: apsw.Connection) -> tuple[int, int]:
+            # In the store's thread, where seqs are given (`stage` gives them there too).
+            first = self._written + 1
+            last = first + len(batch) - 1
+            prune_through = (last - keep) // step * step
+            if prune_through <= pruned_through:
+                prune_through = 0
             # A session's events up to the last one published before it was forgotten.
-            await store.write(_write, rows, prune_through, retention_before, [
-                (session_id, first - 1 + sum(queued[0] <= published for queued in batch))
-                for session_id, published in forgotten])
+            _write(conn, [(first + n, ts, session_id, type, _encode(data))
+                          for n, (_, ts, session_id, type, data) in enumerate(batch)],
+                   prune_through, retention_before,
+                   [(session_id, first - 1 + sum(queued[0] <= published for queued in batch))
+                    for session_id, published in forgotten])
+            numbered.append(first)
+            self._written = last
+            return first, prune_through
+
+        try:
+            first, prune_through = await store.write(
+                write, on_rollback=lambda: self._unnumber(numbered[0] if numbered else 0))
         except CtxdError as exc:
             # Nobody has seen these events and none got a seq: the stream has no gap.
             self._lost += len(batch)
@@ -325,10 +439,10 @@ class EventBus:
             self._pruned_through = prune_through
         if retention_before is not None:
             self._retention_checked = now
-        self._seq = last
-        for (seq, ts, session_id, type, _), queued in zip(rows, batch, strict=True):
-            self._send(Event(seq=seq, ts=ts, session_id=session_id, type=type,
-                             data=queued[4]), queued[0])
+        for n, (published, ts, session_id, type, data) in enumerate(batch):
+            self._unsent[first + n] = (Event(seq=first + n, ts=ts, session_id=session_id,
+                                             type=type, data=data), published)
+        self._send_written()
 
     def subscribe(self, session_id: str | None = None, types: Iterable[str] | None = None,
                   since_seq: int | None = None) -> Subscription:

@@ -1,27 +1,15 @@
-"""request.cancel, and an agent's turns (turn.*) with their cancellation: the registry of
-turns, in memory (docs/protocol.md, "Cancellation"); no table."""
+"""An agent's turns (turn.*) with their cancellation: the registry of turns, in memory
+(docs/protocol.md, "Cancellation"); no table."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 
 import msgspec
 
 from ctxd.errors import CtxdError, ErrorCode, invalid_state, limit_reached
-from ctxd.hub._cancel import Requests
 from ctxd.hub._events import EventBus
-from ctxd.wire import Call, Dispatcher
-from ctxd.wire.types import (
-    RequestCancelParams,
-    RequestCancelResult,
-    Turn,
-    TurnCancelParams,
-    TurnEndParams,
-    TurnListParams,
-    TurnListResult,
-    TurnRef,
-)
+from ctxd.wire.types import Turn
 
 MAX_TURNS = 10_000
 """Turns kept: beyond it, the oldest ended turn is forgotten (docs/decisions.md)."""
@@ -101,49 +89,3 @@ def _ended(turn: Turn) -> CtxdError:
     return invalid_state(f"turn {turn.turn_id!r} has ended", "start a new turn",
                          session_id=turn.session_id, turn_id=turn.turn_id, state=turn.state,
                          cancelled=turn.cancelled)
-
-
-def register(dispatcher: Dispatcher, requests: Requests, turns: Turns,
-             require_open_session: Callable[[str], Awaitable[None]]) -> None:
-    """Add request.cancel and turn.* to the dispatcher.
-
-    Args:
-        require_open_session: raises -32004/-32003 unless the session exists and is open.
-    """
-
-    def cancel_request(call: Call, p: RequestCancelParams) -> RequestCancelResult:
-        counts = requests.cancel(p.request_id, p.reason)
-        if counts is None:
-            raise CtxdError(ErrorCode.NOT_FOUND,
-                            f"no request with id {p.request_id!r} is in flight",
-                            {"request_id": p.request_id,
-                             "fix": "use the id the request was sent with; it may have "
-                                    "been answered already"})
-        cancelled, finishing = counts
-        return RequestCancelResult(request_id=p.request_id, cancelled=cancelled,
-                                   finishing=finishing)
-
-    async def start(call: Call, p: TurnRef) -> Turn:
-        await require_open_session(p.session_id)
-        return turns.start(p.session_id, p.turn_id)
-
-    def get(call: Call, p: TurnRef) -> Turn:
-        return turns.get(p.session_id, p.turn_id)
-
-    def cancel_turn(call: Call, p: TurnCancelParams) -> Turn:
-        return turns.cancel(p.session_id, p.turn_id, p.reason)
-
-    def end(call: Call, p: TurnEndParams) -> Turn:
-        return turns.end(p.session_id, p.turn_id, p.cancelled)
-
-    def list_turns(call: Call, p: TurnListParams) -> TurnListResult:
-        return TurnListResult(turns=turns.list(p.session_id))
-
-    # request.cancel never waits: the reader answers it at once, even while the
-    # connection's other requests are all busy.
-    dispatcher.register_inline("request.cancel", RequestCancelParams, cancel_request)
-    dispatcher.register("turn.start", TurnRef, start)
-    dispatcher.register_inline("turn.get", TurnRef, get)
-    dispatcher.register_inline("turn.cancel", TurnCancelParams, cancel_turn)
-    dispatcher.register_inline("turn.end", TurnEndParams, end)
-    dispatcher.register_inline("turn.list", TurnListParams, list_turns)

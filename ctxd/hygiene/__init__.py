@@ -44,7 +44,9 @@ from ctxd.hygiene._offload import (
     stage_blobs,
     stub_text,
 )
-from ctxd.hygiene._prompt import register as register_prompt
+from ctxd.hygiene._prompt import build as build_prompt
+from ctxd.hygiene._prompt import check_params as check_prompt_params
+from ctxd.hygiene._prompt import session_sections
 from ctxd.hygiene._snapshots import Snapshot, drop_snapshot_after, load_snapshot, save_snapshot
 from ctxd.hygiene._summarize import Summarizer, SummarizerError, extract_summary, make_summarizer
 from ctxd.hygiene._tools import (
@@ -78,7 +80,9 @@ __all__ = [
     "ThreadMessage",
     "ToolResultBlob",
     "blob_refs",
+    "build_prompt",
     "called_tools",
+    "check_prompt_params",
     "check_tools",
     "clear_candidates",
     "clear_inputs",
@@ -104,9 +108,9 @@ __all__ = [
     "page",
     "rank",
     "ref_id_for",
-    "register_prompt",
     "result_size",
     "save_snapshot",
+    "session_sections",
     "sliced",
     "stage_blobs",
     "stage_promote",

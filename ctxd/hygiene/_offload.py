@@ -116,11 +116,12 @@ def ref_id_for(session_id: str, seq: int) -> str:
     return "res_" + digest.hexdigest()
 
 
-def offload(message: MessageIn, threshold_bytes: int,
-            ref_id: str) -> tuple[MessageIn, ToolResultBlob] | None:
-    """The stub message and the blob (named ``ref_id``, `ref_id_for`) that replace a tool
-    result over ``threshold_bytes`` (UTF-8 bytes of its text); None when it stays inline
-    (not a tool message, small, an error result, or with parts that are not text)."""
+def offload(message: MessageIn, threshold_bytes: int, session_id: str,
+            seq: int) -> tuple[MessageIn, ToolResultBlob] | None:
+    """The stub message and the blob that replace a tool result over ``threshold_bytes``
+    (UTF-8 bytes of its text), message ``seq`` of the session (its blob's ref is
+    `ref_id_for` them, worked out only then: most messages stay inline); None when it stays
+    inline (not a tool message, small, an error result, or with parts that are not text)."""
     if message.role != "tool" or is_error_result(message):
         return None
     text = _result_text(message.content)
@@ -130,6 +131,7 @@ def offload(message: MessageIn, threshold_bytes: int,
     size = len(text.encode())
     if size <= threshold_bytes:
         return None
+    ref_id = ref_id_for(session_id, seq)
     stub = msgspec.structs.replace(
         message, content=stub_text(size, message.name, text[:HEAD_CHARS], ref_id))
     return stub, ToolResultBlob(ref_id=ref_id, tool_name=message.name, size_bytes=size,
@@ -139,8 +141,10 @@ def offload(message: MessageIn, threshold_bytes: int,
 
 def stage_blobs(transaction: Transaction, session_id: str,
                 blobs: Sequence[ToolResultBlob]) -> None:
-    """Add the blobs' insert to a transaction, after the messages that carry their stubs."""
-    transaction.add(insert_blobs, session_id, list(blobs))
+    """Add the blobs' insert to a transaction, after the messages that carry their stubs
+    (nothing when there is none: an empty insert still costs the store's thread a statement)."""
+    if blobs:
+        transaction.add(insert_blobs, session_id, list(blobs))
 
 
 def insert_blobs(conn: apsw.Connection, session_id: str,

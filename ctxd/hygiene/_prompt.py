@@ -3,12 +3,11 @@ says where its cache breakpoints go (docs/protocol.md, Prompt builder). Owns no 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
 from ctxd.errors import CtxdError, ErrorCode, params_error
 from ctxd.memory import Memory, project_scope
 from ctxd.tokens import TokenCounter
-from ctxd.wire import Call, Dispatcher
 from ctxd.wire.types import (
     PROMPT_FORMATS,
     CacheBreakpoint,
@@ -38,9 +37,6 @@ MAX_BREAKPOINTS = 4
 SESSION_MEMORIES = 10
 """The most memories a session's prompt carries (its project's oldest: the ones that stay)."""
 EPHEMERAL = {"type": "ephemeral"}
-
-SessionLookup = Callable[[str], Awaitable[SessionResult]]
-"""A session's info and context state by id (``session.get``); -32004 when unknown."""
 
 
 def order_sections(sections: Sequence[PromptSection]) -> list[tuple[PromptSection, bool]]:
@@ -152,19 +148,3 @@ async def session_sections(session: SessionResult, memory: Memory) -> list[Promp
         content=f"[Context: {round(state.usage * 100)}% used ({state.total_tokens:,} of "
                 f"{state.effective_window:,} tokens); health: {state.health}.]"))
     return sections
-
-
-def register(dispatcher: Dispatcher, counter: TokenCounter, lookup: SessionLookup,
-             memory: Memory) -> None:
-    """Add prompt.build to the dispatcher."""
-
-    async def prompt_build(call: Call, p: PromptBuildParams) -> PromptBuildResult:
-        check_params(p)
-        if p.sections is not None:
-            sections = p.sections
-        else:
-            assert p.session_id is not None  # check_params: exactly one of the two
-            sections = await session_sections(await lookup(p.session_id), memory)
-        return await build(counter, sections, p.format)
-
-    dispatcher.register("prompt.build", PromptBuildParams, prompt_build)

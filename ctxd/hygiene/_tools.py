@@ -196,9 +196,10 @@ def stage_use(transaction: Transaction, session_id: str, uses: Mapping[str, int]
 def _use(conn: apsw.Connection, session_id: str, uses: dict[str, int]) -> None:
     conn.execute("UPDATE session_tools SET promoted = 0 WHERE session_id = ? AND promoted = 1",
                  (session_id,))
-    conn.executemany("UPDATE session_tools SET last_used_seq = max(last_used_seq, ?) "
-                     "WHERE session_id = ? AND name = ?",
-                     [(seq, session_id, name) for name, seq in uses.items()])
+    if uses:  # most assistant messages call no tool
+        conn.executemany("UPDATE session_tools SET last_used_seq = max(last_used_seq, ?) "
+                         "WHERE session_id = ? AND name = ?",
+                         [(seq, session_id, name) for name, seq in uses.items()])
 
 
 def stage_promote(transaction: Transaction, session_id: str, names: Sequence[str]) -> None:

@@ -1,5 +1,6 @@
-"""MCP's methods on the daemon's dispatcher (docs/protocol.md, "MCP"): initialize, ping,
-tools/list, tools/call, the notifications, and the native ``mcp.bind``."""
+"""MCP's methods (docs/protocol.md, "MCP"): initialize, ping, tools/list, tools/call, the
+notifications, and the native ``mcp.bind``; each runs on the connection it came on
+(`Call`), whose MCP state is `McpConnection`."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ from ctxd.errors import CtxdError, ErrorCode, invalid_state
 from ctxd.jobs import current_request
 from ctxd.mcp._schema import plain_schema
 from ctxd.mcp._tools import TOOLS, TOOLS_BY_NAME, McpConnection, ToolContext, error_text
-from ctxd.wire import NO_REPLY, Call, Dispatcher, Peer, encode
-from ctxd.wire.types import (
+from ctxd.mcp._types import (
     McpBindParams,
     McpBindResult,
     McpCancelledParams,
@@ -23,6 +23,7 @@ from ctxd.wire.types import (
     McpToolCallParams,
     McpToolsListParams,
 )
+from ctxd.wire import NO_REPLY, Call, Peer, encode
 
 log = logging.getLogger("ctxd.mcp")
 
@@ -75,95 +76,95 @@ def _error_result(error: CtxdError) -> dict[str, Any]:
                                       "data": data}}}
 
 
-def register(dispatcher: Dispatcher) -> None:
-    """Add MCP's methods; tools call the native methods already registered (or registered
-    later) on the same dispatcher."""
-    listing = _tool_listing()
+TOOL_LISTING = _tool_listing()
+"""What tools/list answers, made once."""
 
-    def bind(call: Call, p: McpBindParams) -> McpBindResult:
-        state = connection_of(call.peer)
-        if state.opened:
-            raise invalid_state("this connection's MCP session is already open",
-                                "send mcp.bind before the first tools/call",
-                                session_id=state.session_id)
-        state.session_id, state.project = p.session_id, p.project
-        return McpBindResult(session_id=p.session_id, project=p.project)
 
-    def initialize(call: Call, p: McpInitializeParams) -> dict[str, Any]:
-        state = connection_of(call.peer)
-        version = (p.protocolVersion if p.protocolVersion in PROTOCOL_VERSIONS
-                   else PROTOCOL_VERSION)
-        state.protocol_version = version
-        return {"protocolVersion": version,
-                "capabilities": {"tools": {"listChanged": False}},
-                "serverInfo": {"name": "ctxd", "title": "ctxd", "version": __version__},
-                "instructions": INSTRUCTIONS}
+def bind(call: Call, p: McpBindParams) -> McpBindResult:
+    """mcp.bind: the session this connection's tools work on, before the first call."""
+    state = connection_of(call.peer)
+    if state.opened:
+        raise invalid_state("this connection's MCP session is already open",
+                            "send mcp.bind before the first tools/call",
+                            session_id=state.session_id)
+    state.session_id, state.project = p.session_id, p.project
+    return McpBindResult(session_id=p.session_id, project=p.project)
 
-    def initialized(call: Call, p: McpParams) -> None:
-        connection_of(call.peer).initialized = True
 
-    def ping(call: Call, p: McpParams) -> dict[str, Any]:
-        return {}
+def initialize(call: Call, p: McpInitializeParams) -> dict[str, Any]:
+    state = connection_of(call.peer)
+    version = (p.protocolVersion if p.protocolVersion in PROTOCOL_VERSIONS
+               else PROTOCOL_VERSION)
+    state.protocol_version = version
+    return {"protocolVersion": version,
+            "capabilities": {"tools": {"listChanged": False}},
+            "serverInfo": {"name": "ctxd", "title": "ctxd", "version": __version__},
+            "instructions": INSTRUCTIONS}
 
-    def tools_list(call: Call, p: McpToolsListParams) -> dict[str, Any]:
-        return listing
 
-    def cancelled(call: Call, p: McpCancelledParams) -> None:
-        state = connection_of(call.peer)
-        request = state.calls.get(p.requestId)
-        if request is None:
-            # Answered already (then ignored, as the specification says), or not started.
-            state.cancelled_early.append(p.requestId)
-            return
-        state.cancelled.add(p.requestId)
-        request.cancel(p.reason or "cancelled by the MCP client")
+def initialized(call: Call, p: McpParams) -> None:
+    connection_of(call.peer).initialized = True
 
-    async def tools_call(call: Call, p: McpToolCallParams) -> Any:
-        tool = TOOLS_BY_NAME.get(p.name)
-        if tool is None:
-            raise CtxdError(ErrorCode.INVALID_PARAMS, f"unknown tool: {p.name!r}",
-                            {"tool": p.name, "available": [t.name for t in TOOLS],
-                             "fix": "call one of the tools that tools/list names"})
-        state = connection_of(call.peer)
-        request_id = call.request_id
-        if request_id is not None and request_id in state.cancelled_early:
-            state.cancelled_early.remove(request_id)
-            log.info("MCP call %r (%s) cancelled by its client before it started",
-                     request_id, tool.name)
-            return NO_REPLY
-        request = current_request()
-        if request_id is not None and request is not None:
-            state.calls[request_id] = request
-        token = (p.meta or {}).get("progressToken")
+
+def ping(call: Call, p: McpParams) -> dict[str, Any]:
+    return {}
+
+
+def tools_list(call: Call, p: McpToolsListParams) -> dict[str, Any]:
+    return TOOL_LISTING
+
+
+def cancelled(call: Call, p: McpCancelledParams) -> None:
+    state = connection_of(call.peer)
+    request = state.calls.get(p.requestId)
+    if request is None:
+        # Answered already (then ignored, as the specification says), or not started.
+        state.cancelled_early.append(p.requestId)
+        return
+    state.cancelled.add(p.requestId)
+    request.cancel(p.reason or "cancelled by the MCP client")
+
+
+async def tools_call(call: Call, p: McpToolCallParams) -> Any:
+    """tools/call: the tool's arguments checked, then its native methods called through
+    the call's dispatcher; a failure is the tool's error result, not a JSON-RPC error."""
+    tool = TOOLS_BY_NAME.get(p.name)
+    if tool is None:
+        raise CtxdError(ErrorCode.INVALID_PARAMS, f"unknown tool: {p.name!r}",
+                        {"tool": p.name, "available": [t.name for t in TOOLS],
+                         "fix": "call one of the tools that tools/list names"})
+    state = connection_of(call.peer)
+    request_id = call.request_id
+    if request_id is not None and request_id in state.cancelled_early:
+        state.cancelled_early.remove(request_id)
+        log.info("MCP call %r (%s) cancelled by its client before it started",
+                 request_id, tool.name)
+        return NO_REPLY
+    request = current_request()
+    if request_id is not None and request is not None:
+        state.calls[request_id] = request
+    token = (p.meta or {}).get("progressToken")
+    try:
         try:
-            try:
-                args = tool.decode(bytes(p.arguments))
-            except msgspec.ValidationError as exc:
-                raise _invalid_arguments(exc) from None
-            context = ToolContext(dispatcher, call, state,
-                                  token if isinstance(token, (int, str)) else None)
-            result = await tool.run(context, args)
-        except CtxdError as error:
-            if error.code == ErrorCode.CANCELLED and request_id in state.cancelled:
-                log.info("MCP call %r (%s) cancelled by its client", request_id, tool.name)
-                return NO_REPLY
-            if error.code == ErrorCode.CANCELLED:
-                log.info("MCP call %r (%s) cancelled: %s", request_id, tool.name,
-                         error.message)
-            return _error_result(error)
-        finally:
-            if request_id is not None:
-                if state.calls.get(request_id) is request:
-                    del state.calls[request_id]
-                state.cancelled.discard(request_id)
-        structured = msgspec.to_builtins(result)
-        return {"content": [{"type": "text", "text": encode(structured).decode()}],
-                "structuredContent": structured, "isError": False}
-
-    dispatcher.register_inline("mcp.bind", McpBindParams, bind)
-    dispatcher.register_inline("initialize", McpInitializeParams, initialize)
-    dispatcher.register_inline("notifications/initialized", McpParams, initialized)
-    dispatcher.register_inline("ping", McpParams, ping)
-    dispatcher.register_inline("tools/list", McpToolsListParams, tools_list)
-    dispatcher.register_inline("notifications/cancelled", McpCancelledParams, cancelled)
-    dispatcher.register("tools/call", McpToolCallParams, tools_call, connection_ids=True)
+            args = tool.decode(bytes(p.arguments))
+        except msgspec.ValidationError as exc:
+            raise _invalid_arguments(exc) from None
+        context = ToolContext(call.dispatcher, call, state,
+                              token if isinstance(token, (int, str)) else None)
+        result = await tool.run(context, args)
+    except CtxdError as error:
+        if error.code == ErrorCode.CANCELLED and request_id in state.cancelled:
+            log.info("MCP call %r (%s) cancelled by its client", request_id, tool.name)
+            return NO_REPLY
+        if error.code == ErrorCode.CANCELLED:
+            log.info("MCP call %r (%s) cancelled: %s", request_id, tool.name,
+                     error.message)
+        return _error_result(error)
+    finally:
+        if request_id is not None:
+            if state.calls.get(request_id) is request:
+                del state.calls[request_id]
+            state.cancelled.discard(request_id)
+    structured = msgspec.to_builtins(result)
+    return {"content": [{"type": "text", "text": encode(structured).decode()}],
+            "structuredContent": structured, "isError": False}

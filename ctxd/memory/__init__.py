@@ -14,7 +14,14 @@ from ctxd.memory._embedders import (
 from ctxd.memory._index import MemoryIndex
 from ctxd.memory._injection import INJECT_SHARE, Injected
 from ctxd.memory._lexical import LOAD_CHUNK, LexicalIndex
-from ctxd.memory._methods import register
+from ctxd.memory._methods import (
+    memory_context,
+    memory_delete,
+    memory_feedback,
+    memory_get,
+    memory_outcome,
+    memory_reindex,
+)
 from ctxd.memory._queries import MemoryCandidate, by_ids, lexical
 from ctxd.memory._retrieval import fuse
 from ctxd.memory._service import Memory
@@ -23,5 +30,6 @@ from ctxd.wire.types import project_scope
 __all__ = ["CODES", "INJECT_SHARE", "LOAD_CHUNK", "REGROW", "Embedder", "EmbedderError",
            "HashingEmbedder", "HttpEmbedder", "Injected", "LexicalIndex", "Memory",
            "MemoryCandidate", "MemoryIndex", "SentenceTransformerEmbedder", "by_ids",
-           "feature_bucket", "fuse", "lexical", "lists_for", "make_embedder", "project_scope",
-           "register", "stem"]
+           "feature_bucket", "fuse", "lexical", "lists_for", "make_embedder", "memory_context",
+           "memory_delete", "memory_feedback", "memory_get", "memory_outcome", "memory_reindex",
+           "project_scope", "stem"]

@@ -1,10 +1,42 @@
-"""Sessions: the Supervisor, one SessionActor per session, budgets, render."""
+"""Sessions: the Supervisor, one SessionActor per session, its operations by feature,
+budgets, render; the route table (ctxd/daemon/_routes.py) runs the operations."""
 
 from ctxd.sessions._actor import SessionActor
-from ctxd.sessions._methods import register
-from ctxd.sessions._state import SessionRecord, effective_window, health_of, resolve_budget
+from ctxd.sessions._branch_ops import create_branch, list_branches, return_branch, rollback
+from ctxd.sessions._fork import context_fork
+from ctxd.sessions._hygiene_ops import Search, compact, read_result, register_tools, search_tools
+from ctxd.sessions._import import transcript_import
+from ctxd.sessions._injection_methods import ack as inject_ack
+from ctxd.sessions._injection_methods import list_queue as inject_list
+from ctxd.sessions._injection_methods import pull as inject_pull
+from ctxd.sessions._injection_methods import push as inject_push
+from ctxd.sessions._injection_methods import session_of_injection
+from ctxd.sessions._methods import (
+    branch_status,
+    compaction_key,
+    session_close,
+    session_delete,
+    session_get,
+    session_list,
+    session_open,
+    session_resume,
+)
+from ctxd.sessions._services import Services, SessionCounts
+from ctxd.sessions._session_ops import append, get_session, list_messages, measure, render
+from ctxd.sessions._state import SessionRecord, resolve_budget
 from ctxd.sessions._supervisor import Supervisor
-from ctxd.sessions._usage_tools import register_hub
+from ctxd.sessions._usage_tools import get_tool_call as tool_get
+from ctxd.sessions._usage_tools import get_usage as usage_get
+from ctxd.sessions._usage_tools import list_calls as tool_list
+from ctxd.sessions._usage_tools import record_usage as usage_record
+from ctxd.sessions._usage_tools import set_state as tool_state
 
-__all__ = ["SessionActor", "SessionRecord", "Supervisor", "effective_window", "health_of",
-           "register", "register_hub", "resolve_budget"]
+__all__ = ["Search", "Services", "SessionActor", "SessionCounts", "SessionRecord",
+           "Supervisor", "append", "branch_status", "compact", "compaction_key",
+           "context_fork", "create_branch", "get_session", "inject_ack", "inject_list",
+           "inject_pull", "inject_push", "list_branches",
+           "list_messages", "measure", "read_result", "register_tools", "render",
+           "resolve_budget", "return_branch", "rollback", "search_tools", "session_close",
+           "session_delete", "session_get", "session_list", "session_of_injection",
+           "session_open", "session_resume", "tool_get", "tool_list", "tool_state",
+           "transcript_import", "usage_get", "usage_record"]

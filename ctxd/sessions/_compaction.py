@@ -170,7 +170,7 @@ class Compactor:
             if ref_id is None:
                 whole = offload(MessageIn(role="tool", content=old.content, name=old.name,
                                           tool_call_id=old.tool_call_id), 0,
-                                ref_id_for(plan.session_id, old.seq))
+                                plan.session_id, old.seq)
                 if whole is None:
                     continue  # not text (an image): it has no blob to read it back from
                 blob = whole[1].placed(old.seq, plan.thread, plan.now)

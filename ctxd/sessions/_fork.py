@@ -21,12 +21,10 @@ from ctxd.hygiene import (
     fork,
     offload,
     originals,
-    ref_id_for,
     sliced,
 )
 from ctxd.scrub import ScrubError
 from ctxd.sessions import _queries as q
-from ctxd.sessions._state import effective_window
 from ctxd.wire.types import (
     Budget,
     ContextForkParams,
@@ -78,7 +76,7 @@ async def _read(actor: SessionActor, branch_id: str | None, char_budget: int,
                            "raise char_budget")
     if branch_id is not None:
         await actor.branches.stored(branch_id)
-    return await actor.supervisor.store.read(_whole_thread, actor.session_id, branch_id)
+    return await actor.services.store.read(_whole_thread, actor.session_id, branch_id)
 
 
 async def _run(messages: list[StoredMessage], loaded: bool, stage: Callable[..., T],
@@ -105,7 +103,7 @@ async def forked(actor: SessionActor, branch_id: str | None, char_budget: int,
     """The forked context of one of the actor's threads, scrubbed of secrets (errors:
     `_read`'s and `_run`'s)."""
     messages, loaded = await _read(actor, branch_id, char_budget, no_removal_chars)
-    return await _run(messages, loaded, fork, messages, actor.supervisor.counter.count,
+    return await _run(messages, loaded, fork, messages, actor.services.counter.count,
                       char_budget, no_removal_chars)
 
 
@@ -125,7 +123,7 @@ SEED_PASSES = 4
 def seed_target(budget: Budget, compact_target: float) -> int:
     """The tokens a seed must fit in: the compaction target of the new session's effective
     window (what its compaction brings a thread under: docs/protocol.md, "Compaction")."""
-    return math.floor(effective_window(budget) * min(compact_target, budget.compact_trigger))
+    return math.floor(budget.effective_window * min(compact_target, budget.compact_trigger))
 
 
 @dataclass(frozen=True)
@@ -147,21 +145,21 @@ async def fork_seed(actor: SessionActor, source: ForkFrom, session_id: str,
     in proportion, a few passes at most (docs/decisions.md, "Fork pipeline")."""
     messages, loaded = await _read(actor, source.branch_id, CHAR_BUDGET, NO_REMOVAL_CHARS)
     kept = await _run(messages, loaded, sliced, messages)
-    supervisor = actor.supervisor
-    threshold = supervisor.config.hygiene.offload_threshold_bytes
+    services = actor.services
+    threshold = services.config.hygiene.offload_threshold_bytes
     origin = {FORK_META: {"session_id": actor.session_id, "branch_id": source.branch_id}}
     char_budget, no_removal = CHAR_BUDGET, NO_REMOVAL_CHARS
     for attempt in range(SEED_PASSES):
-        done = await _run(messages, loaded, fork, kept, supervisor.counter.count,
+        done = await _run(messages, loaded, fork, kept, services.counter.count,
                           char_budget, no_removal)
         seed = [MessageIn(role="user", content=done.preamble, meta=origin)] + [
             MessageIn(role=m.role, content=m.content, name=m.name,
                       tool_call_id=m.tool_call_id) for m in done.messages]
-        offloads = [offload(message, threshold, ref_id_for(session_id, seq))
+        offloads = [offload(message, threshold, session_id, seq)
                     for seq, message in enumerate(seed, 1)]
         shown = [message if offloaded is None else offloaded[0]
                  for message, offloaded in zip(seed, offloads, strict=True)]
-        tokens = await supervisor.counter.count_messages(shown)
+        tokens = await services.counter.count_messages(shown)
         total = sum(tokens)
         if total <= target or attempt == SEED_PASSES - 1 or done.stats.total_chars <= 1:
             break

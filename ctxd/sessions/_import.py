@@ -29,8 +29,10 @@ import trio
 from ctxd.errors import CtxdError, ErrorCode, invalid_state, params_error
 from ctxd.hub import find_usage, insert_usage
 from ctxd.sessions._actor import SessionActor
+from ctxd.sessions._branch_ops import create_branch, return_branch
 from ctxd.sessions._files import open_regular
 from ctxd.sessions._queries import decode_meta, list_messages, scalar_rowid
+from ctxd.sessions._session_ops import append, open_session
 from ctxd.sessions._supervisor import Supervisor
 from ctxd.store import Transaction
 from ctxd.transcripts import (
@@ -46,8 +48,8 @@ from ctxd.transcripts import (
     locate_messages,
     parse_message,
 )
-from ctxd.wire import Call, Dispatcher
 from ctxd.wire.types import (
+    RETURN_MESSAGE_CHARS,
     Branch,
     BranchCreateParams,
     BranchReturnParams,
@@ -441,7 +443,7 @@ class _Import:
         return stage
 
     def _recorded(self, done: list[tuple[UsageEntry, bool]]) -> None:
-        bus = self.actor.supervisor.bus
+        bus = self.actor.services.bus
         for entry, duplicate in done:
             if duplicate:
                 self.usage_duplicates += 1
@@ -461,14 +463,14 @@ class _Import:
         """Append ``messages`` to the main thread (or, without any, write only the position
         and usage) with ``stage``'s steps in the same transaction."""
         if messages:
-            await self.actor.append(MessageAppendParams(
+            await append(self.actor, MessageAppendParams(
                 session_id=self.actor.session_id, messages=messages, allow_over=True),
                 lambda transaction: stage(transaction, None))
             self._added(messages)
         else:
             transaction = Transaction()
             stage(transaction, None)
-            await self.actor.supervisor.store.commit(transaction)
+            await self.actor.services.store.commit(transaction)
 
     def _added(self, messages: list[MessageIn]) -> None:
         self.messages_added += len(messages)
@@ -506,7 +508,7 @@ class _Import:
                 continue
             self.branches += 1
             if branch_id in self.actor.branches.live:
-                await self.actor.return_branch(BranchReturnParams(
+                await return_branch(self.actor, BranchReturnParams(
                     branch_id=branch_id, message=_answer(agent.messages)))
 
     async def _open_branch(self, key: str, messages: list[MessageIn],
@@ -522,7 +524,7 @@ class _Import:
             rest = messages[:first] + messages[first + 1:]
         seq_before = self.actor.require().last_seq
         try:
-            created = await self.actor.create_branch(BranchCreateParams(
+            created = await create_branch(self.actor, BranchCreateParams(
                 session_id=self.actor.session_id,
                 description=f"{AGENT_DESCRIPTION}{key}"[:500],
                 prompt=prompt[:AGENT_PROMPT_CHARS], budget=AGENT_BUDGET,
@@ -563,11 +565,11 @@ async def finish_interrupted(actor: SessionActor) -> None:
     for branch in actor.branches.oldest_first():
         if not _opened_by_import(branch) or branch.branch_id not in actor.branches.live:
             continue
-        messages = await actor.supervisor.store.read(_branch_messages, actor.session_id,
-                                                     branch.branch_id)
+        messages = await actor.services.store.read(_branch_messages, actor.session_id,
+                                                   branch.branch_id)
         try:
-            await actor.return_branch(BranchReturnParams(branch_id=branch.branch_id,
-                                                         message=_answer(messages)))
+            await return_branch(actor, BranchReturnParams(branch_id=branch.branch_id,
+                                                          message=_answer(messages)))
         except CtxdError:
             if branch.branch_id in actor.branches.live:
                 raise
@@ -589,7 +591,7 @@ def _answer(messages: Sequence[MessageIn | StoredMessage]) -> str:
         text = message.content if isinstance(message.content, str) else "\n".join(
             part.get("text", "") for part in message.content if part.get("type") == "text")
         if text.strip():
-            return text[:65_536]
+            return text[:RETURN_MESSAGE_CHARS]
     return "(the sub-agent left no answer)"
 
 
@@ -631,8 +633,8 @@ async def _import_claude_code(job: _Import, path: Path, limit: int, seen: int) -
     start = job.state.offset
     if start:
         # The calls read before this position name their results read after it.
-        parser.tool_names = await job.actor.supervisor.store.read(_tool_names,
-                                                                  job.actor.session_id)
+        parser.tool_names = await job.actor.services.store.read(_tool_names,
+                                                                job.actor.session_id)
     splitter = LineSplitter(start, job.state.lines + 1, limit, seen)
     job.state.size = 0  # what an interrupted import commits claims no unterminated line
     with open_regular(path) as file:
@@ -667,7 +669,7 @@ async def _import_elements(job: _Import, path: Path, start: int,
     element): those after the ``job.state.offset`` already imported (a record's position
     is its 1-based index). An element longer than the limit is skipped, reported with its
     size; elements after an unclosed array's last comma are left for later."""
-    splitter = ArraySplitter(job.actor.supervisor.config.max_request_bytes)
+    splitter = ArraySplitter(job.actor.services.config.max_request_bytes)
     imported = job.state.offset
     with open_regular(path) as file:
         file.seek(start)
@@ -715,8 +717,8 @@ async def _import_file(actor: SessionActor, p: TranscriptImportParams, path: Pat
     whether it was restarted. ``array_at``: where the JSON array of its records starts (an
     OpenCode export's ``messages``, Claude Code records saved as one array: read as a
     stream, positioned by index); None for a JSONL file."""
-    store = actor.supervisor.store
-    limit = actor.supervisor.config.max_request_bytes
+    store = actor.services.store
+    limit = actor.services.config.max_request_bytes
     key = str(path)
     stored = await store.read(_load_state, actor.session_id, key)
     head_bytes = min(size, HEAD_BYTES) if stored is None else stored.head_bytes
@@ -767,7 +769,8 @@ async def run_import(actor: SessionActor, p: TranscriptImportParams, path: Path,
     (Claude Code) the sub-agent files beside it, each from its own position, as
     branches."""
     created = actor.record is None
-    await actor.open(SessionOpenParams(session_id=actor.session_id, project=p.project))
+    await open_session(actor, SessionOpenParams(session_id=actor.session_id,
+                                                project=p.project))
     await finish_interrupted(actor)
     job, bytes_read, restarted = await _import_file(actor, p, path, size, array_at)
     jobs = [job]
@@ -805,58 +808,55 @@ async def run_import(actor: SessionActor, p: TranscriptImportParams, path: Path,
         malformed=[m for j in jobs for m in j.malformed],
         unknown_kept=dict(sorted(unknown.items())), bytes_read=bytes_read,
         offset=job.state.offset, size=size, subagent_files=len(subagents))
-    actor.supervisor.bus.publish(actor.session_id, "transcript.imported", {
+    actor.services.bus.publish(actor.session_id, "transcript.imported", {
         name: value for name, value in msgspec.structs.asdict(result).items()
         if name not in ("malformed", "unknown_kept")} | {
         "malformed": len(result.malformed), "unknown_kept": sum(unknown.values())})
     return result
 
 
-def register_import(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
-    """Add transcript.import to the dispatcher."""
-
-    async def transcript_import(call: Call, p: TranscriptImportParams
-                                ) -> TranscriptImportResult:
-        path, size = check_path(p.path)
-        session_id = p.session_id
-        limit = supervisor.config.max_request_bytes
-        array_at: int | None = None
-        if p.format == "opencode":
-            try:
-                info, array_at = await trio.to_thread.run_sync(_scan_export, path, limit)
-            except ValueError as exc:
-                raise params_error("$.path", f"{p.path} is not an OpenCode export: {exc}"
-                                   ) from exc
-            session_id = session_id or (info.get("id") if isinstance(info.get("id"), str)
-                                        else None)
-        elif await trio.to_thread.run_sync(_starts_array, path):
-            # Claude Code records saved as one JSON array: read as a stream of elements.
-            found, refused = await trio.to_thread.run_sync(_scan_array, path, limit)
-            if refused is not None:
-                raise params_error("$.path", refused)
-            array_at = 0
-            session_id = session_id or found
-        else:
-            found, refused = await trio.to_thread.run_sync(_scan_claude, path)
-            if refused is not None:
-                raise params_error("$.path", refused)
-            session_id = session_id or found
-        if session_id is None:
-            raise params_error("$.session_id", f"{p.path} names no session id; give one "
-                                               "(ctxctl import --session ID)")
+async def transcript_import(supervisor: Supervisor, p: TranscriptImportParams
+                            ) -> TranscriptImportResult:
+    """transcript.import: the file is checked and its session found (the params', else the
+    one the transcript names), then read on that session's actor (`run_import`)."""
+    path, size = check_path(p.path)
+    session_id = p.session_id
+    limit = supervisor.config.max_request_bytes
+    array_at: int | None = None
+    if p.format == "opencode":
         try:
-            msgspec.convert({"session_id": session_id, "format": p.format, "path": p.path},
-                            TranscriptImportParams)
-        except msgspec.ValidationError as exc:
-            raise params_error("$.session_id", f"the transcript's session id "
-                                               f"{session_id!r} is not a valid ctxd session "
-                                               "id; give one (ctxctl import --session ID)"
+            info, array_at = await trio.to_thread.run_sync(_scan_export, path, limit)
+        except ValueError as exc:
+            raise params_error("$.path", f"{p.path} is not an OpenCode export: {exc}"
                                ) from exc
-        return await supervisor.call(session_id, lambda a: run_import(a, p, path, size,
-                                                                      array_at))
+        session_id = session_id or (info.get("id") if isinstance(info.get("id"), str)
+                                    else None)
+    elif await trio.to_thread.run_sync(_starts_array, path):
+        # Claude Code records saved as one JSON array: read as a stream of elements.
+        found, refused = await trio.to_thread.run_sync(_scan_array, path, limit)
+        if refused is not None:
+            raise params_error("$.path", refused)
+        array_at = 0
+        session_id = session_id or found
+    else:
+        found, refused = await trio.to_thread.run_sync(_scan_claude, path)
+        if refused is not None:
+            raise params_error("$.path", refused)
+        session_id = session_id or found
+    if session_id is None:
+        raise params_error("$.session_id", f"{p.path} names no session id; give one "
+                                           "(ctxctl import --session ID)")
+    try:
+        msgspec.convert({"session_id": session_id, "format": p.format, "path": p.path},
+                        TranscriptImportParams)
+    except msgspec.ValidationError as exc:
+        raise params_error("$.session_id", f"the transcript's session id "
+                                           f"{session_id!r} is not a valid ctxd session "
+                                           "id; give one (ctxctl import --session ID)"
+                           ) from exc
+    return await supervisor.call(session_id, lambda a: run_import(a, p, path, size,
+                                                                  array_at))
 
-    dispatcher.register("transcript.import", TranscriptImportParams, transcript_import)
 
-
-__all__ = ["register_import", "run_import"]
+__all__ = ["run_import", "transcript_import"]
 

@@ -20,10 +20,8 @@ from ctxd.hub import (
 )
 from ctxd.scrub import ScrubError, scrub
 from ctxd.sessions._actor import SessionActor
-from ctxd.sessions._state import effective_window
 from ctxd.sessions._supervisor import Supervisor
 from ctxd.tokens import REPLY_PRIMING
-from ctxd.wire import Call, Dispatcher
 from ctxd.wire.types import (
     InjectAckParams,
     InjectAckResult,
@@ -47,7 +45,7 @@ def _pushed(info: InjectionInfo, duplicate: bool, secrets_scrubbed: int) -> Inje
 async def push(actor: SessionActor, p: InjectPushParams) -> InjectPushResult:
     """Scrub, count and queue one injection; answered once it has committed. A retried
     idempotency key answers the first push's injection (``duplicate``)."""
-    store = actor.supervisor.store
+    store = actor.services.store
     actor.require_open()
     if p.idempotency_key is not None:
         found = await store.read(find_by_key, actor.session_id, p.idempotency_key)
@@ -57,19 +55,19 @@ async def push(actor: SessionActor, p: InjectPushParams) -> InjectPushResult:
         scrubbed = scrub(p.content)
     except ScrubError as exc:
         raise scrub_failed("the injection", exc, "nothing was queued") from exc
-    [tokens] = await actor.supervisor.counter.count_messages(
+    [tokens] = await actor.services.counter.count_messages(
         [MessageIn(role="user", content=scrubbed.text)])
     record = actor.require_open()
     active = actor.branches.active
     thread = record.main_message_tokens if active is None else rendered_tokens(active)
     would_use = thread + tokens + REPLY_PRIMING
-    if would_use / effective_window(record.budget) >= record.budget.hard_block:
-        raise actor._over_hard_block(would_use, tokens, allow_over=False, what="injecting")
+    if would_use / record.budget.effective_window >= record.budget.hard_block:
+        raise actor.over_hard_block(would_use, tokens, allow_over=False, what="injecting")
     info = await store.write(insert_injection, NewInjection(
         session_id=actor.session_id, priority=p.priority, content=scrubbed.text,
         source=p.source, idempotency_key=p.idempotency_key, tokens=tokens,
         secrets_scrubbed=scrubbed.total, created_at=time.time()))
-    actor.supervisor.bus.publish(actor.session_id, "inject.pushed", {
+    actor.services.bus.publish(actor.session_id, "inject.pushed", {
         "injection_id": info.injection_id, "priority": info.priority, "source": info.source,
         "tokens": tokens, "secrets_scrubbed": scrubbed.total})
     return _pushed(info, False, scrubbed.total)
@@ -79,11 +77,11 @@ async def pull(actor: SessionActor, p: InjectPullParams) -> InjectPullResult:
     """Hand out what waits (and what waited for its ack past ``inject_redeliver_s``)."""
     actor.require()
     now = time.time()
-    delivered, waiting = await actor.supervisor.store.write(
+    delivered, waiting = await actor.services.store.write(
         pull_injections, actor.session_id, p.max_priority, p.limit, now,
-        now - actor.supervisor.config.inject_redeliver_s)
+        now - actor.services.config.inject_redeliver_s)
     for info in delivered:
-        actor.supervisor.bus.publish(actor.session_id, "inject.delivered", {
+        actor.services.bus.publish(actor.session_id, "inject.delivered", {
             "injection_id": info.injection_id, "priority": info.priority,
             "deliveries": info.deliveries})
     return InjectPullResult(injections=delivered, waiting=waiting)
@@ -92,7 +90,7 @@ async def pull(actor: SessionActor, p: InjectPullParams) -> InjectPullResult:
 async def ack(actor: SessionActor, p: InjectAckParams) -> InjectAckResult:
     """Record the answer to a delivered injection; the same answer again is idempotent, a
     different one is refused (docs/decisions.md, Injection)."""
-    store = actor.supervisor.store
+    store = actor.services.store
     info = await store.read(load_injection, p.injection_id)
     if info is None or info.session_id != actor.session_id:
         raise _unknown(p.injection_id)
@@ -113,7 +111,7 @@ async def ack(actor: SessionActor, p: InjectAckParams) -> InjectAckResult:
         except ScrubError as exc:
             raise scrub_failed("the reason", exc, "the answer was not recorded") from exc
     acked = await store.write(ack_injection, p.injection_id, p.accepted, reason, time.time())
-    actor.supervisor.bus.publish(actor.session_id, "inject.acked", {
+    actor.services.bus.publish(actor.session_id, "inject.acked", {
         "injection_id": acked.injection_id, "accepted": p.accepted, "reason": reason,
         "deliveries": acked.deliveries})
     return InjectAckResult(injection=acked, already_acked=False)
@@ -121,7 +119,7 @@ async def ack(actor: SessionActor, p: InjectAckParams) -> InjectAckResult:
 
 async def list_queue(actor: SessionActor, p: InjectListParams) -> InjectListResult:
     actor.require()
-    injections, counts = await actor.supervisor.store.read(
+    injections, counts = await actor.services.store.read(
         list_injections, actor.session_id, p.state, p.limit)
     return InjectListResult(injections=injections, counts=counts)
 
@@ -131,25 +129,13 @@ def _unknown(injection_id: str) -> Exception:
                      "use an injection_id that inject.pull handed out")
 
 
-def register_injection(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
-    """Add the inject.* methods to the dispatcher."""
+async def session_of_injection(supervisor: Supervisor, p: InjectAckParams) -> str:
+    """The session whose queue holds the injection (``inject.ack`` names no session).
 
-    async def inject_push(call: Call, p: InjectPushParams) -> InjectPushResult:
-        return await supervisor.call(p.session_id, lambda a: push(a, p))
-
-    async def inject_pull(call: Call, p: InjectPullParams) -> InjectPullResult:
-        return await supervisor.call(p.session_id, lambda a: pull(a, p))
-
-    async def inject_ack(call: Call, p: InjectAckParams) -> InjectAckResult:
-        info = await supervisor.store.read(load_injection, p.injection_id)
-        if info is None:
-            raise _unknown(p.injection_id)
-        return await supervisor.call(info.session_id, lambda a: ack(a, p))
-
-    async def inject_list(call: Call, p: InjectListParams) -> InjectListResult:
-        return await supervisor.call(p.session_id, lambda a: list_queue(a, p))
-
-    dispatcher.register("inject.push", InjectPushParams, inject_push)
-    dispatcher.register("inject.pull", InjectPullParams, inject_pull)
-    dispatcher.register("inject.ack", InjectAckParams, inject_ack)
-    dispatcher.register("inject.list", InjectListParams, inject_list)
+    Raises:
+        CtxdError: -32004 when no session holds it.
+    """
+    info = await supervisor.store.read(load_injection, p.injection_id)
+    if info is None:
+        raise _unknown(p.injection_id)
+    return info.session_id

@@ -10,6 +10,8 @@ from ctxd.folding import Branches, rendered_tokens
 from ctxd.tokens import REPLY_PRIMING
 from ctxd.wire.types import (
     COMPONENTS,
+    HEALTH_ORDER,
+    Branch,
     Budget,
     BudgetParams,
     Component,
@@ -36,29 +38,8 @@ def resolve_budget(given: BudgetParams | None, base: Budget) -> Budget:
     return budget
 
 
-def effective_window(budget: Budget) -> int:
-    """The tokens a prompt may use: context_window - max_output_tokens."""
-    return budget.context_window - budget.max_output_tokens
-
-
-HEALTH_ORDER: tuple[Health, ...] = ("ok", "warn", "caution", "compact", "blocked")
-
-
 def worse_health(a: Health, b: Health) -> Health:
     return max(a, b, key=HEALTH_ORDER.index)
-
-
-def health_of(usage: float, budget: Budget) -> Health:
-    """ok < warn ≤ caution ≤ compact ≤ blocked, by the budget's thresholds."""
-    if usage >= budget.hard_block:
-        return "blocked"
-    if usage >= budget.compact_trigger:
-        return "compact"
-    if usage >= budget.caution:
-        return "caution"
-    if usage >= budget.warn:
-        return "warn"
-    return "ok"
 
 
 COMPACT_BREAKER = 3
@@ -100,6 +81,17 @@ class SessionRecord:
     compacted_at: float | None = None
     """When a compaction last shrank a thread of the session."""
 
+    def appended(self, count: int, now: float) -> SessionRecord:
+        """The record once ``count`` messages are appended at ``now``: seq and time moved
+        on, with component tokens of its own for the caller to add to. (A copy without
+        `dataclasses.replace`, which inspects the fields on every call: one per append.)"""
+        record = object.__new__(SessionRecord)
+        record.__dict__.update(self.__dict__)
+        record.last_seq = self.last_seq + count
+        record.updated_at = now
+        record.component_tokens = dict(self.component_tokens)
+        return record
+
     @property
     def auto_compact_paused(self) -> bool:
         return self.compact_failures >= COMPACT_BREAKER
@@ -114,30 +106,43 @@ class SessionRecord:
         return thread_tokens(self.main_message_tokens, self.message_count)
 
     def usage_of(self, tokens: int) -> float:
-        return tokens / effective_window(self.budget)
+        return tokens / self.budget.effective_window
+
+    def _active(self, branches: Branches | None, main_messages: int
+                ) -> tuple[Branch | None, float, Health]:
+        """The active thread (a branch, or None for the main thread), its usage and its
+        health (a branch past its budget warning is at least ``caution``)."""
+        branch = None if branches is None or not branches.live else branches.active
+        if branch is None:
+            used = thread_tokens(main_messages, self.message_count)
+        else:
+            used = rendered_tokens(branch) + REPLY_PRIMING
+        usage = self.usage_of(used)
+        health = self.budget.health(usage)
+        if branch is not None and branch.budget_warned:
+            health = worse_health(health, "caution")
+        return branch, usage, health
+
+    def health(self, branches: Branches | None = None) -> Health:
+        """The ``health`` of `context_state`, alone."""
+        return self._active(branches, self.main_message_tokens)[2]
 
     def context_state(self, branches: Branches | None = None) -> ContextState:
         """Where the context stands; ``usage`` and ``health`` are those of the active
         thread (the active branch's rendered context, else the main thread), and a branch
         past its budget warning is at least ``caution``."""
-        main = self.main_thread_tokens
-        branch = None if branches is None else branches.active
-        used = main if branch is None else rendered_tokens(branch) + REPLY_PRIMING
-        usage = self.usage_of(used)
-        health = health_of(usage, self.budget)
-        if branch is not None and branch.budget_warned:
-            health = worse_health(health, "caution")
+        main_messages = self.main_message_tokens
+        branch, usage, health = self._active(branches, main_messages)
         return ContextState(
             session_id=self.session_id,
             active_branch_id=None if branch is None else branch.branch_id,
             branch_depth=0 if branch is None else branch.depth,
-            branch_path=[] if branches is None else branches.path(branch),
-            total_tokens=self.main_message_tokens + (
-                0 if branches is None else branches.budget_used),
-            main_thread_tokens=main,
+            branch_path=[] if branches is None or branch is None else branches.path(branch),
+            total_tokens=main_messages + (0 if branches is None else branches.budget_used),
+            main_thread_tokens=thread_tokens(main_messages, self.message_count),
             current_branch_tokens=0 if branch is None else branch.budget_used,
             current_branch_budget=0 if branch is None else branch.budget,
-            folded_tokens=self.folded_tokens, effective_window=effective_window(self.budget),
+            folded_tokens=self.folded_tokens, effective_window=self.budget.effective_window,
             usage=round(usage, 6), health=health, compact_failures=self.compact_failures,
             auto_compact_paused=self.auto_compact_paused)
 
@@ -149,7 +154,7 @@ class SessionRecord:
             session_id=self.session_id, project=self.project, title=self.title,
             state="open" if self.state == "open" else "closed", budget=self.budget,
             message_count=self.message_count, total_tokens=state.total_tokens,
-            main_thread_tokens=state.main_thread_tokens, usage=state.usage,
-            health=state.health,
+            main_thread_tokens=state.main_thread_tokens,
+            effective_window=state.effective_window, usage=state.usage, health=state.health,
             live_branches=live_branches if branches is None else len(branches.live),
             created_at=self.created_at, updated_at=self.updated_at, closed_at=self.closed_at)

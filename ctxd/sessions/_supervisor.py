@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Hashable, Iterator
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, TypeVar
 
 import trio
 
 from ctxd.config import Config
-from ctxd.errors import CtxdError, limit_reached, shutting_down
+from ctxd.errors import CtxdError, shutting_down
 from ctxd.folding import Registry
 from ctxd.hub import EventBus
 from ctxd.hygiene import make_summarizer
@@ -20,6 +19,9 @@ from ctxd.memory import Memory
 from ctxd.sessions import _queries as q
 from ctxd.sessions._actor import ActorGone, SessionActor
 from ctxd.sessions._compaction import Compactor
+from ctxd.sessions._returns import expire
+from ctxd.sessions._services import Services, SessionCounts
+from ctxd.sessions._session_ops import delete_session
 from ctxd.sessions._state import SessionRecord
 from ctxd.store import Store
 from ctxd.tokens import TokenCounter
@@ -31,7 +33,9 @@ REARM_CONCURRENCY = 32
 
 
 class Supervisor:
-    """Routes each session's requests to its actor, starting one when needed.
+    """Routes each session's requests to its actor, starting one when needed; builds the
+    `Services` every actor shares, and owns the daemon's session counts and live-branch
+    registry.
 
     Args:
         store: the database.
@@ -44,18 +48,16 @@ class Supervisor:
     def __init__(self, store: Store, counter: TokenCounter, bus: EventBus, config: Config,
                  memory: Memory | None = None):
         self.store = store
-        self.memory = memory
-        """Where new branches get their injected memories (None: no injection)."""
-        self.counter = counter
         self.bus = bus
         self.config = config
-        self.sessions_open = 0
-        self.sessions_total = 0
-        self.compactor = Compactor(counter, config.hygiene, make_summarizer(config.hygiene))
-        """Plans compactions with the configured summarizer (docs/protocol.md,
-        "Compaction")."""
         self.registry = Registry(store, config.max_live_branches)
         """Every live branch of the daemon, and the session that holds it."""
+        self.sessions = SessionCounts(config.max_open_sessions)
+        self.services = Services(
+            store=store, counter=counter, bus=bus, config=config, memory=memory,
+            compactor=Compactor(counter, config.hygiene, make_summarizer(config.hygiene)),
+            registry=self.registry, sessions=self.sessions)
+        """What every actor uses (built once: no actor reaches through the Supervisor)."""
         self.searches = trio.CapacityLimiter(max(1, os.cpu_count() or 1))
         """The worker threads of `result.read`'s searches, which run off the sessions'
         mailboxes: at most one a core, so that many slow ones cannot take every thread."""
@@ -65,7 +67,7 @@ class Supervisor:
     async def run(self, *, task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED
                   ) -> None:
         """Own the actors' nursery until cancelled."""
-        self.sessions_open, self.sessions_total = await self.store.read(q.count_sessions)
+        self.sessions.loaded(*await self.store.read(q.count_sessions))
         await self.registry.load()
         try:
             async with trio.open_nursery() as nursery:
@@ -109,10 +111,19 @@ class Supervisor:
         if actor is None:
             if self._nursery is None:
                 raise shutting_down()
-            actor = SessionActor(session_id, self)
+            actor = SessionActor(session_id, self.services, expire)
             self._actors[session_id] = actor
-            self._nursery.start_soon(actor.run)
+            self._nursery.start_soon(self._serve, actor)
         return actor
+
+    async def _serve(self, actor: SessionActor) -> None:
+        """Run the actor until it retires; then no request finds it any more (no await
+        between its last drain of the mailbox and this)."""
+        try:
+            await actor.run()
+        finally:
+            if self._actors.get(actor.session_id) is actor:
+                del self._actors[actor.session_id]
 
     def info(self, stored: SessionRecord, live_branches: int) -> SessionInfo:
         """A session's info from its running actor (live branches and all), else from the
@@ -122,33 +133,13 @@ class Supervisor:
             return actor.record.info(actor.branches)
         return stored.info(live_branches=live_branches)
 
-    def forget(self, actor: SessionActor) -> None:
-        """Called by an actor as it retires."""
-        if self._actors.get(actor.session_id) is actor:
-            del self._actors[actor.session_id]
+    @property
+    def sessions_open(self) -> int:
+        return self.sessions.open
 
-    @contextlib.contextmanager
-    def open_slot(self) -> Iterator[None]:
-        """Count one more open session for the block; given back if the block fails.
-
-        Taken before the block's first await, so concurrent opens of different sessions
-        cannot all pass the check.
-
-        Raises:
-            CtxdError: -32005 when it would pass ``max_open_sessions``.
-        """
-        maximum = self.config.max_open_sessions
-        if self.sessions_open >= maximum:
-            raise limit_reached("max_open_sessions", maximum,
-                                f"{self.sessions_open} sessions are open, the maximum "
-                                f"(max_open_sessions = {maximum})",
-                                "close or delete sessions you no longer use")
-        self.sessions_open += 1
-        try:
-            yield
-        except BaseException:
-            self.sessions_open -= 1
-            raise
+    @property
+    def sessions_total(self) -> int:
+        return self.sessions.total
 
     @property
     def actor_count(self) -> int:
@@ -199,7 +190,7 @@ def _delete_if_still_expired(closed_before: float) -> Callable[[SessionActor], A
         expired = record is not None and record.state == "closed" and (
             record.closed_at or 0) < closed_before
         if expired:
-            await actor.delete()
+            await delete_session(actor)
             log.info("session %s expired and was deleted", actor.session_id)
 
     return op

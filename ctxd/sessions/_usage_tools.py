@@ -27,9 +27,7 @@ from ctxd.hub import (
 )
 from ctxd.scrub import ScrubError, scrub
 from ctxd.sessions._actor import SessionActor
-from ctxd.sessions._supervisor import Supervisor
 from ctxd.tokens import REPLY_PRIMING
-from ctxd.wire import Call, Dispatcher
 from ctxd.wire.types import (
     USAGE_COUNTERS,
     ToolGetParams,
@@ -64,14 +62,14 @@ async def _local_input_tokens(actor: SessionActor, branch_id: str | None) -> int
 async def record_usage(actor: SessionActor, p: UsageRecordParams) -> UsageRecordResult:
     counters = counters_of(p)
     actor.require()
-    store = actor.supervisor.store
+    store = actor.services.store
     if p.idempotency_key is not None:
         first = await store.read(find_usage, actor.session_id, p.idempotency_key)
         if first is not None:
             return UsageRecordResult(record=first, duplicate=True)
     local = await _local_input_tokens(actor, p.branch_id)
     entry = await store.write(insert_usage, p, counters, local, time.time())
-    actor.supervisor.bus.publish(actor.session_id, "usage.recorded", {
+    actor.services.bus.publish(actor.session_id, "usage.recorded", {
         "usage_id": entry.usage_id, "branch_id": entry.branch_id, "model": entry.model,
         "request_id": entry.request_id, "local_input_tokens": local,
         **{name: getattr(entry, name) for name in USAGE_COUNTERS}})
@@ -82,8 +80,8 @@ async def get_usage(actor: SessionActor, p: UsageGetParams) -> UsageGetResult:
     actor.require()
     if p.branch_id is not None and p.branch_id not in actor.branches.live:
         await actor.branches.stored(p.branch_id)
-    return await actor.supervisor.store.read(usage_summary, actor.session_id, p.branch_id,
-                                             p.group_by, actor.supervisor.config.usage.prices)
+    return await actor.services.store.read(usage_summary, actor.session_id, p.branch_id,
+                                           p.group_by, actor.services.config.usage.prices)
 
 
 def _shown_detail(detail: str | None) -> str | None:
@@ -100,9 +98,9 @@ def _shown_detail(detail: str | None) -> str | None:
 
 async def set_state(actor: SessionActor, p: ToolStateParams) -> ToolStateResult:
     actor.require()
-    tool_call, previous = await actor.supervisor.store.write(set_tool_state, p, time.time())
+    tool_call, previous = await actor.services.store.write(set_tool_state, p, time.time())
     if previous != p.state:
-        actor.supervisor.bus.publish(actor.session_id, "tool.state", {
+        actor.services.bus.publish(actor.session_id, "tool.state", {
             "tool_call_id": tool_call.tool_call_id, "tool_name": tool_call.tool_name,
             "from": previous, "to": p.state, "detail": _shown_detail(p.detail),
             "terminal": tool_call.terminal, "allowed_next": allowed_next(p.state)})
@@ -111,8 +109,8 @@ async def set_state(actor: SessionActor, p: ToolStateParams) -> ToolStateResult:
 
 async def get_tool_call(actor: SessionActor, p: ToolGetParams) -> ToolGetResult:
     actor.require()
-    found = await actor.supervisor.store.read(load_tool_call, actor.session_id,
-                                              p.tool_call_id, time.time())
+    found = await actor.services.store.read(load_tool_call, actor.session_id,
+                                            p.tool_call_id, time.time())
     if found is None:
         raise not_found("tool_call", p.tool_call_id,
                         "report its first state with tool.state, or list them with tool.list")
@@ -121,31 +119,5 @@ async def get_tool_call(actor: SessionActor, p: ToolGetParams) -> ToolGetResult:
 
 async def list_calls(actor: SessionActor, p: ToolListParams) -> ToolListResult:
     actor.require()
-    return ToolListResult(tool_calls=await actor.supervisor.store.read(
+    return ToolListResult(tool_calls=await actor.services.store.read(
         list_tool_calls, actor.session_id, p.state, time.time()))
-
-
-def register_hub(dispatcher: Dispatcher, supervisor: Supervisor) -> None:
-    """Add usage.* and tool.* to the dispatcher."""
-
-    async def usage_record(call: Call, p: UsageRecordParams) -> UsageRecordResult:
-        counters_of(p)  # a params error needs no session
-        return await supervisor.call(p.session_id, lambda a: record_usage(a, p))
-
-    async def usage_get(call: Call, p: UsageGetParams) -> UsageGetResult:
-        return await supervisor.call(p.session_id, lambda a: get_usage(a, p))
-
-    async def tool_state(call: Call, p: ToolStateParams) -> ToolStateResult:
-        return await supervisor.call(p.session_id, lambda a: set_state(a, p))
-
-    async def tool_get(call: Call, p: ToolGetParams) -> ToolGetResult:
-        return await supervisor.call(p.session_id, lambda a: get_tool_call(a, p))
-
-    async def tool_list(call: Call, p: ToolListParams) -> ToolListResult:
-        return await supervisor.call(p.session_id, lambda a: list_calls(a, p))
-
-    dispatcher.register("usage.record", UsageRecordParams, usage_record)
-    dispatcher.register("usage.get", UsageGetParams, usage_get)
-    dispatcher.register("tool.state", ToolStateParams, tool_state)
-    dispatcher.register("tool.get", ToolGetParams, tool_get)
-    dispatcher.register("tool.list", ToolListParams, tool_list)

@@ -229,6 +229,9 @@ class Transaction:
         self._steps: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
         self._on_rollback: list[Callable[[], None]] = []
         self._after: list[Callable[[], None]] = []
+        self.committed = False
+        """Set by `Store.commit` once the transaction committed (before the `after` steps
+        run, so they can tell a commit from a rollback)."""
 
     def add(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(conn, *args)`` in the transaction (in the store's thread)."""
@@ -240,7 +243,8 @@ class Transaction:
         self._on_rollback.append(fn)
 
     def after(self, fn: Callable[[], None]) -> None:
-        """Run ``fn()`` on the event loop once the transaction committed or rolled back."""
+        """Run ``fn()`` on the event loop once the transaction committed or rolled back
+        (`committed` says which)."""
         self._after.append(fn)
 
     def run(self, conn: apsw.Connection) -> None:
@@ -447,6 +451,7 @@ class Store:
         """
         try:
             await self.write(transaction.run, on_rollback=transaction.rolled_back)
+            transaction.committed = True
         finally:
             transaction.finished()
 

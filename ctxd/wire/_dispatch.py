@@ -76,6 +76,9 @@ class Call(NamedTuple):
 
     request_id: _codec.RequestId
     peer: Peer
+    dispatcher: Dispatcher
+    """The dispatcher answering it, through which a method may call others (MCP's tools
+    call the native methods: `Dispatcher.invoke`)."""
 
 
 Handler = Callable[[Call, Any], Any]
@@ -228,7 +231,7 @@ class Dispatcher:
         """Run a decoded request; the response line, or None for a notification."""
         try:
             method, params = self._validate(envelope)
-            call = Call(_request_id(envelope), peer)
+            call = Call(_request_id(envelope), peer, self)
             try:
                 if method.inline:
                     result = method.handler(call, params)
@@ -248,7 +251,7 @@ class Dispatcher:
         try:
             method, params = self._validate(envelope, known)
             try:
-                result = method.handler(Call(_request_id(envelope), peer), params)
+                result = method.handler(Call(_request_id(envelope), peer, self), params)
             except Exception as exc:
                 raise _internal_error(method.name, exc) from exc
         except CtxdError as error:

@@ -32,12 +32,15 @@ Component = Literal["system_prompt", "skill_prompts", "tool_descriptions", "conv
 COMPONENTS: tuple[Component, ...] = ("system_prompt", "skill_prompts", "tool_descriptions",
                                      "conversation")
 Health = Literal["ok", "warn", "caution", "compact", "blocked"]
+HEALTH_ORDER: tuple[Health, ...] = ("ok", "warn", "caution", "compact", "blocked")
+"""The health levels, best first: a session's thresholds (`Budget`) tell them apart."""
 SessionStateName = Literal["open", "closed"]
 Compaction = Literal["cleared", "summarized", "truncated"]
 """What compaction did to a message it took out of its thread (docs/protocol.md,
 "Compaction")."""
 Strategy = Literal["clear", "summarize", "truncate"]
 """The compaction chain's strategies, in the order they run."""
+Strategies = Annotated[list[Strategy], Meta(min_length=1, max_length=3)]
 Text = Annotated[str, Meta(max_length=256)]
 BranchId = Annotated[str, Meta(pattern=r"^br_[0-9a-f]{12}\Z",
                                description='"br_" and 12 lower-case hex digits')]
@@ -64,6 +67,11 @@ bound (docs/security.md, "Resource limits")."""
 OutputTokens = Annotated[int, Meta(ge=0, le=10_000_000)]
 BranchBudget = Annotated[int, Meta(ge=1, le=32_768)]
 BranchTimeout = Annotated[float, Meta(gt=0, le=600)]
+BranchDescription = Annotated[str, Meta(min_length=1, max_length=500)]
+BranchPrompt = Annotated[str, Meta(min_length=1, max_length=1_048_576)]
+RETURN_MESSAGE_CHARS = 65_536
+ReturnMessage = Annotated[str, Meta(min_length=1, max_length=RETURN_MESSAGE_CHARS)]
+"""What a branch returns with: the fold message's text."""
 
 
 class Budget(Result, frozen=True, forbid_unknown_fields=True):
@@ -77,6 +85,24 @@ class Budget(Result, frozen=True, forbid_unknown_fields=True):
     hard_block: Ratio = 0.98
     warn: Ratio = 0.70
     caution: Ratio = 0.80
+
+    @property
+    def effective_window(self) -> int:
+        """The tokens a prompt may use: context_window - max_output_tokens."""
+        return self.context_window - self.max_output_tokens
+
+    def health(self, usage: float) -> Health:
+        """The health of a share of the window (or of a branch's budget) by these
+        thresholds: ok < warn ≤ caution ≤ compact ≤ blocked."""
+        if usage >= self.hard_block:
+            return "blocked"
+        if usage >= self.compact_trigger:
+            return "compact"
+        if usage >= self.caution:
+            return "caution"
+        if usage >= self.warn:
+            return "warn"
+        return "ok"
 
 
 class ContextState(Result, frozen=True):
@@ -110,12 +136,21 @@ class SessionInfo(Result, frozen=True):
     message_count: int
     total_tokens: int
     main_thread_tokens: int
+    effective_window: int
+    """``budget.effective_window``: what ``usage`` is a share of."""
     usage: float
     health: Health
     live_branches: int
     created_at: float
     updated_at: float
     closed_at: float | None
+
+
+PageLimit = Annotated[int, Meta(ge=1, le=1000)]
+"""The most items one call of a listing (``session.list``, ``message.list``, ``memory.list``,
+``inject.list``, ``inject.pull``) returns."""
+Cursor = Annotated[str, Meta(pattern=r"^[0-9]{1,18}\Z")]
+"""Where the next page of a listing starts (its ``next_cursor``)."""
 
 
 # ---- daemon.* -----------------------------------------------------------------------
@@ -201,8 +236,8 @@ class SessionIdParams(Params, frozen=True):
 class SessionListParams(Params, frozen=True):
     project: Text | None = None
     state: SessionStateName | None = None
-    limit: Annotated[int, Meta(ge=1, le=1000)] = 50
-    cursor: Annotated[str, Meta(pattern=r"^[0-9]{1,18}\Z")] | None = None
+    limit: PageLimit = 50
+    cursor: Cursor | None = None
 
 
 class SessionResult(Result, frozen=True):
@@ -282,8 +317,8 @@ class MessageAppendResult(Result, frozen=True):
 class MessageListParams(Params, frozen=True):
     session_id: SessionId
     branch_id: BranchId | None = None
-    cursor: Annotated[str, Meta(pattern=r"^[0-9]{1,18}\Z")] | None = None
-    limit: Annotated[int, Meta(ge=1, le=1000)] = 100
+    cursor: Cursor | None = None
+    limit: PageLimit = 100
 
 
 class StoredMessage(Result, frozen=True, omit_defaults=True):
@@ -320,6 +355,11 @@ class MessageListResult(Result, frozen=True):
 
 RefId = Annotated[str, Meta(pattern=r"^res_[0-9a-f]{16}\Z",
                             description='"res_" and 16 lower-case hex digits')]
+ReadOffset = Annotated[int, Meta(ge=0)]
+ReadLimit = Annotated[int, Meta(ge=1, le=1_048_576)]
+"""Characters of an offloaded result one read returns at most."""
+ReadPattern = Annotated[str, Meta(min_length=1, max_length=1_000)]
+MaxMatches = Annotated[int, Meta(ge=1, le=1_000)]
 
 
 class ResultReadParams(Params, frozen=True):
@@ -328,14 +368,14 @@ class ResultReadParams(Params, frozen=True):
 
     session_id: SessionId
     ref_id: RefId
-    offset: Annotated[int, Meta(ge=0)] | msgspec.UnsetType = msgspec.UNSET
+    offset: ReadOffset | msgspec.UnsetType = msgspec.UNSET
     """Unset: 0."""
-    limit: Annotated[int, Meta(ge=1, le=1_048_576)] | msgspec.UnsetType = msgspec.UNSET
+    limit: ReadLimit | msgspec.UnsetType = msgspec.UNSET
     """Unset: 8,000 characters."""
-    pattern: Annotated[str, Meta(min_length=1, max_length=1_000)] | None = None
+    pattern: ReadPattern | None = None
     literal: bool = False
     """``pattern`` is plain text, not a regular expression."""
-    max_matches: Annotated[int, Meta(ge=1, le=1_000)] = 100
+    max_matches: MaxMatches = 100
 
 
 class LineMatch(Result, frozen=True):
@@ -412,7 +452,7 @@ class ContextCompactParams(Params, frozen=True):
     session_id: SessionId
     branch_id: BranchId | None = None
     """The thread to compact: a live branch's own messages, or (null) the main thread."""
-    strategies: Annotated[list[Strategy], Meta(min_length=1, max_length=3)] | None = None
+    strategies: Strategies | None = None
     """Which strategies may run (always in the chain's order); null: all three."""
 
 
@@ -486,8 +526,8 @@ class BudgetMeasureResult(Result, frozen=True):
 
 class BranchCreateParams(Params, frozen=True):
     session_id: SessionId
-    description: Annotated[str, Meta(min_length=1, max_length=500)]
-    prompt: Annotated[str, Meta(min_length=1, max_length=1_048_576)]
+    description: BranchDescription
+    prompt: BranchPrompt
     budget: BranchBudget | None = None
     timeout_seconds: BranchTimeout | None = None
     inject_memories: bool = True
@@ -531,7 +571,7 @@ class BranchIdParams(Params, frozen=True):
 
 class BranchReturnParams(Params, frozen=True):
     branch_id: BranchId
-    message: Annotated[str, Meta(min_length=1, max_length=65_536)]
+    message: ReturnMessage
     extract_memory: bool = False
 
 
@@ -638,6 +678,15 @@ def project_scope(project: str | None) -> str:
 
 Outcome = Literal["success", "failure"]
 MemoryId = Annotated[int, Meta(ge=1, le=2**62)]
+MemoryTitle = Annotated[str, Meta(min_length=1, max_length=500)]
+MemoryContent = Annotated[str, Meta(min_length=1, max_length=65_536)]
+MemoryDescription = Annotated[str, Meta(max_length=2_000)]
+Tag = Annotated[str, Meta(pattern=r"^\S{1,64}\Z")]
+Tags = Annotated[list[Tag], Meta(max_length=32)]
+MemoryQuery = Annotated[str, Meta(min_length=1, max_length=8_192)]
+"""What ``memory.search`` and ``memory.context`` look for."""
+SearchK = Annotated[int, Meta(ge=1, le=100)]
+Confidence = Annotated[float, Meta(ge=0.0, le=1.0)]
 SearchMode = Literal["hybrid", "lexical", "dense"]
 Leg = Literal["lexical", "dense"]
 
@@ -658,13 +707,12 @@ class MemoryItem(Result, frozen=True):
 
 
 class MemoryRecordParams(Params, frozen=True):
-    title: Annotated[str, Meta(min_length=1, max_length=500)]
-    content: Annotated[str, Meta(min_length=1, max_length=65_536)]
-    description: Annotated[str, Meta(max_length=2_000)] = ""
+    title: MemoryTitle
+    content: MemoryContent
+    description: MemoryDescription = ""
     scope: Scope = "global"
     outcome: Outcome = "success"
-    tags: Annotated[list[Annotated[str, Meta(pattern=r"^\S{1,64}\Z")]],
-                    Meta(max_length=32)] = []
+    tags: Tags = []
 
 
 class MemoryRecordResult(Result, frozen=True):
@@ -674,10 +722,10 @@ class MemoryRecordResult(Result, frozen=True):
 
 
 class MemorySearchParams(Params, frozen=True):
-    query: Annotated[str, Meta(min_length=1, max_length=8_192)]
+    query: MemoryQuery
     scope: Scope | None = None
-    k: Annotated[int, Meta(ge=1, le=100)] = 5
-    min_confidence: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
+    k: SearchK = 5
+    min_confidence: Confidence = 0.0
     mode: SearchMode = "hybrid"
 
 
@@ -724,8 +772,8 @@ class MemoryDeleteResult(Result, frozen=True):
 
 class MemoryListParams(Params, frozen=True):
     scope: Scope | None = None
-    limit: Annotated[int, Meta(ge=1, le=1000)] = 50
-    cursor: Annotated[str, Meta(pattern=r"^[0-9]{1,18}\Z")] | None = None
+    limit: PageLimit = 50
+    cursor: Cursor | None = None
 
 
 class MemoryListResult(Result, frozen=True):
@@ -837,10 +885,14 @@ class ToolsRegisterResult(Result, frozen=True):
     """The tools the next render leaves out."""
 
 
+ToolQuery = Annotated[str, Meta(min_length=1, max_length=1_000)]
+ToolSearchLimit = Annotated[int, Meta(ge=1, le=50)]
+
+
 class ToolsSearchParams(Params, frozen=True):
     session_id: SessionId
-    query: Annotated[str, Meta(min_length=1, max_length=1_000)]
-    limit: Annotated[int, Meta(ge=1, le=50)] = 5
+    query: ToolQuery
+    limit: ToolSearchLimit = 5
 
 
 class ToolMatch(Result, frozen=True):
@@ -1086,7 +1138,7 @@ class InjectPullParams(Params, frozen=True):
     session_id: SessionId
     max_priority: InjectPriority = "deferred"
     """The least urgent priority handed out (``normal``: immediate and normal only)."""
-    limit: Annotated[int, Meta(ge=1, le=1_000)] = 100
+    limit: PageLimit = 100
 
 
 class InjectionInfo(Result, frozen=True):
@@ -1129,7 +1181,7 @@ class InjectAckResult(Result, frozen=True):
 class InjectListParams(Params, frozen=True):
     session_id: SessionId
     state: InjectState | None = None
-    limit: Annotated[int, Meta(ge=1, le=1_000)] = 100
+    limit: PageLimit = 100
 
 
 class InjectListResult(Result, frozen=True):
@@ -1201,7 +1253,7 @@ class MemoryContextParams(Params, frozen=True):
     """The memories that match ``query``, fitted into ``max_tokens`` (default: the
     ``[memory] hook_inject_tokens`` of the configuration) as one block of text."""
 
-    query: Annotated[str, Meta(min_length=1, max_length=8_192)]
+    query: MemoryQuery
     scope: Scope | None = None
     max_tokens: Annotated[int, Meta(ge=1, le=100_000)] | None = None
 
@@ -1230,168 +1282,6 @@ class DaemonLogResult(Result, frozen=True):
     logged: bool
     """False when the line was dropped: too many lines came in the last minute."""
 
-# ---- MCP (docs/protocol.md, "MCP") -----------------------------------------------------
-
-class McpParams(Params, frozen=True, kw_only=True, forbid_unknown_fields=False):
-    """Base of MCP's params: unlike native params they accept unknown fields, and ``_meta``,
-    as the MCP specification requires of a server."""
-
-    meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
-
-
-class McpInitializeParams(McpParams, frozen=True):
-    protocolVersion: str
-    capabilities: dict[str, Any] = {}
-    clientInfo: dict[str, Any] = {}
-
-
-class McpToolsListParams(McpParams, frozen=True):
-    cursor: str | None = None
-
-
-class McpToolCallParams(McpParams, frozen=True):
-    name: str
-    arguments: msgspec.Raw = msgspec.Raw(b"{}")
-    """Decoded by the tool's own arguments type (msgspec takes no ``Raw`` in a union)."""
-
-
-class McpCancelledParams(McpParams, frozen=True):
-    requestId: int | str
-    reason: str | None = None
-
-
-class McpBindParams(Params, frozen=True):
-    """``mcp.bind``: the session and project the connection's MCP tools work on."""
-
-    session_id: SessionId | None = None
-    project: Text | None = None
-
-
-class McpBindResult(Result, frozen=True):
-    session_id: str | None
-    """None: a new session is opened at the first tool call."""
-    project: str | None
-
-
-ProjectPath = Annotated[str, Meta(min_length=1, max_length=256,
-                                  description="the project's directory; it scopes memories")]
-
-
-class ToolArgs(Params, frozen=True, kw_only=True):
-    """Base of every MCP tool's arguments: a misspelt argument is an error naming it."""
-
-    project_path: ProjectPath | None = None
-
-
-class ContextBranchArgs(ToolArgs, frozen=True):
-    description: Annotated[str, Meta(min_length=1, max_length=500)]
-    prompt: Annotated[str, Meta(min_length=1, max_length=1_048_576)]
-    budget: BranchBudget | None = None
-    timeout_seconds: BranchTimeout | None = None
-    inject_memories: bool = True
-
-
-class ContextReturnArgs(ToolArgs, frozen=True):
-    message: Annotated[str, Meta(min_length=1, max_length=65_536)]
-    branch_id: BranchId | None = None
-    """None: the active branch."""
-
-
-class ContextBranchStatusArgs(ToolArgs, frozen=True):
-    branch_id: BranchId | None = None
-
-
-class ContextListBranchesArgs(ToolArgs, frozen=True):
-    status: BranchStatus | None = None
-
-
-class ContextRollbackArgs(ToolArgs, frozen=True):
-    branch_id: BranchId
-    restore_state: Literal[True] = True
-    """ctxd always restores the thread as it was when the branch was made."""
-
-
-class ReadResultArgs(ToolArgs, frozen=True):
-    ref_id: RefId
-    offset: Annotated[int, Meta(ge=0)] | None = None
-    limit: Annotated[int, Meta(ge=1, le=1_048_576)] | None = None
-    pattern: Annotated[str, Meta(min_length=1, max_length=1_000)] | None = None
-    literal: bool = False
-    max_matches: Annotated[int, Meta(ge=1, le=1_000)] = 100
-
-
-class MemorySearchArgs(ToolArgs, frozen=True):
-    query: Annotated[str, Meta(min_length=1, max_length=8_192)]
-    scope: Scope | None = None
-    k: Annotated[int, Meta(ge=1, le=100)] = 5
-    min_confidence: Annotated[float, Meta(ge=0.0, le=1.0)] = 0.0
-    mode: SearchMode = "hybrid"
-
-
-class MemoryRecordArgs(ToolArgs, frozen=True):
-    title: Annotated[str, Meta(min_length=1, max_length=500)]
-    content: Annotated[str, Meta(min_length=1, max_length=65_536)]
-    description: Annotated[str, Meta(max_length=2_000)] = ""
-    scope: Scope | None = None
-    """None: the session's project's scope, or global without a project."""
-    outcome: Outcome = "success"
-    tags: Annotated[list[Annotated[str, Meta(pattern=r"^\S{1,64}\Z")]],
-                    Meta(max_length=32)] = []
-
-
-class CompactContextArgs(ToolArgs, frozen=True):
-    branch_id: BranchId | None = None
-    strategies: Annotated[list[Strategy], Meta(min_length=1, max_length=3)] | None = None
-
-
-class ToolSearchArgs(ToolArgs, frozen=True):
-    query: Annotated[str, Meta(min_length=1, max_length=1_000)]
-    limit: Annotated[int, Meta(ge=1, le=50)] = 5
-
-
-class ThreadTokens(Result, frozen=True):
-    thread: str
-    """``main`` or a branch id."""
-    total: int
-    """The thread's own tokens: the main thread as rendered, a branch's ``budget_used``."""
-    folded_total: int
-    """Tokens folded into it by its returned branches."""
-
-
-class ContextBranchStatusResult(Result, frozen=True):
-    branch_path: list[str]
-    """``main``, then the active branches from the outermost down."""
-    token_breakdown: list[ThreadTokens]
-    """One entry per thread of ``branch_path``, in its order."""
-    context_limit: int
-    usage_percent: float
-    branch: Branch | None
-    """The branch asked about (``branch_id``), else the active one (None on main)."""
-    context_state: ContextState
-
-
-class ContextListBranchesResult(Result, frozen=True):
-    branches: list[Branch]
-    total_branches: int
-    active_branches: int
-    folded_branches: int
-    context_state: ContextState
-
-
-class ReadResultToolResult(ResultReadResult, frozen=True, kw_only=True):
-    context_state: ContextState
-
-
-class MemorySearchToolResult(MemorySearchResult, frozen=True, kw_only=True):
-    context_state: ContextState
-
-
-class MemoryRecordToolResult(MemoryRecordResult, frozen=True, kw_only=True):
-    context_state: ContextState
-
-
-class ToolSearchToolResult(ToolsSearchResult, frozen=True, kw_only=True):
-    context_state: ContextState
 
 # ---- transcript importers (docs/protocol.md, "transcript.import") ----
 
@@ -1520,19 +1410,7 @@ class ContextForkResult(Result, frozen=True):
     context_state: ContextState
 
 
-class ContextForkArgs(ToolArgs, frozen=True):
-    """MCP ``context_fork``: a new session seeded with the connection's session forked
-    (``session.open`` with ``fork_from``)."""
-
-    session_id: SessionId | None = None
-    """The new session's id (default: a new one)."""
-    branch_id: BranchId | None = None
-    """The thread to fork: a branch's own messages, or (null) the main thread."""
-    include_context: bool = False
-    """Also return the forked context's text (``context.fork`` at the seed's budget)."""
-
-
-# ---- session.open fork_from's seed, MCP context_fork (docs/protocol.md, "context.fork") ----
+# ---- session.open fork_from's seed (docs/protocol.md, "context.fork") ----
 
 class ForkSeedInfo(Result, frozen=True):
     """What seeded a session opened with ``fork_from``."""
@@ -1544,13 +1422,3 @@ class ForkSeedInfo(Result, frozen=True):
     seed's context)."""
     tokens: int
     """The seed's tokens as the new session stores them (offloaded results: their stubs)."""
-
-
-class ContextForkToolResult(Result, frozen=True):
-    session_id: str
-    """The new session, seeded: a sub-agent works on it."""
-    preamble: str
-    stats: ForkStats
-    tokens: int
-    context: str | msgspec.UnsetType = msgspec.UNSET
-    """With ``include_context`` only: the forked context's text."""

@@ -184,24 +184,6 @@ def test_a_request_past_its_commit_point_is_answered_as_done(daemon_root: Path,
     assert [m["seq"] for m in messages["messages"]][-1] > step  # the summary was written
 
 
-def test_cancelling_an_unknown_request(shared_daemon: DaemonProcess) -> None:
-    with shared_daemon.client() as client:
-        unknown = rpc_error(client, "request.cancel", {"request_id": "no-such-request"})
-        numbered = rpc_error(client, "request.cancel", {"request_id": 42})
-        empty = rpc_error(client, "request.cancel", {"request_id": ""})
-        missing = rpc_error(client, "request.cancel", {})
-        hello = client.call("daemon.hello", {})
-    assert (unknown.code, unknown.message) == (
-        -32004, "no request with id 'no-such-request' is in flight")
-    assert unknown.data == {"request_id": "no-such-request",
-                            "fix": "use the id the request was sent with; it may have been "
-                                   "answered already"}
-    assert (numbered.code, numbered.message) == (-32004, "no request with id 42 is in flight")
-    assert (empty.code, empty.data["path"]) == (-32602, "$.request_id")
-    assert missing.code == -32602
-    assert "cancel" in hello["features"]
-
-
 def test_a_turn_cancelled_reaches_the_agent_which_records_its_answer(
         shared_daemon: DaemonProcess, sid: str) -> None:
     with shared_daemon.client() as agent, shared_daemon.client() as ui:
@@ -241,7 +223,6 @@ def test_a_turn_cancelled_reaches_the_agent_which_records_its_answer(
                                                f"unknown turn 'turn-2' of session '{sid}'")
     assert (no_session.code, no_session.message) == (-32004, f"unknown session '{sid}x'")
     assert (bad_id.code, bad_id.data["path"]) == (-32602, "$.turn_id")
-
 
 
 def test_ctxctl_cancels_a_ctxctl_call_by_its_id(gated: Gated, sid: str) -> None:

@@ -357,22 +357,6 @@ def test_a_rollback_brings_back_what_a_later_compaction_took(
         "main_thread_tokens"]
 
 
-@pytest.mark.parametrize(("params", "code", "path"), [
-    ({"strategies": ["squash"]}, -32602, "$.strategies[0]"),
-    ({"strategies": []}, -32602, "$.strategies"),
-    ({"branch_id": "br_000000000000"}, -32004, None),
-])
-def test_compact_params_are_checked(manual_daemon: DaemonProcess, sid: str,
-                                    params: dict[str, Any], code: int,
-                                    path: str | None) -> None:
-    with manual_daemon.client() as client:
-        client.call("session.open", {"session_id": sid})
-        error = rpc_error(client, "context.compact", {"session_id": sid, **params})
-    assert error.code == code
-    if path is not None:
-        assert error.data["path"] == path
-
-
 def test_a_closed_session_is_not_compacted(manual_daemon: DaemonProcess, sid: str) -> None:
     with manual_daemon.client() as client:
         client.call("session.open", {"session_id": sid})

@@ -957,6 +957,25 @@ def test_result_pages_and_greps_an_offloaded_tool_result(shared_daemon: DaemonPr
         1, f"ctxctl: error -32004: unknown ref '{ref}'")
 
 
+def test_result_grep_exits_one_when_nothing_matched_with_json_too(
+        shared_daemon: DaemonProcess, sid: str) -> None:
+    """As ctxctl(1) says: exit status 1 means none matched (--json printed the answer and
+    exited 0)."""
+    with shared_daemon.client() as client:
+        client.call("session.open", {"session_id": sid})
+        client.call("message.append", {"session_id": sid, "messages": [
+            {"role": "tool", "name": "bash", "tool_call_id": "c1", "content": "ok\n" * 3000}]})
+        ref = client.call("message.list", {"session_id": sid})["messages"][0]["ref_id"]
+    none = ctxctl(shared_daemon.socket, "result", ref, "--session", sid, "--grep", "ERROR",
+                  "--json")
+    assert (none.returncode, none.stderr) == (1, "")
+    assert (json.loads(none.stdout)["matched_lines"], json.loads(none.stdout)["matches"]) == (
+        0, [])
+    found = ctxctl(shared_daemon.socket, "result", ref, "--session", sid, "--grep", "ok",
+                   "--max-matches", "1", "--json")
+    assert (found.returncode, json.loads(found.stdout)["matched_lines"]) == (0, 3000)
+
+
 def test_compact_shows_before_and_after_and_resume_the_snapshot(
         daemon_root: Path, sid: str) -> None:
     process = DaemonProcess(daemon_root, extra_args=["--hygiene-auto-compact", "false"])

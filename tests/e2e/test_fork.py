@@ -118,26 +118,6 @@ def test_fork_of_a_branch(shared_daemon: DaemonProcess, sid: str) -> None:
     assert "main work" not in got["context"]
 
 
-def test_fork_params_errors(shared_daemon: DaemonProcess, sid: str) -> None:
-    with shared_daemon.client() as client:
-        error = rpc_error(client, "context.fork", {"session_id": "nope-never-opened"})
-        assert error.code == -32004
-        client.call("session.open", {"session_id": sid})
-        error = rpc_error(client, "context.fork", {"session_id": sid, "char_budget": 1_000})
-        assert (error.code, error.data["path"]) == (-32602, "$.no_removal_chars")
-        assert error.data["reason"] == (
-            "no_removal_chars (120,000) is above char_budget (1,000): a context is never cut "
-            "at or under no_removal_chars, and always fits char_budget; lower it, or raise "
-            "char_budget")
-        error = rpc_error(client, "context.fork", {"session_id": sid, "char_budget": 0})
-        assert (error.code, error.data["path"]) == (-32602, "$.char_budget")
-        error = rpc_error(client, "context.fork", {"session_id": sid,
-                                                   "branch_id": "br_000000000000"})
-        assert error.code == -32004
-        error = rpc_error(client, "context.fork", {"session_id": sid, "budget": 3})
-        assert error.code == -32602
-
-
 def test_fork_from_seeds_a_new_session(shared_daemon: DaemonProcess, sid: str) -> None:
     with shared_daemon.client() as client:
         client.call("session.open", {"session_id": sid})

@@ -203,7 +203,7 @@ SEARCH_TIMEOUT_S = 0.5
 
 def test_a_search_that_backtracks_without_end_is_stopped(daemon_root: Path, sid: str) -> None:
     daemon = DaemonProcess(daemon_root, entry=entry_with(
-        {"ctxd.sessions._actor.SEARCH_TIMEOUT_S": SEARCH_TIMEOUT_S}))
+        {"ctxd.sessions._hygiene_ops.SEARCH_TIMEOUT_S": SEARCH_TIMEOUT_S}))
     with daemon.running(), daemon.client() as client, daemon.client() as other:
         start(client, sid)
         client.call("message.append", {"session_id": sid, "messages": [tool("a" * 5000)]})

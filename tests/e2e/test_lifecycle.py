@@ -325,18 +325,6 @@ def test_a_bad_socket_path_is_refused_before_the_data_dir_is_touched(
     assert not process.data_dir.exists()
 
 
-def test_hello_negotiates_features(shared_daemon: DaemonProcess) -> None:
-    with shared_daemon.client() as client:
-        hello = client.call("daemon.hello", {"client": "test", "protocol_features": [
-            "events", "tools", "time-travel"]})
-        assert hello["features"] == ["folding", "memory", "events", "usage", "tools", "inject",
-                                     "cancel", "mcp"]
-        assert hello["agreed_features"] == ["events", "tools"]
-        with pytest.raises(RpcError) as caught:
-            client.call("daemon.hello", {"client": 5})
-        assert caught.value.data["path"] == "$.client"
-
-
 async def test_errors_inside_the_async_client_block_propagate(
         shared_daemon: DaemonProcess) -> None:
     # Regression: closing the stream inside the cancelled nursery raised Cancelled there,

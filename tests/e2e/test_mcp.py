@@ -1,6 +1,7 @@
 """MCP end to end (docs/protocol.md, "MCP"): the real ``mcp`` SDK client against
 ``ctxctl mcp`` pumping to a real daemon; raw lines on the socket for what the SDK does not
-show (version negotiation, notifications left unanswered, the server/discover probe)."""
+show. Version negotiation, notifications left unanswered, the server/discover probe and
+mcp.bind's checks are tested in-process (tests/unit/test_routes.py)."""
 
 from __future__ import annotations
 
@@ -303,47 +304,6 @@ def raw(daemon: DaemonProcess) -> Iterator[LineClient]:
 def initialize(version: str, **extra: Any) -> dict[str, Any]:
     return {"protocolVersion": version, "capabilities": {},
             "clientInfo": {"name": "t", "version": "1"}, **extra}
-
-
-@pytest.mark.parametrize(("asked", "answered"), [
-    ("2025-06-18", "2025-06-18"), ("2025-11-25", "2025-11-25"),
-    ("2024-11-05", "2025-06-18"), ("2026-07-28", "2025-06-18")])
-def test_initialize_negotiates_the_version(shared_daemon: DaemonProcess, asked: str,
-                                           answered: str) -> None:
-    with raw(shared_daemon) as line:
-        answer = line.ask("initialize", initialize(asked, _meta={"k": 1}, later_field=2))
-    assert answer["result"]["protocolVersion"] == answered
-    assert answer["result"]["capabilities"] == {"tools": {"listChanged": False}}
-
-
-def test_discover_ping_and_notifications(shared_daemon: DaemonProcess) -> None:
-    with raw(shared_daemon) as line:
-        discover = line.ask("server/discover", {}, request_id=0)
-        line.ask("initialize", initialize("2025-06-18"))
-        line.send("notifications/initialized")
-        line.send("notifications/cancelled", {"requestId": 99, "reason": "no such call"})
-        pong = line.ask("ping", request_id="p")
-    assert discover["error"]["code"] == -32601
-    assert discover["id"] == 0
-    # The two notifications went unanswered: the next line is the ping's answer.
-    assert pong == {"jsonrpc": "2.0", "id": "p", "result": {}}
-
-
-def test_mcp_bind_validates_like_a_native_method(shared_daemon: DaemonProcess) -> None:
-    with raw(shared_daemon) as line:
-        typo = line.ask("mcp.bind", {"sesion_id": "s"})
-        bad = line.ask("mcp.bind", {"session_id": "no spaces"})
-        bound = line.ask("mcp.bind", {"session_id": "s-1", "project": "/p"})
-        listed = line.ask("tools/call", {"name": "context_list_branches"})
-        late = line.ask("mcp.bind", {"session_id": "s-2"})
-    assert (typo["error"]["code"], typo["error"]["data"]["path"]) == (-32602, "$")
-    assert (bad["error"]["code"], bad["error"]["data"]["path"]) == (-32602, "$.session_id")
-    assert bound["result"] == {"session_id": "s-1", "project": "/p"}
-    assert listed["result"]["structuredContent"]["context_state"]["session_id"] == "s-1"
-    assert late["error"] == {"code": -32003,
-                             "message": "this connection's MCP session is already open",
-                             "data": {"session_id": "s-1",
-                                      "fix": "send mcp.bind before the first tools/call"}}
 
 
 def test_a_lone_surrogate_in_tool_arguments_is_read_as_the_replacement_character(

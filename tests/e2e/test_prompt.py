@@ -1,5 +1,6 @@
 """prompt.build against a real daemon: order, exact tokens, cache breakpoints, formats,
-a cacheable prefix that stays byte-identical, a session's own sections, validation."""
+a cacheable prefix that stays byte-identical, a session's own sections (its params' checks:
+tests/unit/test_routes.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import pytest
 from conftest import DaemonProcess
-from tests_support import COUNTER, hello_text, rpc_error
+from tests_support import COUNTER, hello_text
 
 from ctxclient import Client
 
@@ -169,37 +170,3 @@ def test_a_session_without_memories_gets_its_status_alone(client: Client, sid: s
     result = build(client, session_id=sid)
     assert result["text"] == "[Context: 0% used (0 of 191,808 tokens); health: ok.]"
     assert result["cache_breakpoints"] == []
-
-
-@pytest.mark.parametrize(("params", "path", "reason"), [
-    ({}, "$", "give exactly one of session_id and sections"),
-    ({"session_id": "s", "sections": [{"name": "a", "content": "b"}]}, "$",
-     "give exactly one of session_id and sections"),
-    ({"sections": []}, "$.sections", "Expected `array` of length >= 1"),
-    ({"sections": [{"name": "", "content": "b"}]}, "$.sections[0].name",
-     "Expected `str` matching regex '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\\\\Z'"),
-    ({"sections": [{"name": "a b", "content": "b"}]}, "$.sections[0].name",
-     "Expected `str` matching regex '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\\\\Z'"),
-    ({"sections": [{"name": "a", "content": ""}]}, "$.sections[0].content",
-     "Expected `str` of length >= 1"),
-    ({"sections": [{"name": "a", "content": "x"}] * 33}, "$.sections",
-     "Expected `array` of length <= 32"),
-    ({"sections": [{"name": "a", "content": "x"}, {"name": "b", "content": "y"},
-                   {"name": "a", "content": "z"}]}, "$.sections[2].name",
-     "section name 'a' given twice; names must be unique"),
-    ({"sections": [{"name": "a", "content": "x", "cache": True}]}, "$.sections[0]",
-     "Object contains unknown field `cache`"),
-    ({"sections": [{"name": "a", "content": "x"}], "format": "gemini"}, "$.format",
-     "unknown format 'gemini'; one of openai, anthropic"),
-])
-def test_bad_params_are_named(client: Client, params: dict[str, Any], path: str,
-                              reason: str) -> None:
-    error = rpc_error(client, "prompt.build", params)
-    assert (error.code, error.data["path"], error.data["reason"]) == (-32602, path, reason)
-    if path == "$.format":
-        assert error.data["allowed"] == ["openai", "anthropic"]
-
-
-def test_an_unknown_session_is_not_found(client: Client) -> None:
-    error = rpc_error(client, "prompt.build", {"session_id": "no-such-session"})
-    assert (error.code, error.data["session_id"]) == (-32004, "no-such-session")

@@ -1,6 +1,7 @@
 """Tool deferral against a real daemon: tools.register, what ctxd.render leaves out and in
 which order, use from assistant messages, tools.search's ranking and promotion, the
-tool_descriptions component of budget.measure, the tools.deferred event, validation."""
+tool_descriptions component of budget.measure, the tools.deferred event (the params'
+checks: tests/unit/test_routes.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import msgspec
 from conftest import DaemonProcess
-from tests_support import COUNTER, hello_text, next_event, rpc_error
+from tests_support import COUNTER, hello_text, next_event
 
 from ctxclient import Client
 
@@ -154,27 +155,3 @@ def test_below_the_threshold_nothing_is_deferred_and_a_name_is_replaced(
         # Nothing is deferred: a search finds nothing to promote.
         assert client.call("tools.search", {"session_id": sid, "query": "issue"}) == {
             "matches": [], "deferred": 0}
-
-
-def test_bad_params_are_named(shared_daemon: DaemonProcess, sid: str) -> None:
-    with shared_daemon.client() as client:
-        client.call("session.open", {"session_id": sid})
-        error = rpc_error(client, "tools.register", {"session_id": sid, "tools": [
-            dict(TOOLS[0], source="remote")]})
-        assert (error.code, error.data["path"]) == (-32602, "$.tools[0].source")
-        error = rpc_error(client, "tools.register", {"session_id": sid,
-                                                     "tools": [TOOLS[0], TOOLS[0]]})
-        assert (error.code, error.data["path"]) == (-32602, "$.tools[1].name")
-        assert "given twice" in error.message
-        error = rpc_error(client, "tools.register", {"session_id": sid, "tools": []})
-        assert (error.code, error.data["path"]) == (-32602, "$.tools")
-        error = rpc_error(client, "tools.register", {"session_id": sid, "tools": [
-            {k: v for k, v in TOOLS[0].items() if k != "input_schema"}]})
-        assert (error.code, error.data["path"]) == (-32602, "$.tools[0]")
-        error = rpc_error(client, "tools.search", {"session_id": sid, "query": "?!"})
-        assert (error.code, error.data["path"]) == (-32602, "$.query")
-        error = rpc_error(client, "tools.search", {"session_id": "no-such", "query": "x"})
-        assert (error.code, error.data["session_id"]) == (-32004, "no-such")
-        client.call("session.close", {"session_id": sid})
-        error = rpc_error(client, "tools.register", {"session_id": sid, "tools": TOOLS[:1]})
-        assert (error.code, error.data["state"]) == (-32003, "closed")

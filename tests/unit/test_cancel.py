@@ -15,6 +15,7 @@ from ctxd.errors import CtxdError, ErrorCode, cancelled
 from ctxd.hub import Subscription
 from ctxd.jobs import Request, working_for
 from ctxd.sessions import Supervisor
+from ctxd.sessions import _session_ops as session_ops
 from ctxd.store import Store
 from ctxd.wire.types import (
     Event,
@@ -28,7 +29,8 @@ from ctxd.wire.types import (
 @pytest.fixture
 async def supervisor(tmp_path: Path) -> AsyncIterator[Supervisor]:
     async with running_supervisor(tmp_path / "ctxd.db", Config()) as running:
-        await running.call("s1", lambda a: a.open(SessionOpenParams(session_id="s1")))
+        await running.call("s1", lambda a: session_ops.open_session(
+            a, SessionOpenParams(session_id="s1")))
         yield running
 
 
@@ -75,8 +77,8 @@ async def test_an_operation_cancelled_while_running_writes_nothing_not_even_inli
     watcher = supervisor.bus.subscribe("s1")
     big = MessageAppendParams(session_id="s1", messages=[MessageIn(
         role="tool", tool_call_id="call_1", name="bash", content="line\n" * 2_000)])
-    error = await cancelled_while_running(supervisor, lambda actor: actor.append(big))
-    listed = await supervisor.call("s1", lambda a: a.list_messages(MessageListParams(
+    error = await cancelled_while_running(supervisor, lambda actor: session_ops.append(actor, big))
+    listed = await supervisor.call("s1", lambda a: session_ops.list_messages(a, MessageListParams(
         session_id="s1")))
     events = await drained(watcher, supervisor)
     assert (error.code, error.message) == (ErrorCode.CANCELLED,
@@ -87,8 +89,8 @@ async def test_an_operation_cancelled_while_running_writes_nothing_not_even_inli
 
 async def test_a_read_cancelled_while_running_answers_cancelled_and_the_session_goes_on(
         supervisor: Supervisor) -> None:
-    error = await cancelled_while_running(supervisor, lambda actor: actor.get())
-    appended = await supervisor.call("s1", lambda a: a.append(MessageAppendParams(
+    error = await cancelled_while_running(supervisor, lambda actor: session_ops.get_session(actor))
+    appended = await supervisor.call("s1", lambda a: session_ops.append(a, MessageAppendParams(
         session_id="s1", messages=[MessageIn(role="user", content="hello")])))
     assert error.code == ErrorCode.CANCELLED
     assert [m.seq for m in appended.appended] == [1]

@@ -9,6 +9,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import get_args
 
 import pytest
 import trio
@@ -19,6 +20,7 @@ import ctxclient
 import ctxclient._errors
 from ctxclient import DaemonUnavailable, RpcError
 from ctxd.errors import ErrorCode
+from ctxd.wire.types import MemoryQuery
 
 
 async def test_a_garbled_answer_ends_the_connection_as_unavailable(tmp_path: Path) -> None:
@@ -88,6 +90,31 @@ def test_errors_from_the_daemon_raise_their_codes_class(shared_daemon: DaemonPro
                 {"role": "user", "content": "late"}]})
 
 
+def test_every_error_about_the_daemon_is_a_ctxd_client_error() -> None:
+    from ctxclient._mcp import DaemonBusy, PumpError
+
+    tree = [RpcError, *ctxclient.ERRORS.values(), DaemonUnavailable, ctxclient.BadSocketPath,
+            ctxclient.UntrustedSocket, PumpError, DaemonBusy]
+    assert [cls.__name__ for cls in tree
+            if not issubclass(cls, ctxclient.CtxdClientError)] == []
+    unavailable = DaemonUnavailable("/run/x.sock", "connection refused")
+    # Code written before the common base caught OSError or ConnectionError: it still does.
+    assert isinstance(unavailable, ConnectionError)
+    assert (str(unavailable), unavailable.path, unavailable.reason) == (
+        "no ctxd daemon is running on /run/x.sock (connection refused); start it with `ctxd`",
+        "/run/x.sock", "connection refused")
+    with pytest.raises(ctxclient.CtxdClientError) as caught:
+        raise ctxclient._errors.rpc_error(-32004, "unknown session 's1'")
+    assert type(caught.value) is ctxclient.NotFound
+
+
+def test_the_hook_cuts_its_query_to_what_memory_context_takes() -> None:
+    # The hook imports the standard library only: it keeps the wire's limit as a number.
+    from ctxclient._hook import MAX_QUERY_CHARS
+
+    assert MAX_QUERY_CHARS == get_args(MemoryQuery)[1].max_length
+
+
 def test_an_unknown_code_is_a_plain_rpc_error() -> None:
     error = ctxclient._errors.rpc_error(-31999, "new in a later daemon", {"x": 1})
     assert (type(error), error.code, error.message, error.data) == (
@@ -95,15 +122,24 @@ def test_an_unknown_code_is_a_plain_rpc_error() -> None:
 
 
 def test_ctxctl_colours_a_branch_by_its_sessions_thresholds() -> None:
-    from ctxclient.cli import level
+    from ctxclient._cli_values import HEALTH_STYLE, branch_budget_bar
+
+    def health(used: int, budget: dict[str, float]) -> str:
+        bar = branch_budget_bar({"budget_used": used, "budget": 100}, budget)
+        assert bar.plain == f"{used:.1f}%"
+        return next(name for name, style in HEALTH_STYLE.items() if style == bar.shown.style)
 
     # A session opened with lower thresholds than the defaults: its branches warn sooner.
-    low = {"warn": 0.3, "caution": 0.4, "hard_block": 0.9}
-    assert [level(usage, low) for usage in (0.2, 0.35, 0.5, 0.95, 1.0)] == [
-        "ok", "warn", "caution", "blocked", "blocked"]
-    default = {"warn": 0.7, "caution": 0.8, "hard_block": 0.98}
-    assert [level(usage, default) for usage in (0.5, 0.75, 0.85, 1.0)] == [
-        "ok", "warn", "caution", "blocked"]
+    low = {"context_window": 4096, "max_output_tokens": 0, "warn": 0.3, "caution": 0.4,
+           "compact_trigger": 0.85, "hard_block": 0.9}
+    assert [health(used, low) for used in (20, 35, 50, 87, 95, 100)] == [
+        "ok", "warn", "caution", "compact", "blocked", "blocked"]
+    default = {"context_window": 200_000, "max_output_tokens": 8192, "warn": 0.7,
+               "caution": 0.8, "compact_trigger": 0.95, "hard_block": 0.98}
+    # 96 %: "compact" (red), as the daemon says of a session there; ctxctl had its own copy
+    # of the levels without it, and showed "caution".
+    assert [health(used, default) for used in (50, 75, 85, 96, 100)] == [
+        "ok", "warn", "caution", "compact", "blocked"]
 
 
 async def test_both_clients_send_unique_uuid_string_ids(tmp_path: Path) -> None:

@@ -3,16 +3,20 @@ buffers with a dropped marker, replay then live with no gap at the seam, the bou
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import apsw
+import pytest
 import trio
+import trio.testing
 
 from ctxd.hub import EventBus
 from ctxd.hub._events import Subscription
-from ctxd.store import Store
+from ctxd.store import Store, Transaction
 
 
 def drain(subscription: Subscription) -> list[tuple[str, int, dict[str, object]]]:
@@ -240,3 +244,126 @@ async def test_a_forgotten_session_leaves_no_event_in_the_table(tmp_path: Path) 
         bus.publish("a", "session.deleted", {"messages_deleted": 4})
         await written(bus, 4)
     assert table(tmp_path / "db") == [(2, "session.opened"), (4, "session.deleted")]
+
+
+async def test_the_seq_goes_on_after_a_restart_when_the_newest_events_were_forgotten(
+        tmp_path: Path) -> None:
+    async with running(tmp_path / "db") as bus:
+        bus.publish("b", "session.opened", {})
+        bus.publish("a", "branch.created", {})
+        bus.publish("a", "branch.folded", {})
+        await written(bus, 3)
+        bus.forget("a")
+    assert table(tmp_path / "db") == [(1, "session.opened")]
+    async with running(tmp_path / "db") as bus:
+        assert bus.seq == 3
+        bus.publish(None, "tick", {})
+        await written(bus, 4)
+    assert table(tmp_path / "db") == [(1, "session.opened"), (4, "tick")]
+
+
+def staged(bus: EventBus, session_id: str, *types: str) -> Transaction:
+    """A request's transaction that writes nothing of its own but ``types`` as events."""
+    transaction = Transaction()
+    bus.stage(transaction, session_id, [(type, {"n": n}) for n, type in enumerate(types)])
+    return transaction
+
+
+def store_of(bus: EventBus) -> Store:
+    assert bus._store is not None
+    return bus._store
+
+
+async def test_staged_events_are_written_with_the_request_and_sent_once_it_committed(
+        tmp_path: Path) -> None:
+    async with running(tmp_path / "db") as bus:
+        everything = bus.subscribe()
+        bus.publish("a", "session.opened", {})
+        await written(bus, 1)
+        assert drain(everything) == [("session.opened", 1, {})]
+        transaction = staged(bus, "a", "result.offloaded", "message.appended")
+        assert (bus.seq, drain(everything)) == (1, [])  # nothing before the commit
+        await store_of(bus).commit(transaction)
+        assert bus.seq == 3
+        assert drain(everything) == [("result.offloaded", 2, {"n": 0}),
+                                     ("message.appended", 3, {"n": 1})]
+        assert table(tmp_path / "db") == [(1, "session.opened"), (2, "result.offloaded"),
+                                          (3, "message.appended")]
+
+
+async def test_a_rolled_back_request_sends_none_of_its_events_and_leaves_no_gap(
+        tmp_path: Path) -> None:
+    async with running(tmp_path / "db") as bus:
+        everything = bus.subscribe()
+        transaction = staged(bus, "a", "message.appended")
+
+        def fails(conn: apsw.Connection) -> None:
+            raise ValueError("the request's own write failed")
+
+        transaction.add(fails)  # after the events' insert: their seq was given, then freed
+        with pytest.raises(ValueError, match="own write failed"):
+            await store_of(bus).commit(transaction)
+        assert (bus.seq, drain(everything)) == (0, [])
+        await store_of(bus).commit(staged(bus, "a", "message.appended"))
+        bus.publish("a", "context.health", {})
+        await written(bus, 2)
+        assert drain(everything) == [("message.appended", 1, {"n": 0}),
+                                     ("context.health", 2, {})]
+    assert table(tmp_path / "db") == [(1, "message.appended"), (2, "context.health")]
+
+
+async def test_events_published_before_keep_the_lower_seqs(tmp_path: Path) -> None:
+    async with running(tmp_path / "db") as bus:
+        everything = bus.subscribe()
+        bus.publish("a", "context.compacted", {})  # queued: the writer has not taken it
+        await store_of(bus).commit(staged(bus, "a", "message.appended"))
+        await written(bus, 2)
+        assert [(type, seq) for type, seq, _ in drain(everything)] == [
+            ("context.compacted", 1), ("message.appended", 2)]
+
+
+async def test_events_are_sent_in_seq_order_whichever_write_comes_back_first(
+        tmp_path: Path) -> None:
+    async with running(tmp_path / "db") as bus:
+        everything = bus.subscribe()
+        store = store_of(bus)
+        gate = threading.Event()
+        store._worker.submit(gate.wait)  # type: ignore[union-attr]  # hold the writer
+        bus.publish("a", "branch.created", {})
+        await trio.testing.wait_all_tasks_blocked()  # the bus's write waits behind it
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.commit, staged(bus, "a", "message.appended"))
+            await trio.testing.wait_all_tasks_blocked()
+            gate.set()
+        await written(bus, 2)
+        assert [(type, seq) for type, seq, _ in drain(everything)] == [
+            ("branch.created", 1), ("message.appended", 2)]
+
+
+async def test_staged_events_past_events_keep_have_the_writer_prune(tmp_path: Path) -> None:
+    async with running(tmp_path / "db", keep=10) as bus:
+        store = store_of(bus)
+        for _ in range(25):
+            await store.commit(staged(bus, "a", "message.appended"))
+        await trio.testing.wait_all_tasks_blocked()  # the writer's prune is submitted
+        await store.read(lambda conn: None)  # and done: the store runs jobs in order
+        assert bus.seq == 25  # sent to nobody, but numbered all the same
+        assert [seq for seq, _ in table(tmp_path / "db")] == list(range(16, 26))
+        late = bus.subscribe(since_seq=23)
+        assert await take(late, 2) == [("message.appended", 24, {"n": 0}),
+                                       ("message.appended", 25, {"n": 0})]
+
+
+async def test_without_a_store_staged_events_are_sent_after_the_commit(
+        tmp_path: Path) -> None:
+    store = Store(tmp_path / "db")
+    store.open()
+    try:
+        bus = EventBus()
+        everything = bus.subscribe()
+        transaction = staged(bus, "a", "message.appended")
+        assert drain(everything) == []
+        await store.commit(transaction)
+        assert drain(everything) == [("message.appended", 1, {"n": 0})]
+    finally:
+        store.close()

@@ -1,12 +1,14 @@
-"""Folding in-process on trio's virtual clock: BranchActor deadlines and forced returns."""
+"""Folding in-process on trio's virtual clock: branch deadlines and forced returns (the
+timer itself: test_deadlines.py)."""
 
 from __future__ import annotations
 
 import math
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -16,8 +18,10 @@ from tests_support import running_supervisor
 
 from ctxd.config import Config
 from ctxd.errors import CtxdError, ErrorCode
-from ctxd.folding import BranchActor
 from ctxd.sessions import SessionActor, Supervisor
+from ctxd.sessions import _branch_ops as branch_ops
+from ctxd.sessions import _queries as q
+from ctxd.sessions import _session_ops as session_ops
 from ctxd.wire.types import (
     BranchCreateParams,
     BranchCreateResult,
@@ -45,41 +49,20 @@ async def supervisor(tmp_path: Path, clock: trio.testing.MockClock
 
 
 async def open_session(supervisor: Supervisor, session_id: str) -> None:
-    await supervisor.call(session_id, lambda a: a.open(SessionOpenParams(session_id=session_id)))
+    await supervisor.call(session_id, lambda a: session_ops.open_session(
+        a, SessionOpenParams(session_id=session_id)))
 
 
 async def create(supervisor: Supervisor, session_id: str, timeout_s: float,
                  parent: str | msgspec.UnsetType | None = msgspec.UNSET) -> BranchCreateResult:
     params = BranchCreateParams(session_id=session_id, description="work", prompt="do it",
                                 timeout_seconds=timeout_s, parent_branch_id=parent)
-    return await supervisor.call(session_id, lambda a: a.create_branch(params))
+    return await supervisor.call(session_id, lambda a: branch_ops.create_branch(a, params))
 
 
 async def status_of(supervisor: Supervisor, session_id: str, branch_id: str) -> str:
-    result = await supervisor.call(session_id, lambda a: a.branch_status(branch_id))
+    result = await supervisor.call(session_id, lambda a: branch_ops.branch_status(a, branch_id))
     return result.branch.status
-
-
-async def test_branch_actor_calls_back_at_its_deadline_until_the_branch_ends(
-        clock: trio.testing.MockClock) -> None:
-    fired: list[tuple[str, float]] = []
-
-    async def on_deadline(branch_id: str) -> None:
-        # The first two forced returns "fail" (the branch stays live); the third ends it.
-        fired.append((branch_id, trio.current_time()))
-        if len(fired) == 3:
-            late.end()
-
-    async with trio.open_nursery() as nursery:
-        late = BranchActor("br_000000000001", trio.current_time() + 30, on_deadline)
-        ended = BranchActor("br_000000000002", trio.current_time() + 20, on_deadline)
-        nursery.start_soon(late.run)
-        nursery.start_soon(ended.run)
-        await trio.sleep(10)
-        ended.end()
-    assert fired == [("br_000000000001", 30.0), ("br_000000000001", 31.0),
-                     ("br_000000000001", 32.0)]
-    assert ended.ended
 
 
 async def test_timeout_force_returns_at_the_deadline(
@@ -90,7 +73,8 @@ async def test_timeout_force_returns_at_the_deadline(
     subscription = supervisor.bus.subscribe("s1", ["branch.forced_return"])
     await trio.sleep(299.5)
     assert await status_of(supervisor, "s1", created.branch_id) == "active"
-    info = (await supervisor.call("s1", lambda a: a.branch_status(created.branch_id))).branch
+    info = (await supervisor.call(
+        "s1", lambda a: branch_ops.branch_status(a, created.branch_id))).branch
     assert info.time_left_s == pytest.approx(0.5, abs=0.01)
     with trio.fail_after(5):
         event = await subscription.receive()
@@ -116,7 +100,7 @@ async def test_requests_are_judged_by_when_they_arrived(
     async def late_request() -> None:
         await trio.sleep(10.5)
         with pytest.raises(CtxdError) as caught:
-            await supervisor.call("s1", lambda a: a.append(append("late")))
+            await supervisor.call("s1", lambda a: session_ops.append(a, append("late")))
         late_errors.append(caught.value.code)
 
     late_errors: list[int] = []
@@ -125,10 +109,11 @@ async def test_requests_are_judged_by_when_they_arrived(
         await trio.sleep(1)
         # Arrives before the deadline, is processed after it: accepted (it becomes the
         # partial result below).
-        nursery.start_soon(supervisor.call, "s1", lambda a: a.append(append("ok")))
+        nursery.start_soon(supervisor.call, "s1", lambda a: session_ops.append(a, append("ok")))
         nursery.start_soon(late_request)
     assert late_errors == [ErrorCode.TIMEOUT]
-    info = (await supervisor.call("s1", lambda a: a.branch_status(created.branch_id))).branch
+    info = (await supervisor.call(
+        "s1", lambda a: branch_ops.branch_status(a, created.branch_id))).branch
     assert (info.status, info.result) == ("timeout", "ok")
 
 
@@ -229,7 +214,7 @@ async def test_a_request_that_arrived_before_a_deadline_is_not_overtaken_by_expi
 
     async def append_late() -> None:
         await trio.sleep(10.3)
-        await supervisor.call("s1", lambda a: a.append(MessageAppendParams(
+        await supervisor.call("s1", lambda a: session_ops.append(a, MessageAppendParams(
             session_id="s1", branch_id=last,
             messages=[MessageIn(role="assistant", content="made it")])))
 
@@ -237,8 +222,58 @@ async def test_a_request_that_arrived_before_a_deadline_is_not_overtaken_by_expi
         nursery.start_soon(supervisor.call, "s1", busy)
         nursery.start_soon(append_late)
     await trio.testing.wait_all_tasks_blocked()
-    info = (await supervisor.call("s1", lambda a: a.branch_status(last))).branch
+    info = (await supervisor.call("s1", lambda a: branch_ops.branch_status(a, last))).branch
     assert (info.status, info.result) == ("timeout", "made it")
+
+
+@pytest.fixture
+def works_read(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The branches whose recent work each forced return read from the store."""
+    read: list[list[str]] = []
+    recent_works = q.recent_works
+
+    def recording(conn: Any, branch_ids: Sequence[str], opening_meta: dict[str, Any]
+                  ) -> Any:
+        read.append(sorted(branch_ids))
+        return recent_works(conn, branch_ids, opening_meta)
+
+    monkeypatch.setattr(q, "recent_works", recording)
+    return read
+
+
+async def test_a_forced_return_reads_the_work_only_of_branches_that_did_some(
+        supervisor: Supervisor, clock: trio.testing.MockClock,
+        works_read: list[list[str]]) -> None:
+    await open_session(supervisor, "s1")
+    idle, busy = [await create(supervisor, "s1", 10, parent=None) for _ in range(2)]
+    await supervisor.call("s1", lambda a: session_ops.append(a, MessageAppendParams(
+        session_id="s1", branch_id=busy.branch_id,
+        messages=[MessageIn(role="assistant", content="half done")])))
+    await trio.sleep(11)
+    await trio.testing.wait_all_tasks_blocked()
+    assert works_read == [[busy.branch_id]]
+    results = {b: (await supervisor.call("s1", lambda a, b=b: branch_ops.branch_status(
+        a, b))).branch.result for b in (idle.branch_id, busy.branch_id)}
+    assert results == {idle.branch_id: "(the branch ended before any work was recorded)",
+                       busy.branch_id: "half done"}
+
+
+async def test_a_branch_loaded_after_a_restart_has_its_work_read(
+        tmp_path: Path, clock: trio.testing.MockClock, works_read: list[list[str]]) -> None:
+    """What a branch holds is known only for those this run created: one loaded from the
+    store is read, whatever it holds."""
+    config = Config(session_idle_s=3600.0)
+    async with running_supervisor(tmp_path / "ctxd.db", config) as first:
+        await open_session(first, "s1")
+        created = await create(first, "s1", 600, parent=None)
+    async with running_supervisor(tmp_path / "ctxd.db", config) as second:
+        await trio.sleep(601)
+        await trio.testing.wait_all_tasks_blocked()
+        info = (await second.call("s1", lambda a: branch_ops.branch_status(
+            a, created.branch_id))).branch
+    assert works_read == [[created.branch_id]]
+    assert (info.status, info.result) == (
+        "timeout", "(the branch ended before any work was recorded)")
 
 
 def test_wire_values_are_not_walked_by_the_cycle_collector() -> None:

@@ -12,7 +12,18 @@ import msgspec
 import pytest
 
 from ctxd.mcp import TOOLS, plain_schema
-from ctxd.wire.types import MemoryRecordArgs, ReadResultArgs
+from ctxd.wire.types import (
+    BranchCreateParams,
+    BranchListParams,
+    BranchReturnParams,
+    BranchRollbackParams,
+    ContextCompactParams,
+    ForkFrom,
+    MemoryRecordParams,
+    MemorySearchParams,
+    ResultReadParams,
+    ToolsSearchParams,
+)
 
 BY_NAME = {tool.name: tool for tool in TOOLS}
 
@@ -73,7 +84,45 @@ def test_the_schema_and_the_decoder_agree(name: str, arguments: dict[str, Any],
 
 
 def test_patterns_are_anchored_with_a_dollar() -> None:
-    read = plain_schema(ReadResultArgs)["properties"]["ref_id"]
-    record = plain_schema(MemoryRecordArgs)["properties"]["tags"]["items"]
+    read = plain_schema(BY_NAME["read_result"].arguments)["properties"]["ref_id"]
+    record = plain_schema(BY_NAME["memory_record"].arguments)["properties"]["tags"]["items"]
     assert read["pattern"] == "^res_[0-9a-f]{16}$"
     assert record["pattern"] == "^\\S{1,64}$"
+
+
+NATIVE: dict[str, type[msgspec.Struct]] = {
+    "context_branch": BranchCreateParams, "context_return": BranchReturnParams,
+    "context_list_branches": BranchListParams, "context_rollback": BranchRollbackParams,
+    "read_result": ResultReadParams, "memory_search": MemorySearchParams,
+    "memory_record": MemoryRecordParams, "compact_context": ContextCompactParams,
+    "tool_search": ToolsSearchParams, "context_fork": ForkFrom}
+"""The params of the native method each tool calls (ForkFrom: session.open's fork_from)."""
+
+
+def _limits(field: msgspec.inspect.Field) -> msgspec.inspect.Type:
+    """A field's type and constraints, without the None of an optional field (msgspec
+    leaves out UNSET itself)."""
+    found = field.type
+    if isinstance(found, msgspec.inspect.UnionType):
+        [found] = [t for t in found.types if not isinstance(t, msgspec.inspect.NoneType)]
+    return found
+
+
+@pytest.mark.parametrize(("name", "native"), NATIVE.items())
+def test_a_tool_takes_the_limits_of_the_method_it_calls(
+        name: str, native: type[msgspec.Struct]) -> None:
+    """An argument a tool passes on accepts what the native method accepts, neither more
+    (the method would refuse it) nor less."""
+    def fields(struct: type[msgspec.Struct]) -> dict[str, msgspec.inspect.Type]:
+        info = msgspec.inspect.type_info(struct)
+        assert isinstance(info, msgspec.inspect.StructType)
+        return {f.name: _limits(f) for f in info.fields}
+
+    tool, method = fields(BY_NAME[name].arguments), fields(native)
+    shared = sorted(tool.keys() & method.keys())
+    assert shared  # the tool passes something on
+    assert {key: tool[key] for key in shared} == {key: method[key] for key in shared}
+
+
+def test_every_tool_is_checked_against_its_method_but_the_status_tool() -> None:
+    assert sorted(BY_NAME.keys() - NATIVE.keys()) == ["context_branch_status"]

@@ -7,7 +7,7 @@ import pytest
 import trio
 
 from ctxd.errors import CtxdError, ErrorCode
-from ctxd.store import DatabaseError, Store, migrate, scalar_int, schema_version
+from ctxd.store import DatabaseError, Store, Transaction, migrate, scalar_int, schema_version
 from ctxd.store.migrations import load_all
 
 LATEST = len(load_all())
@@ -52,6 +52,21 @@ def test_version_2_keeps_version_1_sessions_and_messages(tmp_path: Path) -> None
     assert conn.execute("SELECT seq, branch_id, discarded FROM messages ORDER BY seq"
                         ).fetchall() == [(1, None, 0), (2, None, 0)]
     assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+
+
+def test_version_14_keeps_the_events_and_their_high_water_seq(tmp_path: Path) -> None:
+    conn = apsw.Connection(str(tmp_path / "db"))
+    with conn:
+        for _, module in load_all()[:13]:
+            conn.execute(module.SQL)
+        conn.execute("PRAGMA user_version = 13")
+        conn.executemany("INSERT INTO events (seq, ts, session_id, type, data) "
+                         "VALUES (?, 1.0, 's1', 'tick', X'7B7D')", [(1,), (2,), (3,)])
+        conn.execute("DELETE FROM events WHERE seq = 3")
+    assert migrate(conn) == LATEST
+    assert conn.execute("SELECT seq FROM events ORDER BY seq").fetchall() == [(1,), (2,)]
+    assert conn.execute("SELECT seq FROM events_high_water").fetchall() == [(3,)]
+    assert conn.execute("SELECT name FROM sqlite_sequence").fetchall() == []
 
 
 def test_refuses_a_newer_database(tmp_path: Path) -> None:
@@ -104,6 +119,32 @@ async def test_a_full_database_is_a_storage_error_and_rolls_back(tmp_path: Path)
     # Nothing of the failed transaction is left behind.
     assert await store.read(scalar_int, "SELECT count(*) FROM sessions") == 0
     assert await store.read(scalar_int, "SELECT count(*) FROM messages") == 0
+    store.close()
+
+
+async def test_a_transaction_s_after_steps_learn_whether_it_committed(tmp_path: Path) -> None:
+    store = Store(tmp_path / "ctxd.db")
+    store.open()
+    seen: list[bool] = []
+
+    def insert(conn: apsw.Connection, session_id: str) -> None:
+        conn.execute("INSERT INTO sessions (id, state, context_window, max_output_tokens, "
+                     "compact_trigger, hard_block, warn, caution, created_at, updated_at) "
+                     "VALUES (?, 'open', 1000, 10, .95, .98, .7, .8, 0, 0)", (session_id,))
+
+    committed = Transaction()
+    committed.add(insert, "a")
+    committed.after(lambda: seen.append(committed.committed))
+    await store.commit(committed)
+
+    rolled_back = Transaction()
+    rolled_back.add(insert, "b")
+    rolled_back.add(insert, "a")  # the primary key: the whole transaction rolls back
+    rolled_back.after(lambda: seen.append(rolled_back.committed))
+    with pytest.raises(apsw.ConstraintError):
+        await store.commit(rolled_back)
+    assert seen == [True, False]
+    assert await store.read(scalar_int, "SELECT count(*) FROM sessions") == 1
     store.close()
 
 

@@ -1,0 +1,236 @@
+"""MCP's own types (docs/protocol.md, "MCP"): the params of its methods, ``mcp.bind``, and
+each tool's arguments and result. A tool's arguments take their limits from the native
+params' named types, so a tool and the method it calls accept the same values; the tools'
+JSON schemas are generated from these types (`ctxd.mcp.plain_schema`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from ctxd.wire.types import (
+    Branch,
+    BranchBudget,
+    BranchDescription,
+    BranchId,
+    BranchPrompt,
+    BranchStatus,
+    BranchTimeout,
+    Confidence,
+    ContextState,
+    ForkStats,
+    MaxMatches,
+    MemoryContent,
+    MemoryDescription,
+    MemoryQuery,
+    MemoryRecordResult,
+    MemorySearchResult,
+    MemoryTitle,
+    Outcome,
+    Params,
+    ReadLimit,
+    ReadOffset,
+    ReadPattern,
+    RefId,
+    Result,
+    ResultReadResult,
+    ReturnMessage,
+    Scope,
+    SearchK,
+    SearchMode,
+    SessionId,
+    Strategies,
+    Tags,
+    Text,
+    ToolQuery,
+    ToolSearchLimit,
+    ToolsSearchResult,
+)
+
+
+class McpParams(Params, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    """Base of MCP's params: unlike native params they accept unknown fields, and ``_meta``,
+    as the MCP specification requires of a server."""
+
+    meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
+
+
+class McpInitializeParams(McpParams, frozen=True):
+    # default_factory, which a default of {} or [] stands for in a Struct: ruff cannot see
+    # that these classes are Structs (their base is imported) and would take {} for a shared
+    # class attribute.
+    protocolVersion: str
+    capabilities: dict[str, Any] = msgspec.field(default_factory=dict)
+    clientInfo: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class McpToolsListParams(McpParams, frozen=True):
+    cursor: str | None = None
+
+
+class McpToolCallParams(McpParams, frozen=True):
+    name: str
+    arguments: msgspec.Raw = msgspec.Raw(b"{}")
+    """Decoded by the tool's own arguments type (msgspec takes no ``Raw`` in a union)."""
+
+
+class McpCancelledParams(McpParams, frozen=True):
+    requestId: int | str
+    reason: str | None = None
+
+
+class McpBindParams(Params, frozen=True):
+    """``mcp.bind``: the session and project the connection's MCP tools work on."""
+
+    session_id: SessionId | None = None
+    project: Text | None = None
+
+
+class McpBindResult(Result, frozen=True):
+    session_id: str | None
+    """None: a new session is opened at the first tool call."""
+    project: str | None
+
+
+ProjectPath = Annotated[str, Meta(min_length=1, max_length=256,
+                                  description="the project's directory; it scopes memories")]
+
+
+class ToolArgs(Params, frozen=True, kw_only=True):
+    """Base of every MCP tool's arguments: a misspelt argument is an error naming it."""
+
+    project_path: ProjectPath | None = None
+
+
+class ContextBranchArgs(ToolArgs, frozen=True):
+    description: BranchDescription
+    prompt: BranchPrompt
+    budget: BranchBudget | None = None
+    timeout_seconds: BranchTimeout | None = None
+    inject_memories: bool = True
+
+
+class ContextReturnArgs(ToolArgs, frozen=True):
+    message: ReturnMessage
+    branch_id: BranchId | None = None
+    """None: the active branch."""
+
+
+class ContextBranchStatusArgs(ToolArgs, frozen=True):
+    branch_id: BranchId | None = None
+
+
+class ContextListBranchesArgs(ToolArgs, frozen=True):
+    status: BranchStatus | None = None
+
+
+class ContextRollbackArgs(ToolArgs, frozen=True):
+    branch_id: BranchId
+    restore_state: Literal[True] = True
+    """ctxd always restores the thread as it was when the branch was made."""
+
+
+class ReadResultArgs(ToolArgs, frozen=True):
+    ref_id: RefId
+    offset: ReadOffset | None = None
+    limit: ReadLimit | None = None
+    pattern: ReadPattern | None = None
+    literal: bool = False
+    max_matches: MaxMatches = 100
+
+
+class MemorySearchArgs(ToolArgs, frozen=True):
+    query: MemoryQuery
+    scope: Scope | None = None
+    k: SearchK = 5
+    min_confidence: Confidence = 0.0
+    mode: SearchMode = "hybrid"
+
+
+class MemoryRecordArgs(ToolArgs, frozen=True):
+    title: MemoryTitle
+    content: MemoryContent
+    description: MemoryDescription = ""
+    scope: Scope | None = None
+    """None: the session's project's scope, or global without a project."""
+    outcome: Outcome = "success"
+    tags: Tags = msgspec.field(default_factory=list)
+
+
+class CompactContextArgs(ToolArgs, frozen=True):
+    branch_id: BranchId | None = None
+    strategies: Strategies | None = None
+
+
+class ToolSearchArgs(ToolArgs, frozen=True):
+    query: ToolQuery
+    limit: ToolSearchLimit = 5
+
+
+class ThreadTokens(Result, frozen=True):
+    thread: str
+    """``main`` or a branch id."""
+    total: int
+    """The thread's own tokens: the main thread as rendered, a branch's ``budget_used``."""
+    folded_total: int
+    """Tokens folded into it by its returned branches."""
+
+
+class ContextBranchStatusResult(Result, frozen=True):
+    branch_path: list[str]
+    """``main``, then the active branches from the outermost down."""
+    token_breakdown: list[ThreadTokens]
+    """One entry per thread of ``branch_path``, in its order."""
+    context_limit: int
+    usage_percent: float
+    branch: Branch | None
+    """The branch asked about (``branch_id``), else the active one (None on main)."""
+    context_state: ContextState
+
+
+class ContextListBranchesResult(Result, frozen=True):
+    branches: list[Branch]
+    total_branches: int
+    active_branches: int
+    folded_branches: int
+    context_state: ContextState
+
+
+class ReadResultToolResult(ResultReadResult, frozen=True, kw_only=True):
+    context_state: ContextState
+
+
+class MemorySearchToolResult(MemorySearchResult, frozen=True, kw_only=True):
+    context_state: ContextState
+
+
+class MemoryRecordToolResult(MemoryRecordResult, frozen=True, kw_only=True):
+    context_state: ContextState
+
+
+class ToolSearchToolResult(ToolsSearchResult, frozen=True, kw_only=True):
+    context_state: ContextState
+
+class ContextForkArgs(ToolArgs, frozen=True):
+    """MCP ``context_fork``: a new session seeded with the connection's session forked
+    (``session.open`` with ``fork_from``)."""
+
+    session_id: SessionId | None = None
+    """The new session's id (default: a new one)."""
+    branch_id: BranchId | None = None
+    """The thread to fork: a branch's own messages, or (null) the main thread."""
+    include_context: bool = False
+    """Also return the forked context's text (``context.fork`` at the seed's budget)."""
+
+
+
+class ContextForkToolResult(Result, frozen=True):
+    session_id: str
+    """The new session, seeded: a sub-agent works on it."""
+    preamble: str
+    stats: ForkStats
+    tokens: int
+    context: str | msgspec.UnsetType = msgspec.UNSET
+    """With ``include_context`` only: the forked context's text."""
