@@ -707,11 +707,11 @@ def _daemon(stack: contextlib.ExitStack, root: Path, phase: str, args: argparse.
     if args.keep_logs:
         stack.callback(_copy_log, home / "ctxd.log", Path(args.keep_logs) / f"ctxd-{phase}.log")
     profile = Path(f"{args.profile_ctxd}.{phase}") if args.profile_ctxd else None
-    server = DaemonProcess(home, profile=profile, env=env or {})
+    server = DaemonProcess(home, profile=profile, env=env or {}, code=tree)
     if tree is None:
         return stack.enter_context(server.running())
     stack.callback(server.stop)
-    return server.start(cwd=tree)
+    return server.start()
 
 
 def _copy_log(log: Path, destination: Path) -> None:

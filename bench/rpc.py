@@ -750,8 +750,9 @@ def run_benchmark(report: Report) -> None:
         base: DaemonProcess | None = None
         base_client: RawClient | None = None
         if args.baseline:
-            base = DaemonProcess(root, name="baseline", data=root / "baseline-data")
-            base.start(cwd=stack.enter_context(checkout(args.baseline)))
+            base = DaemonProcess(root, name="baseline", data=root / "baseline-data",
+                                 code=stack.enter_context(checkout(args.baseline)))
+            base.start()
             stack.callback(base.stop)
             base_client = stack.enter_context(contextlib.closing(RawClient(base.socket)))
         source = MessageSource()

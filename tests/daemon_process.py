@@ -98,8 +98,9 @@ class DaemonProcess:
     def start(self, wait: bool = True, *, cwd: Path | None = None,
               pass_fds: tuple[int, ...] = (),
               before_exec: Callable[[], object] | None = None) -> DaemonProcess:
-        """Start it (standing in ``cwd``; see `ctxclient.spawn_daemon`) and (with ``wait``)
-        wait until it answers a ping.
+        """Start it (standing in ``cwd``, which never makes it run the code there: that is
+        ``code``; see `ctxclient.spawn_daemon`) and (with ``wait``) wait until it answers
+        a ping.
 
         Raises:
             DaemonFailed: it exited, or did not answer within ``start_timeout``.

@@ -232,6 +232,20 @@ def test_an_endpoint_that_recovers_brings_the_dense_leg_back(daemon_root: Path) 
             assert daemon.stop() == 0
 
 
+def test_a_rebuild_that_fails_leaves_search_lexical_and_says_why(daemon_root: Path) -> None:
+    with indexed_lessons(daemon_root) as (server, client, _):
+        server.failure = "status"  # the embedder loaded; the rebuild's reading fails
+        status = client.call("memory.reindex", {})
+        assert (status["state"], status["reason"].startswith(
+            "rebuilding the dense index failed: embedding endpoint ")) == ("unavailable", True)
+        found = search(client, "coffee machine")
+        assert ([r["id"] for r in found["results"]], found["legs_used"]) == ([3], ["lexical"])
+        assert found["note"] == f"dense leg unavailable ({status['reason']}); lexical results only"
+        server.failure = None
+        status = client.call("memory.reindex", {})
+        assert (status["state"], status["vectors"], status["reason"]) == ("ready", 3, None)
+
+
 def test_an_approximate_index_with_few_memories_keeps_the_daemon_up(
         daemon_root: Path) -> None:
     daemon = DaemonProcess(daemon_root, ["--memory-ann-threshold", "1"]).start()
