@@ -12,13 +12,18 @@ from pathlib import Path
 
 import trio
 
-from ctxd import __version__, hub, memory
+from ctxd import __version__, gateway, hub, memory
 from ctxd.config import Config
 from ctxd.daemon import _systemd
 from ctxd.daemon._methods import ClientLog
 from ctxd.daemon._routes import register_routes
 from ctxd.daemon._server import Server
-from ctxd.daemon._socket import Lock, bind_unix_socket, check_private_directory
+from ctxd.daemon._socket import (
+    Lock,
+    PlacementError,
+    bind_unix_socket,
+    check_private_directory,
+)
 from ctxd.hub import EventBus
 from ctxd.sessions import Supervisor
 from ctxd.store import Store
@@ -60,6 +65,20 @@ def fitting_connections(wanted: int, limit: int) -> int:
     return fitting
 
 
+def bind_gateway(config: Config) -> socket.socket:
+    """The gateway's listening socket.
+
+    Raises:
+        PlacementError: ``[gateway] listen`` cannot be bound; the message says what to do.
+    """
+    try:
+        return gateway.bind(config.gateway)
+    except OSError as exc:
+        raise PlacementError(
+            f"the gateway cannot listen on {config.gateway.listen}: {exc.strerror or exc}; "
+            "set [gateway] listen to a free port (0: any), or enabled = false") from None
+
+
 class Daemon:
     """Everything one ctxd process owns.
 
@@ -93,6 +112,8 @@ class Daemon:
         self.turns: hub.Turns
         self.dispatcher: Dispatcher
         self.server: Server
+        self.gateway: gateway.Gateway | None = None
+        """The model gateway (None when ``[gateway] enabled`` is false)."""
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -112,6 +133,7 @@ class Daemon:
             data_lock.release()  # nothing started: the store said why, in one line
             raise
         sock: socket.socket | None = None
+        gateway_sock: socket.socket | None = None
         socket_lock: Lock | None = None
         try:
             counter = await trio.to_thread.run_sync(TokenCounter, config.encoding)
@@ -121,9 +143,13 @@ class Daemon:
                 self.socket_path = str(sock.getsockname())
             else:
                 sock, socket_lock = bind_unix_socket(Path(config.socket))
+            if config.gateway.enabled:
+                gateway_sock = bind_gateway(config)
             max_connections = fitting_connections(config.max_connections, descriptor_limit)
-            await self._serve(sock, counter, activated, max_connections)
+            await self._serve(sock, gateway_sock, counter, activated, max_connections)
         finally:
+            if gateway_sock is not None:
+                gateway_sock.close()
             if sock is not None:
                 sock.close()
             if socket_lock is not None:
@@ -154,9 +180,13 @@ class Daemon:
                              self.requests)
         register_routes(self.dispatcher, self)
 
-    async def _serve(self, sock: socket.socket, counter: TokenCounter, activated: bool,
-                     max_connections: int) -> None:
+    async def _serve(self, sock: socket.socket, gateway_sock: socket.socket | None,
+                     counter: TokenCounter, activated: bool, max_connections: int) -> None:
         self.assemble(counter, max_connections)
+        if gateway_sock is not None:
+            self.gateway = gateway.Gateway(
+                self.config.gateway, self.supervisor, self.bus,
+                gateway.load_token(Path(self.config.data_dir)))
         async with trio.open_nursery() as root:
             root.start_soon(self._watch_signals)
             root.start_soon(self.store.keep_wal_small)
@@ -164,6 +194,9 @@ class Daemon:
             await root.start(self.memory.run)
             await root.start(self.supervisor.run)
             await root.start(self.server.run, sock)
+            if self.gateway is not None:
+                await root.start(self.gateway.run, gateway_sock)
+                log.info("gateway on http://%s/…", self.gateway.listen)
             where = self.socket_path + (" (systemd-activated)" if activated else "")
             log.info("ctxd %s ready on %s (data in %s, pid %d)", __version__, where,
                      self.config.data_dir, os.getpid())
@@ -175,7 +208,14 @@ class Daemon:
             log.info("ctxd stopping")
             _systemd.notify("STOPPING=1")
             self.server.stop_accepting()
+            if self.gateway is not None:
+                self.gateway.stop_accepting()
             await self.server.closed.wait()
+            if self.gateway is not None:
+                # Model calls in flight may finish (a stream can last minutes: not longer
+                # than the socket's requests may); then they are cut.
+                with trio.move_on_after(self.config.shutdown_timeout_s):
+                    await self.gateway.wait_calls_done()
             root.cancel_scope.cancel()
 
     async def _watch_signals(self) -> None:
