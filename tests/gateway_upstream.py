@@ -171,6 +171,9 @@ class ModelUpstream(LocalServer):
                 self.wfile.write(b"0\r\n\r\n")
 
         super().__init__(Handler)
+        # Room for every stream of the concurrency test at once (socketserver's backlog
+        # is 5: connections past it wait for SYN retries, seconds each).
+        self._http.socket.listen(128)
 
     @property
     def received(self) -> list[Received]:

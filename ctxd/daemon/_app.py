@@ -18,12 +18,7 @@ from ctxd.daemon import _systemd
 from ctxd.daemon._methods import ClientLog
 from ctxd.daemon._routes import register_routes
 from ctxd.daemon._server import Server
-from ctxd.daemon._socket import (
-    Lock,
-    PlacementError,
-    bind_unix_socket,
-    check_private_directory,
-)
+from ctxd.daemon._socket import Lock, bind_unix_socket, check_private_directory
 from ctxd.hub import EventBus
 from ctxd.sessions import Supervisor
 from ctxd.store import Store
@@ -65,18 +60,17 @@ def fitting_connections(wanted: int, limit: int) -> int:
     return fitting
 
 
-def bind_gateway(config: Config) -> socket.socket:
-    """The gateway's listening socket.
-
-    Raises:
-        PlacementError: ``[gateway] listen`` cannot be bound; the message says what to do.
-    """
+def bind_gateway(config: Config) -> socket.socket | None:
+    """The gateway's listening socket; None when ``[gateway] listen`` cannot be bound (the
+    port is another process's: another user's ctxd on the default port), which is logged:
+    the daemon serves its socket without the gateway (docs/decisions.md, "Gateway")."""
     try:
         return gateway.bind(config.gateway)
     except OSError as exc:
-        raise PlacementError(
-            f"the gateway cannot listen on {config.gateway.listen}: {exc.strerror or exc}; "
-            "set [gateway] listen to a free port (0: any), or enabled = false") from None
+        log.error("the gateway is off: it cannot listen on %s (%s); set [gateway] listen to "
+                  "a free port (0: any) and restart", config.gateway.listen,
+                  os.strerror(exc.errno) if exc.errno else exc)
+        return None
 
 
 class Daemon:

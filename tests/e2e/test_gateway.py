@@ -10,8 +10,11 @@ import concurrent.futures
 import http.client
 import json
 import shutil
+import socket
+import stat
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -350,3 +353,33 @@ def test_the_socket_answers_while_50_streams_are_in_flight(
         hold.set()
         script.script.hold = None
     assert inflight["calls"] < gateway_status(gateway_daemon)["calls"]
+
+
+# ---- start-up ------------------------------------------------------------------------
+
+
+def test_a_disabled_gateway_is_null_in_the_status(daemon_root: Path) -> None:
+    with DaemonProcess(daemon_root, env={"CTXD_GATEWAY_ENABLED": "false"}).running() as daemon:
+        assert gateway_status(daemon) is None
+        assert not (daemon.data_dir / "gateway.token").exists()
+
+
+def test_a_taken_port_leaves_the_gateway_off_and_the_daemon_serving(daemon_root: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        process = DaemonProcess(daemon_root, env={"CTXD_GATEWAY_LISTEN": f"127.0.0.1:{port}"})
+        with process.running() as daemon:
+            assert gateway_status(daemon) is None
+            assert (f"ERROR ctxd: the gateway is off: it cannot listen on 127.0.0.1:{port} "
+                    "(Address already in use)") in daemon.log()
+
+
+def test_the_token_is_private_and_outlives_a_restart(daemon_root: Path) -> None:
+    process = DaemonProcess(daemon_root)
+    with process.running() as daemon:
+        first = base_url(daemon)
+    token_file = process.data_dir / "gateway.token"
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    with process.running() as daemon:
+        second = base_url(daemon)
+    assert first.rsplit("/", 1)[1] == second.rsplit("/", 1)[1] == token_file.read_text().strip()
