@@ -179,7 +179,7 @@ class Daemon:
         self.assemble(counter, max_connections)
         if gateway_sock is not None:
             self.gateway = gateway.Gateway(
-                self.config.gateway, self.supervisor, self.bus,
+                self.config.gateway, self.supervisor, self.bus, self.requests,
                 gateway.load_token(Path(self.config.data_dir)))
         async with trio.open_nursery() as root:
             root.start_soon(self._watch_signals)

@@ -5,6 +5,7 @@ usage (docs/security.md, "The model gateway")."""
 from __future__ import annotations
 
 import hmac
+import itertools
 import logging
 import socket
 import time
@@ -20,7 +21,7 @@ import trio
 
 from ctxd import __version__
 from ctxd.config import GatewayConfig, is_loopback, listen_address
-from ctxd.errors import CtxdError
+from ctxd.errors import CtxdError, ErrorCode, cancelled
 from ctxd.gateway._rewrite import Api, Endpoint, GatewayRequest, Prepared, prepare, session_of
 from ctxd.gateway._upstream import (
     Headers,
@@ -30,9 +31,10 @@ from ctxd.gateway._upstream import (
     response_headers,
 )
 from ctxd.gateway._usage import ProviderUsage, UsageReader
-from ctxd.hub import EventBus
+from ctxd.hub import EventBus, Requests
+from ctxd.jobs import Request, cancellation_point, working_for
 from ctxd.sessions import Supervisor, record_sent_usage
-from ctxd.wire.types import GatewayCall, GatewayStatus, UsageRecordParams
+from ctxd.wire.types import GatewayCall, GatewayInflight, GatewayStatus, UsageRecordParams
 
 log = logging.getLogger("ctxd.gateway")
 
@@ -49,10 +51,8 @@ its opening): an idle keep-alive connection is closed after it too."""
 MAX_HEADER_BYTES = 64 * 1024
 RECEIVE_BYTES = 64 * 1024
 LAST_CALLS_KEPT = 20
-SSE_ERROR = (b'event: error\ndata: {"type":"error","error":{"type":"api_error",'
-             b'"message":"ctxd gateway: the upstream connection was lost mid-stream"}}\n\n')
-"""What ends an event stream whose upstream broke off: an error event every Anthropic and
-OpenAI client reads as an API error."""
+CLOSE_TIMEOUT_S = 5.0
+"""Time given to closing an upstream call (it is cut after)."""
 
 Prepare = Callable[[Supervisor, GatewayRequest], Awaitable[Prepared]]
 
@@ -117,15 +117,19 @@ class Gateway:
         config: ``[gateway]``.
         supervisor: where the calls' sessions are (and their usage is recorded).
         bus: where ``gateway.call`` and ``gateway.rewrite_failed`` are published.
+        requests: the requests ``request.cancel`` may stop (the model calls join them).
         token: the secret first segment of every path.
         prepare: what finds a request's session and rewrites its body.
     """
 
     def __init__(self, config: GatewayConfig, supervisor: Supervisor, bus: EventBus,
-                 token: str, prepare: Prepare = prepare) -> None:
+                 requests: Requests, token: str, prepare: Prepare = prepare) -> None:
         self.config = config
         self._supervisor = supervisor
         self._bus = bus
+        self._requests = requests
+        self._call_ids = itertools.count(1)
+        self._inflight: dict[str, GatewayInflight] = {}
         self._token = token.encode()
         self._prepare = prepare
         self._upstream_slots = trio.CapacityLimiter(config.max_upstream_calls)
@@ -147,7 +151,8 @@ class Gateway:
     def status(self) -> GatewayStatus:
         return GatewayStatus(listen=self.listen, base_url=self.base_url, calls=self.calls,
                              rewrite_failures=self.rewrite_failures,
-                             sessions=list(reversed(self._last_calls.values())))
+                             sessions=list(reversed(self._last_calls.values())),
+                             inflight=list(self._inflight.values()))
 
     async def run(self, sock: socket.socket, *,
                   task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED) -> None:
@@ -262,44 +267,77 @@ class Gateway:
 
     async def _forward(self, stream: trio.SocketStream, connection: h11.Connection,
                        method: bytes, rest: str, headers: Headers, body: bytes) -> bool:
-        """Send the call upstream and stream its answer back; whether it was all sent."""
+        """Send the call upstream and stream its answer back; whether it was all sent.
+
+        Cancellation: a model call is a request that ``request.cancel`` stops by its call
+        id (``gw_N``, in ``gateway.call_started`` and ``daemon.status``): its upstream
+        call is closed and the agent's answer ends with an error (`_Relay.end_early`).
+        """
         path = rest.partition("?")[0]
-        call: _Call | None = None
+        upstream = (self.config.anthropic_upstream if is_anthropic(path, headers)
+                    else self.config.openai_upstream)
+        url = upstream.rstrip("/") + rest
+        call = None
         if method == b"POST" and path in REWRITTEN:
             call, body = await self._rewrite(REWRITTEN[path], headers, body)
-        config = self.config
-        upstream = (config.anthropic_upstream if is_anthropic(path, headers)
-                    else config.openai_upstream)
-        assert self._client is not None
-        self.calls_inflight += 1
-        if self.calls_inflight == 1:
-            self._calls_done = trio.Event()
+        if call is None:  # passed through, or no JSON object: no session, no usage
+            return await self._call_upstream(method, url, headers, body,
+                                             _Relay(stream, connection, counted=False))
+        relay = _Relay(stream, connection, counted=True)
+        request = Request(f"gw_{next(self._call_ids)}", cancelled)
+        self._started(request, call)
         try:
-            async with self._upstream_slots:
-                request = self._client.build_request(
-                    method.decode(), upstream.rstrip("/") + rest,
-                    headers=request_headers(headers), content=body)
-                try:
-                    response = await self._client.send(request, stream=True)
-                except httpx2.HTTPError as exc:
-                    log.warning("gateway: %s %s unreachable: %s", method.decode(), upstream,
-                                type(exc).__name__)
-                    await _send_answer(stream, connection, _Answer(502, error_body(
-                        "api_error", f"ctxd gateway: the upstream {upstream} could not be "
-                        f"reached ({type(exc).__name__})")))
-                    return True
-                try:
-                    complete, usage = await _relay(stream, connection, response,
-                                                   counted=call is not None)
-                finally:
-                    await response.aclose()
+            with working_for(request), cancellation_point():
+                complete = await self._call_upstream(method, url, headers, body, relay)
+        except CtxdError as exc:
+            if exc.code != ErrorCode.CANCELLED:
+                raise
+            complete = await relay.end_early(499, "cancelled", f"ctxd gateway: {exc.message}")
         finally:
-            self.calls_inflight -= 1
-            if not self.calls_inflight:
-                self._calls_done.set()
-        if call is not None and call.request.endpoint != "count_tokens":
-            await self._account(call, response.status_code, usage)
+            self._ended(request)
+        if call.request.endpoint != "count_tokens":
+            await self._account(call, request.request_id, relay.status, relay.usage())
         return complete
+
+    async def _call_upstream(self, method: bytes, url: str, headers: Headers, body: bytes,
+                             relay: _Relay) -> bool:
+        assert self._client is not None
+        async with self._upstream_slots:
+            request = self._client.build_request(method.decode(), url, content=body,
+                                                 headers=request_headers(headers))
+            try:
+                response = await self._client.send(request, stream=True)
+            except httpx2.HTTPError as exc:
+                log.warning("gateway: %s %s failed: %s", method.decode(), request.url.host,
+                            type(exc).__name__)
+                return await relay.end_early(502, "api_error", (
+                    f"ctxd gateway: the upstream {request.url.host} could not be reached "
+                    f"({type(exc).__name__})"))
+            try:
+                return await relay.run(response)
+            finally:
+                with trio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
+                    await response.aclose()
+
+    def _started(self, request: Request, call: _Call) -> None:
+        self._requests.add(request)
+        call_id = str(request.request_id)
+        model = call.prepared.model if call.prepared else None
+        self._inflight[call_id] = GatewayInflight(call_id=call_id, session_id=call.session_id,
+                                                  model=model, started_at=time.time())
+        self._bus.publish(call.session_id, "gateway.call_started",
+                          {"call_id": call_id, "model": model,
+                           "endpoint": call.request.endpoint})
+        if not self.calls_inflight:
+            self._calls_done = trio.Event()
+        self.calls_inflight += 1
+
+    def _ended(self, request: Request) -> None:
+        self._requests.discard(request)
+        self._inflight.pop(str(request.request_id), None)
+        self.calls_inflight -= 1
+        if not self.calls_inflight:
+            self._calls_done.set()
 
     async def _rewrite(self, route: tuple[Api, Endpoint], headers: Headers, body: bytes
                        ) -> tuple[_Call | None, bytes]:
@@ -332,7 +370,8 @@ class Gateway:
         self._bus.publish(session_id, "gateway.rewrite_failed",
                           {"session_id": session_id, "error": error})
 
-    async def _account(self, call: _Call, status: int, usage: ProviderUsage) -> None:
+    async def _account(self, call: _Call, call_id: str | int, status: int,
+                       usage: ProviderUsage) -> None:
         """Record the call's usage (once per response id) and keep it as its session's
         last call."""
         self.calls += 1
@@ -365,32 +404,65 @@ class Gateway:
         while len(self._last_calls) > LAST_CALLS_KEPT:
             self._last_calls.popitem(last=False)
         self._bus.publish(session_id, "gateway.call", {
-            **msgspec.structs.asdict(last), "status": status,
+            **msgspec.structs.asdict(last), "call_id": call_id, "status": status,
             "response_id": usage.response_id, "rewritten": prepared is not None})
 
 
-async def _relay(stream: trio.SocketStream, connection: h11.Connection,
-                 response: httpx2.Response, counted: bool) -> tuple[bool, ProviderUsage]:
-    """Stream ``response`` back as it arrives, reading its usage on the way; whether the
-    answer was complete, and the usage."""
-    headers = response_headers(list(response.headers.raw))
-    event_stream = response.headers.get("content-type", "").startswith("text/event-stream")
-    reader = UsageReader(streaming=event_stream)
-    await _send(stream, connection, h11.Response(
-        status_code=response.status_code, headers=headers,
-        reason=response.reason_phrase.encode()))
-    try:
-        async for chunk in response.aiter_raw():
-            await _send(stream, connection, h11.Data(data=chunk))
-            if counted:
-                reader.feed(chunk)
-    except httpx2.HTTPError as exc:
-        log.warning("gateway: the upstream broke off a response: %s", type(exc).__name__)
-        if not event_stream or b"content-length" in dict(headers):
-            return False, reader.finish()  # no way to say so in the body: the close does
-        await _send(stream, connection, h11.Data(data=SSE_ERROR))
-    await _send(stream, connection, h11.EndOfMessage())
-    return True, reader.finish()
+class _Relay:
+    """One upstream answer on its way back to the agent: what of it was sent, its usage."""
+
+    def __init__(self, stream: trio.SocketStream, connection: h11.Connection,
+                 counted: bool) -> None:
+        self._stream = stream
+        self._connection = connection
+        self._counted = counted
+        self._reader: UsageReader | None = None
+        self._event_stream = False
+        self._sized = False
+        self.status = 0
+
+    async def run(self, response: httpx2.Response) -> bool:
+        """Stream ``response`` back as it arrives, reading its usage on the way; whether
+        the answer was sent whole."""
+        headers = response_headers(list(response.headers.raw))
+        self.status = response.status_code
+        self._event_stream = response.headers.get("content-type", "").startswith(
+            "text/event-stream")
+        self._sized = any(name.lower() == b"content-length" for name, _ in headers)
+        self._reader = UsageReader(streaming=self._event_stream)
+        await _send(self._stream, self._connection, h11.Response(
+            status_code=response.status_code, headers=headers,
+            reason=response.reason_phrase.encode()))
+        try:
+            async for chunk in response.aiter_raw():
+                await _send(self._stream, self._connection, h11.Data(data=chunk))
+                if self._counted:
+                    self._reader.feed(chunk)
+        except httpx2.HTTPError as exc:
+            log.warning("gateway: the upstream broke off an answer: %s", type(exc).__name__)
+            return await self.end_early(502, "api_error", "ctxd gateway: the upstream "
+                                        "connection was lost mid-stream")
+        await _send(self._stream, self._connection, h11.EndOfMessage())
+        return True
+
+    async def end_early(self, status: int, kind: str, message: str) -> bool:
+        """End the answer where the call stopped: an error answer when nothing was sent
+        yet, an error event ending an event stream; else False (only closing the
+        connection can say it)."""
+        if self._connection.our_state is h11.SEND_RESPONSE:
+            await _send_answer(self._stream, self._connection,
+                               _Answer(status, error_body(kind, message)))
+            return True
+        if self._event_stream and not self._sized:
+            event = b"event: error\ndata: " + error_body(kind, message) + b"\n\n"
+            await _send(self._stream, self._connection, h11.Data(data=event))
+            await _send(self._stream, self._connection, h11.EndOfMessage())
+            return True
+        return False
+
+    def usage(self) -> ProviderUsage:
+        """The usage read of the answer (what was, when it ended early)."""
+        return self._reader.finish() if self._reader is not None else ProviderUsage()
 
 
 def _loopback_host(host: bytes) -> bool:

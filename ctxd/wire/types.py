@@ -196,6 +196,15 @@ class GatewayCall(Result, frozen=True):
     0.1, output 5."""
 
 
+class GatewayInflight(Result, frozen=True):
+    """A model call the gateway is making: ``request.cancel`` stops it by ``call_id``."""
+
+    call_id: str
+    session_id: str
+    model: str | None
+    started_at: float
+
+
 class GatewayStatus(Result, frozen=True):
     listen: str
     """The address it serves on (the port chosen when the configured one is 0)."""
@@ -205,6 +214,8 @@ class GatewayStatus(Result, frozen=True):
     rewrite_failures: int
     sessions: list[GatewayCall]
     """The last call of the sessions that called last, newest first (at most 20)."""
+    inflight: list[GatewayInflight]
+    """The model calls in flight, oldest first."""
 
 
 class DaemonStatus(Result, frozen=True):

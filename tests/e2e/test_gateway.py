@@ -383,3 +383,44 @@ def test_the_token_is_private_and_outlives_a_restart(daemon_root: Path) -> None:
     with process.running() as daemon:
         second = base_url(daemon)
     assert first.rsplit("/", 1)[1] == second.rsplit("/", 1)[1] == token_file.read_text().strip()
+
+
+def test_request_cancel_stops_a_model_call_in_flight(
+        sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str) -> None:
+    hold = script.script.hold = threading.Event()
+    outcome: list[BaseException | list[str]] = []
+    client = sdk.claude(sid)
+
+    def one_stream() -> None:
+        texts: list[str] = []
+        try:
+            with client.messages.stream(model="claude-test", max_tokens=10,
+                                        messages=USER) as stream:
+                texts.extend(stream.text_stream)
+            outcome.append(texts)
+        except anthropic.APIError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=one_stream)
+    try:
+        worker.start()
+        assert script.script.holding.acquire(timeout=60)
+        [inflight] = gateway_status(gateway_daemon)["inflight"]
+        assert inflight == {"call_id": inflight["call_id"], "session_id": sid,
+                            "model": "claude-test", "started_at": inflight["started_at"]}
+        with gateway_daemon.client() as socket_client:
+            answer = socket_client.call("request.cancel", {"request_id": inflight["call_id"],
+                                                           "reason": "user stop"})
+        assert answer == {"request_id": inflight["call_id"], "cancelled": 1, "finishing": 0}
+        worker.join(60)
+    finally:
+        hold.set()
+        script.script.hold = None
+        worker.join(60)
+    [error] = outcome
+    assert isinstance(error, anthropic.APIStatusError)
+    assert error.body == {"type": "error", "error": {"type": "cancelled", "message": (
+        f"ctxd gateway: request {inflight['call_id']!r} was cancelled: user stop")}}
+    assert gateway_status(gateway_daemon)["inflight"] == []
+    # What the upstream said before the cancel is recorded (its input, the output so far).
+    assert usage_totals(gateway_daemon, sid)["input_tokens"] == USAGE["input_tokens"]

@@ -25,6 +25,7 @@ from ctxd.errors import CtxdError
 from ctxd.gateway import Gateway, GatewayRequest, Prepared, UsageReader, bind, load_token
 from ctxd.gateway._server import _loopback_host
 from ctxd.gateway._upstream import is_anthropic, request_headers, response_headers
+from ctxd.hub import Requests
 from ctxd.sessions import Supervisor
 
 TOKEN = "t" * 43
@@ -43,7 +44,7 @@ async def serving(tmp_path: Path, upstream: ModelUpstream) -> AsyncIterator[Gate
     with bind(gateway_config) as sock:
         async with running_supervisor(tmp_path / "db", config) as supervisor, \
                 trio.open_nursery() as nursery:
-            gateway = Gateway(gateway_config, supervisor, supervisor.bus, TOKEN,
+            gateway = Gateway(gateway_config, supervisor, supervisor.bus, Requests(), TOKEN,
                               prepare=failing_prepare)
             await nursery.start(gateway.run, sock)
             yield gateway
