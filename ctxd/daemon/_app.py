@@ -131,13 +131,16 @@ class Daemon:
         socket_lock: Lock | None = None
         try:
             counter = await trio.to_thread.run_sync(TokenCounter, config.encoding)
-            sock = _systemd.activated_socket()
+            sock, gateway_sock = _systemd.activated_sockets()
             activated = sock is not None
             if sock is not None:
                 self.socket_path = str(sock.getsockname())
             else:
                 sock, socket_lock = bind_unix_socket(Path(config.socket))
-            if config.gateway.enabled:
+            if not config.gateway.enabled and gateway_sock is not None:
+                gateway_sock.close()  # the unit holds the port; ctxd was told not to serve
+                gateway_sock = None
+            elif config.gateway.enabled and gateway_sock is None:
                 gateway_sock = bind_gateway(config)
             max_connections = fitting_connections(config.max_connections, descriptor_limit)
             await self._serve(sock, gateway_sock, counter, activated, max_connections)

@@ -424,3 +424,56 @@ def test_request_cancel_stops_a_model_call_in_flight(
     assert gateway_status(gateway_daemon)["inflight"] == []
     # What the upstream said before the cancel is recorded (its input, the output so far).
     assert usage_totals(gateway_daemon, sid)["input_tokens"] == USAGE["input_tokens"]
+
+
+# ---- socket activation ----------------------------------------------------------------
+
+# What systemd does between fork and exec for ctxd.socket's two ListenStream= lines: the
+# Unix socket becomes fd 3, the gateway's TCP socket fd 4, and LISTEN_PID/LISTEN_FDS name
+# this very process, which then becomes ctxd.
+ACTIVATE_BOTH = """
+import os, sys
+unix, tcp = os.dup(int(sys.argv[1])), os.dup(int(sys.argv[2]))
+os.dup2(unix, 3)
+os.dup2(tcp, 4)
+os.set_inheritable(3, True)
+os.set_inheritable(4, True)
+for fd in {unix, tcp, int(sys.argv[1]), int(sys.argv[2])} - {3, 4}:
+    os.close(fd)
+os.environ["LISTEN_PID"] = str(os.getpid())
+os.environ["LISTEN_FDS"] = "2"
+os.execv(sys.executable, [sys.executable, *sys.argv[3:]])
+"""
+
+
+def test_the_gateway_port_is_taken_from_systemd(daemon_root: Path) -> None:
+    (daemon_root / "run").mkdir(mode=0o700)
+    with socket.socket(socket.AF_UNIX) as unix, \
+            socket.create_server(("127.0.0.1", 0)) as tcp:
+        unix.bind(str(daemon_root / "run" / "ctxd.sock"))
+        unix.listen(16)
+        port = tcp.getsockname()[1]
+        process = DaemonProcess(daemon_root, entry=[
+            "-c", ACTIVATE_BOTH, str(unix.fileno()), str(tcp.fileno()), "-P", "-m", "ctxd"])
+        token = "k" * 43  # the one a previous run made, which the agent's URL holds
+        process.data_dir.mkdir(mode=0o700)
+        (process.data_dir / "gateway.token").write_text(token + "\n")
+        (process.data_dir / "gateway.token").chmod(0o600)
+        # The agent's request arrives while no ctxd runs: the port (systemd's) holds it,
+        # and the ctxd it starts answers it.
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as early:
+            early.sendall(f"GET /{token}/_ctxd/health HTTP/1.1\r\nHost: 127.0.0.1:{port}"
+                          "\r\nConnection: close\r\n\r\n".encode())
+            process.start(wait=False, pass_fds=(unix.fileno(), tcp.fileno()))
+            try:
+                process.wait_ready()
+                answer = b""
+                while chunk := early.recv(65536):
+                    answer += chunk
+                status = gateway_status(process)
+            finally:
+                assert process.stop() == 0
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["ok"] is True
+    assert status["listen"] == f"127.0.0.1:{port}"
+    assert "systemd-activated" in process.log()
