@@ -112,6 +112,13 @@ class ModelUpstream(LocalServer):
         class Handler(ScriptedHandler):
             protocol_version = "HTTP/1.1"
 
+            def setup(self) -> None:
+                super().setup()
+                # Headers and body leave in two writes: without this, each answer waits
+                # for the client's delayed ACK (40 ms), which would swamp what the
+                # gateway adds.
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
             def do_GET(self) -> None:
                 self.take(b"")
                 self.answer(200, json.dumps({"data": [], "path": self.path}).encode())

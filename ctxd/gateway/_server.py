@@ -51,6 +51,8 @@ its opening): an idle keep-alive connection is closed after it too."""
 MAX_HEADER_BYTES = 64 * 1024
 RECEIVE_BYTES = 64 * 1024
 LAST_CALLS_KEPT = 20
+MAX_ERROR_CHARS = 1_000
+"""Of a failed rewrite's error, what its event carries."""
 CLOSE_TIMEOUT_S = 5.0
 """Time given to closing an upstream call (it is cut after)."""
 
@@ -361,7 +363,8 @@ class Gateway:
         except Exception as exc:  # the rewrite's boundary: the agent's body goes instead
             log.exception("gateway: the rewrite of a %s request failed; sent as received",
                           endpoint)
-            self._rewrite_failed(session_of(request), f"{type(exc).__name__}: {exc}")
+            self._rewrite_failed(session_of(request),
+                                 f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS])
             return _Call(request, None), body
         return _Call(request, prepared), prepared.body
 
