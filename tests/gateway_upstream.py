@@ -52,8 +52,10 @@ class Script:
     response_id: str = "msg_01"
     hold: threading.Event | None = None
     """When set, each stream waits for it after its first event."""
+    hold_answer: threading.Event | None = None
+    """When set, each POST waits for it before it answers at all."""
     holding: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
-    """Released once by each stream that waits on `hold`."""
+    """Released once by each answer that waits on `hold` or `hold_answer`."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -129,6 +131,9 @@ class ModelUpstream(LocalServer):
                 self.take(body)
                 with script.lock:
                     failure = script.failures.popleft() if script.failures else None
+                if script.hold_answer is not None:
+                    script.holding.release()
+                    script.hold_answer.wait(60)
                 if failure is not None and failure.cut_after is None:
                     self.answer(failure.status, failure.body)
                     return

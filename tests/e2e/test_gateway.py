@@ -28,6 +28,7 @@ from gateway_upstream import (
     Failure,
     ModelUpstream,
 )
+from tests_support import next_event
 
 MAX_BODY_BYTES = 64 * 1024
 HOP_BY_HOP = ("connection", "keep-alive", "te", "trailer", "proxy-authorization", "upgrade")
@@ -106,6 +107,34 @@ def usage_totals(daemon: DaemonProcess, sid: str) -> dict[str, int]:
         return client.call("usage.get", {"session_id": sid})["totals"]  # type: ignore[no-any-return]
 
 
+class Calls:
+    """The ``gateway.call`` events of one session (or of all), as they come: each is
+    published once its call's usage is recorded, so waiting for them is waiting for the
+    ledger (the agent has its answer a moment before)."""
+
+    def __init__(self, daemon: DaemonProcess, sid: str | None) -> None:
+        self.daemon, self.sid = daemon, sid
+        self.watcher = daemon.client()
+        self.watcher.call("events.subscribe", {"types": ["gateway.call"],
+                                               **({"session_id": sid} if sid else {})})
+
+    def wait(self, calls: int) -> list[dict[str, Any]]:
+        return [next_event(self.watcher, timeout=60)["data"] for _ in range(calls)]
+
+    def totals_after(self, calls: int) -> dict[str, int]:
+        """The session's usage totals once ``calls`` calls were accounted."""
+        self.wait(calls)
+        assert self.sid is not None
+        return usage_totals(self.daemon, self.sid)
+
+
+@pytest.fixture
+def calls(gateway_daemon: DaemonProcess, sid: str) -> Iterator[Calls]:
+    watched = Calls(gateway_daemon, sid)
+    yield watched
+    watched.watcher.close()
+
+
 def raw_request(daemon: DaemonProcess, method: str, path: str, body: bytes = b"",
                 headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     host, port = gateway_status(daemon)["listen"].rsplit(":", 1)
@@ -126,7 +155,8 @@ def token_path(daemon: DaemonProcess) -> str:
 
 
 def test_anthropic_message_goes_through_with_its_headers(
-        sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str) -> None:
+        sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str,
+        calls: Calls) -> None:
     message = sdk.claude(sid).messages.create(
         model="claude-test", max_tokens=10, messages=USER,
         extra_headers={"Keep-Alive": "timeout=5", "TE": "trailers"})
@@ -142,18 +172,19 @@ def test_anthropic_message_goes_through_with_its_headers(
     assert headers["host"] == f"127.0.0.1:{script.port}"
     assert headers["content-length"] == str(len(received.body))
     assert [name for name in (*HOP_BY_HOP, "x-ctxd-session") if name in headers] == []
-    assert usage_totals(gateway_daemon, sid) == {
+    assert calls.totals_after(1) == {
         "input_tokens": 21, "output_tokens": 7, "cache_read_tokens": 5,
         "cache_write_tokens": 3, "thinking_tokens": 0, "calls": 1}
 
 
 def test_a_repeated_response_id_is_counted_once(
-        sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str) -> None:
+        sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str,
+        calls: Calls) -> None:
     client = sdk.claude(sid)
     for _ in range(3):
         client.messages.create(model="claude-test", max_tokens=10, messages=USER)
     assert len(script.received) == 3
-    assert usage_totals(gateway_daemon, sid)["calls"] == 1
+    assert calls.totals_after(3)["calls"] == 1
     with gateway_daemon.client() as socket_client:
         usage = socket_client.call("usage.get", {"session_id": sid})
     sent = usage["calibration"]["local_input_tokens"]
@@ -168,7 +199,8 @@ def test_a_repeated_response_id_is_counted_once(
 
 
 def test_anthropic_stream_arrives_and_its_usage_is_recorded(
-        sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str) -> None:
+        sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str,
+        calls: Calls) -> None:
     with sdk.claude(sid).messages.stream(
             model="claude-test", max_tokens=10, messages=USER) as stream:
         texts = list(stream.text_stream)
@@ -177,7 +209,7 @@ def test_anthropic_stream_arrives_and_its_usage_is_recorded(
     assert (final.id, final.usage.input_tokens, final.usage.output_tokens) == (
         "msg_" + sid, 21, 7)
     assert script.received[0].json()["stream"] is True
-    assert usage_totals(gateway_daemon, sid) == {
+    assert calls.totals_after(1) == {
         "input_tokens": 21, "output_tokens": USAGE["output_tokens"], "cache_read_tokens": 5,
         "cache_write_tokens": 3, "thinking_tokens": 0, "calls": 1}
 
@@ -196,7 +228,8 @@ def test_count_tokens_goes_through_and_records_nothing(
 
 
 def test_openai_completion_goes_through(
-        sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str) -> None:
+        sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str,
+        calls: Calls) -> None:
     completion = sdk.gpt(sid).chat.completions.create(model="gpt-test",
                                                                   messages=USER)  # type: ignore[arg-type]
     assert completion.choices[0].message.content == REPLY_TEXT
@@ -206,13 +239,14 @@ def test_openai_completion_goes_through(
     assert received.headers["authorization"] == "Bearer sk-openai-secret"
     assert "anthropic-version" not in received.headers
     cached = OPENAI_USAGE["prompt_tokens_details"]["cached_tokens"]  # type: ignore[index]
-    assert usage_totals(gateway_daemon, sid) == {
+    assert calls.totals_after(1) == {
         "input_tokens": 30 - cached, "output_tokens": 9, "cache_read_tokens": cached,
         "cache_write_tokens": 0, "thinking_tokens": 0, "calls": 1}
 
 
 def test_openai_stream_with_usage(
-        sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str) -> None:
+        sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str,
+        calls: Calls) -> None:
     chunks = list(sdk.gpt(sid).chat.completions.create(
         model="gpt-test", messages=USER, stream=True,  # type: ignore[arg-type]
         stream_options={"include_usage": True}))
@@ -220,7 +254,7 @@ def test_openai_stream_with_usage(
     assert text == REPLY_TEXT
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.prompt_tokens == 30
-    assert usage_totals(gateway_daemon, sid)["calls"] == 1
+    assert calls.totals_after(1)["calls"] == 1
 
 
 def test_other_paths_pass_through_unchanged(
@@ -287,7 +321,7 @@ def test_a_body_too_large_is_refused(
                                               (400, "invalid_request_error")])
 def test_upstream_errors_reach_the_client_unchanged(
         sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str, status: int,
-        kind: str) -> None:
+        kind: str, calls: Calls) -> None:
     body = json.dumps({"type": "error", "error": {"type": kind, "message": f"m{status}"}})
     script.script.failures.append(Failure(status=status, body=body.encode()))
     with pytest.raises(anthropic.APIStatusError) as caught:
@@ -299,7 +333,7 @@ def test_upstream_errors_reach_the_client_unchanged(
         sdk.gpt(sid).chat.completions.create(model="gpt-test", messages=USER)  # type: ignore[arg-type]
     assert (caught_openai.value.status_code, caught_openai.value.response.text) == (
         status, body)
-    assert usage_totals(gateway_daemon, sid)["calls"] == 0
+    assert calls.totals_after(2)["calls"] == 0
 
 
 def test_a_stream_cut_off_upstream_ends_with_an_error(
@@ -329,6 +363,7 @@ def test_the_socket_answers_while_50_streams_are_in_flight(
     hold = script.script.hold = threading.Event()
     streams = 50
     base = base_url(gateway_daemon)
+    every_call = Calls(gateway_daemon, None)
 
     def one_stream(index: int) -> str:
         with anthropic.Anthropic(base_url=base, api_key="k", max_retries=0,
@@ -352,7 +387,48 @@ def test_the_socket_answers_while_50_streams_are_in_flight(
     finally:
         hold.set()
         script.script.hold = None
-    assert inflight["calls"] < gateway_status(gateway_daemon)["calls"]
+    try:
+        done = every_call.wait(streams)
+    finally:
+        every_call.watcher.close()
+    assert sorted(call["session_id"] for call in done) == sorted(
+        f"{sid}_{index}" for index in range(streams))
+    assert (len(inflight["inflight"]), gateway_status(gateway_daemon)["calls"]) == (
+        streams, inflight["calls"] + streams)
+
+
+def test_a_call_cancelled_before_its_answer_gets_499(
+        sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str,
+        calls: Calls) -> None:
+    hold = script.script.hold_answer = threading.Event()
+    outcome: list[BaseException] = []
+    client = sdk.gpt(sid)
+
+    def one_call() -> None:
+        try:
+            client.chat.completions.create(model="gpt-test", messages=USER)  # type: ignore[arg-type]
+        except openai.APIError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=one_call)
+    try:
+        worker.start()
+        assert script.script.holding.acquire(timeout=60)
+        [inflight] = gateway_status(gateway_daemon)["inflight"]
+        with gateway_daemon.client() as socket_client:
+            socket_client.call("request.cancel", {"request_id": inflight["call_id"]})
+        worker.join(60)
+    finally:
+        hold.set()
+        script.script.hold_answer = None
+        worker.join(60)
+    [error] = outcome
+    assert isinstance(error, openai.APIStatusError)
+    assert (error.status_code, error.response.json()) == (499, {"type": "error", "error": {
+        "type": "cancelled",
+        "message": f"ctxd gateway: request {inflight['call_id']!r} was cancelled"}})
+    assert len(script.received) == 1  # the SDK did not send it again
+    assert calls.totals_after(1)["calls"] == 0
 
 
 # ---- start-up ------------------------------------------------------------------------
@@ -386,7 +462,8 @@ def test_the_token_is_private_and_outlives_a_restart(daemon_root: Path) -> None:
 
 
 def test_request_cancel_stops_a_model_call_in_flight(
-        sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str) -> None:
+        sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str,
+        calls: Calls) -> None:
     hold = script.script.hold = threading.Event()
     outcome: list[BaseException | list[str]] = []
     client = sdk.claude(sid)
@@ -421,9 +498,9 @@ def test_request_cancel_stops_a_model_call_in_flight(
     assert isinstance(error, anthropic.APIStatusError)
     assert error.body == {"type": "error", "error": {"type": "cancelled", "message": (
         f"ctxd gateway: request {inflight['call_id']!r} was cancelled: user stop")}}
-    assert gateway_status(gateway_daemon)["inflight"] == []
     # What the upstream said before the cancel is recorded (its input, the output so far).
-    assert usage_totals(gateway_daemon, sid)["input_tokens"] == USAGE["input_tokens"]
+    assert calls.totals_after(1)["input_tokens"] == USAGE["input_tokens"]
+    assert gateway_status(gateway_daemon)["inflight"] == []
 
 
 # ---- socket activation ----------------------------------------------------------------

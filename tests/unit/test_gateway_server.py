@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,7 +24,7 @@ from ctxd import config as ctxd_config
 from ctxd.config import Config, GatewayConfig
 from ctxd.errors import CtxdError
 from ctxd.gateway import Gateway, GatewayRequest, Prepared, UsageReader, bind, load_token
-from ctxd.gateway._server import _loopback_host
+from ctxd.gateway._server import REQUEST_TIMEOUT_S, _loopback_host
 from ctxd.gateway._upstream import is_anthropic, request_headers, response_headers
 from ctxd.hub import Requests
 from ctxd.sessions import Supervisor
@@ -37,9 +38,10 @@ async def failing_prepare(supervisor: Supervisor, request: GatewayRequest) -> Pr
 
 
 @asynccontextmanager
-async def serving(tmp_path: Path, upstream: ModelUpstream) -> AsyncIterator[Gateway]:
-    gateway_config = GatewayConfig(listen="127.0.0.1:0", anthropic_upstream=upstream.origin,
-                                   openai_upstream=upstream.origin)
+async def serving(tmp_path: Path, upstream: ModelUpstream | str) -> AsyncIterator[Gateway]:
+    origin = upstream if isinstance(upstream, str) else upstream.origin
+    gateway_config = GatewayConfig(listen="127.0.0.1:0", anthropic_upstream=origin,
+                                   openai_upstream=origin)
     config = Config(gateway=gateway_config)
     with bind(gateway_config) as sock:
         async with running_supervisor(tmp_path / "db", config) as supervisor, \
@@ -99,6 +101,33 @@ async def test_too_many_connections_are_answered_503(tmp_path: Path) -> None:
             assert answer.startswith(b"HTTP/1.1 503 ")
             await first.aclose()
             await second.aclose()
+
+
+async def test_an_unreachable_upstream_is_answered_502(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]
+    async with serving(tmp_path, f"http://127.0.0.1:{port}") as gateway, \
+            httpx2.AsyncClient() as client:
+        response = await client.post(gateway.base_url + "/v1/messages", content=BODY)
+        assert (response.status_code, response.json()["error"]) == (502, {
+            "type": "api_error", "message": "ctxd gateway: the upstream 127.0.0.1 could "
+                                            "not be reached (ConnectError)"})
+        await trio.testing.wait_all_tasks_blocked()  # the answer left; its call has ended
+        assert gateway.status().inflight == []
+
+
+async def test_a_connection_that_sends_nothing_is_closed(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    with ModelUpstream() as upstream:
+        async with serving(tmp_path, upstream) as gateway:
+            host, port = gateway.listen.rsplit(":", 1)
+            idle = await trio.open_tcp_stream(host, int(port))
+            started = trio.current_time()
+            assert await idle.receive_some(4096) == b""  # closed, nothing said
+            assert trio.current_time() - started == pytest.approx(REQUEST_TIMEOUT_S, abs=1)
+            await trio.testing.wait_all_tasks_blocked()
+            assert gateway.connections == 0
+            await idle.aclose()
 
 
 # ---- usage --------------------------------------------------------------------------
