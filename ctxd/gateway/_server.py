@@ -22,15 +22,15 @@ import trio
 from ctxd import __version__
 from ctxd.config import GatewayConfig, is_loopback, listen_address
 from ctxd.errors import CtxdError, ErrorCode, cancelled
+from ctxd.gateway._http import Answer, Relay, error_body, receive, send_answer
 from ctxd.gateway._rewrite import Api, Endpoint, GatewayRequest, Prepared, prepare, session_of
 from ctxd.gateway._upstream import (
     Headers,
     is_anthropic,
     new_client,
     request_headers,
-    response_headers,
 )
-from ctxd.gateway._usage import ProviderUsage, UsageReader
+from ctxd.gateway._usage import ProviderUsage
 from ctxd.hub import EventBus, Requests
 from ctxd.jobs import Request, cancellation_point, working_for
 from ctxd.sessions import Supervisor, record_sent_usage
@@ -49,7 +49,6 @@ REQUEST_TIMEOUT_S = 120.0
 """Time a connection has to send a whole request, from the end of the last answer (or
 its opening): an idle keep-alive connection is closed after it too."""
 MAX_HEADER_BYTES = 64 * 1024
-RECEIVE_BYTES = 64 * 1024
 LAST_CALLS_KEPT = 20
 MAX_ERROR_CHARS = 1_000
 """Of a failed rewrite's error, what its event carries."""
@@ -59,23 +58,9 @@ CLOSE_TIMEOUT_S = 5.0
 Prepare = Callable[[Supervisor, GatewayRequest], Awaitable[Prepared]]
 
 
-def error_body(kind: str, message: str) -> bytes:
-    """An error as Anthropic's API writes it (OpenAI's clients read its ``error`` too)."""
-    return msgspec.json.encode({"type": "error", "error": {"type": kind, "message": message}})
-
-
-@dataclass
-class _Answer(Exception):
-    """A request the gateway answers itself (a refusal), with this status and body."""
-
-    status: int
-    body: bytes
-    close: bool = False
-
-
-def _not_found() -> _Answer:
+def _not_found() -> Answer:
     """The answer to a wrong or missing token: the same whatever the path, no hint."""
-    return _Answer(404, error_body("not_found_error", "Not found"))
+    return Answer(404, error_body("not_found_error", "Not found"))
 
 
 @dataclass(frozen=True)
@@ -185,7 +170,7 @@ class Gateway:
             async with stream:
                 connection = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
                 if self.connections > self.config.max_connections:
-                    await _send_answer(stream, connection, _Answer(
+                    await send_answer(stream, connection, Answer(
                         503, error_body("overloaded_error", "ctxd gateway: too many "
                                         "connections"), close=True))
                     return
@@ -201,17 +186,17 @@ class Gateway:
         """Read one request and answer it; whether the connection may carry another."""
         with trio.move_on_after(REQUEST_TIMEOUT_S) as reading:
             try:
-                request = await _receive(stream, connection)
+                request = await receive(stream, connection)
                 if not isinstance(request, h11.Request):
                     return False  # closed between requests
                 rest = self._check(request)
                 body = await self._read_body(stream, connection, request)
-            except _Answer as answer:
-                await _send_answer(stream, connection, answer)
+            except Answer as answer:
+                await send_answer(stream, connection, answer)
                 return not answer.close
             except h11.RemoteProtocolError as exc:
                 if connection.our_state in (h11.IDLE, h11.SEND_RESPONSE):
-                    await _send_answer(stream, connection, _Answer(
+                    await send_answer(stream, connection, Answer(
                         exc.error_status_hint, error_body("invalid_request_error",
                                                           "malformed HTTP request"), True))
                 return False
@@ -219,7 +204,7 @@ class Gateway:
             return False  # too slow, or idle too long: closed
         headers: Headers = list(request.headers)
         if rest == HEALTH_PATH and request.method == b"GET":
-            await _send_answer(stream, connection, _Answer(200, msgspec.json.encode(
+            await send_answer(stream, connection, Answer(200, msgspec.json.encode(
                 {"ok": True, "version": __version__, "session_id": None})))
             return True
         complete = await self._forward(stream, connection, request.method, rest, headers, body)
@@ -230,15 +215,15 @@ class Gateway:
         """The path under the token.
 
         Raises:
-            _Answer: 403 for a browser's request (an Origin) or another host's name
+            Answer: 403 for a browser's request (an Origin) or another host's name
                 (DNS rebinding); 404 for a missing or wrong token, whatever the path.
         """
         headers = dict(request.headers)
         if b"origin" in headers:
-            raise _Answer(403, error_body("permission_error", "ctxd gateway: requests from "
+            raise Answer(403, error_body("permission_error", "ctxd gateway: requests from "
                                           "a web page are refused"))
         if not self.config.allow_non_loopback and not _loopback_host(headers.get(b"host", b"")):
-            raise _Answer(403, error_body("permission_error", "ctxd gateway: the Host must "
+            raise Answer(403, error_body("permission_error", "ctxd gateway: the Host must "
                                           "be a loopback address"))
         path, question, query = request.target.decode("ascii", "replace").partition("?")
         given, _, under = path.removeprefix("/").partition("/")
@@ -249,14 +234,14 @@ class Gateway:
     async def _read_body(self, stream: trio.SocketStream, connection: h11.Connection,
                          request: h11.Request) -> bytes:
         limit = self.config.max_body_bytes
-        too_large = _Answer(413, error_body("request_too_large", f"ctxd gateway: the body "
+        too_large = Answer(413, error_body("request_too_large", f"ctxd gateway: the body "
                                             f"exceeds gateway.max_body_bytes ({limit})"), True)
         length = dict(request.headers).get(b"content-length")
         if length is not None and int(length) > limit:
             raise too_large
         body = bytearray()
         while True:
-            event = await _receive(stream, connection)
+            event = await receive(stream, connection)
             if isinstance(event, h11.EndOfMessage):
                 return bytes(body)
             if not isinstance(event, h11.Data):
@@ -273,7 +258,7 @@ class Gateway:
 
         Cancellation: a model call is a request that ``request.cancel`` stops by its call
         id (``gw_N``, in ``gateway.call_started`` and ``daemon.status``): its upstream
-        call is closed and the agent's answer ends with an error (`_Relay.end_early`).
+        call is closed and the agent's answer ends with an error (`Relay.end_early`).
         """
         path = rest.partition("?")[0]
         upstream = (self.config.anthropic_upstream if is_anthropic(path, headers)
@@ -284,8 +269,8 @@ class Gateway:
             call, body = await self._rewrite(REWRITTEN[path], headers, body)
         if call is None:  # passed through, or no JSON object: no session, no usage
             return await self._call_upstream(method, url, headers, body,
-                                             _Relay(stream, connection, counted=False))
-        relay = _Relay(stream, connection, counted=True)
+                                             Relay(stream, connection, counted=False))
+        relay = Relay(stream, connection, counted=True)
         request = Request(f"gw_{next(self._call_ids)}", cancelled)
         self._started(request, call)
         try:
@@ -302,7 +287,7 @@ class Gateway:
         return complete
 
     async def _call_upstream(self, method: bytes, url: str, headers: Headers, body: bytes,
-                             relay: _Relay) -> bool:
+                             relay: Relay) -> bool:
         assert self._client is not None
         async with self._upstream_slots:
             request = self._client.build_request(method.decode(), url, content=body,
@@ -411,63 +396,6 @@ class Gateway:
             "response_id": usage.response_id, "rewritten": prepared is not None})
 
 
-class _Relay:
-    """One upstream answer on its way back to the agent: what of it was sent, its usage."""
-
-    def __init__(self, stream: trio.SocketStream, connection: h11.Connection,
-                 counted: bool) -> None:
-        self._stream = stream
-        self._connection = connection
-        self._counted = counted
-        self._reader: UsageReader | None = None
-        self._event_stream = False
-        self._sized = False
-        self.status = 0
-
-    async def run(self, response: httpx2.Response) -> bool:
-        """Stream ``response`` back as it arrives, reading its usage on the way; whether
-        the answer was sent whole."""
-        headers = response_headers(list(response.headers.raw))
-        self.status = response.status_code
-        self._event_stream = response.headers.get("content-type", "").startswith(
-            "text/event-stream")
-        self._sized = any(name.lower() == b"content-length" for name, _ in headers)
-        self._reader = UsageReader(streaming=self._event_stream)
-        await _send(self._stream, self._connection, h11.Response(
-            status_code=response.status_code, headers=headers,
-            reason=response.reason_phrase.encode()))
-        try:
-            async for chunk in response.aiter_raw():
-                await _send(self._stream, self._connection, h11.Data(data=chunk))
-                if self._counted:
-                    self._reader.feed(chunk)
-        except httpx2.HTTPError as exc:
-            log.warning("gateway: the upstream broke off an answer: %s", type(exc).__name__)
-            return await self.end_early(502, "api_error", "ctxd gateway: the upstream "
-                                        "connection was lost mid-stream")
-        await _send(self._stream, self._connection, h11.EndOfMessage())
-        return True
-
-    async def end_early(self, status: int, kind: str, message: str) -> bool:
-        """End the answer where the call stopped: an error answer when nothing was sent
-        yet, an error event ending an event stream; else False (only closing the
-        connection can say it)."""
-        if self._connection.our_state is h11.SEND_RESPONSE:
-            await _send_answer(self._stream, self._connection,
-                               _Answer(status, error_body(kind, message)))
-            return True
-        if self._event_stream and not self._sized:
-            event = b"event: error\ndata: " + error_body(kind, message) + b"\n\n"
-            await _send(self._stream, self._connection, h11.Data(data=event))
-            await _send(self._stream, self._connection, h11.EndOfMessage())
-            return True
-        return False
-
-    def usage(self) -> ProviderUsage:
-        """The usage read of the answer (what was, when it ended early)."""
-        return self._reader.finish() if self._reader is not None else ProviderUsage()
-
-
 def _loopback_host(host: bytes) -> bool:
     """Whether a Host header names this machine's loopback (an address or localhost)."""
     name = host.decode("ascii", "replace")
@@ -479,29 +407,3 @@ def _loopback_host(host: bytes) -> bool:
         return is_loopback(name)
     except ValueError:
         return False
-
-
-async def _receive(stream: trio.SocketStream, connection: h11.Connection) -> Any:
-    """The next h11 event of the request, reading as needed."""
-    while True:
-        event = connection.next_event()
-        if event is not h11.NEED_DATA:
-            return event
-        connection.receive_data(await stream.receive_some(RECEIVE_BYTES))
-
-
-async def _send(stream: trio.SocketStream, connection: h11.Connection, event: Any) -> None:
-    data = connection.send(event)
-    if data:
-        await stream.send_all(data)
-
-
-async def _send_answer(stream: trio.SocketStream, connection: h11.Connection,
-                       answer: _Answer) -> None:
-    headers = [(b"content-type", b"application/json"),
-               (b"content-length", str(len(answer.body)).encode())]
-    if answer.close:
-        headers.append((b"connection", b"close"))
-    await _send(stream, connection, h11.Response(status_code=answer.status, headers=headers))
-    await _send(stream, connection, h11.Data(data=answer.body))
-    await _send(stream, connection, h11.EndOfMessage())
