@@ -214,6 +214,29 @@ def test_anthropic_stream_arrives_and_its_usage_is_recorded(
         "cache_write_tokens": 3, "thinking_tokens": 0, "calls": 1}
 
 
+def test_keys_reach_no_log_event_or_file(
+        gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str) -> None:
+    canary = "sk-ant-canary-" + sid
+    with gateway_daemon.client() as watcher:
+        watcher.call("events.subscribe", {"session_id": sid})
+        with anthropic.Anthropic(base_url=base_url(gateway_daemon), api_key=canary,
+                                 max_retries=0, default_headers={
+                                     "x-api-key": canary, "x-ctxd-session": sid}) as client:
+            client.messages.create(model="claude-test", max_tokens=10, messages=USER)
+            client.messages.count_tokens(model="claude-test", messages=USER)
+        events = []
+        while not events or events[-1]["type"] != "gateway.call":
+            events.append(next_event(watcher, timeout=60))
+    assert script.received[0].headers["x-api-key"] == canary  # it did pass through
+    assert {"gateway.call_started", "usage.recorded", "gateway.call"} <= {
+        event["type"] for event in events}
+    assert canary not in json.dumps(events)
+    assert canary not in gateway_daemon.log()
+    stored = [path.name for path in gateway_daemon.data_dir.iterdir()
+              if path.is_file() and canary.encode() in path.read_bytes()]
+    assert stored == []
+
+
 def test_count_tokens_goes_through_and_records_nothing(
         sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str) -> None:
     counted = sdk.claude(sid).messages.count_tokens(model="claude-test",
