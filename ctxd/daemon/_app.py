@@ -204,14 +204,15 @@ class Daemon:
             await self._stop.wait()
             log.info("ctxd stopping")
             _systemd.notify("STOPPING=1")
+            deadline = trio.current_time() + self.config.shutdown_timeout_s
             self.server.stop_accepting()
             if self.gateway is not None:
                 self.gateway.stop_accepting()
             await self.server.closed.wait()
             if self.gateway is not None:
-                # Model calls in flight may finish (a stream can last minutes: not longer
-                # than the socket's requests may); then they are cut.
-                with trio.move_on_after(self.config.shutdown_timeout_s):
+                # Model calls in flight may finish within the same deadline as the
+                # socket's requests (a stream can last minutes); then they are cut.
+                with trio.move_on_at(deadline):
                     await self.gateway.wait_calls_done()
             root.cancel_scope.cancel()
 

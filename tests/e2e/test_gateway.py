@@ -10,9 +10,11 @@ import concurrent.futures
 import http.client
 import json
 import shutil
+import signal
 import socket
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -524,6 +526,44 @@ def test_request_cancel_stops_a_model_call_in_flight(
     # What the upstream said before the cancel is recorded (its input, the output so far).
     assert calls.totals_after(1)["input_tokens"] == USAGE["input_tokens"]
     assert gateway_status(gateway_daemon)["inflight"] == []
+
+
+def wait_for_log(process: DaemonProcess, line: str) -> None:
+    """Wait until the daemon has logged ``line`` (a guard of 60 s against a hang)."""
+    deadline = time.monotonic() + 60
+    while line not in process.log():
+        assert time.monotonic() < deadline, process.log()
+        time.sleep(0.01)
+
+
+def test_a_stream_in_flight_finishes_before_the_daemon_stops(
+        daemon_root: Path, script: ModelUpstream, sid: str) -> None:
+    process = DaemonProcess(daemon_root, env={
+        "CTXD_GATEWAY_ANTHROPIC_UPSTREAM": script.origin}).start()
+    hold = script.script.hold = threading.Event()
+    try:
+        with anthropic.Anthropic(base_url=base_url(process), api_key="k", max_retries=0,
+                                 default_headers={"x-ctxd-session": sid}) as client, \
+                concurrent.futures.ThreadPoolExecutor(1) as pool:
+
+            def one_stream() -> str:
+                with client.messages.stream(model="claude-test", max_tokens=10,
+                                            messages=USER) as stream:
+                    return "".join(stream.text_stream)
+
+            text = pool.submit(one_stream)
+            assert script.script.holding.acquire(timeout=60)
+            assert process.proc is not None
+            process.proc.send_signal(signal.SIGTERM)
+            wait_for_log(process, "ctxd stopping")  # it is shutting down, the call held
+            hold.set()
+            assert text.result(timeout=60) == REPLY_TEXT
+            assert process.proc.wait(60) == 0
+    finally:
+        hold.set()
+        script.script.hold = None
+        process.stop()
+    assert "ctxd stopping" in process.log()
 
 
 # ---- socket activation ----------------------------------------------------------------
