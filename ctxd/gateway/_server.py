@@ -22,7 +22,7 @@ import trio
 from ctxd import __version__
 from ctxd.config import GatewayConfig, is_loopback, listen_address
 from ctxd.errors import CtxdError, ErrorCode, cancelled
-from ctxd.gateway._http import Answer, Relay, error_body, receive, send_answer
+from ctxd.gateway._http import Answer, Relay, error_body, receive, send, send_answer
 from ctxd.gateway._rewrite import Api, Endpoint, GatewayRequest, Prepared, prepare, session_of
 from ctxd.gateway._upstream import (
     Headers,
@@ -178,6 +178,8 @@ class Gateway:
                     connection.start_next_cycle()
         except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
             pass  # the agent went away, or spoke no HTTP: nothing to answer
+        except Exception:  # the connection's boundary: one failure never stops the others
+            log.exception("gateway: a connection failed; it was closed")
         finally:
             self.connections -= 1
 
@@ -239,6 +241,8 @@ class Gateway:
         length = dict(request.headers).get(b"content-length")
         if length is not None and int(length) > limit:
             raise too_large
+        if connection.they_are_waiting_for_100_continue:  # curl, for a large body
+            await send(stream, connection, h11.InformationalResponse(status_code=100, headers=[]))
         body = bytearray()
         while True:
             event = await receive(stream, connection)

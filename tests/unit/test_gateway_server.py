@@ -130,6 +130,37 @@ async def test_a_connection_that_sends_nothing_is_closed(
             await idle.aclose()
 
 
+async def test_a_chunked_body_is_cut_off_at_the_limit(tmp_path: Path) -> None:
+    with ModelUpstream() as upstream:
+        async with serving(tmp_path, upstream) as gateway, httpx2.AsyncClient() as client:
+            limit = gateway.config.max_body_bytes
+
+            async def chunks() -> AsyncIterator[bytes]:
+                for _ in range(limit // 65_536 + 2):
+                    yield b"x" * 65_536
+
+            response = await client.post(gateway.base_url + "/v1/messages", content=chunks())
+            assert (response.status_code, response.json()["error"]["type"]) == (
+                413, "request_too_large")
+            assert upstream.received == []
+
+
+async def test_expect_100_continue_is_answered(tmp_path: Path) -> None:
+    with ModelUpstream() as upstream:
+        async with serving(tmp_path, upstream) as gateway:
+            host, port = gateway.listen.rsplit(":", 1)
+            stream = await trio.open_tcp_stream(host, int(port))
+            await stream.send_all(
+                f"POST /{TOKEN}/v1/messages HTTP/1.1\r\nHost: {gateway.listen}\r\n"
+                f"Content-Length: {len(BODY)}\r\nExpect: 100-continue\r\n\r\n".encode())
+            assert await stream.receive_some(4096) == b"HTTP/1.1 100 \r\n\r\n"
+            await stream.send_all(BODY)
+            answer = await stream.receive_some(65_536)
+            assert answer.startswith(b"HTTP/1.1 200 ")
+            assert [r.body for r in upstream.received] == [BODY]
+            await stream.aclose()
+
+
 # ---- usage --------------------------------------------------------------------------
 
 
