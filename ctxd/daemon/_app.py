@@ -29,6 +29,9 @@ log = logging.getLogger("ctxd")
 DESCRIPTORS_KEPT = 32
 """File descriptors kept free for the daemon's own use (threads' files, the database's
 journal, a refused connection's answer) beyond those open when it starts serving."""
+CALLS_CANCEL_S = 1.0
+"""At shutdown, time the gateway's calls still in flight at the deadline get to end their
+answers with an error once cancelled."""
 
 
 def raise_descriptor_limit() -> int:
@@ -213,6 +216,9 @@ class Daemon:
                 # Model calls in flight may finish within the same deadline as the
                 # socket's requests (a stream can last minutes); then they are cut.
                 with trio.move_on_at(deadline):
+                    await self.gateway.wait_calls_done()
+                self.gateway.cancel_calls("ctxd is stopping")
+                with trio.move_on_after(CALLS_CANCEL_S):
                     await self.gateway.wait_calls_done()
             root.cancel_scope.cancel()
 

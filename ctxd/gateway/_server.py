@@ -117,6 +117,7 @@ class Gateway:
         self._requests = requests
         self._call_ids = itertools.count(1)
         self._inflight: dict[str, GatewayInflight] = {}
+        self._calls: dict[str, Request] = {}
         self._token = token.encode()
         self._prepare = prepare
         self._upstream_slots = trio.CapacityLimiter(config.max_upstream_calls)
@@ -161,6 +162,12 @@ class Gateway:
         """Wait until no call is in flight."""
         while self.calls_inflight:
             await self._calls_done.wait()
+
+    def cancel_calls(self, reason: str) -> None:
+        """Stop every model call in flight as ``request.cancel`` would (at shutdown: the
+        agents' answers end with an error rather than a cut connection)."""
+        for request in list(self._calls.values()):
+            request.cancel(reason)
 
     # ---- one connection ---------------------------------------------------------------
 
@@ -313,6 +320,7 @@ class Gateway:
     def _started(self, request: Request, call: _Call) -> None:
         self._requests.add(request)
         call_id = str(request.request_id)
+        self._calls[call_id] = request
         model = call.prepared.model if call.prepared else None
         self._inflight[call_id] = GatewayInflight(call_id=call_id, session_id=call.session_id,
                                                   model=model, started_at=time.time())
@@ -325,6 +333,7 @@ class Gateway:
 
     def _ended(self, request: Request) -> None:
         self._requests.discard(request)
+        self._calls.pop(str(request.request_id), None)
         self._inflight.pop(str(request.request_id), None)
         self.calls_inflight -= 1
         if not self.calls_inflight:

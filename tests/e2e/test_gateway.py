@@ -566,6 +566,33 @@ def test_a_stream_in_flight_finishes_before_the_daemon_stops(
     assert "ctxd stopping" in process.log()
 
 
+def test_a_stream_still_in_flight_at_the_deadline_ends_with_an_error(
+        daemon_root: Path, script: ModelUpstream, sid: str) -> None:
+    process = DaemonProcess(daemon_root, env={
+        "CTXD_GATEWAY_ANTHROPIC_UPSTREAM": script.origin,
+        "CTXD_SHUTDOWN_TIMEOUT_S": "0"}).start()
+    hold = script.script.hold = threading.Event()
+    try:
+        with anthropic.Anthropic(base_url=base_url(process), api_key="k", max_retries=0,
+                                 default_headers={"x-ctxd-session": sid}) as client, \
+                client.messages.stream(model="claude-test", max_tokens=10,
+                                       messages=USER) as stream:
+            events = iter(stream)
+            assert next(events).type == "message_start"
+            assert process.proc is not None
+            process.proc.send_signal(signal.SIGTERM)
+            with pytest.raises(anthropic.APIStatusError) as caught:
+                list(events)
+            assert process.proc.wait(60) == 0
+    finally:
+        hold.set()
+        script.script.hold = None
+        process.stop()
+    assert caught.value.body == {"type": "error", "error": {
+        "type": "cancelled",
+        "message": "ctxd gateway: request 'gw_1' was cancelled: ctxd is stopping"}}
+
+
 # ---- socket activation ----------------------------------------------------------------
 
 # What systemd does between fork and exec for ctxd.socket's two ListenStream= lines: the
