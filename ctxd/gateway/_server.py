@@ -52,6 +52,9 @@ MAX_HEADER_BYTES = 64 * 1024
 LAST_CALLS_KEPT = 20
 MAX_ERROR_CHARS = 1_000
 """Of a failed rewrite's error, what its event carries."""
+DECODE_IN_THREAD_BYTES = 1 << 20
+"""A body this large is parsed in a worker thread (about a millisecond a megabyte): the
+event loop goes on serving the socket and the other calls meanwhile."""
 CLOSE_TIMEOUT_S = 5.0
 """Time given to closing an upstream call (it is cut after)."""
 
@@ -346,7 +349,8 @@ class Gateway:
         api, endpoint = route
         session_header = dict(headers).get(b"x-ctxd-session")
         try:
-            parsed = msgspec.json.decode(body)
+            parsed = (msgspec.json.decode(body) if len(body) < DECODE_IN_THREAD_BYTES
+                      else await trio.to_thread.run_sync(msgspec.json.decode, body))
         except msgspec.DecodeError:
             parsed = None
         if not isinstance(parsed, dict):

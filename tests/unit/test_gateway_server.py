@@ -24,7 +24,7 @@ from ctxd import config as ctxd_config
 from ctxd.config import Config, GatewayConfig
 from ctxd.errors import CtxdError
 from ctxd.gateway import Gateway, GatewayRequest, Prepared, UsageReader, bind, load_token
-from ctxd.gateway._server import REQUEST_TIMEOUT_S, _loopback_host
+from ctxd.gateway._server import DECODE_IN_THREAD_BYTES, REQUEST_TIMEOUT_S, _loopback_host
 from ctxd.gateway._upstream import is_anthropic, request_headers, response_headers
 from ctxd.hub import Requests
 from ctxd.sessions import Supervisor
@@ -72,6 +72,20 @@ async def test_a_rewrite_that_raises_sends_the_agents_bytes_once(tmp_path: Path)
                  "error": "RuntimeError: the rewrite cannot handle this request"})
             assert "sk-secret" not in json.dumps(event.data)
             assert (gateway.rewrite_failures, gateway.status().rewrite_failures) == (1, 1)
+
+
+async def test_a_large_body_is_parsed_aside_and_sent_whole(tmp_path: Path) -> None:
+    body = msgspec.json.encode({"model": "m", "max_tokens": 1, "messages": [
+        {"role": "user", "content": "x" * (2 * DECODE_IN_THREAD_BYTES)}]})
+    with ModelUpstream() as upstream:
+        async with serving(tmp_path, upstream) as gateway, httpx2.AsyncClient() as client:
+            events = gateway._bus.subscribe(types=["gateway.rewrite_failed"])
+            response = await client.post(gateway.base_url + "/v1/messages", content=body)
+            assert response.status_code == 200
+            assert [r.body for r in upstream.received] == [body]
+            event = events.receive_nowait()  # the parsed body reached prepare
+            assert event is not None
+            assert event.data["error"].startswith("RuntimeError")
 
 
 async def test_a_body_that_is_no_json_object_goes_as_it_came(tmp_path: Path) -> None:
