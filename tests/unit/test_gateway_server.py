@@ -24,7 +24,12 @@ from ctxd import config as ctxd_config
 from ctxd.config import Config, GatewayConfig
 from ctxd.errors import CtxdError
 from ctxd.gateway import Gateway, GatewayRequest, Prepared, UsageReader, bind, load_token
-from ctxd.gateway._server import DECODE_IN_THREAD_BYTES, REQUEST_TIMEOUT_S, _loopback_host
+from ctxd.gateway._server import (
+    DECODE_IN_THREAD_BYTES,
+    REQUEST_TIMEOUT_S,
+    _loopback_host,
+    listen_text,
+)
 from ctxd.gateway._upstream import is_anthropic, request_headers, response_headers
 from ctxd.hub import Requests
 from ctxd.sessions import Supervisor
@@ -261,6 +266,17 @@ def test_only_a_loopback_host_passes(host: bytes, loopback: bool) -> None:
 def test_a_path_picks_its_upstream(path: str, headers: list[tuple[bytes, bytes]],
                                    anthropic: bool) -> None:
     assert is_anthropic(path, headers) is anthropic
+
+
+def test_an_ipv6_loopback_listen_is_served_and_named_in_brackets() -> None:
+    try:
+        sock = bind(GatewayConfig(listen="[::1]:0"))
+    except OSError as exc:  # no IPv6 on this host
+        pytest.skip(f"cannot bind [::1]: {exc}")
+    with sock:
+        port = sock.getsockname()[1]
+        assert listen_text(sock.getsockname()) == f"[::1]:{port}"
+        assert _loopback_host(f"[::1]:{port}".encode())
 
 
 # ---- the token, the configuration -----------------------------------------------------
