@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -186,6 +187,15 @@ class ModelUpstream(LocalServer):
         # Room for every stream of the concurrency test at once (socketserver's backlog
         # is 5: connections past it wait for SYN retries, seconds each).
         self._http.socket.listen(128)
+        report = self._http.handle_error
+
+        def handle_error(request: Any, client_address: Any) -> None:
+            # A client that goes away (a cut or cancelled stream) is the script; any other
+            # failure of a handler is reported.
+            if not isinstance(sys.exc_info()[1], OSError):
+                report(request, client_address)
+
+        self._http.handle_error = handle_error  # type: ignore[method-assign]
 
     @property
     def received(self) -> list[Received]:
