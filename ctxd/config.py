@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import functools
+import ipaddress
 import itertools
 import os
 import re
@@ -104,6 +105,43 @@ class UsageConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     prices: dict[str, ModelPrice] = msgspec.field(default_factory=dict)
 
 
+class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The ``[gateway]`` table: the model gateway's address, upstreams and bounds
+    (docs/security.md, "The model gateway")."""
+
+    enabled: bool = True
+    listen: str = "127.0.0.1:8788"
+    anthropic_upstream: str = "https://api.anthropic.com"
+    openai_upstream: str = "https://api.openai.com"
+    max_body_bytes: Annotated[int, Meta(ge=1024, le=1 << 30)] = 64 * 1024 * 1024
+    max_connections: Annotated[int, Meta(ge=1, le=65_536)] = 128
+    max_upstream_calls: Annotated[int, Meta(ge=1, le=4_096)] = 64
+    allow_non_loopback: bool = False
+
+
+def listen_address(listen: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` for IPv6) as a host IP literal and a port.
+
+    Raises:
+        ValueError: it is not an IP literal and a port from 0 to 65535.
+    """
+    host, colon, port = listen.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not colon or not port.isdigit() or int(port) > 65_535:
+        raise ValueError(f"expected HOST:PORT with a port from 0 to 65535, got {listen!r}")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"the host must be an IP address (127.0.0.1, [::1]), got "
+                         f"{host!r}") from None
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether an IP literal is a loopback address."""
+    return ipaddress.ip_address(host).is_loopback
+
+
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The daemon's effective configuration."""
 
@@ -140,10 +178,12 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     memory: MemoryConfig = MemoryConfig()
     hygiene: HygieneConfig = HygieneConfig()
     usage: UsageConfig = UsageConfig()
+    gateway: GatewayConfig = GatewayConfig()
 
 
 TABLES: dict[str, type[msgspec.Struct]] = {"budget": Budget, "memory": MemoryConfig,
-                                           "hygiene": HygieneConfig, "usage": UsageConfig}
+                                           "hygiene": HygieneConfig, "usage": UsageConfig,
+                                           "gateway": GatewayConfig}
 """The TOML tables of the configuration, by name."""
 
 FILE_ONLY = frozenset({("usage", "prices")})
@@ -211,6 +251,14 @@ _HELP = {
     "hook_inject_tokens": "tokens of memories memory.context (the Claude Code hooks) adds to "
                           "a prompt or a session's start",
     "dense_min_score": "cosine similarity below which the dense leg does not propose a memory",
+    "enabled": "serve the model gateway (an Anthropic/OpenAI API base URL on loopback)",
+    "listen": "the gateway's HOST:PORT (an IP address; port 0: any free port)",
+    "anthropic_upstream": "where the gateway sends Anthropic API requests (an http(s) URL)",
+    "openai_upstream": "where the gateway sends OpenAI API requests (an http(s) URL)",
+    "max_body_bytes": "largest request body the gateway accepts; a larger one gets 413",
+    "max_upstream_calls": "model calls the gateway makes at once; more wait their turn",
+    "allow_non_loopback": "let gateway.listen be a non-loopback address (the token in the "
+                          "URL is then the only guard)",
     "prices": "per model, the price per million tokens of each counter (input, output, "
               "cache_read, cache_write, thinking); file only",
 }
@@ -527,6 +575,7 @@ def load(flags: argparse.Namespace | None = None, environ: Mapping[str, str] | N
         raise _error(named("hygiene", "context_note"),
                      f"the only placeholder it may hold is {{percent}} ({exc!r}); write "
                      "{{ and }} for literal braces") from None
+    _check_gateway(config.gateway, named)
     known = set(tiktoken.list_encoding_names())
     if config.encoding not in known and config.encoding + "_offline" not in known:
         raise _error(named("encoding"), f"unknown encoding {config.encoding!r}; "
@@ -536,6 +585,24 @@ def load(flags: argparse.Namespace | None = None, environ: Mapping[str, str] | N
     return msgspec.structs.replace(
         config, socket=str(socket.absolute()), data_dir=str(data_dir.absolute())
     )
+
+
+def _check_gateway(gateway: GatewayConfig, named: Any) -> None:
+    """Raises: CtxdError naming the setting when ``[gateway]`` cannot serve."""
+    try:
+        host, _ = listen_address(gateway.listen)
+    except ValueError as exc:
+        raise _error(named("gateway", "listen"), str(exc)) from None
+    if not is_loopback(host) and not gateway.allow_non_loopback:
+        raise _error(named("gateway", "listen"),
+                     f"{host} is not a loopback address: the gateway serves this user's "
+                     "sessions to whoever reaches it; set gateway.allow_non_loopback = true "
+                     "to listen there anyway")
+    for key in ("anthropic_upstream", "openai_upstream"):
+        url = getattr(gateway, key)
+        if not re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", url):
+            raise _error(named("gateway", key),
+                         f"expected an http:// or https:// URL without query, got {url!r}")
 
 
 def to_toml(config: Config) -> str:
@@ -566,6 +633,7 @@ __all__ = [
     "FILE_ONLY",
     "TABLES",
     "Config",
+    "GatewayConfig",
     "MemoryConfig",
     "ModelPrice",
     "Source",
@@ -579,6 +647,8 @@ __all__ = [
     "describe",
     "env_name",
     "flag_name",
+    "is_loopback",
+    "listen_address",
     "load",
     "to_toml",
 ]

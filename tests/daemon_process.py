@@ -93,7 +93,14 @@ class DaemonProcess:
         return daemon_command(self.arguments(), python=self.python, entry=self.entry_point())
 
     def environment(self) -> dict[str, str]:
-        return private_environment({"XDG_CONFIG_HOME": str(self.root / "config"), **self.env})
+        """Its environment: private, its configuration folder under ``root``, and (for a
+        tree that has the gateway) the gateway on any free port, so that daemons run side
+        by side; ``env`` overrides either."""
+        tree = self.code or REPO_ROOT
+        gateway = ({"CTXD_GATEWAY_LISTEN": "127.0.0.1:0"}
+                   if (tree / "ctxd" / "gateway").is_dir() else {})
+        return private_environment({"XDG_CONFIG_HOME": str(self.root / "config"), **gateway,
+                                    **self.env})
 
     def start(self, wait: bool = True, *, cwd: Path | None = None,
               pass_fds: tuple[int, ...] = (),

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Before the data directory is created or the database migrated: a socket that
         # cannot be bound must leave nothing behind. An activated daemon binds nothing
-        # (the LISTEN_PID test of _systemd.activated_socket).
+        # (the LISTEN_PID test of _systemd.activated_sockets).
         if os.environ.get("LISTEN_PID") != str(os.getpid()):
             check_socket_path(Path(cfg.socket))
         trio.run(Daemon(cfg).run)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import trio
 
-from ctxd import __version__, hub, memory
+from ctxd import __version__, gateway, hub, memory
 from ctxd.config import Config
 from ctxd.daemon import _systemd
 from ctxd.daemon._methods import ClientLog
@@ -29,6 +29,9 @@ log = logging.getLogger("ctxd")
 DESCRIPTORS_KEPT = 32
 """File descriptors kept free for the daemon's own use (threads' files, the database's
 journal, a refused connection's answer) beyond those open when it starts serving."""
+CALLS_CANCEL_S = 1.0
+"""At shutdown, time the gateway's calls still in flight at the deadline get to end their
+answers with an error once cancelled."""
 
 
 def raise_descriptor_limit() -> int:
@@ -58,6 +61,19 @@ def fitting_connections(wanted: int, limit: int) -> int:
                 "for %d: serving at most %d connections; raise LimitNOFILE / ulimit -n to "
                 "allow more", wanted, limit, open_now, fitting, fitting)
     return fitting
+
+
+def bind_gateway(config: Config) -> socket.socket | None:
+    """The gateway's listening socket; None when ``[gateway] listen`` cannot be bound (the
+    port is another process's: another user's ctxd on the default port), which is logged:
+    the daemon serves its socket without the gateway (docs/decisions.md, "Gateway")."""
+    try:
+        return gateway.bind(config.gateway)
+    except OSError as exc:
+        log.error("the gateway is off: it cannot listen on %s (%s); set [gateway] listen to "
+                  "a free port (0: any) and restart", config.gateway.listen,
+                  os.strerror(exc.errno) if exc.errno else exc)
+        return None
 
 
 class Daemon:
@@ -93,6 +109,8 @@ class Daemon:
         self.turns: hub.Turns
         self.dispatcher: Dispatcher
         self.server: Server
+        self.gateway: gateway.Gateway | None = None
+        """The model gateway (None when ``[gateway] enabled`` is false)."""
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -112,18 +130,26 @@ class Daemon:
             data_lock.release()  # nothing started: the store said why, in one line
             raise
         sock: socket.socket | None = None
+        gateway_sock: socket.socket | None = None
         socket_lock: Lock | None = None
         try:
             counter = await trio.to_thread.run_sync(TokenCounter, config.encoding)
-            sock = _systemd.activated_socket()
+            sock, gateway_sock = _systemd.activated_sockets()
             activated = sock is not None
             if sock is not None:
                 self.socket_path = str(sock.getsockname())
             else:
                 sock, socket_lock = bind_unix_socket(Path(config.socket))
+            if not config.gateway.enabled and gateway_sock is not None:
+                gateway_sock.close()  # the unit holds the port; ctxd was told not to serve
+                gateway_sock = None
+            elif config.gateway.enabled and gateway_sock is None:
+                gateway_sock = bind_gateway(config)
             max_connections = fitting_connections(config.max_connections, descriptor_limit)
-            await self._serve(sock, counter, activated, max_connections)
+            await self._serve(sock, gateway_sock, counter, activated, max_connections)
         finally:
+            if gateway_sock is not None:
+                gateway_sock.close()
             if sock is not None:
                 sock.close()
             if socket_lock is not None:
@@ -154,9 +180,13 @@ class Daemon:
                              self.requests)
         register_routes(self.dispatcher, self)
 
-    async def _serve(self, sock: socket.socket, counter: TokenCounter, activated: bool,
-                     max_connections: int) -> None:
+    async def _serve(self, sock: socket.socket, gateway_sock: socket.socket | None,
+                     counter: TokenCounter, activated: bool, max_connections: int) -> None:
         self.assemble(counter, max_connections)
+        if gateway_sock is not None:
+            self.gateway = gateway.Gateway(
+                self.config.gateway, self.supervisor, self.bus, self.requests,
+                gateway.load_token(Path(self.config.data_dir)))
         async with trio.open_nursery() as root:
             root.start_soon(self._watch_signals)
             root.start_soon(self.store.keep_wal_small)
@@ -164,6 +194,9 @@ class Daemon:
             await root.start(self.memory.run)
             await root.start(self.supervisor.run)
             await root.start(self.server.run, sock)
+            if self.gateway is not None:
+                await root.start(self.gateway.run, gateway_sock)
+                log.info("gateway on http://%s/…", self.gateway.listen)
             where = self.socket_path + (" (systemd-activated)" if activated else "")
             log.info("ctxd %s ready on %s (data in %s, pid %d)", __version__, where,
                      self.config.data_dir, os.getpid())
@@ -174,8 +207,19 @@ class Daemon:
             await self._stop.wait()
             log.info("ctxd stopping")
             _systemd.notify("STOPPING=1")
+            deadline = trio.current_time() + self.config.shutdown_timeout_s
             self.server.stop_accepting()
+            if self.gateway is not None:
+                self.gateway.stop_accepting()
             await self.server.closed.wait()
+            if self.gateway is not None:
+                # Model calls in flight may finish within the same deadline as the
+                # socket's requests (a stream can last minutes); then they are cut.
+                with trio.move_on_at(deadline):
+                    await self.gateway.wait_calls_done()
+                self.gateway.cancel_calls("ctxd is stopping")
+                with trio.move_on_after(CALLS_CANCEL_S):
+                    await self.gateway.wait_calls_done()
             root.cancel_scope.cancel()
 
     async def _watch_signals(self) -> None:

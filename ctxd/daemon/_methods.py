@@ -111,7 +111,8 @@ def status(daemon: Daemon, call: Call, p: Empty) -> DaemonStatus:
         requests_per_s=round(server.requests_per_s, 2),
         latency_p50_ms=round(server.latency_p50_ms, 3),
         latency_p99_ms=round(server.latency_p99_ms, 3),
-        bytes_inflight=server.bytes_inflight, max_connections=server.max_connections)
+        bytes_inflight=server.bytes_inflight, max_connections=server.max_connections,
+        gateway=daemon.gateway.status() if daemon.gateway is not None else None)
 
 
 async def check(daemon: Daemon, call: Call, p: Empty) -> CheckResult:

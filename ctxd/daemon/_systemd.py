@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from typing import NamedTuple
 
 import trio
 
@@ -29,20 +30,41 @@ def notify(state: str) -> bool:
     return True
 
 
-def activated_socket() -> socket.socket | None:
-    """The listening socket systemd passed us (LISTEN_FDS/LISTEN_PID), if any."""
+class Activated(NamedTuple):
+    """The listening sockets systemd passed us."""
+
+    socket: socket.socket | None
+    """The Unix stream socket clients reach (``ListenStream=%t/ctxd/ctxd.sock``)."""
+    gateway: socket.socket | None
+    """The model gateway's TCP socket (``ListenStream=127.0.0.1:8788``), if the unit has
+    one."""
+
+
+def activated_sockets() -> Activated:
+    """The listening sockets systemd passed us (LISTEN_FDS/LISTEN_PID), told apart by
+    their address family: one Unix socket, at most one TCP socket (the gateway's).
+
+    Raises:
+        RuntimeError: a socket passed is neither, or one kind comes twice.
+    """
     if os.environ.get("LISTEN_PID") != str(os.getpid()):
-        return None
+        return Activated(None, None)
     count = int(os.environ.get("LISTEN_FDS", "0") or 0)
     for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
         os.environ.pop(name, None)
-    if count < 1:
-        return None
-    sock = socket.socket(fileno=SD_LISTEN_FDS_START)
-    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
-        raise RuntimeError("the activated socket must be a Unix stream socket "
-                           "(ListenStream=%t/ctxd/ctxd.sock)")
-    return sock
+    found: dict[int, socket.socket] = {}
+    for descriptor in range(SD_LISTEN_FDS_START, SD_LISTEN_FDS_START + count):
+        sock = socket.socket(fileno=descriptor)
+        if (sock.type != socket.SOCK_STREAM or sock.family in found
+                or sock.family not in (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)):
+            raise RuntimeError(
+                "systemd may pass one Unix stream socket (ListenStream=%t/ctxd/ctxd.sock) "
+                "and one TCP socket for the gateway (ListenStream=127.0.0.1:8788)")
+        found[sock.family] = sock
+    tcp = [sock for family, sock in found.items() if family != socket.AF_UNIX]
+    if len(tcp) > 1:
+        raise RuntimeError("systemd passed two TCP sockets; the gateway listens on one")
+    return Activated(found.get(socket.AF_UNIX), tcp[0] if tcp else None)
 
 
 def watchdog_interval() -> float | None:

@@ -28,15 +28,15 @@ from ctxd.sessions._supervisor import Supervisor
 from ctxd.sessions._usage_tools import get_tool_call as tool_get
 from ctxd.sessions._usage_tools import get_usage as usage_get
 from ctxd.sessions._usage_tools import list_calls as tool_list
+from ctxd.sessions._usage_tools import record_sent_usage
 from ctxd.sessions._usage_tools import record_usage as usage_record
 from ctxd.sessions._usage_tools import set_state as tool_state
 
-__all__ = ["Search", "Services", "SessionActor", "SessionCounts", "SessionRecord",
-           "Supervisor", "append", "branch_status", "compact", "compaction_key",
-           "context_fork", "create_branch", "get_session", "inject_ack", "inject_list",
-           "inject_pull", "inject_push", "list_branches",
-           "list_messages", "measure", "read_result", "register_tools", "render",
-           "resolve_budget", "return_branch", "rollback", "search_tools", "session_close",
-           "session_delete", "session_get", "session_list", "session_of_injection",
-           "session_open", "session_resume", "tool_get", "tool_list", "tool_state",
-           "transcript_import", "usage_get", "usage_record"]
+__all__ = ["Search", "Services", "SessionActor", "SessionCounts", "SessionRecord", "Supervisor",
+           "append", "branch_status", "compact", "compaction_key", "context_fork", "create_branch",
+           "get_session", "inject_ack", "inject_list", "inject_pull", "inject_push",
+           "list_branches", "list_messages", "measure", "read_result", "record_sent_usage",
+           "register_tools", "render", "resolve_budget", "return_branch", "rollback",
+           "search_tools", "session_close", "session_delete", "session_get", "session_list",
+           "session_of_injection", "session_open", "session_resume", "tool_get", "tool_list",
+           "tool_state", "transcript_import", "usage_get", "usage_record"]

@@ -60,6 +60,13 @@ async def _local_input_tokens(actor: SessionActor, branch_id: str | None) -> int
 
 
 async def record_usage(actor: SessionActor, p: UsageRecordParams) -> UsageRecordResult:
+    return await record_sent_usage(actor, p, None)
+
+
+async def record_sent_usage(actor: SessionActor, p: UsageRecordParams,
+                            sent_tokens: int | None) -> UsageRecordResult:
+    """usage.record, with ctxd's count of the call's input when ctxd sent the call itself
+    (the gateway: ``sent_tokens``), else the thread's rendered tokens."""
     counters = counters_of(p)
     actor.require()
     store = actor.services.store
@@ -67,7 +74,8 @@ async def record_usage(actor: SessionActor, p: UsageRecordParams) -> UsageRecord
         first = await store.read(find_usage, actor.session_id, p.idempotency_key)
         if first is not None:
             return UsageRecordResult(record=first, duplicate=True)
-    local = await _local_input_tokens(actor, p.branch_id)
+    local = (sent_tokens if sent_tokens is not None
+             else await _local_input_tokens(actor, p.branch_id))
     entry = await store.write(insert_usage, p, counters, local, time.time())
     actor.services.bus.publish(actor.session_id, "usage.recorded", {
         "usage_id": entry.usage_id, "branch_id": entry.branch_id, "model": entry.model,

@@ -177,6 +177,47 @@ class HelloResult(Result, frozen=True):
     agreed_features: list[str]
 
 
+class GatewayCall(Result, frozen=True):
+    """A session's last model call through the gateway (docs/protocol.md, daemon.status)."""
+
+    session_id: str
+    model: str | None
+    last_call_at: float
+    sent_tokens: int
+    """ctxd's count of the body it sent."""
+    removed_tokens: int
+    """Tokens ctxd's substitutions took out of that body."""
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    cost: float
+    """In input-token units at Anthropic's ratios: input 1, cache write 1.25, cache read
+    0.1, output 5."""
+
+
+class GatewayInflight(Result, frozen=True):
+    """A model call the gateway is making: ``request.cancel`` stops it by ``call_id``."""
+
+    call_id: str
+    session_id: str
+    model: str | None
+    started_at: float
+
+
+class GatewayStatus(Result, frozen=True):
+    listen: str
+    """The address it serves on (the port chosen when the configured one is 0)."""
+    base_url: str
+    """``http://HOST:PORT/<token>``: what an agent's API base URL is set to."""
+    calls: int
+    rewrite_failures: int
+    sessions: list[GatewayCall]
+    """The last call of the sessions that called last, newest first (at most 20)."""
+    inflight: list[GatewayInflight]
+    """The model calls in flight, oldest first."""
+
+
 class DaemonStatus(Result, frozen=True):
     version: str
     pid: int
@@ -203,6 +244,8 @@ class DaemonStatus(Result, frozen=True):
     max_connections: int
     """Connections served at once: the configured number, or fewer when the open-files
     limit leaves room for fewer."""
+    gateway: GatewayStatus | None
+    """None when ``[gateway] enabled`` is false."""
 
 
 class ShutdownResult(Result, frozen=True):

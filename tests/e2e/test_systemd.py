@@ -234,9 +234,12 @@ def test_service_unit() -> None:
 
 def test_socket_unit() -> None:
     unit = read_unit(UNITS / "ctxd.socket")
-    assert unit["Socket"] == {"ListenStream": ["%t/ctxd/ctxd.sock"], "SocketMode": ["0600"],
+    assert unit["Socket"] == {"ListenStream": ["%t/ctxd/ctxd.sock", "127.0.0.1:8788"],
+                              "SocketMode": ["0600"],
                               "DirectoryMode": ["0700"], "RemoveOnStop": ["yes"]}
     assert unit["Install"] == {"WantedBy": ["sockets.target"]}
+    # The gateway's port is the configuration's default.
+    assert unit["Socket"]["ListenStream"][1] == Config().gateway.listen
     # %t is $XDG_RUNTIME_DIR: the socket is where clients look when nothing else is said.
     runtime = {"XDG_RUNTIME_DIR": "/run/user/1000"}
     assert str(default_socket_path(runtime)) == unit["Socket"]["ListenStream"][0].replace(
