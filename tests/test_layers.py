@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 CTXD = ROOT / "ctxd"
 
 LAYERS: dict[str, int] = {
-    "__main__": 8,
-    "daemon": 7,
+    "__main__": 9,
+    "daemon": 8,
+    "gateway": 7,
     "sessions": 6,
     "folding": 5,
     "hygiene": 5,

@@ -1,0 +1,52 @@
+"""The sent ledger: the ``gateway_ledger`` table, one row per message position of a
+session's conversation as the gateway last saw it (docs/decisions.md, Gateway)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+import msgspec
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.decode
+
+
+@dataclass
+class LedgerRow:
+    """What the agent sent at ``position`` (its digest) and what ctxd sent for it."""
+
+    position: int
+    digest: bytes
+    sent: dict[str, Any] | None
+    """The message sent, without the agent's ``cache_control`` marks (None: left out)."""
+    agent_tokens: int
+    sent_tokens: int
+    first_seq: int | None
+    """The seq of the first ctxd message it was recorded as (None: nothing recorded)."""
+
+
+def load_ledger(conn: apsw.Connection, session_id: str) -> list[LedgerRow]:
+    """The session's rows in position order."""
+    return [LedgerRow(position=position, digest=digest,
+                      sent=None if sent is None else _decode(sent),
+                      agent_tokens=agent_tokens, sent_tokens=sent_tokens,
+                      first_seq=first_seq)
+            for position, digest, sent, agent_tokens, sent_tokens, first_seq in conn.execute(
+                "SELECT position, digest, sent, agent_tokens, sent_tokens, first_seq "
+                "FROM gateway_ledger WHERE session_id = ? ORDER BY position", (session_id,))]
+
+
+def save_ledger(conn: apsw.Connection, session_id: str, keep: int,
+                rows: Sequence[LedgerRow]) -> None:
+    """Drop the rows from position ``keep`` on (a divergence), then write ``rows``."""
+    conn.execute("DELETE FROM gateway_ledger WHERE session_id = ? AND position >= ?",
+                 (session_id, keep))
+    conn.executemany(
+        "INSERT OR REPLACE INTO gateway_ledger (session_id, position, digest, sent, "
+        "agent_tokens, sent_tokens, first_seq) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [(session_id, row.position, row.digest,
+          None if row.sent is None else _encode(row.sent), row.agent_tokens,
+          row.sent_tokens, row.first_seq) for row in rows])

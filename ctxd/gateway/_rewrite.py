@@ -1,0 +1,464 @@
+"""Reconcile, then substitute: a model request's history against the session's sent
+ledger (``gateway_ledger``), one operation on the session's actor (docs/architecture.md,
+Gateway; the rules in docs/decisions.md, Gateway).
+
+The agent's messages are its truth. Those the ledger has not seen are recorded in the
+session; where the history stops matching the ledger (the agent compacted, the user
+rewound) a boundary is recorded and the ledger cut there. Each message is sent as the
+ledger remembers it, so a substitution, once decided, gives every later request the same
+bytes; the bytes before a message change only at a rewrite point (a fold, a compaction).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal
+
+import msgspec
+
+from ctxd.errors import internal_error, limit_reached
+from ctxd.gateway import _anthropic, _openai
+from ctxd.gateway._blocks import count_marks
+from ctxd.gateway._identity import session_of
+from ctxd.gateway._ledger import LedgerRow, load_ledger, save_ledger
+from ctxd.hub import ack_injection, list_injections, pull_injections
+from ctxd.hygiene import (
+    ToolResultBlob,
+    blob_refs,
+    cleared_text,
+    offload,
+    ref_id_for,
+    stage_blobs,
+)
+from ctxd.scrub import scrub
+from ctxd.sessions import append, open_session, render
+from ctxd.store import Transaction
+from ctxd.tokens import part_text
+from ctxd.wire.types import (
+    INJECT_PRIORITIES,
+    InjectionInfo,
+    MessageAppendParams,
+    MessageIn,
+    RenderParams,
+    SessionOpenParams,
+)
+
+if TYPE_CHECKING:
+    from ctxd.sessions import SessionActor, Supervisor
+
+__all__ = ["Api", "Endpoint", "GatewayRequest", "Prepared", "prepare", "session_of"]
+
+Api = Literal["anthropic", "openai"]
+Endpoint = Literal["messages", "count_tokens", "chat_completions"]
+
+SHAPES: dict[str, ModuleType] = {"anthropic": _anthropic, "openai": _openai}
+"""Each API's pure functions over its messages (the same names in both modules)."""
+KEEP_RECENT = 6
+"""Messages at the end of a request whose tool results automatic clearing never touches
+(the last three turns)."""
+MAX_RECORDED = 10_000
+"""Messages one request may add to a session (message.append's limit)."""
+
+_encode = msgspec.json.Encoder().encode
+
+
+@dataclass(frozen=True)
+class GatewayRequest:
+    """A model request as the gateway's server parsed it."""
+
+    api: Api
+    endpoint: Endpoint
+    session_header: str | None
+    """The ``x-ctxd-session`` header's value, if any."""
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The request to send upstream and ctxd's count of it."""
+
+    session_id: str
+    body: bytes
+    tokens: dict[str, int]
+    """Exact tokens of the sent body by budget.measure component: ``system_prompt``,
+    ``tool_descriptions``, ``conversation``."""
+    removed_tokens: int
+    model: str | None
+
+
+@dataclass
+class _Plan:
+    """What one request changes, worked out before anything is written."""
+
+    keep: int
+    """Ledger rows kept as they were (the matched prefix)."""
+    seen: int
+    """Ledger rows before this request (more than ``keep``: the history diverged)."""
+    rows: dict[int, LedgerRow]
+    """Every position's row, as sent now."""
+    changed: set[int] = dataclasses.field(default_factory=set)
+    recorded: list[MessageIn] = dataclasses.field(default_factory=list)
+    blobs: list[ToolResultBlob] = dataclasses.field(default_factory=list)
+    delivered: list[InjectionInfo] = dataclasses.field(default_factory=list)
+    points: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """The rewrite points decided now (the events that say so)."""
+
+
+def digest_of(message: dict[str, Any]) -> bytes:
+    """What a message of the agent is known by: a digest of it without its marks."""
+    return hashlib.blake2b(_encode(message), digest_size=16).digest()
+
+
+async def prepare(supervisor: Supervisor, request: GatewayRequest) -> Prepared:
+    """The request as it is to be sent, with the session's substitutions, after recording
+    what it holds that the session has not seen (a ``count_tokens`` request is rewritten
+    the same way, but records nothing and changes nothing).
+
+    Raises:
+        CtxdError: -32602 when the body is not the API's shape; any error of the session's
+            operation. The caller then sends the agent's body as it is.
+    """
+    shape = SHAPES[request.api]
+    messages = shape.messages_of(request.body)
+    session_id = session_of(request)
+    recording = request.endpoint != "count_tokens"
+    prepared: Prepared = await supervisor.call(
+        session_id, lambda actor: _reconcile(actor, request, shape, messages, recording))
+    return prepared
+
+
+async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: ModuleType,
+                     messages: list[dict[str, Any]], recording: bool) -> Prepared:
+    """The operation on the session's actor (see `prepare`)."""
+    services = actor.services
+    session_id = actor.session_id
+    if recording and (actor.record is None or actor.record.state != "open"):
+        await open_session(actor, SessionOpenParams(session_id=session_id))
+    ledger = [] if actor.record is None else await services.store.read(load_ledger,
+                                                                        session_id)
+    bares = [shape.bare(message) for message in messages]
+    digests = [digest_of(message) for message in bares]
+    keep = 0
+    while keep < min(len(ledger), len(messages)) and ledger[keep].digest == digests[keep]:
+        keep += 1
+    plan = _Plan(keep=keep, seen=len(ledger), rows={row.position: row for row in ledger[:keep]})
+    if len(messages) - keep > MAX_RECORDED:
+        raise limit_reached("messages", MAX_RECORDED,
+                            f"{len(messages) - keep} messages are new to the session",
+                            "send the conversation in a new session")
+    await _record_new(actor, shape, messages, bares, digests, plan)
+    await _apply_points(actor, shape, messages, plan)
+    counter = services.counter
+    system, tools = shape.system_and_tools(request.body)
+    system_tokens = 0 if system is None else (await counter.count_messages([system]))[0]
+    tool_tokens = sum(await counter.count_texts(tools))
+    await _clear_if_over(actor, shape, messages, plan, system_tokens + tool_tokens)
+    await _inject(actor, shape, messages, plan)
+    marks_tokens: dict[int, int] = {}
+    kept = [p for p in range(len(messages)) if plan.rows[p].sent is not None]
+    sent = [shape.marked(plan.rows[p].sent, messages[p]) for p in kept]
+    marked = [(p, message) for p, message in zip(kept, sent, strict=True)
+              if message is not plan.rows[p].sent]
+    # The ledger counts messages without the agent's marks; those sent with one are
+    # counted again as sent, so the count is the body's.
+    with_marks = await counter.count_messages([shape.counted(m) for _, m in marked])
+    for (position, _), tokens in zip(marked, with_marks, strict=True):
+        marks_tokens[position] = tokens - plan.rows[position].sent_tokens
+    if not shape.problems(messages):
+        found = shape.problems(sent)
+        if found:
+            raise internal_error(f"the rewritten request would not be valid: {found[0]}",
+                                 {"session_id": session_id})
+    if count_marks(sent) > count_marks(messages):
+        raise internal_error("the rewritten request has more cache breakpoints than the "
+                             "agent's", {"session_id": session_id})
+    if recording:
+        await _commit(actor, plan)
+    rows = [plan.rows[p] for p in range(len(messages))]
+    in_system = sum(row.sent_tokens + marks_tokens.get(p, 0) for p, row in enumerate(rows)
+                    if row.sent is not None and shape.is_system(messages[p]))
+    model = request.body.get("model")
+    return Prepared(
+        session_id=session_id, body=shape.body_with(request.body, sent),
+        tokens={"system_prompt": system_tokens + in_system, "tool_descriptions": tool_tokens,
+                "conversation": sum(row.sent_tokens for row in rows)
+                + sum(marks_tokens.values()) - in_system},
+        removed_tokens=sum(max(0, row.agent_tokens - row.sent_tokens) for row in rows),
+        model=model if isinstance(model, str) else None)
+
+
+async def _record_new(actor: SessionActor, shape: ModuleType, messages: list[dict[str, Any]],
+                      bares: list[dict[str, Any]], digests: list[bytes], plan: _Plan) -> None:
+    """The rows of the messages not seen: recorded as ctxd's messages, a large tool
+    result as the stub of its blob (offload, decided here once)."""
+    if plan.keep == len(messages):
+        return
+    config = actor.services.config
+    threshold = config.hygiene.offload_threshold_bytes
+    recorded_all = shape.to_ctxd(messages)
+    record = actor.record
+    next_seq = (0 if record is None else record.last_seq) + 1
+    now = time.time()
+    for position in range(plan.keep, len(messages)):
+        recorded = list(recorded_all[position])
+        sent = bares[position]
+        for k, result in enumerate(shape.results(sent)):
+            message = recorded[k] if k < len(recorded) else None
+            if (result.text is None or result.is_error or message is None
+                    or message.tool_call_id != result.call_id[:256]):
+                continue
+            offloaded = offload(msgspec.structs.replace(message, content=result.text),
+                                threshold, actor.session_id, next_seq + k)
+            if offloaded is None:
+                continue
+            stub, blob = offloaded
+            if config.scrub_at_rest:
+                blob = dataclasses.replace(blob, text=scrub(blob.text).text)
+            recorded[k] = stub
+            plan.blobs.append(blob.placed(next_seq + k, None, now))
+            assert isinstance(stub.content, str)
+            sent = shape.with_result(sent, result.index, stub.content)
+        plan.rows[position] = LedgerRow(
+            position=position, digest=digests[position], sent=sent, agent_tokens=0,
+            sent_tokens=0, first_seq=next_seq if recorded else None)
+        plan.changed.add(position)
+        plan.recorded.extend(recorded)
+        next_seq += len(recorded)
+    new = range(plan.keep, len(messages))
+    counts = await actor.services.counter.count_messages(
+        [shape.counted(bares[p]) for p in new]
+        + [shape.counted(plan.rows[p].sent) for p in new])
+    for offset, position in enumerate(new):
+        plan.rows[position].agent_tokens = counts[offset]
+        plan.rows[position].sent_tokens = counts[len(new) + offset]
+
+
+def rewrite_points(shape: ModuleType, messages: list[dict[str, Any]]
+                   ) -> list[tuple[str, int, int]]:
+    """The folds and compactions the history holds, in order: ``("fold", first, end)``
+    drops messages ``first`` to ``end - 1`` (those strictly between the message carrying
+    ``context_branch``'s result and the assistant message calling ``context_return``,
+    matched by a stack); ``("compaction", 0, end)``: the messages before ``end``, whose
+    assistant message called ``compact_context``, stand as its summary. A call whose
+    result is an error, or not there yet, is no point."""
+    outcome: dict[str, bool] = {}
+    for message in messages:
+        for result in shape.results(message):
+            outcome[result.call_id] = result.is_error
+    branches: list[int] = []
+    points = []
+    for position, message in enumerate(messages):
+        for call_id, name in shape.calls(message):
+            if outcome.get(call_id, True):
+                continue
+            if name.endswith("context_branch"):
+                branches.append(shape.result_end(messages, position) + 1)
+            elif name.endswith("context_return") and branches:
+                first = branches.pop()
+                if first < position:
+                    points.append(("fold", first, position))
+            elif name.endswith("compact_context"):
+                points.append(("compaction", 0, position))
+    return points
+
+
+async def _apply_points(actor: SessionActor, shape: ModuleType,
+                        messages: list[dict[str, Any]], plan: _Plan) -> None:
+    """Apply the rewrite points that new messages brought (the older ones are in the
+    ledger already). A compaction applies when everything before it was recorded before
+    this request (ctxd compacted what it had)."""
+    for kind, first, end in rewrite_points(shape, messages):
+        if end < plan.keep:
+            continue
+        if kind == "fold":
+            span = [p for p in range(first, end) if plan.rows[p].sent is not None]
+        else:
+            if end != plan.keep:
+                continue
+            span = [p for p in range(end) if plan.rows[p].sent is not None
+                    and not shape.is_system(messages[p])]
+        if not span:
+            continue
+        removed = sum(plan.rows[p].sent_tokens for p in span)
+        for position in span:
+            plan.rows[position].sent, plan.rows[position].sent_tokens = None, 0
+            plan.changed.add(position)
+        if kind == "compaction":
+            summary = shape.summary_message(await _compaction_summary(actor, len(span)))
+            [tokens] = await actor.services.counter.count_messages([shape.counted(summary)])
+            row = plan.rows[span[0]]
+            row.sent, row.sent_tokens = summary, tokens
+            removed -= tokens
+        plan.points.append({"kind": kind, "first": span[0], "end": end,
+                            "messages": len(span), "tokens_removed": removed})
+
+
+async def _compaction_summary(actor: SessionActor, count: int) -> str:
+    """The session's main thread as ctxd's compaction left it, as one text."""
+    rendered = await render(actor, RenderParams(session_id=actor.session_id, branch_id=None))
+    lines = [f"[ctxd compacted the {count} messages before this point; what follows is the "
+             "context as ctxd keeps it (message.list keeps the originals).]"]
+    for message in rendered.messages:
+        content = message.content
+        text = content if isinstance(content, str) else "\n".join(
+            part_text(part) for part in content)
+        lines.append(f"{message.role}: {text}")
+    return "\n\n".join(lines)
+
+
+async def _clear_if_over(actor: SessionActor, shape: ModuleType,
+                         messages: list[dict[str, Any]], plan: _Plan, fixed: int) -> None:
+    """The automatic compaction point: when the request would pass the session's
+    ``compact_trigger``, clear old tool results (oldest first, never an error, never in
+    the last `KEEP_RECENT` messages) to a marker, down to ``[hygiene] compact_target``
+    and at least ``[hygiene] clear_at_least`` tokens' worth in one step, or nothing."""
+    record = actor.record
+    if record is None:
+        return
+    total = fixed + sum(row.sent_tokens for row in plan.rows.values())
+    if total / record.budget.effective_window < record.budget.compact_trigger:
+        return
+    candidates: list[tuple[int, int, int, str]] = []
+    for position in range(len(messages) - KEEP_RECENT):
+        row = plan.rows[position]
+        if row.sent is None or row.first_seq is None:
+            continue
+        given = shape.results(messages[position])
+        for k, (result, original) in enumerate(zip(shape.results(row.sent), given,
+                                                   strict=True)):
+            if not result.text or result.is_error or result.text != original.text:
+                continue  # not text, an error, or offloaded or cleared already
+            candidates.append((position, result.index, row.first_seq + k, result.text))
+    if not candidates:
+        return
+    # What clearing one recovers: its text, less the marker that stands for it.
+    *counts, marker = await actor.services.counter.count_texts(
+        [text for *_, text in candidates] + [cleared_text(ref_id_for(actor.session_id, 0))])
+    hygiene = actor.services.config.hygiene
+    # Down to compact_target, as the compaction chain goes: the next point is then far off.
+    goal = max(hygiene.clear_at_least,
+               total - int(hygiene.compact_target * record.budget.effective_window))
+    chosen, recovered = [], 0
+    for candidate, tokens in zip(candidates, counts, strict=True):
+        if recovered >= goal:
+            break
+        chosen.append(candidate)
+        recovered += tokens - marker
+    if recovered < goal:
+        return
+    refs = await actor.services.store.read(blob_refs, actor.session_id,
+                                           [seq for _, _, seq, _ in chosen])
+    now = time.time()
+    touched = set()
+    for position, index, seq, text in chosen:
+        if seq in refs:
+            ref_id = refs[seq][0]
+        else:
+            ref_id = ref_id_for(actor.session_id, seq)
+            plan.blobs.append(ToolResultBlob(
+                ref_id=ref_id, tool_name=None, size_bytes=len(text.encode()),
+                text=scrub(text).text if actor.services.config.scrub_at_rest else text,
+                parts=None, seq=seq, created_at=now))
+        row = plan.rows[position]
+        assert row.sent is not None
+        row.sent = shape.with_result(row.sent, index, cleared_text(ref_id))
+        touched.add(position)
+    ordered = sorted(touched)
+    counts = await actor.services.counter.count_messages(
+        [shape.counted(plan.rows[p].sent) for p in ordered])
+    before = sum(plan.rows[p].sent_tokens for p in ordered)
+    for position, tokens in zip(ordered, counts, strict=True):
+        plan.rows[position].sent_tokens = tokens
+        plan.changed.add(position)
+    plan.points.append({"kind": "clear", "first": ordered[0], "end": ordered[-1] + 1,
+                        "messages": len(ordered), "tokens_removed": before - sum(counts)})
+
+
+async def _inject(actor: SessionActor, shape: ModuleType, messages: list[dict[str, Any]],
+                  plan: _Plan) -> None:
+    """The session's pending injections, as a last text block of the request's last
+    message when it is a new user message (after every cache breakpoint the agent set:
+    the cached prefix holds); delivered there once, then part of that message's bytes."""
+    last = len(messages) - 1
+    if actor.record is None or last < plan.keep or plan.rows[last].sent is None:
+        return
+    pending, _ = await actor.services.store.read(list_injections, actor.session_id,
+                                                 "pending", 1_000_000)
+    if not pending:
+        return
+    pending.sort(key=lambda info: INJECT_PRIORITIES.index(info.priority))
+    note = "\n\n".join(f"[ctxd injection{f' from {info.source}' if info.source else ''}] "
+                       f"{info.content}" for info in pending)
+    row = plan.rows[last]
+    assert row.sent is not None
+    noted = shape.with_note(row.sent, note)
+    if noted is None:
+        return
+    [row.sent_tokens] = await actor.services.counter.count_messages([shape.counted(noted)])
+    row.sent = noted
+    plan.delivered = pending
+
+
+def _stage(session_id: str, plan: _Plan, now: float) -> Callable[[Transaction], None]:
+    """The gateway's steps of the request's transaction: blobs, ledger, deliveries."""
+
+    def stage(transaction: Transaction) -> None:
+        stage_blobs(transaction, session_id, plan.blobs)
+        transaction.add(save_ledger, session_id, plan.keep,
+                        [plan.rows[p] for p in sorted(plan.changed)])
+        if plan.delivered:
+            transaction.add(_deliver, session_id, [i.injection_id for i in plan.delivered],
+                            now)
+
+    return stage
+
+
+def _deliver(conn: Any, session_id: str, injection_ids: Sequence[str], now: float) -> None:
+    """Mark the injections sent in a request delivered and accepted: the model has them."""
+    pull_injections(conn, session_id, INJECT_PRIORITIES[-1], len(injection_ids), now, 0.0)
+    for injection_id in injection_ids:
+        ack_injection(conn, injection_id, True, "sent to the model by the gateway", now)
+
+
+async def _commit(actor: SessionActor, plan: _Plan) -> None:
+    """Write what the plan changed in one transaction (the recorded messages' append,
+    when there are any), then publish its events."""
+    diverged = plan.seen > plan.keep
+    if not plan.changed and not diverged:
+        return
+    now = time.time()
+    stage = _stage(actor.session_id, plan, now)
+    tokens: dict[int, int] = {}
+    if plan.recorded:
+        expected = actor.require().last_seq + 1
+        result = await append(actor, MessageAppendParams(
+            session_id=actor.session_id, messages=plan.recorded, allow_over=True), stage)
+        if result.appended[0].seq != expected:
+            raise internal_error("the recorded messages were not numbered as planned",
+                                 {"session_id": actor.session_id})
+        tokens = {appended.seq: appended.tokens for appended in result.appended}
+    else:
+        transaction = Transaction()
+        stage(transaction)
+        await actor.services.store.commit(transaction)
+    bus = actor.services.bus
+    if diverged:
+        bus.publish(actor.session_id, "gateway.boundary", {"position": plan.keep})
+    for blob in plan.blobs:
+        if blob.seq in tokens:  # offloaded as it was recorded (not cleared later)
+            bus.publish(actor.session_id, "result.offloaded",
+                        {"branch_id": None, "seq": blob.seq, "ref_id": blob.ref_id,
+                         "tool_name": blob.tool_name, "size_bytes": blob.size_bytes,
+                         "tokens": tokens[blob.seq]})
+    for point in plan.points:
+        bus.publish(actor.session_id, "gateway.rewrite_point", point)
+    for info in plan.delivered:
+        bus.publish(actor.session_id, "inject.delivered",
+                    {"injection_id": info.injection_id, "priority": info.priority,
+                     "deliveries": info.deliveries + 1})
+

@@ -1,0 +1,22 @@
+"""Version 15: the gateway's sent ledger (docs/decisions.md, Gateway).
+
+One row per message position of an agent's conversation as the gateway last saw it: the
+digest of the agent's message (its ``cache_control`` marks left out), the exact JSON the
+gateway sent in its place (NULL: left out, folded or compacted away), the tokens of each,
+and the seq of the first ctxd message it was recorded as (NULL: nothing to record, such as
+a message of only thinking blocks). A message's sent bytes are decided once and read back
+on every later request, so the prompt cache's prefix holds.
+"""
+
+SQL = """
+CREATE TABLE gateway_ledger (
+    session_id   TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+    position     INTEGER NOT NULL,
+    digest       BLOB NOT NULL,
+    sent         BLOB,
+    agent_tokens INTEGER NOT NULL,
+    sent_tokens  INTEGER NOT NULL,
+    first_seq    INTEGER,
+    PRIMARY KEY (session_id, position)
+) STRICT, WITHOUT ROWID;
+"""
