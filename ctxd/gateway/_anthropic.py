@@ -56,13 +56,15 @@ def messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
-def to_ctxd(messages: list[dict[str, Any]]) -> list[list[MessageIn]]:
-    """Each message as ctxd records it, by Claude Code's conversion: a user message's
-    tool results first, one tool message each in block order, then its other blocks as
-    one user message; an assistant's text and tool calls (thinking is not recorded)."""
+def to_ctxd(messages: list[dict[str, Any]], start: int) -> list[list[MessageIn]]:
+    """Each message from ``start`` on as ctxd records it, by Claude Code's conversion: a
+    user message's tool results first, one tool message each in block order, then its
+    other blocks as one user message; an assistant's text and tool calls (thinking is not
+    recorded)."""
     parser = ClaudeCodeParser()
+    parser.tool_names.update(call for message in messages[:start] for call in calls(message))
     recorded = []
-    for position, message in enumerate(messages):
+    for position, message in enumerate(messages[start:], start):
         entry = parser.parse_record({"type": message["role"], "message": message},
                                     position + 1, position + 1)
         source = {"format": "gateway", "api": "anthropic", "position": position}

@@ -1,5 +1,6 @@
 """The sent ledger: the ``gateway_ledger`` table, one row per message position of a
-session's conversation as the gateway last saw it (docs/decisions.md, Gateway)."""
+session's conversation (by thread: its system prompt) as the gateway last saw it
+(docs/decisions.md, Gateway)."""
 
 from __future__ import annotations
 
@@ -28,25 +29,27 @@ class LedgerRow:
     """The seq of the first ctxd message it was recorded as (None: nothing recorded)."""
 
 
-def load_ledger(conn: apsw.Connection, session_id: str) -> list[LedgerRow]:
-    """The session's rows in position order."""
+def load_ledger(conn: apsw.Connection, session_id: str, thread: bytes) -> list[LedgerRow]:
+    """The rows of a thread of the session, in position order."""
     return [LedgerRow(position=position, digest=digest,
                       sent=None if sent is None else _decode(sent),
                       agent_tokens=agent_tokens, sent_tokens=sent_tokens,
                       first_seq=first_seq)
             for position, digest, sent, agent_tokens, sent_tokens, first_seq in conn.execute(
                 "SELECT position, digest, sent, agent_tokens, sent_tokens, first_seq "
-                "FROM gateway_ledger WHERE session_id = ? ORDER BY position", (session_id,))]
+                "FROM gateway_ledger WHERE session_id = ? AND thread = ? ORDER BY position",
+                (session_id, thread))]
 
 
-def save_ledger(conn: apsw.Connection, session_id: str, keep: int,
+def save_ledger(conn: apsw.Connection, session_id: str, thread: bytes, keep: int,
                 rows: Sequence[LedgerRow]) -> None:
-    """Drop the rows from position ``keep`` on (a divergence), then write ``rows``."""
-    conn.execute("DELETE FROM gateway_ledger WHERE session_id = ? AND position >= ?",
-                 (session_id, keep))
+    """Drop the thread's rows from position ``keep`` on (a divergence), then write
+    ``rows``."""
+    conn.execute("DELETE FROM gateway_ledger WHERE session_id = ? AND thread = ? "
+                 "AND position >= ?", (session_id, thread, keep))
     conn.executemany(
-        "INSERT OR REPLACE INTO gateway_ledger (session_id, position, digest, sent, "
-        "agent_tokens, sent_tokens, first_seq) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        [(session_id, row.position, row.digest,
+        "INSERT OR REPLACE INTO gateway_ledger (session_id, thread, position, digest, sent, "
+        "agent_tokens, sent_tokens, first_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [(session_id, thread, row.position, row.digest,
           None if row.sent is None else _encode(row.sent), row.agent_tokens,
           row.sent_tokens, row.first_seq) for row in rows])

@@ -77,13 +77,13 @@ def _arguments(call: dict[str, Any]) -> Any:
     return arguments
 
 
-def to_ctxd(messages: list[dict[str, Any]]) -> list[list[MessageIn]]:
-    """Each message as ctxd records it: system and developer messages as system ones, an
-    assistant's text and tool calls as parts (``tool_use``, as every other door records
-    them), a tool message as a tool message named after its call."""
-    names: dict[str, str] = {}
+def to_ctxd(messages: list[dict[str, Any]], start: int) -> list[list[MessageIn]]:
+    """Each message from ``start`` on as ctxd records it: system and developer messages
+    as system ones, an assistant's text and tool calls as parts (``tool_use``, as every
+    other door records them), a tool message as a tool message named after its call."""
+    names = dict(call for message in messages[:start] for call in calls(message))
     recorded: list[list[MessageIn]] = []
-    for position, message in enumerate(messages):
+    for position, message in enumerate(messages[start:], start):
         meta = {"source": {"format": "gateway", "api": "openai", "position": position}}
         role = message["role"]
         content = message.get("content")

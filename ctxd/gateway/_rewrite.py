@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
 
 from ctxd.errors import internal_error, limit_reached
 from ctxd.gateway import _anthropic, _openai
-from ctxd.gateway._blocks import count_marks
+from ctxd.gateway._blocks import ToolResult, count_marks
 from ctxd.gateway._identity import session_of
 from ctxd.gateway._ledger import LedgerRow, load_ledger, save_ledger
 from ctxd.hub import ack_injection, list_injections, pull_injections
@@ -50,14 +51,40 @@ from ctxd.wire.types import (
 
 if TYPE_CHECKING:
     from ctxd.sessions import SessionActor, Supervisor
+    from ctxd.tokens import TokenCounter
 
 __all__ = ["Api", "Endpoint", "GatewayRequest", "Prepared", "prepare", "session_of"]
 
 Api = Literal["anthropic", "openai"]
 Endpoint = Literal["messages", "count_tokens", "chat_completions"]
 
-SHAPES: dict[str, ModuleType] = {"anthropic": _anthropic, "openai": _openai}
-"""Each API's pure functions over its messages (the same names in both modules)."""
+
+
+class Shape(Protocol):
+    """An API's pure functions over its messages (`_anthropic`, `_openai`)."""
+
+    def messages_of(self, body: dict[str, Any]) -> list[dict[str, Any]]: ...
+    def bare(self, message: dict[str, Any]) -> dict[str, Any]: ...
+    def marked(self, sent: dict[str, Any], agent: dict[str, Any]) -> dict[str, Any]: ...
+    def to_ctxd(self, messages: list[dict[str, Any]], start: int) -> list[list[MessageIn]]: ...
+    def results(self, message: dict[str, Any]) -> list[ToolResult]: ...
+    def with_result(self, message: dict[str, Any], index: int, text: str
+                    ) -> dict[str, Any]: ...
+    def calls(self, message: dict[str, Any]) -> list[tuple[str, str]]: ...
+    def result_end(self, messages: list[dict[str, Any]], position: int) -> int: ...
+    def is_system(self, message: dict[str, Any]) -> bool: ...
+    def summary_message(self, text: str) -> dict[str, Any]: ...
+    def with_note(self, message: dict[str, Any], text: str) -> dict[str, Any] | None: ...
+    def counted(self, message: dict[str, Any]) -> MessageIn: ...
+    def system_and_tools(self, body: dict[str, Any]) -> tuple[MessageIn | None, list[str]]: ...
+    def problems(self, messages: list[dict[str, Any]]) -> list[str]: ...
+    def body_with(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> bytes: ...
+
+
+SHAPES: dict[str, Shape] = {"anthropic": _anthropic, "openai": _openai}
+FIXED_COUNTS_KEPT = 256
+"""System prompts and tool definitions whose counts are kept (an agent sends the same
+ones with every request)."""
 KEEP_RECENT = 6
 """Messages at the end of a request whose tool results automatic clearing never touches
 (the last three turns)."""
@@ -95,6 +122,7 @@ class Prepared:
 class _Plan:
     """What one request changes, worked out before anything is written."""
 
+    thread: bytes
     keep: int
     """Ledger rows kept as they were (the matched prefix)."""
     seen: int
@@ -109,9 +137,48 @@ class _Plan:
     """The rewrite points decided now (the events that say so)."""
 
 
-def digest_of(message: dict[str, Any]) -> bytes:
-    """What a message of the agent is known by: a digest of it without its marks."""
-    return hashlib.blake2b(_encode(message), digest_size=16).digest()
+def digest_of(value: Any) -> bytes:
+    """What a message of the agent (without its marks) is known by."""
+    return hashlib.blake2b(_encode(value), digest_size=16).digest()
+
+
+def thread_of(shape: Shape, body: dict[str, Any], bares: list[dict[str, Any]]) -> bytes:
+    """The ledger a request's messages are matched against: a digest of its system
+    prompt (without marks), so that an agent's side requests (a title, a sub-agent), with
+    prompts of their own, keep ledgers of their own."""
+    system = body.get("system")
+    if isinstance(system, list):
+        system = shape.bare({"content": system})["content"]
+    return digest_of([system, list(itertools.takewhile(shape.is_system, bares))])
+
+
+class _FixedCounts:
+    """Token counts of the texts every request repeats (system prompt, tool definitions),
+    the last `FIXED_COUNTS_KEPT` of them kept by digest."""
+
+    def __init__(self) -> None:
+        self._kept: OrderedDict[bytes, int] = OrderedDict()
+
+    async def count(self, counter: TokenCounter, system: MessageIn | None,
+                    tools: list[str]) -> tuple[int, int]:
+        system_key = digest_of([counter.name, "system", system and system.content])
+        system_tokens = self._kept.get(system_key)
+        if system_tokens is None:
+            system_tokens = 0 if system is None else (
+                await counter.count_messages([system]))[0]
+        tools_key = digest_of([counter.name, "tools", tools])
+        tool_tokens = self._kept.get(tools_key)
+        if tool_tokens is None:
+            tool_tokens = sum(await counter.count_texts(tools))
+        for key, tokens in ((system_key, system_tokens), (tools_key, tool_tokens)):
+            self._kept[key] = tokens
+            self._kept.move_to_end(key)
+        while len(self._kept) > FIXED_COUNTS_KEPT:
+            self._kept.popitem(last=False)
+        return system_tokens, tool_tokens
+
+
+_fixed_counts = _FixedCounts()
 
 
 async def prepare(supervisor: Supervisor, request: GatewayRequest) -> Prepared:
@@ -132,21 +199,23 @@ async def prepare(supervisor: Supervisor, request: GatewayRequest) -> Prepared:
     return prepared
 
 
-async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: ModuleType,
+async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
                      messages: list[dict[str, Any]], recording: bool) -> Prepared:
     """The operation on the session's actor (see `prepare`)."""
     services = actor.services
     session_id = actor.session_id
     if recording and (actor.record is None or actor.record.state != "open"):
         await open_session(actor, SessionOpenParams(session_id=session_id))
-    ledger = [] if actor.record is None else await services.store.read(load_ledger,
-                                                                        session_id)
     bares = [shape.bare(message) for message in messages]
     digests = [digest_of(message) for message in bares]
+    thread = thread_of(shape, request.body, bares)
+    ledger = [] if actor.record is None else await services.store.read(
+        load_ledger, session_id, thread)
     keep = 0
     while keep < min(len(ledger), len(messages)) and ledger[keep].digest == digests[keep]:
         keep += 1
-    plan = _Plan(keep=keep, seen=len(ledger), rows={row.position: row for row in ledger[:keep]})
+    plan = _Plan(thread=thread, keep=keep, seen=len(ledger),
+                 rows={row.position: row for row in ledger[:keep]})
     if len(messages) - keep > MAX_RECORDED:
         raise limit_reached("messages", MAX_RECORDED,
                             f"{len(messages) - keep} messages are new to the session",
@@ -154,16 +223,16 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Module
     await _record_new(actor, shape, messages, bares, digests, plan)
     await _apply_points(actor, shape, messages, plan)
     counter = services.counter
-    system, tools = shape.system_and_tools(request.body)
-    system_tokens = 0 if system is None else (await counter.count_messages([system]))[0]
-    tool_tokens = sum(await counter.count_texts(tools))
+    system_tokens, tool_tokens = await _fixed_counts.count(
+        counter, *shape.system_and_tools(request.body))
     await _clear_if_over(actor, shape, messages, plan, system_tokens + tool_tokens)
     await _inject(actor, shape, messages, plan)
     marks_tokens: dict[int, int] = {}
-    kept = [p for p in range(len(messages)) if plan.rows[p].sent is not None]
-    sent = [shape.marked(plan.rows[p].sent, messages[p]) for p in kept]
-    marked = [(p, message) for p, message in zip(kept, sent, strict=True)
-              if message is not plan.rows[p].sent]
+    kept = [(p, remembered) for p in range(len(messages))
+            if (remembered := plan.rows[p].sent) is not None]
+    sent = [shape.marked(remembered, messages[p]) for p, remembered in kept]
+    marked = [(p, message) for (p, remembered), message in zip(kept, sent, strict=True)
+              if message is not remembered]
     # The ledger counts messages without the agent's marks; those sent with one are
     # counted again as sent, so the count is the body's.
     with_marks = await counter.count_messages([shape.counted(m) for _, m in marked])
@@ -192,7 +261,7 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Module
         model=model if isinstance(model, str) else None)
 
 
-async def _record_new(actor: SessionActor, shape: ModuleType, messages: list[dict[str, Any]],
+async def _record_new(actor: SessionActor, shape: Shape, messages: list[dict[str, Any]],
                       bares: list[dict[str, Any]], digests: list[bytes], plan: _Plan) -> None:
     """The rows of the messages not seen: recorded as ctxd's messages, a large tool
     result as the stub of its blob (offload, decided here once)."""
@@ -200,12 +269,13 @@ async def _record_new(actor: SessionActor, shape: ModuleType, messages: list[dic
         return
     config = actor.services.config
     threshold = config.hygiene.offload_threshold_bytes
-    recorded_all = shape.to_ctxd(messages)
+    recorded_all = shape.to_ctxd(messages, plan.keep)
     record = actor.record
     next_seq = (0 if record is None else record.last_seq) + 1
     now = time.time()
+    sent_now: list[dict[str, Any]] = []
     for position in range(plan.keep, len(messages)):
-        recorded = list(recorded_all[position])
+        recorded = list(recorded_all[position - plan.keep])
         sent = bares[position]
         for k, result in enumerate(shape.results(sent)):
             message = recorded[k] if k < len(recorded) else None
@@ -226,19 +296,19 @@ async def _record_new(actor: SessionActor, shape: ModuleType, messages: list[dic
         plan.rows[position] = LedgerRow(
             position=position, digest=digests[position], sent=sent, agent_tokens=0,
             sent_tokens=0, first_seq=next_seq if recorded else None)
+        sent_now.append(sent)
         plan.changed.add(position)
         plan.recorded.extend(recorded)
         next_seq += len(recorded)
     new = range(plan.keep, len(messages))
     counts = await actor.services.counter.count_messages(
-        [shape.counted(bares[p]) for p in new]
-        + [shape.counted(plan.rows[p].sent) for p in new])
+        [shape.counted(bares[p]) for p in new] + [shape.counted(m) for m in sent_now])
     for offset, position in enumerate(new):
         plan.rows[position].agent_tokens = counts[offset]
         plan.rows[position].sent_tokens = counts[len(new) + offset]
 
 
-def rewrite_points(shape: ModuleType, messages: list[dict[str, Any]]
+def rewrite_points(shape: Shape, messages: list[dict[str, Any]]
                    ) -> list[tuple[str, int, int]]:
     """The folds and compactions the history holds, in order: ``("fold", first, end)``
     drops messages ``first`` to ``end - 1`` (those strictly between the message carrying
@@ -267,7 +337,7 @@ def rewrite_points(shape: ModuleType, messages: list[dict[str, Any]]
     return points
 
 
-async def _apply_points(actor: SessionActor, shape: ModuleType,
+async def _apply_points(actor: SessionActor, shape: Shape,
                         messages: list[dict[str, Any]], plan: _Plan) -> None:
     """Apply the rewrite points that new messages brought (the older ones are in the
     ledger already). A compaction applies when everything before it was recorded before
@@ -311,7 +381,7 @@ async def _compaction_summary(actor: SessionActor, count: int) -> str:
     return "\n\n".join(lines)
 
 
-async def _clear_if_over(actor: SessionActor, shape: ModuleType,
+async def _clear_if_over(actor: SessionActor, shape: Shape,
                          messages: list[dict[str, Any]], plan: _Plan, fixed: int) -> None:
     """The automatic compaction point: when the request would pass the session's
     ``compact_trigger``, clear old tool results (oldest first, never an error, never in
@@ -370,7 +440,7 @@ async def _clear_if_over(actor: SessionActor, shape: ModuleType,
         touched.add(position)
     ordered = sorted(touched)
     counts = await actor.services.counter.count_messages(
-        [shape.counted(plan.rows[p].sent) for p in ordered])
+        [shape.counted(row.sent) for p in ordered if (row := plan.rows[p]).sent is not None])
     before = sum(plan.rows[p].sent_tokens for p in ordered)
     for position, tokens in zip(ordered, counts, strict=True):
         plan.rows[position].sent_tokens = tokens
@@ -379,7 +449,7 @@ async def _clear_if_over(actor: SessionActor, shape: ModuleType,
                         "messages": len(ordered), "tokens_removed": before - sum(counts)})
 
 
-async def _inject(actor: SessionActor, shape: ModuleType, messages: list[dict[str, Any]],
+async def _inject(actor: SessionActor, shape: Shape, messages: list[dict[str, Any]],
                   plan: _Plan) -> None:
     """The session's pending injections, as a last text block of the request's last
     message when it is a new user message (after every cache breakpoint the agent set:
@@ -409,7 +479,7 @@ def _stage(session_id: str, plan: _Plan, now: float) -> Callable[[Transaction], 
 
     def stage(transaction: Transaction) -> None:
         stage_blobs(transaction, session_id, plan.blobs)
-        transaction.add(save_ledger, session_id, plan.keep,
+        transaction.add(save_ledger, session_id, plan.thread, plan.keep,
                         [plan.rows[p] for p in sorted(plan.changed)])
         if plan.delivered:
             transaction.add(_deliver, session_id, [i.injection_id for i in plan.delivered],

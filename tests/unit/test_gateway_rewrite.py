@@ -15,8 +15,10 @@ from tests_support import COUNTER, running_supervisor
 
 from ctxd.config import Config
 from ctxd.errors import CtxdError, ErrorCode
-from ctxd.gateway import GatewayRequest, conversation_key, prepare, session_of
+from ctxd.gateway import GatewayRequest, _anthropic, prepare, session_of
+from ctxd.gateway._identity import conversation_key
 from ctxd.gateway._ledger import load_ledger
+from ctxd.gateway._rewrite import thread_of
 from ctxd.hygiene import cleared_text, ref_id_for, stub_text
 from ctxd.sessions import (
     Supervisor,
@@ -30,6 +32,7 @@ from ctxd.wire.types import (
     ContextCompactParams,
     InjectListParams,
     InjectPushParams,
+    MessageIn,
     ResultReadParams,
 )
 
@@ -144,8 +147,7 @@ async def test_a_large_result_is_sent_as_its_stub_and_reads_back_whole(
     assert (await supervisor.call("s1", get_session)).session.message_count == 5
 
 
-def _counted(message: dict[str, Any]) -> Any:
-    from ctxd.wire.types import MessageIn
+def _counted(message: dict[str, Any]) -> MessageIn:
     return MessageIn(role=message["role"], content=message["content"])
 
 
@@ -161,8 +163,7 @@ async def test_system_and_tools_are_counted_as_their_components(
     assert prepared.model == "claude-x"
 
 
-def _system(text: str) -> Any:
-    from ctxd.wire.types import MessageIn
+def _system(text: str) -> MessageIn:
     return MessageIn(role="system", content=text)
 
 
@@ -188,8 +189,24 @@ async def test_an_edited_turn_is_a_boundary(supervisor: Supervisor) -> None:
         ("gateway.boundary", {"position": 2})]
     assert sent(prepared.body) == edited
     assert (await supervisor.call("s1", get_session)).session.message_count == 4
-    ledger = await supervisor.store.read(load_ledger, "s1")
+    thread = thread_of(_anthropic, anthropic(edited).body, edited)
+    ledger = await supervisor.store.read(load_ledger, "s1", thread)
     assert [row.sent for row in ledger] == edited
+
+
+async def test_a_side_request_with_its_own_system_prompt_leaves_the_conversation_be(
+        supervisor: Supervisor) -> None:
+    history = [{"role": "user", "content": "x"}, call("t1", "Read"), answer("t1", BIG)]
+    first = await prepare(supervisor, anthropic(history, system="the agent"))
+    events = supervisor.bus.subscribe("s1", types=["gateway.boundary"])
+    await prepare(supervisor, anthropic([{"role": "user", "content": "title this"}],
+                                        system="write a title"))
+    longer = [*history, {"role": "assistant", "content": "read"},
+              {"role": "user", "content": "next"}]
+    again = await prepare(supervisor, anthropic(longer, system="the agent"))
+    assert drain(events) == []
+    assert sent(again.body)[:3] == sent(first.body)
+    assert (await supervisor.call("s1", get_session)).session.message_count == 6
 
 
 async def test_a_bad_body_is_refused_naming_the_part(supervisor: Supervisor) -> None:

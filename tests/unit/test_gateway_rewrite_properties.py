@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 from tests_support import running_supervisor
 
 from ctxd.config import Config
-from ctxd.gateway import GatewayRequest, Prepared, _anthropic, _openai, prepare, rewrite_points
+from ctxd.gateway import GatewayRequest, Prepared, _anthropic, _openai, prepare
 from ctxd.gateway._blocks import bare, content_text
-from ctxd.gateway._ledger import load_ledger
+from ctxd.gateway._ledger import LedgerRow, load_ledger
+from ctxd.gateway._rewrite import rewrite_points, thread_of
 from ctxd.sessions import Supervisor, get_session, read_result
 from ctxd.wire.types import ResultReadParams
 
@@ -147,6 +148,15 @@ def shape_of(api: str) -> Any:
     return _anthropic if api == "anthropic" else _openai
 
 
+async def ledger(supervisor: Supervisor, api: str,
+                 messages: list[dict[str, Any]]) -> list[LedgerRow]:
+    """The ledger a request with these messages is matched against."""
+    shape = shape_of(api)
+    body = request(api, messages).body
+    thread = thread_of(shape, body, [shape.bare(m) for m in messages])
+    return await supervisor.store.read(load_ledger, "s1", thread)
+
+
 def sent_messages(prepared: Prepared) -> list[dict[str, Any]]:
     return msgspec.json.decode(prepared.body)["messages"]  # type: ignore[no-any-return]
 
@@ -224,12 +234,12 @@ def test_an_extended_history_keeps_every_earlier_message_sent_as_it_was(
 
     async def example(supervisor: Supervisor) -> None:
         await prepare(supervisor, request(api, messages[:cut]))
-        before = await supervisor.store.read(load_ledger, "s1")
+        before = await ledger(supervisor, api, messages)
         await prepare(supervisor, request(api, messages))
-        after = await supervisor.store.read(load_ledger, "s1")
+        after = await ledger(supervisor, api, messages)
         # A rewrite point that the extension brought may change what came before it.
         points = [first for kind, first, end in rewrite_points(shape, messages) if end >= cut]
-        stable = min(points, default=cut)
+        stable = min([*points, cut])
         assert [row.sent for row in after[:stable]] == [row.sent for row in before[:stable]]
         assert [row.digest for row in after[:cut]] == [row.digest for row in before]
 
@@ -245,11 +255,11 @@ def test_the_same_request_twice_records_nothing_the_second_time(
     async def example(supervisor: Supervisor) -> None:
         first = await prepare(supervisor, request(api, messages))
         recorded = (await supervisor.call("s1", get_session)).session.message_count
-        ledger = await supervisor.store.read(load_ledger, "s1")
+        rows = await ledger(supervisor, api, messages)
         again = await prepare(supervisor, request(api, messages))
         assert again == first
         assert (await supervisor.call("s1", get_session)).session.message_count == recorded
-        assert await supervisor.store.read(load_ledger, "s1") == ledger
+        assert await ledger(supervisor, api, messages) == rows
         counted = await prepare(supervisor, request(api, messages, "count_tokens"))
         assert (counted.body, counted.tokens) == (first.body, first.tokens)
 
@@ -267,9 +277,9 @@ def test_a_rewound_history_is_a_boundary_and_only_its_new_messages_are_recorded(
     async def example(supervisor: Supervisor) -> None:
         await prepare(supervisor, request(api, messages))
         recorded = (await supervisor.call("s1", get_session)).session.message_count
-        before = await supervisor.store.read(load_ledger, "s1")
+        before = await ledger(supervisor, api, messages)
         prepared = await prepare(supervisor, request(api, edited))
-        after = await supervisor.store.read(load_ledger, "s1")
+        after = await ledger(supervisor, api, messages)
         assert len(after) == cut
         assert after[:cut - 1] == before[:cut - 1]
         assert after[cut - 1].sent == bare(edited[-1])

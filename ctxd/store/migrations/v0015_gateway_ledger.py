@@ -1,6 +1,8 @@
 """Version 15: the gateway's sent ledger (docs/decisions.md, Gateway).
 
-One row per message position of an agent's conversation as the gateway last saw it: the
+One row per message position of an agent's conversation as the gateway last saw it, by
+``thread`` (a digest of the system prompt: an agent's side requests, with prompts of their
+own, keep ledgers of their own and do not disturb the conversation's): the
 digest of the agent's message (its ``cache_control`` marks left out), the exact JSON the
 gateway sent in its place (NULL: left out, folded or compacted away), the tokens of each,
 and the seq of the first ctxd message it was recorded as (NULL: nothing to record, such as
@@ -11,12 +13,13 @@ on every later request, so the prompt cache's prefix holds.
 SQL = """
 CREATE TABLE gateway_ledger (
     session_id   TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+    thread       BLOB NOT NULL,
     position     INTEGER NOT NULL,
     digest       BLOB NOT NULL,
     sent         BLOB,
     agent_tokens INTEGER NOT NULL,
     sent_tokens  INTEGER NOT NULL,
     first_seq    INTEGER,
-    PRIMARY KEY (session_id, position)
+    PRIMARY KEY (session_id, thread, position)
 ) STRICT, WITHOUT ROWID;
 """
