@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from ctxd.errors import params_error
-from ctxd.gateway._blocks import ToolResult, bare, content_text, marked
+from ctxd.gateway._blocks import ToolResult, bare, marked
 from ctxd.transcripts import ClaudeCodeParser
 from ctxd.wire.types import MessageIn
 
@@ -79,8 +79,7 @@ def results(message: dict[str, Any]) -> list[ToolResult]:
     if message.get("role") != "user" or not isinstance(content, list):
         return []
     return [ToolResult(index=index, call_id=block["tool_use_id"],
-                       text=content_text(block.get("content")),
-                       is_error=block.get("is_error") is True)
+                       content=block.get("content"), is_error=block.get("is_error") is True)
             for index, block in enumerate(content) if block.get("type") == "tool_result"]
 
 
@@ -140,28 +139,35 @@ def system_and_tools(body: dict[str, Any]) -> tuple[MessageIn | None, list[str]]
             [_encode(tool).decode() for tool in tools] if isinstance(tools, list) else [])
 
 
-def _result_ids(message: dict[str, Any]) -> list[str]:
-    return [result.call_id for result in results(message)]
+def _ids(message: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The ids of the tool calls an assistant message makes, or those a user message
+    answers."""
+    content = message["content"]
+    if not isinstance(content, list):
+        return [], []
+    kind, key = (("tool_use", "id") if message["role"] == "assistant"
+                 else ("tool_result", "tool_use_id"))
+    ids = [block[key] for block in content if block["type"] == kind]
+    return (ids, []) if message["role"] == "assistant" else ([], ids)
 
 
 def problems(messages: list[dict[str, Any]]) -> list[str]:
     """Why the API would refuse these messages (nothing: it would take them): the first
     is a user's, roles alternate, and each assistant's tool calls are answered, all and
     only them, by the next message."""
-    found = []
     if not messages:
         return ["no messages"]
+    found = []
     if messages[0]["role"] != "user":
         found.append("the first message is not a user's")
+    ids = [_ids(message) for message in messages]
     for i, message in enumerate(messages):
         if i and message["role"] == messages[i - 1]["role"]:
             found.append(f"messages {i - 1} and {i} are both {message['role']}'s")
-        called = [call_id for call_id, _ in calls(message)]
-        answered = (_result_ids(messages[i + 1]) if i + 1 < len(messages) else None)
-        if called and answered is not None and sorted(called) != sorted(answered):
+        called, answered = ids[i]
+        if called and i + 1 < len(messages) and sorted(called) != sorted(ids[i + 1][1]):
             found.append(f"the tool calls of message {i} are not answered by message {i + 1}")
-        if message["role"] == "user" and _result_ids(message) and (
-                i == 0 or not calls(messages[i - 1])):
+        if answered and (i == 0 or not ids[i - 1][0]):
             found.append(f"message {i} answers tool calls that message {i - 1} did not make")
     return found
 

@@ -17,9 +17,13 @@ class ToolResult:
     index: int
     """Its block's index in the message's content (-1: the message is the result)."""
     call_id: str
-    text: str | None
-    """Its text when its content is text only (the only form a stub stands for)."""
+    content: Any
     is_error: bool
+
+    @property
+    def text(self) -> str | None:
+        """Its text when its content is text only (the only form a stub stands for)."""
+        return content_text(self.content)
 
 
 def content_text(content: Any) -> str | None:
@@ -37,25 +41,31 @@ def content_text(content: Any) -> str | None:
 
 
 def _unmarked_block(block: Any) -> Any:
+    """The block without its marks (itself when it has none)."""
     if not isinstance(block, dict):
         return block
     inner = block.get("content")
-    if MARK not in block and not isinstance(inner, list):
+    inner_marked = isinstance(inner, list) and any(
+        isinstance(part, dict) and MARK in part for part in inner)
+    if MARK not in block and not inner_marked:
         return block
-    bare = {key: value for key, value in block.items() if key != MARK}
-    if isinstance(inner, list):
-        bare["content"] = [_unmarked_block(part) for part in inner]
-    return bare
+    unmarked = {key: value for key, value in block.items() if key != MARK}
+    if inner_marked and isinstance(inner, list):
+        unmarked["content"] = [_unmarked_block(part) for part in inner]
+    return unmarked
 
 
 def bare(message: dict[str, Any]) -> dict[str, Any]:
     """The message without its blocks' ``cache_control`` marks (a tool result's inner
     blocks' too): agents move their breakpoints from request to request, so a message is
-    known, and remembered, by the rest."""
+    known, and remembered, by the rest. A message without marks is returned itself."""
     content = message.get("content")
     if not isinstance(content, list):
         return message
-    return {**message, "content": [_unmarked_block(block) for block in content]}
+    blocks = [_unmarked_block(block) for block in content]
+    if all(new is old for new, old in zip(blocks, content, strict=True)):
+        return message
+    return {**message, "content": blocks}
 
 
 def _mark_of(block: Any) -> Any:

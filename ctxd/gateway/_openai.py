@@ -113,7 +113,7 @@ def results(message: dict[str, Any]) -> list[ToolResult]:
     if message.get("role") != "tool":
         return []
     return [ToolResult(index=-1, call_id=message["tool_call_id"],
-                       text=content_text(message.get("content")), is_error=False)]
+                       content=message.get("content"), is_error=False)]
 
 
 def with_result(message: dict[str, Any], index: int, text: str) -> dict[str, Any]:

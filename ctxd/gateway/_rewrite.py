@@ -88,6 +88,8 @@ ones with every request)."""
 KEEP_RECENT = 6
 """Messages at the end of a request whose tool results automatic clearing never touches
 (the last three turns)."""
+POINT_TOOLS = ("context_branch", "context_return", "compact_context")
+"""The ends of the names of the tools whose calls make rewrite points."""
 MAX_RECORDED = 10_000
 """Messages one request may add to a session (message.append's limit)."""
 
@@ -230,7 +232,8 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
     marks_tokens: dict[int, int] = {}
     kept = [(p, remembered) for p in range(len(messages))
             if (remembered := plan.rows[p].sent) is not None]
-    sent = [shape.marked(remembered, messages[p]) for p, remembered in kept]
+    sent = [remembered if bares[p] is messages[p] else shape.marked(remembered, messages[p])
+            for p, remembered in kept]
     marked = [(p, message) for (p, remembered), message in zip(kept, sent, strict=True)
               if message is not remembered]
     # The ledger counts messages without the agent's marks; those sent with one are
@@ -243,7 +246,8 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
         if found:
             raise internal_error(f"the rewritten request would not be valid: {found[0]}",
                                  {"session_id": session_id})
-    if count_marks(sent) > count_marks(messages):
+    if count_marks([m for _, m in marked]) > count_marks(
+            [m for m, unmarked in zip(messages, bares, strict=True) if m is not unmarked]):
         raise internal_error("the rewritten request has more cache breakpoints than the "
                              "agent's", {"session_id": session_id})
     if recording:
@@ -342,6 +346,9 @@ async def _apply_points(actor: SessionActor, shape: Shape,
     """Apply the rewrite points that new messages brought (the older ones are in the
     ledger already). A compaction applies when everything before it was recorded before
     this request (ctxd compacted what it had)."""
+    if not any(name.endswith(POINT_TOOLS) for message in messages[plan.keep:]
+               for _, name in shape.calls(message)):
+        return  # no new call makes a point
     for kind, first, end in rewrite_points(shape, messages):
         if end < plan.keep:
             continue
