@@ -36,6 +36,7 @@ from ctxd.hygiene import (
     ref_id_for,
     stage_blobs,
 )
+from ctxd.memory import Injected, Memory, project_scope
 from ctxd.scrub import scrub
 from ctxd.sessions import append, open_session, render
 from ctxd.store import Transaction
@@ -90,6 +91,8 @@ KEEP_RECENT = 6
 (the last three turns)."""
 POINT_TOOLS = ("context_branch", "context_return", "compact_context")
 """The ends of the names of the tools whose calls make rewrite points."""
+MEMORY_SHARE = 0.02
+"""Share of the effective window the memories a conversation starts with may take."""
 MAX_RECORDED = 10_000
 """Messages one request may add to a session (message.append's limit)."""
 
@@ -135,6 +138,7 @@ class _Plan:
     recorded: list[MessageIn] = dataclasses.field(default_factory=list)
     blobs: list[ToolResultBlob] = dataclasses.field(default_factory=list)
     delivered: list[InjectionInfo] = dataclasses.field(default_factory=list)
+    memories: Injected | None = None
     points: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """The rewrite points decided now (the events that say so)."""
 
@@ -458,7 +462,8 @@ async def _clear_if_over(actor: SessionActor, shape: Shape,
 
 async def _inject(actor: SessionActor, shape: Shape, messages: list[dict[str, Any]],
                   plan: _Plan) -> None:
-    """The session's pending injections, as a last text block of the request's last
+    """The session's pending injections, and on a conversation's first request the
+    memories that fit its first user message, as a last text block of the request's last
     message when it is a new user message (after every cache breakpoint the agent set:
     the cached prefix holds); delivered there once, then part of that message's bytes."""
     last = len(messages) - 1
@@ -466,23 +471,49 @@ async def _inject(actor: SessionActor, shape: Shape, messages: list[dict[str, An
         return
     pending, _ = await actor.services.store.read(list_injections, actor.session_id,
                                                  "pending", 1_000_000)
-    if not pending:
-        return
     pending.sort(key=lambda info: INJECT_PRIORITIES.index(info.priority))
-    note = "\n\n".join(f"[ctxd injection{f' from {info.source}' if info.source else ''}] "
-                       f"{info.content}" for info in pending)
+    notes = [f"[ctxd injection{f' from {info.source}' if info.source else ''}] "
+             f"{info.content}" for info in pending]
+    memories = await _memories(actor, shape, messages) if plan.seen == 0 else None
+    if memories is not None and memories.text is not None:
+        notes.insert(0, memories.text)
     row = plan.rows[last]
-    assert row.sent is not None
-    noted = shape.with_note(row.sent, note)
+    noted = None if not notes or row.sent is None else shape.with_note(row.sent,
+                                                                       "\n\n".join(notes))
     if noted is None:
         return
     [row.sent_tokens] = await actor.services.counter.count_messages([shape.counted(noted)])
     row.sent = noted
     plan.delivered = pending
+    plan.memories = memories
 
 
-def _stage(session_id: str, plan: _Plan, now: float) -> Callable[[Transaction], None]:
-    """The gateway's steps of the request's transaction: blobs, ledger, deliveries."""
+async def _memories(actor: SessionActor, shape: Shape,
+                    messages: list[dict[str, Any]]) -> Injected | None:
+    """The memories for a conversation that starts (None: no memory service, or no
+    user text to look them up with), within `MEMORY_SHARE` of the effective window."""
+    memory = actor.services.memory
+    record = actor.require()
+    first = next((message for message in messages if message.get("role") == "user"), None)
+    query = None if first is None else _text_of(first.get("content"))
+    if memory is None or not query:
+        return None
+    cap = int(MEMORY_SHARE * record.budget.effective_window)
+    return await memory.inject(query, project_scope(record.project), cap)
+
+
+def _text_of(content: Any) -> str:
+    """The text of a message's content (its text blocks)."""
+    if isinstance(content, str):
+        return content
+    return "\n".join(block["text"] for block in content or ()
+                     if block.get("type") == "text" and isinstance(block.get("text"), str))
+
+
+def _stage(session_id: str, plan: _Plan, now: float,
+           memory: Memory | None) -> Callable[[Transaction], None]:
+    """The gateway's steps of the request's transaction: blobs, ledger, deliveries, the
+    memories' use."""
 
     def stage(transaction: Transaction) -> None:
         stage_blobs(transaction, session_id, plan.blobs)
@@ -491,6 +522,8 @@ def _stage(session_id: str, plan: _Plan, now: float) -> Callable[[Transaction], 
         if plan.delivered:
             transaction.add(_deliver, session_id, [i.injection_id for i in plan.delivered],
                             now)
+        if plan.memories is not None and memory is not None:
+            memory.stage_use(transaction, plan.memories, session_id)
 
     return stage
 
@@ -509,7 +542,7 @@ async def _commit(actor: SessionActor, plan: _Plan) -> None:
     if not plan.changed and not diverged:
         return
     now = time.time()
-    stage = _stage(actor.session_id, plan, now)
+    stage = _stage(actor.session_id, plan, now, actor.services.memory)
     tokens: dict[int, int] = {}
     if plan.recorded:
         expected = actor.require().last_seq + 1

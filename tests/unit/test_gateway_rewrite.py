@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 import pytest
+import trio
 from tests_support import COUNTER, running_supervisor
 
 from ctxd.config import Config
@@ -19,7 +20,9 @@ from ctxd.gateway import GatewayRequest, _anthropic, prepare, session_of
 from ctxd.gateway._identity import conversation_key
 from ctxd.gateway._ledger import load_ledger
 from ctxd.gateway._rewrite import thread_of
+from ctxd.hub import EventBus
 from ctxd.hygiene import cleared_text, ref_id_for, stub_text
+from ctxd.memory import HashingEmbedder, Memory
 from ctxd.sessions import (
     Supervisor,
     compact,
@@ -28,10 +31,12 @@ from ctxd.sessions import (
     inject_push,
     read_result,
 )
+from ctxd.store import Store
 from ctxd.wire.types import (
     ContextCompactParams,
     InjectListParams,
     InjectPushParams,
+    MemoryRecordParams,
     MessageIn,
     ResultReadParams,
 )
@@ -365,3 +370,32 @@ async def test_a_breakpoint_inside_an_offloaded_result_moves_to_its_block(
     [block] = sent(prepared.body)[2]["content"]
     assert block["cache_control"] == mark
     assert block["content"].startswith("[Tool result")
+
+
+async def test_a_conversation_starts_with_the_memories_that_fit_it_once(
+        tmp_path: Path) -> None:
+    config = Config()
+    store = Store(tmp_path / "ctxd.db")
+    store.open()
+    try:
+        async with trio.open_nursery() as nursery:
+            bus = EventBus()
+            memory = await nursery.start(Memory(store, HashingEmbedder(), tmp_path / "m.faiss",
+                                                config.memory, bus, COUNTER).run)
+            supervisor = await nursery.start(
+                Supervisor(store, COUNTER, bus, config, memory).run)
+            await memory.record(MemoryRecordParams(
+                title="migrations", content="bump user_version when the schema changes"))
+            history = [{"role": "user", "content": "add a column to the schema migrations"}]
+            first = await prepare(supervisor, anthropic(history))
+            [message] = sent(first.body)
+            note = message["content"][-1]["text"]
+            assert message["content"][0] == {"type": "text", "text": history[0]["content"]}
+            assert "bump user_version when the schema changes" in note
+            longer = [*history, {"role": "assistant", "content": "done"},
+                      {"role": "user", "content": "schema migrations again"}]
+            again = await prepare(supervisor, anthropic(longer))
+            assert sent(again.body) == [message, *longer[1:]]
+            nursery.cancel_scope.cancel()
+    finally:
+        store.close()
