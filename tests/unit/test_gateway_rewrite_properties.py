@@ -28,13 +28,24 @@ from ctxd.wire.types import ResultReadParams
 THRESHOLD = 1_024
 PROPERTIES = settings(max_examples=40, deadline=None,
                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-TOOLS = ["Bash", "Read", "mcp__ctxd__context_branch", "mcp__ctxd__context_return",
-         "mcp__ctxd__compact_context"]
+SPECIAL = {"open": "mcp__ctxd__context_branch", "close": "mcp__ctxd__context_return",
+           "compact": "mcp__ctxd__compact_context", "plain": None}
 REF = re.compile(r'ref_id="(res_[0-9a-f]{16})"')
 
 words = st.text(alphabet="abcdefghij klmnop\n", min_size=1, max_size=40)
 big = st.integers(THRESHOLD + 1, 3 * THRESHOLD).map(lambda n: ("0123456789abcdef\n" * n)[:n])
 marks = st.booleans()
+
+
+@st.composite
+def tool_names(draw: st.DrawFn) -> list[str]:
+    """One turn's tool calls: ordinary ones, and in some turns one of ctxd's (a branch
+    opened or returned, the context compacted) among them."""
+    names = draw(st.lists(st.sampled_from(["Bash", "Read"]), max_size=2))
+    special = SPECIAL[draw(st.sampled_from(["plain", "plain", "open", "close", "compact"]))]
+    if special is not None:
+        names.insert(draw(st.integers(0, len(names))), special)
+    return names
 
 
 def config() -> Config:
@@ -78,7 +89,7 @@ def anthropic_history(draw: st.DrawFn) -> list[dict[str, Any]]:
     """user, then turns of an assistant (thinking with a signature, text, unknown blocks,
     tool calls) and the user's answer (the calls' results, text), ending with a user."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": draw(words)}]
-    for turn in range(draw(st.integers(1, 8))):
+    for turn in range(draw(st.integers(1, 10))):
         blocks: list[dict[str, Any]] = []
         if draw(st.booleans()):
             blocks.append({"type": "thinking", "thinking": draw(words),
@@ -91,7 +102,7 @@ def anthropic_history(draw: st.DrawFn) -> list[dict[str, Any]]:
         if draw(st.booleans()):
             blocks.append({"type": "mystery_block", "payload": [1, 2.5, None, "x"]})
         blocks.append({"type": "text", "text": draw(words)})
-        names = draw(st.lists(st.sampled_from(TOOLS), max_size=3))
+        names = draw(tool_names())
         calls = [{"type": "tool_use", "id": f"toolu_{turn}_{i}", "name": name,
                   "input": {"message": "summary"} if name.endswith("return") else {}}
                  for i, name in enumerate(names)]
@@ -111,8 +122,8 @@ def anthropic_history(draw: st.DrawFn) -> list[dict[str, Any]]:
 def openai_history(draw: st.DrawFn) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = [{"role": "system", "content": "be brief"},
                                       {"role": "user", "content": draw(words)}]
-    for turn in range(draw(st.integers(1, 8))):
-        names = draw(st.lists(st.sampled_from(TOOLS), max_size=3))
+    for turn in range(draw(st.integers(1, 10))):
+        names = draw(tool_names())
         assistant: dict[str, Any] = {"role": "assistant", "content": draw(words)}
         if names:
             assistant["tool_calls"] = [
@@ -225,23 +236,29 @@ def test_the_request_sent_is_valid_and_every_removed_byte_reads_back(
 
 
 @PROPERTIES
-@given(history=histories, data=st.data())
-def test_an_extended_history_keeps_every_earlier_message_sent_as_it_was(
-        history: tuple[str, list[dict[str, Any]]], data: st.DataObject) -> None:
+@given(history=histories)
+def test_a_growing_history_keeps_every_earlier_message_sent_as_it_was(
+        history: tuple[str, list[dict[str, Any]]]) -> None:
+    """Request after request, as an agent sends them: what was sent for a message stays
+    the same bytes, but where a fold or compaction the new messages bring starts."""
     api, messages = history
     shape = shape_of(api)
-    cut = data.draw(st.sampled_from(cuts(api, messages)))
 
     async def example(supervisor: Supervisor) -> None:
-        await prepare(supervisor, request(api, messages[:cut]))
-        before = await ledger(supervisor, api, messages)
-        await prepare(supervisor, request(api, messages))
-        after = await ledger(supervisor, api, messages)
-        # A rewrite point that the extension brought may change what came before it.
-        points = [first for kind, first, end in rewrite_points(shape, messages) if end >= cut]
-        stable = min([*points, cut])
-        assert [row.sent for row in after[:stable]] == [row.sent for row in before[:stable]]
-        assert [row.digest for row in after[:cut]] == [row.digest for row in before]
+        before: list[LedgerRow] = []
+        previous = 0
+        for cut in [*cuts(api, messages), len(messages)]:
+            prepared = await prepare(supervisor, request(api, messages[:cut]))
+            after = await ledger(supervisor, api, messages)
+            new_points = [first for _, first, end in rewrite_points(shape, messages[:cut])
+                          if end >= previous]
+            stable = min([*new_points, previous])
+            assert [row.sent for row in after[:stable]] == [row.sent for row in before[:stable]]
+            assert [row.digest for row in after[:previous]] == [row.digest for row in before]
+            # The body is the ledger's messages, the agent's marks put back.
+            assert [shape.bare(m) for m in sent_messages(prepared)] == [
+                row.sent for row in after if row.sent is not None]
+            before, previous = after, cut
 
     run(example)
 
