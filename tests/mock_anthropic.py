@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from local_http import LocalServer, ScriptedHandler
+from prompt_cache import CacheUsage, PromptCache
 
 Block = dict[str, Any]
 Turn = list[Block] | Callable[[dict[str, Any]], list[Block]]
@@ -33,9 +34,14 @@ def tool_use(tool_id: str, name: str, tool_input: dict[str, Any]) -> Block:
 class MockAnthropic(LocalServer):
     """The server: ``url`` for ``ANTHROPIC_BASE_URL``; ``requests`` as received."""
 
-    def __init__(self, turns: list[Turn], final: str = "Done."):
+    def __init__(self, turns: list[Turn], final: str = "Done.",
+                 cache: PromptCache | None = None):
         self.turns = list(turns)
         self.final = final
+        self.cache = cache
+        """Prices the main loop's requests as Anthropic's prompt cache would (their
+        ``usage``; `charged` keeps each); None: a rough ``input_tokens`` and no cache."""
+        self.charged: list[CacheUsage] = []
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.lock = threading.Lock()
         super().__init__(self._handler())
@@ -79,52 +85,61 @@ class MockAnthropic(LocalServer):
                     self._json(200, {})
                     return
                 blocks = mock._next_turn(body) if body.get("tools") else [text("ok")]
+                usage = mock._usage(body)
                 if body.get("stream"):
-                    self._stream(body, blocks)
+                    self._stream(body, blocks, usage)
                 else:
-                    self._json(200, message(body, blocks))
+                    self._json(200, message(body, blocks, usage))
 
             def _json(self, status: int, payload: Any) -> None:
                 self.answer(status, json.dumps(payload).encode())
 
-            def _stream(self, body: dict[str, Any], blocks: list[Block]) -> None:
+            def _stream(self, body: dict[str, Any], blocks: list[Block],
+                        usage: dict[str, int]) -> None:
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.send_header("cache-control", "no-cache")
                 self.send_header("connection", "close")
                 self.end_headers()
-                for name, data in events(body, blocks):
+                for name, data in events(body, blocks, usage):
                     self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
                     self.wfile.flush()
                 self.close_connection = True
 
         return Handler
 
+    def _usage(self, body: dict[str, Any]) -> dict[str, int]:
+        """The input side of a request's ``usage``."""
+        if self.cache is None or not body.get("tools"):
+            return {"input_tokens": max(1, len(json.dumps(body)) // 4),
+                    "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+        charged = self.cache.charge(body)
+        with self.lock:
+            self.charged.append(charged)
+        return charged.as_anthropic()
+
 
 def _stop_reason(blocks: list[Block]) -> str:
     return "tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn"
 
 
-def _usage(body: dict[str, Any], output_tokens: int) -> dict[str, int]:
-    return {"input_tokens": max(1, len(json.dumps(body)) // 4), "output_tokens": output_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
-
-
 _ids = iter(range(1, 1 << 30))
 
 
-def message(body: dict[str, Any], blocks: list[Block]) -> dict[str, Any]:
+def message(body: dict[str, Any], blocks: list[Block], usage: dict[str, int]
+            ) -> dict[str, Any]:
     """A whole (non-streamed) message."""
     return {"id": f"msg_mock{next(_ids):06d}", "type": "message", "role": "assistant",
             "model": body.get("model", "claude-mock"), "content": blocks,
             "stop_reason": _stop_reason(blocks), "stop_sequence": None,
-            "usage": _usage(body, 10)}
+            "usage": {**usage, "output_tokens": 10}}
 
 
-def events(body: dict[str, Any], blocks: list[Block]) -> Iterator[tuple[str, dict[str, Any]]]:
+def events(body: dict[str, Any], blocks: list[Block], usage: dict[str, int]
+           ) -> Iterator[tuple[str, dict[str, Any]]]:
     """The server-sent events of a streamed message: message_start, then per block
     content_block_start/delta/stop, message_delta and message_stop."""
-    start = message(body, [])
+    start = message(body, [], usage)
     start["stop_reason"] = None
     start["usage"]["output_tokens"] = 1
     yield "message_start", {"type": "message_start", "message": start}

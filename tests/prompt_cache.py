@@ -1,0 +1,133 @@
+"""Anthropic's prompt cache, emulated from the requests a scripted model server has seen:
+which tokens of a request are read from the cache, written to it, or plain input.
+
+The rules emulated (Anthropic's prompt-caching documentation):
+
+- A prompt is its tool definitions, then its system blocks, then its messages' blocks.
+- A block with ``cache_control`` is a breakpoint (at most 4 per request); the prefix that
+  ends at a breakpoint is written to the cache (``cache_creation_input_tokens``) unless it
+  is there already.
+- A request reads the longest prefix that is in the cache and that ends at most 20 blocks
+  before one of its breakpoints (``cache_read_input_tokens``); the rest up to its last
+  breakpoint is written; what follows the last breakpoint is plain input (``input_tokens``).
+- An entry lives 5 minutes, refreshed each time it is read.
+
+A prefix is identified by its blocks' content: ``cache_control`` itself is not part of it
+(moving a breakpoint keeps what was cached), and neither is how the JSON was spelled (keys
+sorted). Tokens are cl100k counts of each block's compact JSON: not Anthropic's tokenizer,
+but the same for every path a test compares.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ctxd.tokens import TokenCounter
+
+LOOKBACK_BLOCKS = 20
+LIFETIME_S = 300.0
+MAX_BREAKPOINTS = 4
+
+_counter = TokenCounter()
+
+
+@dataclass(frozen=True)
+class CacheUsage:
+    """A request's input tokens as the cache charged them."""
+
+    input_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+
+    @property
+    def total(self) -> int:
+        return self.input_tokens + self.cache_read_tokens + self.cache_write_tokens
+
+    def cost(self) -> float:
+        """In input-token units: input 1, cache write 1.25, cache read 0.1."""
+        return self.input_tokens + 1.25 * self.cache_write_tokens + 0.1 * self.cache_read_tokens
+
+    def as_anthropic(self) -> dict[str, int]:
+        """The ``usage`` fields of Anthropic's answer."""
+        return {"input_tokens": self.input_tokens,
+                "cache_read_input_tokens": self.cache_read_tokens,
+                "cache_creation_input_tokens": self.cache_write_tokens}
+
+
+def blocks(body: dict[str, Any]) -> Iterator[tuple[Any, bool]]:
+    """The prompt's blocks in cache order, each as (its identity, whether it is a
+    breakpoint)."""
+
+    def identity(kind: str, block: Any, first: bool) -> Any:
+        content = ({key: value for key, value in block.items() if key != "cache_control"}
+                   if isinstance(block, dict) else block)
+        return [kind, first, content]
+
+    def marked(block: Any) -> bool:
+        return isinstance(block, dict) and block.get("cache_control") is not None
+
+    for tool in body.get("tools") or []:
+        yield identity("tool", tool, False), marked(tool)
+    system = body.get("system")
+    for block in ([{"type": "text", "text": system}] if isinstance(system, str)
+                  else system or []):
+        yield identity("system", block, False), marked(block)
+    for message in body.get("messages") or []:
+        content = message.get("content")
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        for index, block in enumerate(parts or []):
+            yield identity(message.get("role", "?"), block, index == 0), marked(block)
+
+
+class PromptCache:
+    """The cache of one API key: `charge` a request, get its `CacheUsage`."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.expires: dict[bytes, float] = {}
+        self.lock = threading.Lock()
+
+    def charge(self, body: dict[str, Any]) -> CacheUsage:
+        """What ``body`` costs, the cache updated by it (entries written, reads refreshed).
+
+        Raises:
+            ValueError: more than 4 breakpoints (Anthropic refuses such a request).
+        """
+        digests: list[bytes] = []
+        tokens: list[int] = []
+        breakpoints: list[int] = []
+        running = hashlib.sha256()
+        for index, (identity, breakpoint_) in enumerate(blocks(body)):
+            encoded = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+            running.update(encoded.encode())
+            digests.append(running.copy().digest())
+            tokens.append(_counter.count(encoded))
+            if breakpoint_:
+                breakpoints.append(index)
+        if len(breakpoints) > MAX_BREAKPOINTS:
+            raise ValueError(f"{len(breakpoints)} cache_control blocks; at most 4")
+        if not breakpoints:
+            return CacheUsage(sum(tokens), 0, 0)
+        now = self.clock()
+        with self.lock:
+            read_end = -1
+            for mark in breakpoints:
+                for index in range(mark, max(-1, mark - LOOKBACK_BLOCKS - 1), -1):
+                    if self.expires.get(digests[index], 0.0) > now:
+                        read_end = max(read_end, index)
+                        break
+            last = breakpoints[-1]
+            if read_end >= 0:
+                self.expires[digests[read_end]] = now + LIFETIME_S
+            for mark in breakpoints:
+                if mark > read_end:
+                    self.expires[digests[mark]] = now + LIFETIME_S
+        read = sum(tokens[:read_end + 1])
+        written = sum(tokens[read_end + 1:last + 1])
+        return CacheUsage(sum(tokens[last + 1:]), read, written)
