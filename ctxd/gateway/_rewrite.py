@@ -349,7 +349,8 @@ async def _apply_points(actor: SessionActor, shape: Shape,
                         messages: list[dict[str, Any]], plan: _Plan) -> None:
     """Apply the rewrite points that new messages brought (the older ones are in the
     ledger already). A compaction applies when everything before it was recorded before
-    this request (ctxd compacted what it had)."""
+    this request (ctxd compacted what it had), and when its summary is smaller than what
+    it stands for."""
     if not any(name.endswith(POINT_TOOLS) for message in messages[plan.keep:]
                for _, name in shape.calls(message)):
         return  # no new call makes a point
@@ -366,15 +367,20 @@ async def _apply_points(actor: SessionActor, shape: Shape,
         if not span:
             continue
         removed = sum(plan.rows[p].sent_tokens for p in span)
+        summary, summary_tokens = None, 0
+        if kind == "compaction":
+            summary = shape.summary_message(await _compaction_summary(actor, len(span)))
+            [summary_tokens] = await actor.services.counter.count_messages(
+                [shape.counted(summary)])
+            if summary_tokens >= removed:
+                continue  # ctxd's compaction left no less: the cached prefix is worth more
         for position in span:
             plan.rows[position].sent, plan.rows[position].sent_tokens = None, 0
             plan.changed.add(position)
-        if kind == "compaction":
-            summary = shape.summary_message(await _compaction_summary(actor, len(span)))
-            [tokens] = await actor.services.counter.count_messages([shape.counted(summary)])
+        if summary is not None:
             row = plan.rows[span[0]]
-            row.sent, row.sent_tokens = summary, tokens
-            removed -= tokens
+            row.sent, row.sent_tokens = summary, summary_tokens
+            removed -= summary_tokens
         plan.points.append({"kind": kind, "first": span[0], "end": end,
                             "messages": len(span), "tokens_removed": removed})
 
