@@ -233,27 +233,7 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
         counter, *shape.system_and_tools(request.body))
     await _clear_if_over(actor, shape, messages, plan, system_tokens + tool_tokens)
     await _inject(actor, shape, messages, plan)
-    marks_tokens: dict[int, int] = {}
-    kept = [(p, remembered) for p in range(len(messages))
-            if (remembered := plan.rows[p].sent) is not None]
-    sent = [remembered if bares[p] is messages[p] else shape.marked(remembered, messages[p])
-            for p, remembered in kept]
-    marked = [(p, message) for (p, remembered), message in zip(kept, sent, strict=True)
-              if message is not remembered]
-    # The ledger counts messages without the agent's marks; those sent with one are
-    # counted again as sent, so the count is the body's.
-    with_marks = await counter.count_messages([shape.counted(m) for _, m in marked])
-    for (position, _), tokens in zip(marked, with_marks, strict=True):
-        marks_tokens[position] = tokens - plan.rows[position].sent_tokens
-    if not shape.problems(messages):
-        found = shape.problems(sent)
-        if found:
-            raise internal_error(f"the rewritten request would not be valid: {found[0]}",
-                                 {"session_id": session_id})
-    if count_marks([m for _, m in marked]) > count_marks(
-            [m for m, unmarked in zip(messages, bares, strict=True) if m is not unmarked]):
-        raise internal_error("the rewritten request has more cache breakpoints than the "
-                             "agent's", {"session_id": session_id})
+    sent, marks_tokens = await _assemble(shape, messages, bares, plan, counter)
     if recording:
         await _commit(actor, plan)
     rows = [plan.rows[p] for p in range(len(messages))]
@@ -267,6 +247,37 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
                 + sum(marks_tokens.values()) - in_system},
         removed_tokens=sum(max(0, row.agent_tokens - row.sent_tokens) for row in rows),
         model=model if isinstance(model, str) else None)
+
+
+async def _assemble(shape: Shape, messages: list[dict[str, Any]],
+                    bares: list[dict[str, Any]], plan: _Plan, counter: TokenCounter
+                    ) -> tuple[list[dict[str, Any]], dict[int, int]]:
+    """The messages to send (the ledger's, the agent's marks put back), checked, and the
+    tokens the marks add to each marked one (the ledger counts them unmarked).
+
+    Raises:
+        CtxdError: -32603 when the agent's request was valid and these are not, or they
+            carry more breakpoints than the agent's.
+    """
+    kept = [(p, remembered) for p in range(len(messages))
+            if (remembered := plan.rows[p].sent) is not None]
+    sent = [remembered if bares[p] is messages[p] else shape.marked(remembered, messages[p])
+            for p, remembered in kept]
+    marked = [(p, message) for (p, remembered), message in zip(kept, sent, strict=True)
+              if message is not remembered]
+    with_marks = await counter.count_messages([shape.counted(m) for _, m in marked])
+    marks_tokens = {position: tokens - plan.rows[position].sent_tokens
+                    for (position, _), tokens in zip(marked, with_marks, strict=True)}
+    if not shape.problems(messages):
+        found = shape.problems(sent)
+        if found:
+            raise internal_error(f"the rewritten request would not be valid: {found[0]}",
+                                 {"position": plan.keep})
+    if count_marks([m for _, m in marked]) > count_marks(
+            [m for m, unmarked in zip(messages, bares, strict=True) if m is not unmarked]):
+        raise internal_error("the rewritten request has more cache breakpoints than the "
+                             "agent's", {"position": plan.keep})
+    return sent, marks_tokens
 
 
 async def _record_new(actor: SessionActor, shape: Shape, messages: list[dict[str, Any]],
