@@ -232,7 +232,7 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
     system_tokens, tool_tokens = await _fixed_counts.count(
         counter, *shape.system_and_tools(request.body))
     await _clear_if_over(actor, shape, messages, plan, system_tokens + tool_tokens)
-    await _inject(actor, shape, messages, plan)
+    await _inject(actor, shape, messages, plan, system_tokens + tool_tokens)
     sent, marks_tokens = await _assemble(shape, messages, bares, plan, counter)
     if recording:
         await _commit(actor, plan)
@@ -478,11 +478,13 @@ async def _clear_if_over(actor: SessionActor, shape: Shape,
 
 
 async def _inject(actor: SessionActor, shape: Shape, messages: list[dict[str, Any]],
-                  plan: _Plan) -> None:
-    """The session's pending injections, and on a conversation's first request the
-    memories that fit its first user message, as a last text block of the request's last
-    message when it is a new user message (after every cache breakpoint the agent set:
-    the cached prefix holds); delivered there once, then part of that message's bytes."""
+                  plan: _Plan, fixed: int) -> None:
+    """On a conversation's first request the memories that fit its first user message,
+    the session's pending injections, and the context note when this request's usage
+    passes the session's ``warn`` or ``caution`` (``fixed``: the tokens of the system
+    prompt and tools), as a last text block of the request's last message when it is a
+    new user message (after every cache breakpoint the agent set: the cached prefix
+    holds); delivered there once, then part of that message's bytes."""
     last = len(messages) - 1
     if actor.record is None or last < plan.keep or plan.rows[last].sent is None:
         return
@@ -494,6 +496,9 @@ async def _inject(actor: SessionActor, shape: Shape, messages: list[dict[str, An
     memories = await _memories(actor, shape, messages) if plan.seen == 0 else None
     if memories is not None and memories.text is not None:
         notes.insert(0, memories.text)
+    context_note = _context_note(actor, plan, fixed)
+    if context_note:
+        notes.append(context_note)
     row = plan.rows[last]
     noted = None if not notes or row.sent is None else shape.with_note(row.sent,
                                                                        "\n\n".join(notes))
@@ -503,6 +508,24 @@ async def _inject(actor: SessionActor, shape: Shape, messages: list[dict[str, An
     row.sent = noted
     plan.delivered = pending
     plan.memories = memories
+
+
+def _context_note(actor: SessionActor, plan: _Plan, fixed: int) -> str | None:
+    """``[hygiene] context_note`` when this request's usage is past a threshold (``warn``,
+    ``caution``) that the messages before its new ones were not: once per threshold
+    crossed, not on every turn (docs/protocol.md, The context note)."""
+    budget = actor.require().budget
+    window = budget.effective_window
+    before = fixed + sum(plan.rows[p].sent_tokens for p in range(plan.keep))
+    now = fixed + sum(row.sent_tokens for row in plan.rows.values())
+
+    def level(tokens: int) -> int:
+        return sum(tokens / window >= threshold for threshold in (budget.warn, budget.caution))
+
+    note = actor.services.config.hygiene.context_note
+    if not note or level(now) <= level(before):
+        return None
+    return note.format(percent=round(now / window * 100))
 
 
 async def _memories(actor: SessionActor, shape: Shape,

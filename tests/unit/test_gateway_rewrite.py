@@ -399,3 +399,30 @@ async def test_a_conversation_starts_with_the_memories_that_fit_it_once(
             nursery.cancel_scope.cancel()
     finally:
         store.close()
+
+
+async def test_the_context_note_comes_once_per_threshold_crossed(tmp_path: Path) -> None:
+    config = msgspec.convert({"budget": {"context_window": 4_000, "max_output_tokens": 1_000}},
+                             Config)
+    async with running_supervisor(tmp_path / "ctxd.db", config) as supervisor:
+        history: list[dict[str, Any]] = [{"role": "user", "content": "start"}]
+        notes = []
+        for turn in range(12):
+            history += [{"role": "assistant", "content": "word " * 200},
+                        {"role": "user", "content": [{"type": "text", "text": f"go {turn}"}]}]
+            prepared = await prepare(supervisor, anthropic(history))
+            last = sent(prepared.body)[-1]["content"]
+            usage = sum(prepared.tokens.values()) / 3_000
+            notes.append((round(usage, 2), last[1]["text"] if len(last) > 1 else None))
+        noted = [(usage, note) for usage, note in notes if note is not None]
+        assert len(noted) == 2, notes
+        (warned, _), (cautioned, _) = noted
+        assert 0.70 <= warned < 0.80 <= cautioned < 0.95, notes
+        for usage, note in noted:
+            percent = int(note.removeprefix("[Context: ").split("%")[0])
+            assert abs(percent - usage * 100) <= 1, (percent, usage)
+            assert note == (f"[Context: {percent}% used. Call compact_context to free space "
+                            "before large operations.]")
+        # Sticky: the later requests carry each note where it was first sent.
+        final = sent(prepared.body)
+        assert sum(len(m["content"]) > 1 for m in final if isinstance(m["content"], list)) == 2
