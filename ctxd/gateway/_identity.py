@@ -26,9 +26,15 @@ def _as_session_id(value: str) -> str:
                                    digest_size=12).hexdigest()
 
 
+_USER_ID_SESSION = re.compile(r"_session_([0-9A-Za-z-]{8,64})\Z")
+"""The session at the end of an older Claude Code's ``user_id``
+(``user_<hash>_account_<uuid>_session_<uuid>``)."""
+
+
 def _claude_code_session(body: dict[str, Any]) -> str | None:
-    """``metadata.user_id``'s ``session_id``: Claude Code sends a JSON string holding it
-    (the id its hooks and MCP server see)."""
+    """``metadata.user_id``'s session: Claude Code sends a JSON string with its
+    ``session_id`` (the id its hooks and MCP server see); older versions a string that
+    ends with ``_session_<id>``."""
     metadata = body.get("metadata")
     user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
     if not isinstance(user_id, str):
@@ -36,7 +42,8 @@ def _claude_code_session(body: dict[str, Any]) -> str | None:
     try:
         decoded = msgspec.json.decode(user_id)
     except msgspec.DecodeError:
-        return None
+        found = _USER_ID_SESSION.search(user_id)
+        return None if found is None else found.group(1)
     session_id = decoded.get("session_id") if isinstance(decoded, dict) else None
     return session_id if isinstance(session_id, str) and session_id else None
 

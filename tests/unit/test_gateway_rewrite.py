@@ -117,6 +117,11 @@ def test_the_session_is_the_header_then_claude_codes_id_then_the_conversation() 
         GatewayRequest("openai", "chat_completions", "not a valid id!", {}))
     assert session_of(GatewayRequest("anthropic", "messages", None,
                                      {"metadata": {"user_id": "plain-user"}, **plain})) == key
+    older = ("user_3f2a_account_7c1e9d2a-0b4f-4a8e-9c3d-2e1f0a9b8c7d_session_"
+             "5d6e7f80-1a2b-4c3d-8e9f-0a1b2c3d4e5f")
+    assert session_of(GatewayRequest("anthropic", "messages", None,
+                                     {"metadata": {"user_id": older}, **plain})) == (
+        "5d6e7f80-1a2b-4c3d-8e9f-0a1b2c3d4e5f")
 
 
 # ---- offload, stickiness, idempotence -----------------------------------------------------
