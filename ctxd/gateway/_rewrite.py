@@ -189,8 +189,9 @@ _fixed_counts = _FixedCounts()
 
 async def prepare(supervisor: Supervisor, request: GatewayRequest) -> Prepared:
     """The request as it is to be sent, with the session's substitutions, after recording
-    what it holds that the session has not seen (a ``count_tokens`` request is rewritten
-    the same way, but records nothing and changes nothing).
+    what it holds that the session has not seen; the session is opened if it is not (a
+    ``count_tokens`` request is rewritten the same way, but records nothing: no message,
+    no ledger row, no delivery).
 
     Raises:
         CtxdError: -32602 when the body is not the API's shape; any error of the session's
@@ -210,7 +211,7 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
     """The operation on the session's actor (see `prepare`)."""
     services = actor.services
     session_id = actor.session_id
-    if recording and (actor.record is None or actor.record.state != "open"):
+    if actor.record is None or actor.record.state != "open":
         await open_session(actor, SessionOpenParams(session_id=session_id))
     bares = [shape.bare(message) for message in messages]
     digests = [digest_of(message) for message in bares]

@@ -180,9 +180,9 @@ def _system(text: str) -> MessageIn:
 async def test_count_tokens_rewrites_alike_and_records_nothing(supervisor: Supervisor) -> None:
     history = [{"role": "user", "content": "x"}, call("t1", "Read"), answer("t1", BIG)]
     counted = await prepare(supervisor, anthropic(history, "count_tokens"))
-    with pytest.raises(CtxdError) as caught:
-        await supervisor.call("s1", get_session)
-    assert caught.value.code == ErrorCode.NOT_FOUND
+    assert (await supervisor.call("s1", get_session)).session.message_count == 0
+    assert await supervisor.store.read(load_ledger, "s1", thread_of(
+        _anthropic, anthropic(history).body, history)) == []
     sent_now = await prepare(supervisor, anthropic(history))
     assert (counted.body, counted.tokens, counted.removed_tokens) == (
         sent_now.body, sent_now.tokens, sent_now.removed_tokens)
