@@ -23,6 +23,9 @@ __all__ = ["ToolResult", "bare", "body_with", "calls", "counted", "is_system", "
            "system_and_tools", "to_ctxd", "with_note", "with_result"]
 
 _encode = msgspec.json.Encoder().encode
+ROLES = ("user", "assistant", "system")
+"""A message's roles (Claude Code sends system messages among the others: its
+environment, reminders)."""
 
 
 def messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -35,9 +38,9 @@ def messages_of(body: dict[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(messages, list):
         raise params_error("$.messages", "must be a list of messages")
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
             raise params_error(f"$.messages[{i}]",
-                               "must be an object whose role is user or assistant")
+                               f"must be an object whose role is one of {ROLES}")
         content = message.get("content")
         if isinstance(content, str):
             continue
@@ -65,9 +68,13 @@ def to_ctxd(messages: list[dict[str, Any]], start: int) -> list[list[MessageIn]]
     parser.tool_names.update(call for message in messages[:start] for call in calls(message))
     recorded = []
     for position, message in enumerate(messages[start:], start):
+        source = {"format": "gateway", "api": "anthropic", "position": position}
+        if is_system(message):
+            recorded.append([MessageIn(role="system", content=message["content"],
+                                       meta={"source": source})])
+            continue
         entry = parser.parse_record({"type": message["role"], "message": message},
                                     position + 1, position + 1)
-        source = {"format": "gateway", "api": "anthropic", "position": position}
         recorded.append([msgspec.structs.replace(m, meta={**(m.meta or {}), "source": source})
                          for m in entry.messages])
     return recorded
@@ -105,13 +112,14 @@ def result_end(messages: list[dict[str, Any]], position: int) -> int:
 
 
 def is_system(message: dict[str, Any]) -> bool:
-    """Whether the message is part of the system prompt (never, here: it is ``system``)."""
-    return False
+    """Whether the message is part of the system prompt (a system message among the
+    others; the ``system`` field is counted by itself)."""
+    return bool(message["role"] == "system")
 
 
 def summary_message(text: str) -> dict[str, Any]:
     """The user message that stands for a compacted span."""
-    return {"role": "user", "content": [{"type": "text", "text": text}]}
+    return {"role": "user", "content": text}
 
 
 def with_note(message: dict[str, Any], text: str) -> dict[str, Any] | None:
@@ -154,7 +162,9 @@ def _ids(message: dict[str, Any]) -> tuple[list[str], list[str]]:
 def problems(messages: list[dict[str, Any]]) -> list[str]:
     """Why the API would refuse these messages (nothing: it would take them): the first
     is a user's, roles alternate, and each assistant's tool calls are answered, all and
-    only them, by the next message."""
+    only them, by the next message (system messages aside)."""
+    # System messages stand between the others without breaking their order.
+    messages = [message for message in messages if not is_system(message)]
     if not messages:
         return ["no messages"]
     found = []

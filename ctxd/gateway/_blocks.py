@@ -55,14 +55,23 @@ def _unmarked_block(block: Any) -> Any:
     return unmarked
 
 
+def _plain_text(block: Any) -> bool:
+    return (isinstance(block, dict) and block.keys() == {"type", "text"}
+            and block["type"] == "text" and isinstance(block["text"], str))
+
+
 def bare(message: dict[str, Any]) -> dict[str, Any]:
     """The message without its blocks' ``cache_control`` marks (a tool result's inner
-    blocks' too): agents move their breakpoints from request to request, so a message is
+    blocks' too), and one plain text block as the string it stands for: agents move their
+    breakpoints from request to request, and Claude Code sends its last message's text as
+    a marked block and the same text as a string once it is no longer last; a message is
     known, and remembered, by the rest. A message without marks is returned itself."""
     content = message.get("content")
     if not isinstance(content, list):
         return message
     blocks = [_unmarked_block(block) for block in content]
+    if len(blocks) == 1 and _plain_text(blocks[0]):
+        return {**message, "content": blocks[0]["text"]}
     if all(new is old for new, old in zip(blocks, content, strict=True)):
         return message
     return {**message, "content": blocks}
@@ -85,6 +94,8 @@ def marked(sent: dict[str, Any], agent: dict[str, Any]) -> dict[str, Any]:
     sent as the agent gave it is the agent's own, marks and all (byte-identical); a block
     ctxd replaced takes the mark the agent put on it or inside it, so a breakpoint stays on
     the message it marks. Blocks ctxd added (at the end) are never marked."""
+    if sent == bare(agent):
+        return agent  # sent as the agent gave it: the agent's own bytes
     sent_content, agent_content = sent.get("content"), agent.get("content")
     if (not isinstance(sent_content, list) or not isinstance(agent_content, list)
             or not count_marks([agent])):

@@ -22,11 +22,16 @@ class LedgerRow:
     position: int
     digest: bytes
     sent: dict[str, Any] | None
-    """The message sent, without the agent's ``cache_control`` marks (None: left out)."""
+    """The message as ctxd sends it, without the agent's ``cache_control`` marks (its own
+    substitutions: a stub, a marker, a note); a fold or compaction may leave it out."""
     agent_tokens: int
     sent_tokens: int
     first_seq: int | None
     """The seq of the first ctxd message it was recorded as (None: nothing recorded)."""
+    compaction: dict[str, Any] | None = None
+    """On a message that called ``compact_context``: the summary message that stands for
+    the messages before it (None: no compaction point here)."""
+    compaction_tokens: int = 0
 
 
 def load_ledger(conn: apsw.Connection, session_id: str, thread: bytes) -> list[LedgerRow]:
@@ -34,11 +39,14 @@ def load_ledger(conn: apsw.Connection, session_id: str, thread: bytes) -> list[L
     return [LedgerRow(position=position, digest=digest,
                       sent=None if sent is None else _decode(sent),
                       agent_tokens=agent_tokens, sent_tokens=sent_tokens,
-                      first_seq=first_seq)
-            for position, digest, sent, agent_tokens, sent_tokens, first_seq in conn.execute(
-                "SELECT position, digest, sent, agent_tokens, sent_tokens, first_seq "
-                "FROM gateway_ledger WHERE session_id = ? AND thread = ? ORDER BY position",
-                (session_id, thread))]
+                      first_seq=first_seq,
+                      compaction=None if compaction is None else _decode(compaction),
+                      compaction_tokens=compaction_tokens)
+            for (position, digest, sent, agent_tokens, sent_tokens, first_seq, compaction,
+                 compaction_tokens) in conn.execute(
+                "SELECT position, digest, sent, agent_tokens, sent_tokens, first_seq, "
+                "compaction, compaction_tokens FROM gateway_ledger "
+                "WHERE session_id = ? AND thread = ? ORDER BY position", (session_id, thread))]
 
 
 def save_ledger(conn: apsw.Connection, session_id: str, thread: bytes, keep: int,
@@ -49,7 +57,10 @@ def save_ledger(conn: apsw.Connection, session_id: str, thread: bytes, keep: int
                  "AND position >= ?", (session_id, thread, keep))
     conn.executemany(
         "INSERT OR REPLACE INTO gateway_ledger (session_id, thread, position, digest, sent, "
-        "agent_tokens, sent_tokens, first_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        "agent_tokens, sent_tokens, first_seq, compaction, compaction_tokens) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [(session_id, thread, row.position, row.digest,
           None if row.sent is None else _encode(row.sent), row.agent_tokens,
-          row.sent_tokens, row.first_seq) for row in rows])
+          row.sent_tokens, row.first_seq,
+          None if row.compaction is None else _encode(row.compaction),
+          row.compaction_tokens) for row in rows])

@@ -228,46 +228,47 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
                             f"{len(messages) - keep} messages are new to the session",
                             "send the conversation in a new session")
     await _record_new(actor, shape, messages, bares, digests, plan)
-    await _apply_points(actor, shape, messages, plan)
+    await _decide_compactions(actor, shape, messages, plan)
     counter = services.counter
     system_tokens, tool_tokens = await _fixed_counts.count(
         counter, *shape.system_and_tools(request.body))
     await _clear_if_over(actor, shape, messages, plan, system_tokens + tool_tokens)
     await _inject(actor, shape, messages, plan, system_tokens + tool_tokens)
-    sent, marks_tokens = await _assemble(shape, messages, bares, plan, counter)
+    view = shown(shape, messages, plan.rows)
+    plan.points.extend(point for point in view.points if point["end"] >= plan.keep)
+    sent, marks_tokens = await _assemble(shape, messages, bares, plan, view, counter)
     if recording:
         await _commit(actor, plan)
-    rows = [plan.rows[p] for p in range(len(messages))]
-    in_system = sum(row.sent_tokens + marks_tokens.get(p, 0) for p, row in enumerate(rows)
-                    if row.sent is not None and shape.is_system(messages[p]))
+    in_system = sum(tokens + marks_tokens.get(p, 0) for p, tokens in enumerate(view.tokens)
+                    if view.messages[p] is not None and shape.is_system(messages[p]))
     model = request.body.get("model")
     return Prepared(
         session_id=session_id, body=shape.body_with(request.body, sent),
         tokens={"system_prompt": system_tokens + in_system, "tool_descriptions": tool_tokens,
-                "conversation": sum(row.sent_tokens for row in rows)
-                + sum(marks_tokens.values()) - in_system},
-        removed_tokens=sum(max(0, row.agent_tokens - row.sent_tokens) for row in rows),
+                "conversation": sum(view.tokens) + sum(marks_tokens.values()) - in_system},
+        removed_tokens=sum(max(0, plan.rows[p].agent_tokens - tokens)
+                           for p, tokens in enumerate(view.tokens)),
         model=model if isinstance(model, str) else None)
 
 
 async def _assemble(shape: Shape, messages: list[dict[str, Any]],
-                    bares: list[dict[str, Any]], plan: _Plan, counter: TokenCounter
-                    ) -> tuple[list[dict[str, Any]], dict[int, int]]:
-    """The messages to send (the ledger's, the agent's marks put back), checked, and the
+                    bares: list[dict[str, Any]], plan: _Plan, view: View,
+                    counter: TokenCounter) -> tuple[list[dict[str, Any]], dict[int, int]]:
+    """The messages to send (the view's, the agent's marks put back), checked, and the
     tokens the marks add to each marked one (the ledger counts them unmarked).
 
     Raises:
         CtxdError: -32603 when the agent's request was valid and these are not, or they
             carry more breakpoints than the agent's.
     """
-    kept = [(p, remembered) for p in range(len(messages))
-            if (remembered := plan.rows[p].sent) is not None]
+    kept = [(p, remembered) for p, remembered in enumerate(view.messages)
+            if remembered is not None]
     sent = [remembered if bares[p] is messages[p] else shape.marked(remembered, messages[p])
             for p, remembered in kept]
     marked = [(p, message) for (p, remembered), message in zip(kept, sent, strict=True)
               if message is not remembered]
     with_marks = await counter.count_messages([shape.counted(m) for _, m in marked])
-    marks_tokens = {position: tokens - plan.rows[position].sent_tokens
+    marks_tokens = {position: tokens - view.tokens[position]
                     for (position, _), tokens in zip(marked, with_marks, strict=True)}
     if not shape.problems(messages):
         found = shape.problems(sent)
@@ -357,44 +358,68 @@ def rewrite_points(shape: Shape, messages: list[dict[str, Any]]
     return points
 
 
-async def _apply_points(actor: SessionActor, shape: Shape,
-                        messages: list[dict[str, Any]], plan: _Plan) -> None:
-    """Apply the rewrite points that new messages brought (the older ones are in the
-    ledger already). A compaction applies when everything before it was recorded before
-    this request (ctxd compacted what it had), and when its summary is smaller than what
-    it stands for."""
-    if not any(name.endswith(POINT_TOOLS) for message in messages[plan.keep:]
-               for _, name in shape.calls(message)):
-        return  # no new call makes a point
+@dataclass(frozen=True)
+class View:
+    """What a request sends for each of its messages (None: left out), after the folds and
+    compactions its history holds, with the tokens of each, and those points."""
+
+    messages: list[dict[str, Any] | None]
+    tokens: list[int]
+    points: list[dict[str, Any]]
+
+
+def shown(shape: Shape, messages: list[dict[str, Any]], rows: dict[int, LedgerRow],
+          before: int | None = None) -> View:
+    """The view of the ledger's rows: each message as its row sends it, then the rewrite
+    points of the history applied in order (those whose end is before ``before``): a fold
+    leaves its span out; a compaction whose summary its message holds puts that summary
+    in place of the first message before it and leaves the others out (system messages
+    stay). Folds are worked out from the history alone, so a rewind past a fold's end
+    undoes it; a compaction's summary goes with the message that called it."""
+    sent = [rows[p].sent for p in range(len(messages))]
+    tokens = [rows[p].sent_tokens if sent[p] is not None else 0 for p in range(len(messages))]
+    points = []
     for kind, first, end in rewrite_points(shape, messages):
-        if end < plan.keep:
-            continue
+        if before is not None and end >= before:
+            break
+        summary = rows[end].compaction
         if kind == "fold":
-            span = [p for p in range(first, end) if plan.rows[p].sent is not None]
-        else:
-            if end != plan.keep:
-                continue
-            span = [p for p in range(end) if plan.rows[p].sent is not None
+            span = [p for p in range(first, end) if sent[p] is not None]
+        elif summary is not None:
+            span = [p for p in range(end) if sent[p] is not None
                     and not shape.is_system(messages[p])]
+        else:
+            continue
         if not span:
             continue
-        removed = sum(plan.rows[p].sent_tokens for p in span)
-        summary, summary_tokens = None, 0
-        if kind == "compaction":
-            summary = shape.summary_message(await _compaction_summary(actor, len(span)))
-            [summary_tokens] = await actor.services.counter.count_messages(
-                [shape.counted(summary)])
-            if summary_tokens >= removed:
-                continue  # ctxd's compaction left no less: the cached prefix is worth more
+        removed = sum(tokens[p] for p in span)
         for position in span:
-            plan.rows[position].sent, plan.rows[position].sent_tokens = None, 0
-            plan.changed.add(position)
-        if summary is not None:
-            row = plan.rows[span[0]]
-            row.sent, row.sent_tokens = summary, summary_tokens
-            removed -= summary_tokens
-        plan.points.append({"kind": kind, "first": span[0], "end": end,
-                            "messages": len(span), "tokens_removed": removed})
+            sent[position], tokens[position] = None, 0
+        if kind == "compaction":
+            sent[span[0]], tokens[span[0]] = summary, rows[end].compaction_tokens
+            removed -= rows[end].compaction_tokens
+        points.append({"kind": kind, "first": span[0], "end": end, "messages": len(span),
+                       "tokens_removed": removed})
+    return View(messages=sent, tokens=tokens, points=points)
+
+
+async def _decide_compactions(actor: SessionActor, shape: Shape,
+                              messages: list[dict[str, Any]], plan: _Plan) -> None:
+    """The summary of a ``compact_context`` call that is the first message new to the
+    ledger (so ctxd recorded, and compacted, everything before it), kept on its row when
+    it is smaller than what it stands for (else the cached prefix is worth more)."""
+    for kind, _, end in rewrite_points(shape, messages):
+        if kind != "compaction" or end != plan.keep or not end:
+            continue
+        view = shown(shape, messages, plan.rows, before=end)
+        span = [p for p in range(end) if view.messages[p] is not None
+                and not shape.is_system(messages[p])]
+        if not span:
+            continue
+        summary = shape.summary_message(await _compaction_summary(actor, len(span)))
+        [tokens] = await actor.services.counter.count_messages([shape.counted(summary)])
+        if tokens < sum(view.tokens[p] for p in span):
+            plan.rows[end].compaction, plan.rows[end].compaction_tokens = summary, tokens
 
 
 async def _compaction_summary(actor: SessionActor, count: int) -> str:
@@ -419,14 +444,16 @@ async def _clear_if_over(actor: SessionActor, shape: Shape,
     record = actor.record
     if record is None:
         return
-    total = fixed + sum(row.sent_tokens for row in plan.rows.values())
+    view = shown(shape, messages, plan.rows)
+    total = fixed + sum(view.tokens)
     if total / record.budget.effective_window < record.budget.compact_trigger:
         return
     candidates: list[tuple[int, int, int, str]] = []
     for position in range(len(messages) - KEEP_RECENT):
         row = plan.rows[position]
-        if row.sent is None or row.first_seq is None:
-            continue
+        if row.sent is None or view.messages[position] is not row.sent \
+                or row.first_seq is None:
+            continue  # left out, or a summary stands in its place
         given = shape.results(messages[position])
         for k, (result, original) in enumerate(zip(shape.results(row.sent), given,
                                                    strict=True)):
@@ -497,7 +524,7 @@ async def _inject(actor: SessionActor, shape: Shape, messages: list[dict[str, An
     memories = await _memories(actor, shape, messages) if plan.seen == 0 else None
     if memories is not None and memories.text is not None:
         notes.insert(0, memories.text)
-    context_note = _context_note(actor, plan, fixed)
+    context_note = _context_note(actor, shape, messages, plan, fixed)
     if context_note:
         notes.append(context_note)
     row = plan.rows[last]
@@ -511,14 +538,15 @@ async def _inject(actor: SessionActor, shape: Shape, messages: list[dict[str, An
     plan.memories = memories
 
 
-def _context_note(actor: SessionActor, plan: _Plan, fixed: int) -> str | None:
+def _context_note(actor: SessionActor, shape: Shape, messages: list[dict[str, Any]],
+                  plan: _Plan, fixed: int) -> str | None:
     """``[hygiene] context_note`` when this request's usage is past a threshold (``warn``,
     ``caution``) that the messages before its new ones were not: once per threshold
     crossed, not on every turn (docs/protocol.md, The context note)."""
     budget = actor.require().budget
     window = budget.effective_window
-    before = fixed + sum(plan.rows[p].sent_tokens for p in range(plan.keep))
-    now = fixed + sum(row.sent_tokens for row in plan.rows.values())
+    tokens = shown(shape, messages, plan.rows).tokens
+    before, now = fixed + sum(tokens[:plan.keep]), fixed + sum(tokens)
 
     def level(tokens: int) -> int:
         return sum(tokens / window >= threshold for threshold in (budget.warn, budget.caution))

@@ -257,6 +257,15 @@ async def test_a_returned_branch_is_folded_out_of_every_later_request(
     assert sent(later.body) == [*FOLD[:3], *FOLD[5:]]
 
 
+async def test_a_rewind_past_the_return_brings_the_branch_back(
+        supervisor: Supervisor) -> None:
+    await prepare(supervisor, anthropic(FOLD))
+    rewound = [*FOLD[:5], {"role": "assistant", "content": "let me look again"},
+               {"role": "user", "content": "go on"}]
+    prepared = await prepare(supervisor, anthropic(rewound))
+    assert sent(prepared.body) == rewound
+
+
 async def test_nested_branches_fold_inner_then_outer(supervisor: Supervisor) -> None:
     nested = [*FOLD[:3], call("b2", "mcp__ctxd__context_branch"), answer("b2", "open"),
               call("r2", "Read"), answer("r2", "deep"),
@@ -305,7 +314,7 @@ async def test_compact_context_replaces_the_history_before_it_with_ctxds_summary
     [point] = drain(events)
     summary, *rest = sent(prepared.body)
     assert rest == compacting[-2:]
-    text = summary["content"][0]["text"]
+    text = summary["content"]
     assert summary["role"] == "user"
     assert text.startswith(f"[ctxd compacted the {len(history)} messages before this point")
     assert (point.data["kind"], point.data["first"], point.data["end"]) == (

@@ -21,7 +21,7 @@ from ctxd.config import Config
 from ctxd.gateway import GatewayRequest, Prepared, _anthropic, _openai, prepare
 from ctxd.gateway._blocks import bare, content_text
 from ctxd.gateway._ledger import LedgerRow, load_ledger
-from ctxd.gateway._rewrite import rewrite_points, thread_of
+from ctxd.gateway._rewrite import rewrite_points, shown, thread_of
 from ctxd.sessions import Supervisor, get_session, read_result
 from ctxd.wire.types import ResultReadParams
 
@@ -113,6 +113,8 @@ def anthropic_history(draw: st.DrawFn) -> list[dict[str, Any]]:
         if draw(marks):
             answer[-1] = {**answer[-1], "cache_control": {"type": "ephemeral"}}
         messages.append({"role": "user", "content": answer})
+        if draw(st.integers(0, 5)) == 0:
+            messages.append({"role": "system", "content": draw(words)})
     return messages
 
 
@@ -147,8 +149,22 @@ histories = st.one_of(anthropic_history().map(lambda h: ("anthropic", h)),
                       openai_history().map(lambda h: ("openai", h)))
 
 
+def marked_last(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages as Claude Code sends them: the last one's last block marked, a text
+    content as a marked text block (and as a string again once it is not last)."""
+    if not messages:
+        return messages
+    last = messages[-1]
+    content = last["content"]
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    return [*messages[:-1], {**last, "content": [
+        *blocks[:-1], {**blocks[-1], "cache_control": {"type": "ephemeral"}}]}]
+
+
 def request(api: str, messages: list[dict[str, Any]], endpoint: str = "messages",
             session: str = "s1") -> GatewayRequest:
+    if api == "anthropic":
+        messages = marked_last(messages)
     body = {"model": "m", "max_tokens": 10, "messages": messages}
     return GatewayRequest(api=api, endpoint=endpoint  # type: ignore[arg-type]
                           if api == "anthropic" else "chat_completions",
@@ -246,19 +262,21 @@ def test_a_growing_history_keeps_every_earlier_message_sent_as_it_was(
 
     async def example(supervisor: Supervisor) -> None:
         before: list[LedgerRow] = []
+        sent_before: list[dict[str, Any] | None] = []
         previous = 0
         for cut in [*cuts(api, messages), len(messages)]:
             prepared = await prepare(supervisor, request(api, messages[:cut]))
             after = await ledger(supervisor, api, messages)
+            sent_now = shown(shape, messages[:cut], dict(enumerate(after))).messages
             new_points = [first for _, first, end in rewrite_points(shape, messages[:cut])
                           if end >= previous]
             stable = min([*new_points, previous])
-            assert [row.sent for row in after[:stable]] == [row.sent for row in before[:stable]]
+            assert sent_now[:stable] == sent_before[:stable]
             assert [row.digest for row in after[:previous]] == [row.digest for row in before]
-            # The body is the ledger's messages, the agent's marks put back.
+            # The body is the ledger's view, the agent's marks put back.
             assert [shape.bare(m) for m in sent_messages(prepared)] == [
-                row.sent for row in after if row.sent is not None]
-            before, previous = after, cut
+                shape.bare(m) for m in sent_now if m is not None]
+            before, sent_before, previous = after, sent_now, cut
 
     run(example)
 
@@ -301,7 +319,7 @@ def test_a_rewound_history_is_a_boundary_and_only_its_new_messages_are_recorded(
         assert after[:cut - 1] == before[:cut - 1]
         assert after[cut - 1].sent == bare(edited[-1])
         assert (await supervisor.call("s1", get_session)).session.message_count == recorded + 1
-        assert sent_messages(prepared)[-1] == edited[-1]
+        assert sent_messages(prepared)[-1] == request(api, edited).body["messages"][-1]
 
     run(example)
 

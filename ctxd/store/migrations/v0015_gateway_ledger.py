@@ -6,8 +6,10 @@ own, keep ledgers of their own and do not disturb the conversation's): the
 digest of the agent's message (its ``cache_control`` marks left out), the exact JSON the
 gateway sent in its place (NULL: left out, folded or compacted away), the tokens of each,
 and the seq of the first ctxd message it was recorded as (NULL: nothing to record, such as
-a message of only thinking blocks). A message's sent bytes are decided once and read back
-on every later request, so the prompt cache's prefix holds.
+a message of only thinking blocks); on the message that called ``compact_context``, the
+summary that stands for the messages before it (NULL: none). A message's sent bytes are
+decided once and read back on every later request, so the prompt cache's prefix holds;
+folds are worked out from the history itself, so a rewind past a fold's end undoes it.
 """
 
 SQL = """
@@ -20,6 +22,8 @@ CREATE TABLE gateway_ledger (
     agent_tokens INTEGER NOT NULL,
     sent_tokens  INTEGER NOT NULL,
     first_seq    INTEGER,
+    compaction   BLOB,
+    compaction_tokens INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (session_id, thread, position)
 ) STRICT, WITHOUT ROWID;
 """
