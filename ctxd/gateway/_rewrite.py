@@ -133,7 +133,9 @@ class _Plan:
     seen: int
     """Ledger rows before this request (more than ``keep``: the history diverged)."""
     rows: dict[int, LedgerRow]
-    """Every position's row, as sent now."""
+    """Every position's row."""
+    points_of_history: list[tuple[str, int, int]]
+    """The folds and compactions the request's history holds (`rewrite_points`)."""
     changed: set[int] = dataclasses.field(default_factory=set)
     recorded: list[MessageIn] = dataclasses.field(default_factory=list)
     blobs: list[ToolResultBlob] = dataclasses.field(default_factory=list)
@@ -222,7 +224,8 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
     while keep < min(len(ledger), len(messages)) and ledger[keep].digest == digests[keep]:
         keep += 1
     plan = _Plan(thread=thread, keep=keep, seen=len(ledger),
-                 rows={row.position: row for row in ledger[:keep]})
+                 rows={row.position: row for row in ledger[:keep]},
+                 points_of_history=rewrite_points(shape, messages))
     if len(messages) - keep > MAX_RECORDED:
         raise limit_reached("messages", MAX_RECORDED,
                             f"{len(messages) - keep} messages are new to the session",
@@ -234,7 +237,7 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
         counter, *shape.system_and_tools(request.body))
     await _clear_if_over(actor, shape, messages, plan, system_tokens + tool_tokens)
     await _inject(actor, shape, messages, plan, system_tokens + tool_tokens)
-    view = shown(shape, messages, plan.rows)
+    view = shown(shape, messages, plan.rows, plan.points_of_history)
     plan.points.extend(point for point in view.points if point["end"] >= plan.keep)
     sent, marks_tokens = await _assemble(shape, messages, bares, plan, view, counter)
     if recording:
@@ -369,7 +372,8 @@ class View:
 
 
 def shown(shape: Shape, messages: list[dict[str, Any]], rows: dict[int, LedgerRow],
-          before: int | None = None) -> View:
+          points: list[tuple[str, int, int]] | None = None, before: int | None = None
+          ) -> View:
     """The view of the ledger's rows: each message as its row sends it, then the rewrite
     points of the history applied in order (those whose end is before ``before``): a fold
     leaves its span out; a compaction whose summary its message holds puts that summary
@@ -378,8 +382,8 @@ def shown(shape: Shape, messages: list[dict[str, Any]], rows: dict[int, LedgerRo
     undoes it; a compaction's summary goes with the message that called it."""
     sent = [rows[p].sent for p in range(len(messages))]
     tokens = [rows[p].sent_tokens if sent[p] is not None else 0 for p in range(len(messages))]
-    points = []
-    for kind, first, end in rewrite_points(shape, messages):
+    applied = []
+    for kind, first, end in (rewrite_points(shape, messages) if points is None else points):
         if before is not None and end >= before:
             break
         summary = rows[end].compaction
@@ -398,9 +402,9 @@ def shown(shape: Shape, messages: list[dict[str, Any]], rows: dict[int, LedgerRo
         if kind == "compaction":
             sent[span[0]], tokens[span[0]] = summary, rows[end].compaction_tokens
             removed -= rows[end].compaction_tokens
-        points.append({"kind": kind, "first": span[0], "end": end, "messages": len(span),
-                       "tokens_removed": removed})
-    return View(messages=sent, tokens=tokens, points=points)
+        applied.append({"kind": kind, "first": span[0], "end": end, "messages": len(span),
+                        "tokens_removed": removed})
+    return View(messages=sent, tokens=tokens, points=applied)
 
 
 async def _decide_compactions(actor: SessionActor, shape: Shape,
@@ -408,10 +412,10 @@ async def _decide_compactions(actor: SessionActor, shape: Shape,
     """The summary of a ``compact_context`` call that is the first message new to the
     ledger (so ctxd recorded, and compacted, everything before it), kept on its row when
     it is smaller than what it stands for (else the cached prefix is worth more)."""
-    for kind, _, end in rewrite_points(shape, messages):
+    for kind, _, end in plan.points_of_history:
         if kind != "compaction" or end != plan.keep or not end:
             continue
-        view = shown(shape, messages, plan.rows, before=end)
+        view = shown(shape, messages, plan.rows, plan.points_of_history, before=end)
         span = [p for p in range(end) if view.messages[p] is not None
                 and not shape.is_system(messages[p])]
         if not span:
@@ -444,7 +448,7 @@ async def _clear_if_over(actor: SessionActor, shape: Shape,
     record = actor.record
     if record is None:
         return
-    view = shown(shape, messages, plan.rows)
+    view = shown(shape, messages, plan.rows, plan.points_of_history)
     total = fixed + sum(view.tokens)
     if total / record.budget.effective_window < record.budget.compact_trigger:
         return
@@ -545,7 +549,7 @@ def _context_note(actor: SessionActor, shape: Shape, messages: list[dict[str, An
     crossed, not on every turn (docs/protocol.md, The context note)."""
     budget = actor.require().budget
     window = budget.effective_window
-    tokens = shown(shape, messages, plan.rows).tokens
+    tokens = shown(shape, messages, plan.rows, plan.points_of_history).tokens
     before, now = fixed + sum(tokens[:plan.keep]), fixed + sum(tokens)
 
     def level(tokens: int) -> int:
