@@ -70,7 +70,7 @@ def to_ctxd(messages: list[dict[str, Any]], start: int) -> list[list[MessageIn]]
     for position, message in enumerate(messages[start:], start):
         source = {"format": "gateway", "api": "anthropic", "position": position}
         if is_system(message):
-            recorded.append([MessageIn(role="system", content=message["content"],
+            recorded.append([MessageIn(role="system", content=bare(message)["content"],
                                        meta={"source": source})])
             continue
         entry = parser.parse_record({"type": message["role"], "message": message},
