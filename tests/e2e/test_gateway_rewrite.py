@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 import pytest
 from mock_anthropic import MockAnthropic, tool_use
+from prompt_cache import CacheUsage, PromptCache
 from tests_support import running_supervisor
 
 from ctxd.config import Config
@@ -24,7 +25,7 @@ from ctxd.gateway._blocks import bare
 from ctxd.sessions import Supervisor, get_session, read_result
 from ctxd.wire.types import ResultReadParams
 
-STEPS = 5
+STEPS = 20
 LINES = 540
 BIG_COMMAND = ("python3 -c \"print('\\n'.join(f'zebra-{i:05d} the quick brown fox jumps' "
                f"for i in range({LINES})))\"")
@@ -76,22 +77,28 @@ async def test_claude_codes_requests_read_as_one_conversation_with_sticky_stubs(
     project.mkdir()
     turns = [[tool_use("toolu_big01", "Bash", {"command": BIG_COMMAND,
                                                "description": "Print the big log"})]]
-    turns += [[tool_use(f"toolu_step{n}", "Bash", {"command": f"echo step {n}",
-                                                   "description": f"Step {n}"})]
-              for n in range(STEPS)]
+    turns += [[tool_use(f"toolu_step{n}", "Bash", {
+        "command": BIG_COMMAND if n % 4 == 3 else f"echo step {n}", "description": f"Step {n}"})]
+        for n in range(STEPS)]
     with MockAnthropic(turns, final="All done.") as mock:
-        result = claude(project, home, mock, "Print the big log, then take five steps")
+        result = claude(project, home, mock, "Print the big log, then take twenty steps")
     requests = mock.main_requests()
     assert len(requests) == STEPS + 2
     session_id = result["session_id"]
     async with running_supervisor(tmp_path / "ctxd.db", Config()) as supervisor:
         events = supervisor.bus.subscribe(session_id, types=["gateway.boundary"])
         sent: list[list[dict[str, Any]]] = []
+        now = [0.0]
+        direct, rewritten = PromptCache(lambda: now[0]), PromptCache(lambda: now[0])
+        charged: list[tuple[CacheUsage, CacheUsage]] = []
         for body in requests:
             prepared = await prepare(supervisor, GatewayRequest(
                 api="anthropic", endpoint="messages", session_header=None, body=body))
             assert prepared.session_id == session_id
-            sent.append(msgspec.json.decode(prepared.body)["messages"])
+            rewritten_body = msgspec.json.decode(prepared.body)
+            sent.append(rewritten_body["messages"])
+            charged.append((direct.charge(body), rewritten.charge(rewritten_body)))
+            now[0] += 10.0
         assert events.receive_nowait() is None  # one conversation: no boundary
         events.close()
         # Each request's messages, marks aside, begin with the previous request's.
@@ -102,6 +109,12 @@ async def test_claude_codes_requests_read_as_one_conversation_with_sticky_stubs(
         assert all(stub_of(messages, "toolu_big01") == stub for messages in sent[1:])
         ref_id = stub.split('ref_id="')[1].split('"')[0]
         assert await whole(supervisor, session_id, ref_id) == BIG_OUTPUT
+        # The prompt cache is read as much through the rewrite, for fewer tokens.
+        read_direct, read_rewritten = (
+            sum(c[i].cache_read_tokens for c in charged) / sum(c[i].total for c in charged)
+            for i in (0, 1))
+        assert read_rewritten >= read_direct - 0.05, (read_rewritten, read_direct)
+        assert sum(c[1].total for c in charged) < 0.6 * sum(c[0].total for c in charged)
         # Recorded once each: the prompt, then per turn the call and its result.
         recorded = (await supervisor.call(session_id, get_session)).session.message_count
         assert recorded == len(requests[-1]["messages"])
