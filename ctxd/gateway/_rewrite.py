@@ -60,7 +60,6 @@ Api = Literal["anthropic", "openai"]
 Endpoint = Literal["messages", "count_tokens", "chat_completions"]
 
 
-
 class Shape(Protocol):
     """An API's pure functions over its messages (`_anthropic`, `_openai`)."""
 
@@ -89,8 +88,6 @@ ones with every request)."""
 KEEP_RECENT = 6
 """Messages at the end of a request whose tool results automatic clearing never touches
 (the last three turns)."""
-POINT_TOOLS = ("context_branch", "context_return", "compact_context")
-"""The ends of the names of the tools whose calls make rewrite points."""
 MEMORY_SHARE = 0.02
 """Share of the effective window the memories a conversation starts with may take."""
 MAX_RECORDED = 10_000
