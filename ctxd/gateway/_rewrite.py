@@ -511,11 +511,17 @@ async def _inject(actor: SessionActor, shape: Shape, messages: list[dict[str, An
     """On a conversation's first request the memories that fit its first user message,
     the session's pending injections, and the context note when this request's usage
     passes the session's ``warn`` or ``caution`` (``fixed``: the tokens of the system
-    prompt and tools), as a last text block of the request's last message when it is a
-    new user message (after every cache breakpoint the agent set: the cached prefix
-    holds); delivered there once, then part of that message's bytes."""
-    last = len(messages) - 1
-    if actor.record is None or last < plan.keep or plan.rows[last].sent is None:
+    prompt and tools), as a last text block of the request's last new user message
+    (Claude Code may end a request with a system message): never in a message sent
+    before, so the cached prefix holds; delivered there once, then part of that message's
+    bytes."""
+    if actor.record is None:
+        return
+    view = shown(shape, messages, plan.rows, plan.points_of_history)
+    target = next((p for p in range(len(messages) - 1, plan.keep - 1, -1)
+                   if view.messages[p] is not None and messages[p].get("role") == "user"),
+                  None)
+    if target is None:
         return
     pending, _ = await actor.services.store.read(list_injections, actor.session_id,
                                                  "pending", 1_000_000)
@@ -525,10 +531,10 @@ async def _inject(actor: SessionActor, shape: Shape, messages: list[dict[str, An
     memories = await _memories(actor, shape, messages) if plan.seen == 0 else None
     if memories is not None and memories.text is not None:
         notes.insert(0, memories.text)
-    context_note = _context_note(actor, shape, messages, plan, fixed)
+    context_note = _context_note(actor, plan, view, fixed)
     if context_note:
         notes.append(context_note)
-    row = plan.rows[last]
+    row = plan.rows[target]
     noted = None if not notes or row.sent is None else shape.with_note(row.sent,
                                                                        "\n\n".join(notes))
     if noted is None:
@@ -539,15 +545,13 @@ async def _inject(actor: SessionActor, shape: Shape, messages: list[dict[str, An
     plan.memories = memories
 
 
-def _context_note(actor: SessionActor, shape: Shape, messages: list[dict[str, Any]],
-                  plan: _Plan, fixed: int) -> str | None:
+def _context_note(actor: SessionActor, plan: _Plan, view: View, fixed: int) -> str | None:
     """``[hygiene] context_note`` when this request's usage is past a threshold (``warn``,
     ``caution``) that the messages before its new ones were not: once per threshold
     crossed, not on every turn (docs/protocol.md, The context note)."""
     budget = actor.require().budget
     window = budget.effective_window
-    tokens = shown(shape, messages, plan.rows, plan.points_of_history).tokens
-    before, now = fixed + sum(tokens[:plan.keep]), fixed + sum(tokens)
+    before, now = fixed + sum(view.tokens[:plan.keep]), fixed + sum(view.tokens)
 
     def level(tokens: int) -> int:
         return sum(tokens / window >= threshold for threshold in (budget.warn, budget.caution))

@@ -440,3 +440,20 @@ async def test_the_context_note_comes_once_per_threshold_crossed(tmp_path: Path)
         # Sticky: the later requests carry each note where it was first sent.
         final = sent(prepared.body)
         assert sum(len(m["content"]) > 1 for m in final if isinstance(m["content"], list)) == 2
+
+
+async def test_a_request_that_ends_with_a_system_message_carries_notes_in_its_user_message(
+        supervisor: Supervisor) -> None:
+    # Claude Code's first request: the prompt, then its environment as a marked system
+    # message.
+    await prepare(supervisor, anthropic([{"role": "user", "content": "hello"}]))
+    await supervisor.call("s1", lambda a: inject_push(a, InjectPushParams(
+        session_id="s1", content="the build is red")))
+    system = {"role": "system", "content": [{"type": "text", "text": "cwd: /src",
+                                             "cache_control": {"type": "ephemeral"}}]}
+    turn = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"},
+            {"role": "user", "content": "what now?"}, system]
+    prepared = await prepare(supervisor, anthropic(turn))
+    note = {"type": "text", "text": "[ctxd injection] the build is red"}
+    assert sent(prepared.body) == [*turn[:2], {"role": "user", "content": [
+        {"type": "text", "text": "what now?"}, note]}, system]
