@@ -72,6 +72,7 @@ class HygieneConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
     offload_threshold_bytes: Annotated[int, Meta(ge=256, le=1 << 30)] = 4_096
     keep_tool_results: Annotated[int, Meta(ge=0, le=1_000)] = 5
+    clear_at_least: Annotated[int, Meta(ge=1_000, le=1_000_000)] = 20_000
     auto_compact: bool = True
     compact_target: Annotated[float, Meta(ge=0.05, le=0.95)] = 0.60
     summarizer: Literal["extractive", "command", "http"] = "extractive"
@@ -223,6 +224,9 @@ _HELP = {
                                "finds them)",
     "keep_tool_results": "newest tool results, and newest tool calls' inputs, that "
                          "compaction never clears (error results are never cleared either)",
+    "clear_at_least": "tokens the gateway's automatic compaction point clears at least, in "
+                      "one step, once a request passes compact_trigger (or it clears "
+                      "nothing)",
     "auto_compact": "compact a thread by itself when it reaches budget.compact_trigger (or "
                     "an append would pass budget.hard_block)",
     "compact_target": "share of the effective window compaction brings a thread under "

@@ -1,110 +1,648 @@
-"""What the gateway sends for a request: its session, and the body with ctxd's
-substitutions (docs/architecture.md, "Gateway").
+"""Reconcile, then substitute: a model request's history against the session's sent
+ledger (``gateway_ledger``), one operation on the session's actor (docs/architecture.md,
+Gateway; the rules in docs/decisions.md, Gateway).
 
-This version substitutes nothing: the body sent is the agent's, re-encoded, and its
-tokens are counted by component; the session is found by the identity rules and opened
-when it does not exist.
+The agent's messages are its truth. Those the ledger has not seen are recorded in the
+session; where the history stops matching the ledger (the agent compacted, the user
+rewound) a boundary is recorded and the ledger cut there. Each message is sent as the
+ledger remembers it, so a substitution, once decided, gives every later request the same
+bytes; the bytes before a message change only at a rewrite point (a fold, a compaction).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import json
+import itertools
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
 
-from ctxd.sessions import SessionActor, Supervisor, session_open
-from ctxd.wire.types import SessionOpenParams
+from ctxd.errors import internal_error, limit_reached
+from ctxd.gateway import _anthropic, _openai
+from ctxd.gateway._blocks import ToolResult, count_marks
+from ctxd.gateway._identity import session_of
+from ctxd.gateway._ledger import LedgerRow, load_ledger, save_ledger
+from ctxd.hub import ack_injection, list_injections, pull_injections
+from ctxd.hygiene import (
+    ToolResultBlob,
+    blob_refs,
+    cleared_text,
+    offload,
+    ref_id_for,
+    stage_blobs,
+)
+from ctxd.memory import Injected, Memory, project_scope
+from ctxd.scrub import scrub
+from ctxd.sessions import append, open_session, render
+from ctxd.store import Transaction
+from ctxd.tokens import part_text
+from ctxd.wire.types import (
+    INJECT_PRIORITIES,
+    InjectionInfo,
+    MessageAppendParams,
+    MessageIn,
+    RenderParams,
+    SessionOpenParams,
+)
+
+if TYPE_CHECKING:
+    from ctxd.sessions import SessionActor, Supervisor
+    from ctxd.tokens import TokenCounter
+
+__all__ = ["Api", "Endpoint", "GatewayRequest", "Prepared", "prepare", "session_of"]
 
 Api = Literal["anthropic", "openai"]
 Endpoint = Literal["messages", "count_tokens", "chat_completions"]
-KEY_PREFIX = "gw-"
-"""Sessions found by their conversation's key (no header, no Claude Code metadata)."""
+
+
+class Shape(Protocol):
+    """An API's pure functions over its messages (`_anthropic`, `_openai`)."""
+
+    def messages_of(self, body: dict[str, Any]) -> list[dict[str, Any]]: ...
+    def bare(self, message: dict[str, Any]) -> dict[str, Any]: ...
+    def marked(self, sent: dict[str, Any], agent: dict[str, Any]) -> dict[str, Any]: ...
+    def to_ctxd(self, messages: list[dict[str, Any]], start: int) -> list[list[MessageIn]]: ...
+    def results(self, message: dict[str, Any]) -> list[ToolResult]: ...
+    def with_result(self, message: dict[str, Any], index: int, text: str
+                    ) -> dict[str, Any]: ...
+    def calls(self, message: dict[str, Any]) -> list[tuple[str, str]]: ...
+    def result_end(self, messages: list[dict[str, Any]], position: int) -> int: ...
+    def is_system(self, message: dict[str, Any]) -> bool: ...
+    def summary_message(self, text: str) -> dict[str, Any]: ...
+    def with_note(self, message: dict[str, Any], text: str) -> dict[str, Any] | None: ...
+    def counted(self, message: dict[str, Any]) -> MessageIn: ...
+    def system_and_tools(self, body: dict[str, Any]) -> tuple[MessageIn | None, list[str]]: ...
+    def problems(self, messages: list[dict[str, Any]]) -> list[str]: ...
+    def body_with(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> bytes: ...
+
+
+SHAPES: dict[str, Shape] = {"anthropic": _anthropic, "openai": _openai}
+FIXED_COUNTS_KEPT = 256
+"""System prompts and tool definitions whose counts are kept (an agent sends the same
+ones with every request)."""
+KEEP_RECENT = 6
+"""Messages at the end of a request whose tool results automatic clearing never touches
+(the last three turns)."""
+MEMORY_SHARE = 0.02
+"""Share of the effective window the memories a conversation starts with may take."""
+MAX_RECORDED = 10_000
+"""Messages one request may add to a session (message.append's limit)."""
+
+_encode = msgspec.json.Encoder().encode
 
 
 @dataclass(frozen=True)
 class GatewayRequest:
+    """A model request as the gateway's server parsed it."""
+
     api: Api
     endpoint: Endpoint
     session_header: str | None
     """The ``x-ctxd-session`` header's value, if any."""
     body: dict[str, Any]
-    """The agent's JSON body, parsed."""
 
 
 @dataclass(frozen=True)
 class Prepared:
+    """The request to send upstream and ctxd's count of it."""
+
     session_id: str
     body: bytes
-    """The JSON to send upstream."""
     tokens: dict[str, int]
-    """ctxd's count of the sent body by `budget.measure` component: "system_prompt",
-    "tool_descriptions", "conversation"."""
+    """Exact tokens of the sent body by budget.measure component: ``system_prompt``,
+    ``tool_descriptions``, ``conversation``."""
     removed_tokens: int
-    """Tokens ctxd's substitutions took out of this request."""
     model: str | None
 
 
-def _claude_code_session(body: dict[str, Any]) -> str | None:
-    """``metadata.user_id``'s ``session_id`` (a JSON string, as Claude Code sends it)."""
-    metadata = body.get("metadata")
-    user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
-    if not isinstance(user_id, str):
-        return None
-    try:
-        found = json.loads(user_id)
-    except ValueError:
-        return None
-    session_id = found.get("session_id") if isinstance(found, dict) else None
-    return session_id if isinstance(session_id, str) and session_id else None
+@dataclass
+class _Plan:
+    """What one request changes, worked out before anything is written."""
+
+    thread: bytes
+    keep: int
+    """Ledger rows kept as they were (the matched prefix)."""
+    seen: int
+    """Ledger rows before this request (more than ``keep``: the history diverged)."""
+    rows: dict[int, LedgerRow]
+    """Every position's row."""
+    points_of_history: list[tuple[str, int, int]]
+    """The folds and compactions the request's history holds (`rewrite_points`)."""
+    changed: set[int] = dataclasses.field(default_factory=set)
+    recorded: list[MessageIn] = dataclasses.field(default_factory=list)
+    blobs: list[ToolResultBlob] = dataclasses.field(default_factory=list)
+    delivered: list[InjectionInfo] = dataclasses.field(default_factory=list)
+    memories: Injected | None = None
+    points: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """The rewrite points decided now (the events that say so)."""
 
 
-def _first_user_message(body: dict[str, Any]) -> Any:
-    for message in body.get("messages") or ():
-        if isinstance(message, dict) and message.get("role") == "user":
-            return message.get("content")
-    return None
+def digest_of(value: Any) -> bytes:
+    """What a message of the agent (without its marks) is known by."""
+    return hashlib.blake2b(_encode(value), digest_size=16).digest()
 
 
-def session_of(request: GatewayRequest) -> str:
-    """The request's session: ``x-ctxd-session``; else Claude Code's ``metadata.user_id``
-    ``session_id``; else ``gw-`` and a hash of the system prompt and the first user
-    message, which every request of one conversation repeats. Never raises."""
-    if request.session_header:
-        return request.session_header
-    found = _claude_code_session(request.body)
-    if found is not None:
-        return found
-    system = request.body.get("system")
-    key = msgspec.json.encode([request.api, system, _first_user_message(request.body)])
-    return KEY_PREFIX + hashlib.sha256(key).hexdigest()[:32]
+def thread_of(shape: Shape, body: dict[str, Any], bares: list[dict[str, Any]]) -> bytes:
+    """The ledger a request's messages are matched against: a digest of its system
+    prompt (without marks), so that an agent's side requests (a title, a sub-agent), with
+    prompts of their own, keep ledgers of their own."""
+    system = body.get("system")
+    if isinstance(system, list):
+        system = shape.bare({"content": system})["content"]
+    return digest_of([system, list(itertools.takewhile(shape.is_system, bares))])
 
 
-async def _open(supervisor: Supervisor, session_id: str) -> None:
-    async def exists(actor: SessionActor) -> bool:
-        return actor.record is not None
+class _FixedCounts:
+    """Token counts of the texts every request repeats (system prompt, tool definitions),
+    the last `FIXED_COUNTS_KEPT` of them kept by digest."""
 
-    if not await supervisor.call(session_id, exists):
-        await session_open(supervisor, SessionOpenParams(session_id=session_id))
+    def __init__(self) -> None:
+        self._kept: OrderedDict[bytes, int] = OrderedDict()
+
+    async def count(self, counter: TokenCounter, system: MessageIn | None,
+                    tools: list[str]) -> tuple[int, int]:
+        system_key = digest_of([counter.name, "system", system and system.content])
+        system_tokens = self._kept.get(system_key)
+        if system_tokens is None:
+            system_tokens = 0 if system is None else (
+                await counter.count_messages([system]))[0]
+        tools_key = digest_of([counter.name, "tools", tools])
+        tool_tokens = self._kept.get(tools_key)
+        if tool_tokens is None:
+            tool_tokens = sum(await counter.count_texts(tools))
+        for key, tokens in ((system_key, system_tokens), (tools_key, tool_tokens)):
+            self._kept[key] = tokens
+            self._kept.move_to_end(key)
+        while len(self._kept) > FIXED_COUNTS_KEPT:
+            self._kept.popitem(last=False)
+        return system_tokens, tool_tokens
+
+
+_fixed_counts = _FixedCounts()
 
 
 async def prepare(supervisor: Supervisor, request: GatewayRequest) -> Prepared:
-    """The session of ``request`` (opened if new) and the body to send for it.
+    """The request as it is to be sent, with the session's substitutions, after recording
+    what it holds that the session has not seen; the session is opened if it is not (a
+    ``count_tokens`` request is rewritten the same way, but records nothing: no message,
+    no ledger row, no delivery).
 
     Raises:
-        Exception: any failure; the gateway then sends the agent's own bytes.
+        CtxdError: -32602 when the body is not the API's shape; any error of the session's
+            operation. The caller then sends the agent's body as it is.
     """
+    shape = SHAPES[request.api]
+    messages = shape.messages_of(request.body)
     session_id = session_of(request)
-    await _open(supervisor, session_id)
-    body = request.body
-    parts = {"system_prompt": body.get("system"), "tool_descriptions": body.get("tools"),
-             "conversation": body.get("messages")}
-    texts = ["" if part is None else msgspec.json.encode(part).decode()
-             for part in parts.values()]
-    counts = await supervisor.services.counter.count_texts(texts)
-    model = body.get("model")
-    return Prepared(session_id=session_id, body=msgspec.json.encode(body),
-                    tokens=dict(zip(parts, counts, strict=True)), removed_tokens=0,
-                    model=model if isinstance(model, str) else None)
+    recording = request.endpoint != "count_tokens"
+    prepared: Prepared = await supervisor.call(
+        session_id, lambda actor: _reconcile(actor, request, shape, messages, recording))
+    return prepared
+
+
+async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
+                     messages: list[dict[str, Any]], recording: bool) -> Prepared:
+    """The operation on the session's actor (see `prepare`)."""
+    services = actor.services
+    session_id = actor.session_id
+    if actor.record is None or actor.record.state != "open":
+        await open_session(actor, SessionOpenParams(session_id=session_id))
+    bares = [shape.bare(message) for message in messages]
+    digests = [digest_of(message) for message in bares]
+    thread = thread_of(shape, request.body, bares)
+    ledger = [] if actor.record is None else await services.store.read(
+        load_ledger, session_id, thread)
+    keep = 0
+    while keep < min(len(ledger), len(messages)) and ledger[keep].digest == digests[keep]:
+        keep += 1
+    plan = _Plan(thread=thread, keep=keep, seen=len(ledger),
+                 rows={row.position: row for row in ledger[:keep]},
+                 points_of_history=rewrite_points(shape, messages))
+    if len(messages) - keep > MAX_RECORDED:
+        raise limit_reached("messages", MAX_RECORDED,
+                            f"{len(messages) - keep} messages are new to the session",
+                            "send the conversation in a new session")
+    await _record_new(actor, shape, messages, bares, digests, plan)
+    await _decide_compactions(actor, shape, messages, plan)
+    counter = services.counter
+    system_tokens, tool_tokens = await _fixed_counts.count(
+        counter, *shape.system_and_tools(request.body))
+    await _clear_if_over(actor, shape, messages, plan, system_tokens + tool_tokens)
+    await _inject(actor, shape, messages, plan, system_tokens + tool_tokens)
+    view = shown(shape, messages, plan.rows, plan.points_of_history)
+    plan.points.extend(point for point in view.points if point["end"] >= plan.keep)
+    sent, marks_tokens = await _assemble(shape, messages, bares, plan, view, counter)
+    if recording:
+        await _commit(actor, plan)
+    in_system = sum(tokens + marks_tokens.get(p, 0) for p, tokens in enumerate(view.tokens)
+                    if view.messages[p] is not None and shape.is_system(messages[p]))
+    model = request.body.get("model")
+    return Prepared(
+        session_id=session_id, body=shape.body_with(request.body, sent),
+        tokens={"system_prompt": system_tokens + in_system, "tool_descriptions": tool_tokens,
+                "conversation": sum(view.tokens) + sum(marks_tokens.values()) - in_system},
+        removed_tokens=sum(max(0, plan.rows[p].agent_tokens - tokens)
+                           for p, tokens in enumerate(view.tokens)),
+        model=model if isinstance(model, str) else None)
+
+
+async def _assemble(shape: Shape, messages: list[dict[str, Any]],
+                    bares: list[dict[str, Any]], plan: _Plan, view: View,
+                    counter: TokenCounter) -> tuple[list[dict[str, Any]], dict[int, int]]:
+    """The messages to send (the view's, the agent's marks put back), checked, and the
+    tokens the marks add to each marked one (the ledger counts them unmarked).
+
+    Raises:
+        CtxdError: -32603 when the agent's request was valid and these are not, or they
+            carry more breakpoints than the agent's.
+    """
+    kept = [(p, remembered) for p, remembered in enumerate(view.messages)
+            if remembered is not None]
+    sent = [remembered if bares[p] is messages[p] else shape.marked(remembered, messages[p])
+            for p, remembered in kept]
+    marked = [(p, message) for (p, remembered), message in zip(kept, sent, strict=True)
+              if message is not remembered]
+    with_marks = await counter.count_messages([shape.counted(m) for _, m in marked])
+    marks_tokens = {position: tokens - view.tokens[position]
+                    for (position, _), tokens in zip(marked, with_marks, strict=True)}
+    if not shape.problems(messages):
+        found = shape.problems(sent)
+        if found:
+            raise internal_error(f"the rewritten request would not be valid: {found[0]}",
+                                 {"position": plan.keep})
+    if count_marks([m for _, m in marked]) > count_marks(
+            [m for m, unmarked in zip(messages, bares, strict=True) if m is not unmarked]):
+        raise internal_error("the rewritten request has more cache breakpoints than the "
+                             "agent's", {"position": plan.keep})
+    return sent, marks_tokens
+
+
+async def _record_new(actor: SessionActor, shape: Shape, messages: list[dict[str, Any]],
+                      bares: list[dict[str, Any]], digests: list[bytes], plan: _Plan) -> None:
+    """The rows of the messages not seen: recorded as ctxd's messages, a large tool
+    result as the stub of its blob (offload, decided here once)."""
+    if plan.keep == len(messages):
+        return
+    config = actor.services.config
+    threshold = config.hygiene.offload_threshold_bytes
+    recorded_all = shape.to_ctxd(messages, plan.keep)
+    record = actor.record
+    next_seq = (0 if record is None else record.last_seq) + 1
+    now = time.time()
+    sent_now: list[dict[str, Any]] = []
+    for position in range(plan.keep, len(messages)):
+        recorded = list(recorded_all[position - plan.keep])
+        sent = bares[position]
+        for k, result in enumerate(shape.results(sent)):
+            message = recorded[k] if k < len(recorded) else None
+            if (result.text is None or result.is_error or message is None
+                    or message.tool_call_id != result.call_id[:256]):
+                continue
+            offloaded = offload(msgspec.structs.replace(message, content=result.text),
+                                threshold, actor.session_id, next_seq + k)
+            if offloaded is None:
+                continue
+            stub, blob = offloaded
+            if config.scrub_at_rest:
+                blob = dataclasses.replace(blob, text=scrub(blob.text).text)
+            recorded[k] = stub
+            plan.blobs.append(blob.placed(next_seq + k, None, now))
+            assert isinstance(stub.content, str)
+            sent = shape.with_result(sent, result.index, stub.content)
+        plan.rows[position] = LedgerRow(
+            position=position, digest=digests[position], sent=sent, agent_tokens=0,
+            sent_tokens=0, first_seq=next_seq if recorded else None)
+        sent_now.append(sent)
+        plan.changed.add(position)
+        plan.recorded.extend(recorded)
+        next_seq += len(recorded)
+    new = range(plan.keep, len(messages))
+    counts = await actor.services.counter.count_messages(
+        [shape.counted(bares[p]) for p in new] + [shape.counted(m) for m in sent_now])
+    for offset, position in enumerate(new):
+        plan.rows[position].agent_tokens = counts[offset]
+        plan.rows[position].sent_tokens = counts[len(new) + offset]
+
+
+def rewrite_points(shape: Shape, messages: list[dict[str, Any]]
+                   ) -> list[tuple[str, int, int]]:
+    """The folds and compactions the history holds, in order: ``("fold", first, end)``
+    drops messages ``first`` to ``end - 1`` (those strictly between the message carrying
+    ``context_branch``'s result and the assistant message calling ``context_return``,
+    matched by a stack); ``("compaction", 0, end)``: the messages before ``end``, whose
+    assistant message called ``compact_context``, stand as its summary. A call whose
+    result is an error, or not there yet, is no point."""
+    outcome: dict[str, bool] = {}
+    for message in messages:
+        for result in shape.results(message):
+            outcome[result.call_id] = result.is_error
+    branches: list[int] = []
+    points = []
+    for position, message in enumerate(messages):
+        for call_id, name in shape.calls(message):
+            if outcome.get(call_id, True):
+                continue
+            if name.endswith("context_branch"):
+                branches.append(shape.result_end(messages, position) + 1)
+            elif name.endswith("context_return") and branches:
+                first = branches.pop()
+                if first < position:
+                    points.append(("fold", first, position))
+            elif name.endswith("compact_context"):
+                points.append(("compaction", 0, position))
+    return points
+
+
+@dataclass(frozen=True)
+class View:
+    """What a request sends for each of its messages (None: left out), after the folds and
+    compactions its history holds, with the tokens of each, and those points."""
+
+    messages: list[dict[str, Any] | None]
+    tokens: list[int]
+    points: list[dict[str, Any]]
+
+
+def shown(shape: Shape, messages: list[dict[str, Any]], rows: dict[int, LedgerRow],
+          points: list[tuple[str, int, int]] | None = None, before: int | None = None
+          ) -> View:
+    """The view of the ledger's rows: each message as its row sends it, then the rewrite
+    points of the history applied in order (those whose end is before ``before``): a fold
+    leaves its span out; a compaction whose summary its message holds puts that summary
+    in place of the first message before it and leaves the others out (system messages
+    stay). Folds are worked out from the history alone, so a rewind past a fold's end
+    undoes it; a compaction's summary goes with the message that called it."""
+    sent = [rows[p].sent for p in range(len(messages))]
+    tokens = [rows[p].sent_tokens if sent[p] is not None else 0 for p in range(len(messages))]
+    applied = []
+    for kind, first, end in (rewrite_points(shape, messages) if points is None else points):
+        if before is not None and end >= before:
+            break
+        summary = rows[end].compaction
+        if kind == "fold":
+            span = [p for p in range(first, end) if sent[p] is not None]
+        elif summary is not None:
+            span = [p for p in range(end) if sent[p] is not None
+                    and not shape.is_system(messages[p])]
+        else:
+            continue
+        if not span:
+            continue
+        removed = sum(tokens[p] for p in span)
+        for position in span:
+            sent[position], tokens[position] = None, 0
+        if kind == "compaction":
+            sent[span[0]], tokens[span[0]] = summary, rows[end].compaction_tokens
+            removed -= rows[end].compaction_tokens
+        applied.append({"kind": kind, "first": span[0], "end": end, "messages": len(span),
+                        "tokens_removed": removed})
+    return View(messages=sent, tokens=tokens, points=applied)
+
+
+async def _decide_compactions(actor: SessionActor, shape: Shape,
+                              messages: list[dict[str, Any]], plan: _Plan) -> None:
+    """The summary of a ``compact_context`` call that is the first message new to the
+    ledger (so ctxd recorded, and compacted, everything before it), kept on its row when
+    it is smaller than what it stands for (else the cached prefix is worth more)."""
+    for kind, _, end in plan.points_of_history:
+        if kind != "compaction" or end != plan.keep or not end:
+            continue
+        view = shown(shape, messages, plan.rows, plan.points_of_history, before=end)
+        span = [p for p in range(end) if view.messages[p] is not None
+                and not shape.is_system(messages[p])]
+        if not span:
+            continue
+        summary = shape.summary_message(await _compaction_summary(actor, len(span)))
+        [tokens] = await actor.services.counter.count_messages([shape.counted(summary)])
+        if tokens < sum(view.tokens[p] for p in span):
+            plan.rows[end].compaction, plan.rows[end].compaction_tokens = summary, tokens
+
+
+async def _compaction_summary(actor: SessionActor, count: int) -> str:
+    """The session's main thread as ctxd's compaction left it, as one text."""
+    rendered = await render(actor, RenderParams(session_id=actor.session_id, branch_id=None))
+    lines = [f"[ctxd compacted the {count} messages before this point; what follows is the "
+             "context as ctxd keeps it (message.list keeps the originals).]"]
+    for message in rendered.messages:
+        content = message.content
+        text = content if isinstance(content, str) else "\n".join(
+            part_text(part) for part in content)
+        lines.append(f"{message.role}: {text}")
+    return "\n\n".join(lines)
+
+
+async def _clear_if_over(actor: SessionActor, shape: Shape,
+                         messages: list[dict[str, Any]], plan: _Plan, fixed: int) -> None:
+    """The automatic compaction point: when the request would pass the session's
+    ``compact_trigger``, clear old tool results (oldest first, never an error, never in
+    the last `KEEP_RECENT` messages) to a marker, down to ``[hygiene] compact_target``
+    and at least ``[hygiene] clear_at_least`` tokens' worth in one step, or nothing."""
+    record = actor.record
+    if record is None:
+        return
+    view = shown(shape, messages, plan.rows, plan.points_of_history)
+    total = fixed + sum(view.tokens)
+    if total / record.budget.effective_window < record.budget.compact_trigger:
+        return
+    candidates: list[tuple[int, int, int, str]] = []
+    for position in range(len(messages) - KEEP_RECENT):
+        row = plan.rows[position]
+        if row.sent is None or view.messages[position] is not row.sent \
+                or row.first_seq is None:
+            continue  # left out, or a summary stands in its place
+        given = shape.results(messages[position])
+        for k, (result, original) in enumerate(zip(shape.results(row.sent), given,
+                                                   strict=True)):
+            if not result.text or result.is_error or result.text != original.text:
+                continue  # not text, an error, or offloaded or cleared already
+            candidates.append((position, result.index, row.first_seq + k, result.text))
+    if not candidates:
+        return
+    # What clearing one recovers: its text, less the marker that stands for it.
+    *counts, marker = await actor.services.counter.count_texts(
+        [text for *_, text in candidates] + [cleared_text(ref_id_for(actor.session_id, 0))])
+    hygiene = actor.services.config.hygiene
+    # Down to compact_target, as the compaction chain goes: the next point is then far off.
+    goal = max(hygiene.clear_at_least,
+               total - int(hygiene.compact_target * record.budget.effective_window))
+    chosen, recovered = [], 0
+    for candidate, tokens in zip(candidates, counts, strict=True):
+        if recovered >= goal:
+            break
+        chosen.append(candidate)
+        recovered += tokens - marker
+    if recovered < goal:
+        return
+    refs = await actor.services.store.read(blob_refs, actor.session_id,
+                                           [seq for _, _, seq, _ in chosen])
+    now = time.time()
+    touched = set()
+    for position, index, seq, text in chosen:
+        if seq in refs:
+            ref_id = refs[seq][0]
+        else:
+            ref_id = ref_id_for(actor.session_id, seq)
+            plan.blobs.append(ToolResultBlob(
+                ref_id=ref_id, tool_name=None, size_bytes=len(text.encode()),
+                text=scrub(text).text if actor.services.config.scrub_at_rest else text,
+                parts=None, seq=seq, created_at=now))
+        row = plan.rows[position]
+        assert row.sent is not None
+        row.sent = shape.with_result(row.sent, index, cleared_text(ref_id))
+        touched.add(position)
+    ordered = sorted(touched)
+    counts = await actor.services.counter.count_messages(
+        [shape.counted(row.sent) for p in ordered if (row := plan.rows[p]).sent is not None])
+    before = sum(plan.rows[p].sent_tokens for p in ordered)
+    for position, tokens in zip(ordered, counts, strict=True):
+        plan.rows[position].sent_tokens = tokens
+        plan.changed.add(position)
+    plan.points.append({"kind": "clear", "first": ordered[0], "end": ordered[-1] + 1,
+                        "messages": len(ordered), "tokens_removed": before - sum(counts)})
+
+
+async def _inject(actor: SessionActor, shape: Shape, messages: list[dict[str, Any]],
+                  plan: _Plan, fixed: int) -> None:
+    """On a conversation's first request the memories that fit its first user message,
+    the session's pending injections, and the context note when this request's usage
+    passes the session's ``warn`` or ``caution`` (``fixed``: the tokens of the system
+    prompt and tools), as a last text block of the request's last new user message
+    (Claude Code may end a request with a system message): never in a message sent
+    before, so the cached prefix holds; delivered there once, then part of that message's
+    bytes."""
+    if actor.record is None:
+        return
+    view = shown(shape, messages, plan.rows, plan.points_of_history)
+    target = next((p for p in range(len(messages) - 1, plan.keep - 1, -1)
+                   if view.messages[p] is not None and messages[p].get("role") == "user"),
+                  None)
+    if target is None:
+        return
+    pending, _ = await actor.services.store.read(list_injections, actor.session_id,
+                                                 "pending", 1_000_000)
+    pending.sort(key=lambda info: INJECT_PRIORITIES.index(info.priority))
+    notes = [f"[ctxd injection{f' from {info.source}' if info.source else ''}] "
+             f"{info.content}" for info in pending]
+    memories = await _memories(actor, shape, messages) if plan.seen == 0 else None
+    if memories is not None and memories.text is not None:
+        notes.insert(0, memories.text)
+    context_note = _context_note(actor, plan, view, fixed)
+    if context_note:
+        notes.append(context_note)
+    row = plan.rows[target]
+    noted = None if not notes or row.sent is None else shape.with_note(row.sent,
+                                                                       "\n\n".join(notes))
+    if noted is None:
+        return
+    [row.sent_tokens] = await actor.services.counter.count_messages([shape.counted(noted)])
+    row.sent = noted
+    plan.delivered = pending
+    plan.memories = memories
+
+
+def _context_note(actor: SessionActor, plan: _Plan, view: View, fixed: int) -> str | None:
+    """``[hygiene] context_note`` when this request's usage is past a threshold (``warn``,
+    ``caution``) that the messages before its new ones were not: once per threshold
+    crossed, not on every turn (docs/protocol.md, The context note)."""
+    budget = actor.require().budget
+    window = budget.effective_window
+    before, now = fixed + sum(view.tokens[:plan.keep]), fixed + sum(view.tokens)
+
+    def level(tokens: int) -> int:
+        return sum(tokens / window >= threshold for threshold in (budget.warn, budget.caution))
+
+    note = actor.services.config.hygiene.context_note
+    if not note or level(now) <= level(before):
+        return None
+    return note.format(percent=round(now / window * 100))
+
+
+async def _memories(actor: SessionActor, shape: Shape,
+                    messages: list[dict[str, Any]]) -> Injected | None:
+    """The memories for a conversation that starts (None: no memory service, or no
+    user text to look them up with), within `MEMORY_SHARE` of the effective window."""
+    memory = actor.services.memory
+    record = actor.require()
+    first = next((message for message in messages if message.get("role") == "user"), None)
+    query = None if first is None else _text_of(first.get("content"))
+    if memory is None or not query:
+        return None
+    cap = int(MEMORY_SHARE * record.budget.effective_window)
+    return await memory.inject(query, project_scope(record.project), cap)
+
+
+def _text_of(content: Any) -> str:
+    """The text of a message's content (its text blocks)."""
+    if isinstance(content, str):
+        return content
+    return "\n".join(block["text"] for block in content or ()
+                     if block.get("type") == "text" and isinstance(block.get("text"), str))
+
+
+def _stage(session_id: str, plan: _Plan, now: float,
+           memory: Memory | None) -> Callable[[Transaction], None]:
+    """The gateway's steps of the request's transaction: blobs, ledger, deliveries, the
+    memories' use."""
+
+    def stage(transaction: Transaction) -> None:
+        stage_blobs(transaction, session_id, plan.blobs)
+        transaction.add(save_ledger, session_id, plan.thread, plan.keep,
+                        [plan.rows[p] for p in sorted(plan.changed)])
+        if plan.delivered:
+            transaction.add(_deliver, session_id, [i.injection_id for i in plan.delivered],
+                            now)
+        if plan.memories is not None and memory is not None:
+            memory.stage_use(transaction, plan.memories, session_id)
+
+    return stage
+
+
+def _deliver(conn: Any, session_id: str, injection_ids: Sequence[str], now: float) -> None:
+    """Mark the injections sent in a request delivered and accepted: the model has them."""
+    pull_injections(conn, session_id, INJECT_PRIORITIES[-1], len(injection_ids), now, 0.0)
+    for injection_id in injection_ids:
+        ack_injection(conn, injection_id, True, "sent to the model by the gateway", now)
+
+
+async def _commit(actor: SessionActor, plan: _Plan) -> None:
+    """Write what the plan changed in one transaction (the recorded messages' append,
+    when there are any), then publish its events."""
+    diverged = plan.seen > plan.keep
+    if not plan.changed and not diverged:
+        return
+    now = time.time()
+    stage = _stage(actor.session_id, plan, now, actor.services.memory)
+    tokens: dict[int, int] = {}
+    if plan.recorded:
+        expected = actor.require().last_seq + 1
+        result = await append(actor, MessageAppendParams(
+            session_id=actor.session_id, messages=plan.recorded, allow_over=True), stage)
+        if result.appended[0].seq != expected:
+            raise internal_error("the recorded messages were not numbered as planned",
+                                 {"session_id": actor.session_id})
+        tokens = {appended.seq: appended.tokens for appended in result.appended}
+    else:
+        transaction = Transaction()
+        stage(transaction)
+        await actor.services.store.commit(transaction)
+    bus = actor.services.bus
+    if diverged:
+        bus.publish(actor.session_id, "gateway.boundary", {"position": plan.keep})
+    for blob in plan.blobs:
+        if blob.seq in tokens:  # offloaded as it was recorded (not cleared later)
+            bus.publish(actor.session_id, "result.offloaded",
+                        {"branch_id": None, "seq": blob.seq, "ref_id": blob.ref_id,
+                         "tool_name": blob.tool_name, "size_bytes": blob.size_bytes,
+                         "tokens": tokens[blob.seq]})
+    for point in plan.points:
+        bus.publish(actor.session_id, "gateway.rewrite_point", point)
+    for info in plan.delivered:
+        bus.publish(actor.session_id, "inject.delivered",
+                    {"injection_id": info.injection_id, "priority": info.priority,
+                     "deliveries": info.deliveries + 1})
+

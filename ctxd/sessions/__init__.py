@@ -22,7 +22,14 @@ from ctxd.sessions._methods import (
     session_resume,
 )
 from ctxd.sessions._services import Services, SessionCounts
-from ctxd.sessions._session_ops import append, get_session, list_messages, measure, render
+from ctxd.sessions._session_ops import (
+    append,
+    get_session,
+    list_messages,
+    measure,
+    open_session,
+    render,
+)
 from ctxd.sessions._state import SessionRecord, resolve_budget
 from ctxd.sessions._supervisor import Supervisor
 from ctxd.sessions._usage_tools import get_tool_call as tool_get
@@ -35,7 +42,8 @@ from ctxd.sessions._usage_tools import set_state as tool_state
 __all__ = ["Search", "Services", "SessionActor", "SessionCounts", "SessionRecord", "Supervisor",
            "append", "branch_status", "compact", "compaction_key", "context_fork", "create_branch",
            "get_session", "inject_ack", "inject_list", "inject_pull", "inject_push",
-           "list_branches", "list_messages", "measure", "read_result", "record_sent_usage",
+           "list_branches", "list_messages", "measure", "open_session", "read_result",
+           "record_sent_usage",
            "register_tools", "render", "resolve_budget", "return_branch", "rollback",
            "search_tools", "session_close", "session_delete", "session_get", "session_list",
            "session_of_injection", "session_open", "session_resume", "tool_get", "tool_list",

@@ -1,0 +1,459 @@
+"""The gateway's rewrite, case by case, in-process on a real Store file, Supervisor and
+token counter: identity, offload stubs, folds, compaction points (the model's and the
+automatic one), injections, cache breakpoints, count_tokens, bad bodies."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import trio
+from tests_support import COUNTER, running_supervisor
+
+from ctxd.config import Config
+from ctxd.errors import CtxdError, ErrorCode
+from ctxd.gateway import GatewayRequest, _anthropic, prepare, session_of
+from ctxd.gateway._identity import conversation_key
+from ctxd.gateway._ledger import load_ledger
+from ctxd.gateway._rewrite import thread_of
+from ctxd.hub import EventBus
+from ctxd.hygiene import cleared_text, ref_id_for, stub_text
+from ctxd.memory import HashingEmbedder, Memory
+from ctxd.sessions import (
+    Supervisor,
+    compact,
+    get_session,
+    inject_list,
+    inject_push,
+    read_result,
+)
+from ctxd.store import Store
+from ctxd.wire.types import (
+    ContextCompactParams,
+    InjectListParams,
+    InjectPushParams,
+    MemoryRecordParams,
+    MessageIn,
+    ResultReadParams,
+)
+
+BIG = "line of output\n" * 400  # 6,000 bytes: over the 4,096 offload threshold
+
+
+@pytest.fixture
+async def supervisor(tmp_path: Path) -> AsyncIterator[Supervisor]:
+    async with running_supervisor(tmp_path / "ctxd.db", Config()) as running:
+        yield running
+
+
+def anthropic(messages: list[dict[str, Any]], endpoint: str = "messages",
+              **body: Any) -> GatewayRequest:
+    return GatewayRequest(api="anthropic", endpoint=endpoint,  # type: ignore[arg-type]
+                          session_header="s1",
+                          body={"model": "claude-x", "max_tokens": 100, **body,
+                                "messages": messages})
+
+
+def openai(messages: list[dict[str, Any]]) -> GatewayRequest:
+    return GatewayRequest(api="openai", endpoint="chat_completions", session_header="s1",
+                          body={"model": "gpt-x", "messages": messages})
+
+
+def sent(body: bytes) -> list[dict[str, Any]]:
+    return msgspec.json.decode(body)["messages"]  # type: ignore[no-any-return]
+
+
+def call(call_id: str, tool: str, **arguments: Any) -> dict[str, Any]:
+    return {"role": "assistant",
+            "content": [{"type": "tool_use", "id": call_id, "name": tool, "input": arguments}]}
+
+
+def answer(call_id: str, content: Any, **extra: Any) -> dict[str, Any]:
+    return {"role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": call_id, "content": content,
+                         **extra}]}
+
+
+async def read_all(supervisor: Supervisor, ref_id: str) -> str:
+    page = await supervisor.call("s1", lambda a: read_result(a, ResultReadParams(
+        session_id="s1", ref_id=ref_id, limit=1_048_576)))
+    assert page.next_offset is None
+    return page.content or ""
+
+
+def drain(events: Any) -> list[Any]:
+    """The events published to the subscription so far."""
+    got = []
+    while (event := events.receive_nowait()) is not None:
+        got.append(event)
+    events.close()
+    return got
+
+
+# ---- identity -----------------------------------------------------------------------------
+
+def test_the_session_is_the_header_then_claude_codes_id_then_the_conversation() -> None:
+    body = {"metadata": {"user_id": json.dumps({"device_id": "d", "session_id": "cc-1"})},
+            "system": "sys", "messages": [{"role": "user", "content": "hi"}]}
+    assert session_of(GatewayRequest("anthropic", "messages", "mine", body)) == "mine"
+    assert session_of(GatewayRequest("anthropic", "messages", None, body)) == "cc-1"
+    plain = {"system": "sys", "messages": [{"role": "user", "content": "hi"}]}
+    key = session_of(GatewayRequest("anthropic", "messages", None, plain))
+    assert key == conversation_key(plain)
+    assert key.startswith("gw-")
+    later = {"system": "sys", "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "yes"},
+        {"role": "user", "content": [{"type": "text", "text": "more",
+                                      "cache_control": {"type": "ephemeral"}}]}]}
+    assert conversation_key(later) == key
+    assert conversation_key({**plain, "system": "other"}) != key
+    odd = session_of(GatewayRequest("openai", "chat_completions", "not a valid id!", plain))
+    assert odd.startswith("gw-")
+    assert odd == session_of(
+        GatewayRequest("openai", "chat_completions", "not a valid id!", {}))
+    assert session_of(GatewayRequest("anthropic", "messages", None,
+                                     {"metadata": {"user_id": "plain-user"}, **plain})) == key
+    older = ("user_3f2a_account_7c1e9d2a-0b4f-4a8e-9c3d-2e1f0a9b8c7d_session_"
+             "5d6e7f80-1a2b-4c3d-8e9f-0a1b2c3d4e5f")
+    assert session_of(GatewayRequest("anthropic", "messages", None,
+                                     {"metadata": {"user_id": older}, **plain})) == (
+        "5d6e7f80-1a2b-4c3d-8e9f-0a1b2c3d4e5f")
+
+
+# ---- offload, stickiness, idempotence -----------------------------------------------------
+
+async def test_a_large_result_is_sent_as_its_stub_and_reads_back_whole(
+        supervisor: Supervisor) -> None:
+    thinking = {"type": "thinking", "thinking": "hm", "signature": "SIG=="}
+    history = [{"role": "user", "content": "list it"},
+               {"role": "assistant", "content": [
+                   thinking, {"type": "tool_use", "id": "t1", "name": "Bash", "input": {}}]},
+               answer("t1", BIG, cache_control={"type": "ephemeral"})]
+    first = await prepare(supervisor, anthropic(history))
+    ref_id = ref_id_for("s1", 3)
+    stub = stub_text(len(BIG), "Bash", BIG[:200], ref_id)
+    assert sent(first.body) == [history[0], history[1],
+                                answer("t1", stub, cache_control={"type": "ephemeral"})]
+    assert await read_all(supervisor, ref_id) == BIG
+    counts = await COUNTER.count_messages([_counted(answer("t1", BIG)),
+                                           _counted(answer("t1", stub))])
+    assert first.removed_tokens == counts[0] - counts[1]
+    assert first.tokens == {"system_prompt": 0, "tool_descriptions": 0,
+                            "conversation": sum(await COUNTER.count_messages(
+                                [_counted(m) for m in sent(first.body)]))}
+    # The next request: the agent moved its breakpoint; the stub's bytes stay.
+    longer = [*history[:2], answer("t1", BIG), call("t2", "Bash"),
+              answer("t2", "ok", cache_control={"type": "ephemeral"})]
+    second = await prepare(supervisor, anthropic(longer))
+    assert sent(second.body) == [history[0], history[1], answer("t1", stub), longer[3],
+                                 longer[4]]
+    session = (await supervisor.call("s1", get_session)).session
+    assert session.message_count == 5
+    assert await prepare(supervisor, anthropic(longer)) == second
+    assert (await supervisor.call("s1", get_session)).session.message_count == 5
+
+
+def _counted(message: dict[str, Any]) -> MessageIn:
+    return MessageIn(role=message["role"], content=message["content"])
+
+
+async def test_system_and_tools_are_counted_as_their_components(
+        supervisor: Supervisor) -> None:
+    tools = [{"name": "Bash", "description": "run a command", "input_schema": {"type": "object"}}]
+    prepared = await prepare(supervisor, anthropic(
+        [{"role": "user", "content": "hi"}], system="You are terse.", tools=tools))
+    [system] = await COUNTER.count_messages([_system("You are terse.")])
+    [tool] = await COUNTER.count_texts([msgspec.json.encode(tools[0]).decode()])
+    assert (prepared.tokens["system_prompt"], prepared.tokens["tool_descriptions"]) == (
+        system, tool)
+    assert prepared.model == "claude-x"
+
+
+def _system(text: str) -> MessageIn:
+    return MessageIn(role="system", content=text)
+
+
+async def test_count_tokens_rewrites_alike_and_records_nothing(supervisor: Supervisor) -> None:
+    history = [{"role": "user", "content": "x"}, call("t1", "Read"), answer("t1", BIG)]
+    counted = await prepare(supervisor, anthropic(history, "count_tokens"))
+    assert (await supervisor.call("s1", get_session)).session.message_count == 0
+    assert await supervisor.store.read(load_ledger, "s1", thread_of(
+        _anthropic, anthropic(history).body, history)) == []
+    sent_now = await prepare(supervisor, anthropic(history))
+    assert (counted.body, counted.tokens, counted.removed_tokens) == (
+        sent_now.body, sent_now.tokens, sent_now.removed_tokens)
+
+
+async def test_an_edited_turn_is_a_boundary(supervisor: Supervisor) -> None:
+    history = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+               {"role": "user", "content": "c"}]
+    await prepare(supervisor, anthropic(history))
+    events = supervisor.bus.subscribe("s1", types=["gateway.boundary"])
+    edited = [*history[:2], {"role": "user", "content": "c, said otherwise"}]
+    prepared = await prepare(supervisor, anthropic(edited))
+    assert [(e.type, e.data) for e in drain(events)] == [
+        ("gateway.boundary", {"position": 2})]
+    assert sent(prepared.body) == edited
+    assert (await supervisor.call("s1", get_session)).session.message_count == 4
+    thread = thread_of(_anthropic, anthropic(edited).body, edited)
+    ledger = await supervisor.store.read(load_ledger, "s1", thread)
+    assert [row.sent for row in ledger] == edited
+
+
+async def test_a_side_request_with_its_own_system_prompt_leaves_the_conversation_be(
+        supervisor: Supervisor) -> None:
+    history = [{"role": "user", "content": "x"}, call("t1", "Read"), answer("t1", BIG)]
+    first = await prepare(supervisor, anthropic(history, system="the agent"))
+    events = supervisor.bus.subscribe("s1", types=["gateway.boundary"])
+    await prepare(supervisor, anthropic([{"role": "user", "content": "title this"}],
+                                        system="write a title"))
+    longer = [*history, {"role": "assistant", "content": "read"},
+              {"role": "user", "content": "next"}]
+    again = await prepare(supervisor, anthropic(longer, system="the agent"))
+    assert drain(events) == []
+    assert sent(again.body)[:3] == sent(first.body)
+    assert (await supervisor.call("s1", get_session)).session.message_count == 6
+
+
+async def test_a_bad_body_is_refused_naming_the_part(supervisor: Supervisor) -> None:
+    with pytest.raises(CtxdError) as caught:
+        await prepare(supervisor, anthropic([{"role": "user", "content": [{"text": "x"}]}]))
+    assert (caught.value.code, caught.value.data["path"]) == (
+        ErrorCode.INVALID_PARAMS, "$.messages[0].content[0]")
+
+
+# ---- rewrite points -----------------------------------------------------------------------
+
+FOLD = [{"role": "user", "content": "fix the bug"},
+        call("b1", "mcp__ctxd__context_branch", name="explore"),
+        answer("b1", "branch open"),
+        {"role": "assistant", "content": [{"type": "text", "text": "reading"},
+                                          {"type": "tool_use", "id": "r1", "name": "Read",
+                                           "input": {"path": "a.py"}}]},
+        answer("r1", "def f(): ..."),
+        call("x1", "mcp__ctxd__context_return", message="the bug is in f"),
+        answer("x1", "folded"),
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "thanks"}]
+
+
+async def test_a_returned_branch_is_folded_out_of_every_later_request(
+        supervisor: Supervisor) -> None:
+    during = await prepare(supervisor, anthropic(FOLD[:5]))
+    assert sent(during.body) == FOLD[:5]
+    events = supervisor.bus.subscribe("s1", types=["gateway.rewrite_point"])
+    after = await prepare(supervisor, anthropic(FOLD[:7]))
+    [point] = drain(events)
+    assert sent(after.body) == [*FOLD[:3], *FOLD[5:7]]
+    removed = sum(await COUNTER.count_messages([_counted(m) for m in FOLD[3:5]]))
+    assert point.data == {"kind": "fold", "first": 3, "end": 5, "messages": 2,
+                          "tokens_removed": removed}
+    assert after.removed_tokens == removed
+    later = await prepare(supervisor, anthropic(FOLD))
+    assert sent(later.body) == [*FOLD[:3], *FOLD[5:]]
+
+
+async def test_a_rewind_past_the_return_brings_the_branch_back(
+        supervisor: Supervisor) -> None:
+    await prepare(supervisor, anthropic(FOLD))
+    rewound = [*FOLD[:5], {"role": "assistant", "content": "let me look again"},
+               {"role": "user", "content": "go on"}]
+    prepared = await prepare(supervisor, anthropic(rewound))
+    assert sent(prepared.body) == rewound
+
+
+async def test_nested_branches_fold_inner_then_outer(supervisor: Supervisor) -> None:
+    nested = [*FOLD[:3], call("b2", "mcp__ctxd__context_branch"), answer("b2", "open"),
+              call("r2", "Read"), answer("r2", "deep"),
+              call("x2", "mcp__ctxd__context_return", message="inner"), answer("x2", "ok"),
+              *FOLD[3:]]
+    inner = await prepare(supervisor, anthropic(nested[:9]))
+    assert sent(inner.body) == [*nested[:5], *nested[7:9]]
+    outer = await prepare(supervisor, anthropic(nested))
+    assert sent(outer.body) == [*FOLD[:3], *FOLD[5:]]
+
+
+async def test_a_failed_return_folds_nothing(supervisor: Supervisor) -> None:
+    failed = [*FOLD[:5], call("x1", "mcp__ctxd__context_return", message="m"),
+              answer("x1", "no active branch", is_error=True)]
+    prepared = await prepare(supervisor, anthropic(failed))
+    assert sent(prepared.body) == failed
+
+
+async def test_openai_folds_keep_each_call_answered(supervisor: Supervisor) -> None:
+    def assistant(call_id: str, name: str) -> dict[str, Any]:
+        return {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call_id, "type": "function",
+             "function": {"name": name, "arguments": "{}"}}]}
+
+    def tool(call_id: str, text: str) -> dict[str, Any]:
+        return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+    history = [{"role": "system", "content": "sys"}, {"role": "user", "content": "go"},
+               assistant("b", "context_branch"), tool("b", "open"),
+               assistant("r", "read"), tool("r", "text"),
+               assistant("x", "context_return"), tool("x", "folded")]
+    prepared = await prepare(supervisor, openai(history))
+    assert sent(prepared.body) == [*history[:4], *history[6:]]
+
+
+async def test_compact_context_replaces_the_history_before_it_with_ctxds_summary(
+        supervisor: Supervisor) -> None:
+    history = [{"role": "user", "content": "start"}]
+    for n in range(6):
+        history += [call(f"t{n}", "Bash"), answer(f"t{n}", f"output {n} " * 50)]
+    await prepare(supervisor, anthropic(history))
+    await supervisor.call("s1", lambda a: compact(a, ContextCompactParams(session_id="s1")))
+    compacting = [*history, call("c1", "mcp__ctxd__compact_context"), answer("c1", "done")]
+    events = supervisor.bus.subscribe("s1", types=["gateway.rewrite_point"])
+    prepared = await prepare(supervisor, anthropic(compacting))
+    [point] = drain(events)
+    summary, *rest = sent(prepared.body)
+    assert rest == compacting[-2:]
+    text = summary["content"]
+    assert summary["role"] == "user"
+    assert text.startswith(f"[ctxd compacted the {len(history)} messages before this point")
+    assert (point.data["kind"], point.data["first"], point.data["end"]) == (
+        "compaction", 0, len(history))
+    more = [*compacting, {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "next"}]
+    again = await prepare(supervisor, anthropic(more))
+    assert sent(again.body) == [summary, *more[len(history):]]
+
+
+async def test_past_the_trigger_old_results_are_cleared_at_least_clear_at_least(
+        tmp_path: Path) -> None:
+    config = msgspec.convert({"budget": {"context_window": 12_000, "max_output_tokens": 1_000},
+                              "hygiene": {"clear_at_least": 2_000}}, Config)
+    async with running_supervisor(tmp_path / "ctxd.db", config) as supervisor:
+        results = [f"result {n}: " + "word " * 600 for n in range(20)]
+        history: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+        for n, text in enumerate(results):
+            history += [call(f"t{n}", "Bash"), answer(f"t{n}", text)]
+        prepared = await prepare(supervisor, anthropic(history))
+        messages = sent(prepared.body)
+        cleared = [n for n in range(20) if messages[2 + 2 * n] != history[2 + 2 * n]]
+        assert cleared == list(range(len(cleared)))
+        assert prepared.removed_tokens >= 2_000
+        assert sum(prepared.tokens.values()) <= 0.6 * 11_000
+        for n in cleared:
+            ref_id = ref_id_for("s1", 3 + 2 * n)
+            assert messages[2 + 2 * n] == answer(f"t{n}", cleared_text(ref_id))
+            assert await read_all(supervisor, ref_id) == results[n]
+        assert messages[-6:] == history[-6:]
+        again = await prepare(supervisor, anthropic([*history, call("u", "Bash"),
+                                                     answer("u", "small")]))
+        assert sent(again.body)[:len(messages)] == messages
+
+
+# ---- injections and breakpoints -----------------------------------------------------------
+
+async def test_an_injection_enters_the_last_user_message_once(supervisor: Supervisor) -> None:
+    history = [{"role": "user", "content": "hello"}]
+    await prepare(supervisor, anthropic(history))
+    await supervisor.call("s1", lambda a: inject_push(a, InjectPushParams(
+        session_id="s1", content="the build is red", source="ci")))
+    turn = [*history, {"role": "assistant", "content": "hi"},
+            {"role": "user", "content": [{"type": "text", "text": "and now?",
+                                          "cache_control": {"type": "ephemeral"}}]}]
+    counted = await prepare(supervisor, anthropic(turn, "count_tokens"))
+    first = await prepare(supervisor, anthropic(turn))
+    note = {"type": "text", "text": "[ctxd injection from ci] the build is red"}
+    expected = [*turn[:2], {"role": "user", "content": [*turn[2]["content"], note]}]
+    assert sent(first.body) == sent(counted.body) == expected
+    queue = await supervisor.call("s1", lambda a: inject_list(a, InjectListParams(
+        session_id="s1")))
+    assert [i.state for i in queue.injections] == ["accepted"]
+    later = [*turn[:2], {"role": "user", "content": [{"type": "text", "text": "and now?"}]},
+             {"role": "assistant", "content": "red"}, {"role": "user", "content": "fix"}]
+    again = await prepare(supervisor, anthropic(later))
+    assert sent(again.body) == [*turn[:2], {"role": "user", "content": [
+        {"type": "text", "text": "and now?"}, note]}, *later[3:]]
+
+
+async def test_a_breakpoint_inside_an_offloaded_result_moves_to_its_block(
+        supervisor: Supervisor) -> None:
+    mark = {"type": "ephemeral"}
+    history = [{"role": "user", "content": "x"}, call("t1", "Read"),
+               answer("t1", [{"type": "text", "text": BIG, "cache_control": mark}])]
+    prepared = await prepare(supervisor, anthropic(history))
+    [block] = sent(prepared.body)[2]["content"]
+    assert block["cache_control"] == mark
+    assert block["content"].startswith("[Tool result")
+
+
+async def test_a_conversation_starts_with_the_memories_that_fit_it_once(
+        tmp_path: Path) -> None:
+    config = Config()
+    store = Store(tmp_path / "ctxd.db")
+    store.open()
+    try:
+        async with trio.open_nursery() as nursery:
+            bus = EventBus()
+            memory = await nursery.start(Memory(store, HashingEmbedder(), tmp_path / "m.faiss",
+                                                config.memory, bus, COUNTER).run)
+            supervisor = await nursery.start(
+                Supervisor(store, COUNTER, bus, config, memory).run)
+            await memory.record(MemoryRecordParams(
+                title="migrations", content="bump user_version when the schema changes"))
+            history = [{"role": "user", "content": "add a column to the schema migrations"}]
+            first = await prepare(supervisor, anthropic(history))
+            [message] = sent(first.body)
+            note = message["content"][-1]["text"]
+            assert message["content"][0] == {"type": "text", "text": history[0]["content"]}
+            assert "bump user_version when the schema changes" in note
+            longer = [*history, {"role": "assistant", "content": "done"},
+                      {"role": "user", "content": "schema migrations again"}]
+            again = await prepare(supervisor, anthropic(longer))
+            assert sent(again.body) == [message, *longer[1:]]
+            nursery.cancel_scope.cancel()
+    finally:
+        store.close()
+
+
+async def test_the_context_note_comes_once_per_threshold_crossed(tmp_path: Path) -> None:
+    config = msgspec.convert({"budget": {"context_window": 4_000, "max_output_tokens": 1_000}},
+                             Config)
+    async with running_supervisor(tmp_path / "ctxd.db", config) as supervisor:
+        history: list[dict[str, Any]] = [{"role": "user", "content": "start"}]
+        notes = []
+        for turn in range(12):
+            history += [{"role": "assistant", "content": "word " * 200},
+                        {"role": "user", "content": [{"type": "text", "text": f"go {turn}"}]}]
+            prepared = await prepare(supervisor, anthropic(history))
+            last = sent(prepared.body)[-1]["content"]
+            usage = sum(prepared.tokens.values()) / 3_000
+            notes.append((round(usage, 2), last[1]["text"] if len(last) > 1 else None))
+        noted = [(usage, note) for usage, note in notes if note is not None]
+        assert len(noted) == 2, notes
+        (warned, _), (cautioned, _) = noted
+        assert 0.70 <= warned < 0.80 <= cautioned < 0.95, notes
+        for usage, note in noted:
+            percent = int(note.removeprefix("[Context: ").split("%")[0])
+            assert abs(percent - usage * 100) <= 1, (percent, usage)
+            assert note == (f"[Context: {percent}% used. Call compact_context to free space "
+                            "before large operations.]")
+        # Sticky: the later requests carry each note where it was first sent.
+        final = sent(prepared.body)
+        assert sum(len(m["content"]) > 1 for m in final if isinstance(m["content"], list)) == 2
+
+
+async def test_a_request_that_ends_with_a_system_message_carries_notes_in_its_user_message(
+        supervisor: Supervisor) -> None:
+    # Claude Code's first request: the prompt, then its environment as a marked system
+    # message.
+    await prepare(supervisor, anthropic([{"role": "user", "content": "hello"}]))
+    await supervisor.call("s1", lambda a: inject_push(a, InjectPushParams(
+        session_id="s1", content="the build is red")))
+    system = {"role": "system", "content": [{"type": "text", "text": "cwd: /src",
+                                             "cache_control": {"type": "ephemeral"}}]}
+    turn = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"},
+            {"role": "user", "content": "what now?"}, system]
+    prepared = await prepare(supervisor, anthropic(turn))
+    note = {"type": "text", "text": "[ctxd injection] the build is red"}
+    assert sent(prepared.body) == [*turn[:2], {"role": "user", "content": [
+        {"type": "text", "text": "what now?"}, note]}, system]
