@@ -121,7 +121,7 @@ def test_shared_transcript_figures() -> None:
     two runs give the same report."""
     report = replay(DEEP, window=32_000)
     assert (report.turns, report.messages, report.raw_peak_tokens) == (103, 299, 86_234)
-    assert (report.peak_tokens, report.final_tokens) == (22_590, 14_256)
+    assert (report.peak_tokens, report.final_tokens) == (22_564, 14_268)
     # The first request survives every compaction: each summary carries the last over.
     assert (report.key_facts, report.key_facts_kept, len(report.facts_missed)) == (10, 1.0, 0)
     # Old Write/Edit inputs cleared too: fewer messages summarised away.
