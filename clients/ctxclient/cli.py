@@ -55,6 +55,7 @@ def parser() -> argparse.ArgumentParser:
     _cli_memory.add_memory(commands, common)
     _cli_daemon.add_call_cancel_doctor(commands, common)
     _cli_integrations.add_hook_install(commands, common)
+    _cli_integrations.add_run(commands, common)
     _cli_daemon.add_stop(commands, common)
     _cli_integrations.add_mcp_import(commands, common)
     _cli_hygiene.add_fork(commands, common)
