@@ -55,7 +55,9 @@ def daemon_line(status: dict[str, Any]) -> Text:
 GATEWAY_COLUMNS = (Column("session"), Column("model", keep=20), Column("sent", right=True),
                    Column("removed", keep=60, right=True), Column("input", keep=50, right=True),
                    Column("cache read", keep=45, right=True),
-                   Column("cache write", keep=30, right=True), Column("cost", keep=40, right=True))
+                   Column("cache write", keep=30, right=True), Column("cost", keep=55, right=True))
+"""At 80 columns a session id of 36 leaves room for the tokens sent and removed, the
+provider's input and the cost; plain output and wider terminals show the rest."""
 
 
 def gateway_line(gateway: dict[str, Any] | None) -> str:
