@@ -86,4 +86,4 @@ def test_a_fork_names_no_blob_of_the_forked_session(shared_daemon: DaemonProcess
         '"[Old tool input cleared]"}',
         "[tool: read]\n[Old tool result content cleared]"]))
     assert (got["stats"]["cleared_results"], got["context"].count("[Old tool input cleared]"),
-            got["context"].count("[Old tool result content cleared]")) == (6, 7, 6)
+            got["context"].count("[Old tool result content cleared]")) == (7, 7, 7)

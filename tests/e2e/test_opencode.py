@@ -206,8 +206,9 @@ def test_opencodes_compaction_snapshots_ctxds_copy(tmp_path: Path, daemon_root: 
     assert prompt["content"] == f'"{PROMPT}"'
     assert (cleared["role"], cleared["name"], cleared["tool_call_id"]) == (
         "tool", "bash", "call_1")
-    assert cleared["content"] == \
-        f'[Old tool result content cleared — read it with read_result ref_id="{ref_id}"]'
+    assert cleared["content"] == (
+        f'[Old tool result content cleared — read it with read_result ref_id="{ref_id}" '
+        f"or ctxctl result {ref_id}]")
     assert [(m["role"], m["content"]) for m in after] == [
         ("assistant", summary),
         ("user", "Continue if you have next steps, or stop and ask for clarification if "
