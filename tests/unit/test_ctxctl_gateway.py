@@ -276,10 +276,11 @@ def exec_agent(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
 
 AGENT = textwrap.dedent("""\
     import os, signal, sys
+    if sys.argv[1] == "wait":  # the handler before the line that says it is ready
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(42))
     print(os.getpid(), os.environ["ANTHROPIC_BASE_URL"], os.environ["OPENAI_BASE_URL"],
           flush=True)
     if sys.argv[1] == "wait":
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(42))
         signal.pause()
     sys.exit(int(sys.argv[1]))
 """)
