@@ -348,10 +348,12 @@ def gateway_check_line(check: dict[str, Any] | None) -> str:
 def cmd_doctor(client: Client, args: argparse.Namespace, out: Output) -> int:
     client.timeout = None  # the whole database is read: seconds per GiB from disk
     result = client.call("daemon.check")
-    gateway = gateway_check(client.call("daemon.status"))
+    status = client.call("daemon.status")
+    gateway = gateway_check(status)
     from ctxclient import _install
 
-    integrations, wired = _install.doctor(Path.cwd())
+    integrations, wired = _install.doctor(
+        Path.cwd(), None if status.get("gateway") is None else status["gateway"]["base_url"])
     if result["ok"]:
         found = [f"{result['database']}: ok (integrity_check, {result['seconds']:.2f} s)"]
     else:

@@ -705,9 +705,42 @@ def run(action: str, target_name: str, scope: str, root: Path, socket: str | Non
     return 0
 
 
-def doctor(root: Path) -> tuple[list[dict[str, Any]], bool]:
+GATEWAY_ENTRIES: dict[str, tuple[Callable[[], Path], tuple[str, ...], str]] = {
+    "claude-code": (lambda: ClaudeCode().settings_path("user", Path()), GATEWAY_KEYS, ""),
+    "opencode": (lambda: OpenCode().config_path("user", Path()), OPENCODE_GATEWAY_KEYS, "/v1")}
+"""Where each target's user settings point its model calls at the gateway, and what the
+gateway's base URL is followed by there."""
+GATEWAY_UNKNOWN = "unknown"
+"""`doctor`'s ``gateway`` when no daemon said what it is (its entries are not checked)."""
+
+
+def gateway_problems(name: str, gateway: str | None) -> list[Problem]:
+    """Whether a target's user settings point at the running gateway (``gateway``, its
+    base URL; None: disabled): a gateway URL of another port or token, or one of a
+    disabled gateway, leaves the tool's model calls failing."""
+    from ctxclient._gateway import is_gateway_url, shown
+
+    path_of, keys, suffix = GATEWAY_ENTRIES[name]
+    path = path_of()
+    value: Any = load(path)
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    if not is_gateway_url(value) or value == (gateway and gateway.rstrip("/") + suffix):
+        return []
+    what = ".".join(keys)
+    if gateway is None:
+        return [Problem(str(path), f"{what} points at ctxd's gateway, which is disabled",
+                        f"enable it ([gateway] enabled = true), or ctxctl uninstall {name}")]
+    return [Problem(str(path), f"{what} is not the running gateway's URL ({shown(gateway)}"
+                               f"{suffix}: another port or token)", f"ctxctl install {name}")]
+
+
+def doctor(root: Path, gateway: str | None = GATEWAY_UNKNOWN
+           ) -> tuple[list[dict[str, Any]], bool]:
     """Each target's state in each scope where ctxd's entries are (a target ctxd was never
-    installed for is no problem): the JSON rows, and whether all is well."""
+    installed for is no problem): the JSON rows, and whether all is well. ``gateway``: the
+    running gateway's base URL (None: disabled), against which the user settings' entries
+    are checked."""
     rows: list[dict[str, Any]] = []
     for name, make in TARGETS.items():
         target = make()
@@ -715,6 +748,11 @@ def doctor(root: Path) -> tuple[list[dict[str, Any]], bool]:
             if not target.installed(scope, root):
                 continue
             problems = target.check(scope, root)
+            if scope == "user" and gateway != GATEWAY_UNKNOWN:
+                try:
+                    problems += gateway_problems(name, gateway)
+                except SettingsError:
+                    pass  # check() said why
             rows.append({"target": name, "scope": scope, "ok": not problems,
                          "problems": [p.to_json() for p in problems]})
     return rows, all(row["ok"] for row in rows)

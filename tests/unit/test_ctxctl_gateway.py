@@ -34,6 +34,8 @@ from ctxclient._install import (
     OpenCode,
     Saved,
     SettingsError,
+    doctor,
+    gateway_problems,
     restore_entry,
     set_entry,
 )
@@ -353,3 +355,40 @@ def test_the_gateway_table_fits_80_columns_and_keeps_the_session_whole() -> None
     assert header.replace("┃", " ").split() == [
         "session", "model", "sent", "removed", "input", "cache", "read", "cache", "write",
         "cost"]
+
+
+# ---- doctor: the settings point at the running gateway ------------------------------------
+
+def test_doctor_finds_settings_pointing_at_another_or_a_disabled_gateway(home: Path) -> None:
+    settings = home / ".claude" / "settings.json"
+    ClaudeCode().install("user", home, CTXCTL, None, BASE)
+    OpenCode().install("user", home, CTXCTL, None, BASE)
+    config = home / ".config" / "opencode" / "opencode.json"
+    assert gateway_problems("claude-code", BASE) == []
+    assert gateway_problems("opencode", BASE + "/") == []
+    moved = BASE.replace("8788", "9999")
+    assert [p.to_json() for p in gateway_problems("claude-code", moved)] == [{
+        "file": str(settings), "fix": "ctxctl install claude-code",
+        "problem": "env.ANTHROPIC_BASE_URL is not the running gateway's URL "
+                   "(http://127.0.0.1:9999/<token>: another port or token)"}]
+    assert [p.to_json() for p in gateway_problems("opencode", None)] == [{
+        "file": str(config),
+        "fix": "enable it ([gateway] enabled = true), or ctxctl uninstall opencode",
+        "problem": "provider.anthropic.options.baseURL points at ctxd's gateway, which is "
+                   "disabled"}]
+    (home / "elsewhere").mkdir()
+    rows, ok = doctor(home / "elsewhere", moved)
+    assert ok is False
+    assert [(row["target"], row["scope"], [p["problem"] for p in row["problems"]])
+            for row in rows] == [
+        ("claude-code", "user", [f"{CTXCTL} does not exist or is not executable",
+                                 "env.ANTHROPIC_BASE_URL is not the running gateway's URL "
+                                 "(http://127.0.0.1:9999/<token>: another port or token)"]),
+        ("opencode", "user", [f"{CTXCTL} does not exist or is not executable",
+                              "provider.anthropic.options.baseURL is not the running "
+                              "gateway's URL (http://127.0.0.1:9999/<token>/v1: another port "
+                              "or token)"])]
+    # A value that is not a gateway's is the user's business.
+    ClaudeCode().uninstall("user", home, CTXCTL)
+    settings.write_text(json.dumps({"env": {"ANTHROPIC_BASE_URL": "http://proxy:1"}}))
+    assert gateway_problems("claude-code", BASE) == []
