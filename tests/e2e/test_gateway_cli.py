@@ -34,14 +34,14 @@ AGENT = ("import os, sys; print(os.environ['ANTHROPIC_BASE_URL'], "
 def ctxctl(home: Path, socket: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CTXD_", "CLAUDE_CONFIG_DIR", "XDG_", "ANTHROPIC_", "OPENAI_"))}
-    return subprocess.run([str(CTXCTL), "--socket", str(socket), *args], cwd=home,
+    return subprocess.run([str(CTXCTL), "--socket", str(socket), *args], cwd=home / "work",
                           env={**env, "HOME": str(home), "NO_COLOR": "1"},
                           capture_output=True, text=True, timeout=60, check=False)
 
 
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
-    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "work").mkdir(parents=True)  # a project without ctxd: not home
     return tmp_path / "home"
 
 
