@@ -94,6 +94,11 @@ def cmd_completion(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
+INSTALL_HELP = {
+    "install": "wire an agent tool to ctxd (its hooks and MCP server, in its settings; at "
+               "user scope its model calls through ctxd's gateway too)",
+    "uninstall": "unwire an agent tool from ctxd: take out what install wrote, put back "
+                 "what it replaced"}
 INSTALL_DESCRIPTION = {
     "install": """\
 Wire an agent tool to ctxd, merging ctxd's entries into the tool's own settings:
@@ -119,11 +124,9 @@ def add_hook_install(commands: Commands, common: Parser) -> None:
         "hook", parents=[common],
         help="answer one Claude Code hook event (JSON on stdin); always exits 0")
     hook.set_defaults(run=cmd_hook, offline=True)
-    for action, verb in (("install", "wire"), ("uninstall", "unwire")):
+    for action, summary in INSTALL_HELP.items():
         wire_cmd = commands.add_parser(
-            action, parents=[common],
-            help=f"{verb} an agent tool to ctxd (its hooks and MCP server, in its settings; "
-                 "at user scope its model calls through ctxd's gateway too)",
+            action, parents=[common], help=summary,
             description=INSTALL_DESCRIPTION[action],
             formatter_class=argparse.RawDescriptionHelpFormatter)
         wire_cmd.add_argument("target", metavar="TARGET", choices=("claude-code", "opencode"),

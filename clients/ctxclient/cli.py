@@ -33,7 +33,9 @@ EXIT_STATUS = """exit status:
   0  success
   1  the daemon answered with an error (or `stop` found it still running)
   2  no daemon answers on the socket, or bad usage
-  3  install/uninstall refused a settings file (nothing written)"""
+  3  install/uninstall refused a settings file (nothing written)
+run exits with its command's status, or 125 (it could not run it: no daemon, the
+gateway disabled), 126 (not executable) or 127 (not found)"""
 
 
 def parser() -> argparse.ArgumentParser:
