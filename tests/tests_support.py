@@ -184,3 +184,12 @@ def placed_by_others(tmp_path: Path, where: str) -> Iterator[tuple[Path, str]]:
                 listener.accept()  # nobody connected
         finally:
             path.unlink()
+
+
+def doctor_gateway_line(client: Client) -> str:
+    """The line `ctxctl doctor` prints for the gateway of the daemon ``client`` talks to
+    (a healthy one: it answers its health check)."""
+    gateway = client.call("daemon.status").get("gateway")
+    if gateway is None:
+        return "gateway: disabled"
+    return f"gateway {gateway['listen']}: ok (/_ctxd/health answered)"

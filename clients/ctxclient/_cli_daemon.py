@@ -52,6 +52,38 @@ def daemon_line(status: dict[str, Any]) -> Text:
         (f"socket {status['socket']}  data {status['data_dir']}", "dim"))
 
 
+GATEWAY_COLUMNS = (Column("session"), Column("model", keep=20), Column("sent", right=True),
+                   Column("removed", keep=60, right=True), Column("input", keep=50, right=True),
+                   Column("cache read", keep=45, right=True),
+                   Column("cache write", keep=30, right=True), Column("cost", keep=55, right=True))
+"""At 80 columns a session id of 36 leaves room for the tokens sent and removed, the
+provider's input and the cost; plain output and wider terminals show the rest."""
+
+
+def gateway_line(gateway: dict[str, Any] | None) -> str:
+    """The gateway's address and counters (daemon.status's ``gateway``), or that it is off."""
+    if gateway is None:
+        return "gateway: disabled"
+    return (f"gateway {gateway['listen']}  calls {gateway['calls']:,}  "
+            f"rewrite failures {gateway['rewrite_failures']:,}")
+
+
+def gateway_listing(gateway: dict[str, Any] | None) -> Listing:
+    """The last model call of each live session through the gateway, newest first: the
+    tokens sent (as ctxd counted the body), those ctxd's substitutions removed, the
+    provider's input and cache counts, and the cost in input-token units."""
+    listing = Listing(GATEWAY_COLUMNS, title="last model call of live sessions (cost in "
+                                             "input tokens)")
+    for call in (gateway or {}).get("sessions", []):
+        listing.rows.append([
+            cell(call["session_id"]), cell(call["model"] or "-"),
+            *(cell(f"{call[key]:,}") for key in ("sent_tokens", "removed_tokens",
+                                                  "input_tokens", "cache_read_tokens",
+                                                  "cache_write_tokens")),
+            cell(f"{call['cost']:,.0f}")])
+    return listing
+
+
 def _open_sessions(client: Client, first_page: dict[str, Any]) -> list[dict[str, Any]]:
     """Every open session: ``first_page`` of session.list and the pages after it."""
     sessions = list(first_page["sessions"])
@@ -161,12 +193,13 @@ class Status:
                     "live_branches": branches,
                     "usage": sessions_usage(client, sessions["sessions"])}, budgets)
 
-    def listings(self) -> tuple[Listing, Listing, Listing, Listing]:
-        """Sessions, injections, live branches, usage."""
+    def listings(self) -> tuple[Listing, Listing, Listing, Listing, Listing]:
+        """The gateway's calls, sessions, injections, live branches, usage."""
         snapshot = self.snapshot
         title = "open sessions" + (" (first page)" if snapshot["more_sessions"] else "")
         used = snapshot["usage"]
-        return (sessions_listing(snapshot["sessions"], title),
+        return (gateway_listing(snapshot["daemon"].get("gateway")),
+                sessions_listing(snapshot["sessions"], title),
                 injections_listing(snapshot["sessions"]),
                 live_branches_listing(snapshot["live_branches"], self.budgets),
                 usage_listing("session", [(sid, got["totals"], got["cost"])
@@ -176,8 +209,10 @@ class Status:
 
     def view(self, width: int) -> Group:
         """The tables of a terminal ``width`` cells wide."""
-        sessions, injections, branches, usage = self.listings()
-        return Group(daemon_line(self.snapshot["daemon"]), table(sessions, width),
+        calls, sessions, injections, branches, usage = self.listings()
+        return Group(daemon_line(self.snapshot["daemon"]),
+                     Text(gateway_line(self.snapshot["daemon"].get("gateway"))),
+                     *([table(calls, width)] if calls.rows else []), table(sessions, width),
                      *([table(injections, width)] if injections.rows else []),
                      table(branches, width) if branches.rows else Text("no live branches"),
                      *([table(usage, width)] if usage.rows else []))
@@ -186,7 +221,8 @@ class Status:
         if out.format == "table":
             out.console.print(self.view(out.console.width))
             return
-        out.lines([" ".join(daemon_line(self.snapshot["daemon"]).plain.split())])
+        out.lines([" ".join(daemon_line(self.snapshot["daemon"]).plain.split()),
+                   gateway_line(self.snapshot["daemon"].get("gateway"))])
         for listing in self.listings():
             if listing.rows:
                 out.lines([""])
@@ -282,25 +318,57 @@ def cmd_cancel(client: Client, args: argparse.Namespace, out: Output) -> int:
 
 # ---- doctor, stop ----------------------------------------------------------------------
 
+GATEWAY_FIX = ("ctxctl: the model gateway does not answer, so the agents wired to it cannot "
+               "reach their model; restart ctxd (`ctxctl stop`, then `ctxd`) and read its "
+               "log, or run `ctxctl uninstall claude-code` to send Claude Code straight to "
+               "the provider again")
+
+
+def gateway_check(status: dict[str, Any]) -> dict[str, Any] | None:
+    """The gateway end to end (``GET <base_url>/_ctxd/health``); None when it is off."""
+    from ctxclient import _gateway
+
+    gateway = status.get("gateway")
+    if gateway is None:
+        return None
+    problem = _gateway.health_problem(gateway["base_url"])
+    return {"listen": gateway["listen"], "ok": problem is None, "problem": problem}
+
+
+def gateway_check_line(check: dict[str, Any] | None) -> str:
+    from ctxclient._gateway import HEALTH_PATH
+
+    if check is None:
+        return "gateway: disabled"
+    if check["ok"]:
+        return f"gateway {check['listen']}: ok ({HEALTH_PATH} answered)"
+    return f"gateway {check['listen']}: {check['problem']}"
+
+
 def cmd_doctor(client: Client, args: argparse.Namespace, out: Output) -> int:
     client.timeout = None  # the whole database is read: seconds per GiB from disk
     result = client.call("daemon.check")
+    status = client.call("daemon.status")
+    gateway = gateway_check(status)
     from ctxclient import _install
 
-    integrations, wired = _install.doctor(Path.cwd())
+    integrations, wired = _install.doctor(
+        Path.cwd(), None if status.get("gateway") is None else status["gateway"]["base_url"])
     if result["ok"]:
         found = [f"{result['database']}: ok (integrity_check, {result['seconds']:.2f} s)"]
     else:
         found = [f"{result['database']}: {problem}" for problem in result["problems"]]
-    out.emit({**result, "integrations": integrations},
-             Lines([*found, *_install.doctor_lines(integrations)]),
+    gateway_ok = gateway is None or gateway["ok"]
+    out.emit({**result, "gateway": gateway, "integrations": integrations},
+             Lines([*found, gateway_check_line(gateway), *_install.doctor_lines(integrations)]),
              *([] if result["ok"] else [Stderr(
                  f"ctxctl: the database {result['database']} is corrupt; stop ctxd and run "
-                 "`ctxd --recover`")]))
+                 "`ctxd --recover`")]),
+             *([] if gateway_ok else [Stderr(GATEWAY_FIX)]))
     if not wired:
         print("ctxctl: an agent's ctxd settings are incomplete; run the fix shown",
               file=sys.stderr)
-    return 0 if result["ok"] and wired else 1
+    return 0 if result["ok"] and wired and gateway_ok else 1
 
 
 def doctor_without_daemon(exc: DaemonUnavailable, out: Output) -> int | None:

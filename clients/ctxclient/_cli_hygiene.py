@@ -19,8 +19,11 @@ if TYPE_CHECKING:
 
 
 def cmd_result(client: Client, args: argparse.Namespace, out: Output) -> int:
-    """An offloaded tool result (result.read): a page of it, or its lines that match."""
-    params: dict[str, Any] = {"session_id": args.session, "ref_id": args.ref}
+    """An offloaded tool result (result.read): a page of it, or its lines that match; the
+    daemon finds its session from the ref unless ``--session`` names one."""
+    params: dict[str, Any] = {"ref_id": args.ref}
+    if args.session is not None:
+        params["session_id"] = args.session
     if args.grep is not None:
         if args.offset is not None or args.limit is not None:
             print("ctxctl: --grep searches the whole result: leave out --offset and --limit",
@@ -88,12 +91,23 @@ def cmd_compact(client: Client, args: argparse.Namespace, out: Output) -> int:
 
 def add_result_compact(commands: Commands, common: Parser) -> None:
     """``result`` and ``compact``."""
-    result = commands.add_parser("result", parents=[common],
-                                 help="read an offloaded tool result (result.read)")
+    result = commands.add_parser(
+        "result", parents=[common],
+        help="read an offloaded tool result by the ref its stub names (result.read)",
+        description="Print a tool result ctxd stored whole and replaced in the context by a "
+                    "stub (`[Tool result stored — … ref_id=\"res_…\"…]`): a page of it, or "
+                    "its lines that match. Any agent can run it from its shell; the ref "
+                    "alone finds the session.",
+        epilog="examples:\n"
+               "  ctxctl result res_5f0c1d9e2a7b3c48\n"
+               "  ctxctl result res_5f0c1d9e2a7b3c48 --grep 'FAILED|Error'\n"
+               "  ctxctl result res_5f0c1d9e2a7b3c48 --offset 8000 --limit 8000",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     result.add_argument("ref", metavar="REF", type=matching("ref id", wire.RefId),
                         help='the ref_id its stub names, e.g. res_5f0c1d9e2a7b3c48')
-    result.add_argument("--session", type=session_id, metavar="ID", required=True,
-                        help="the session the result belongs to")
+    result.add_argument("--session", type=session_id, metavar="ID",
+                        help="the session the result belongs to (default: the one that "
+                             "holds REF)")
     result.add_argument("--grep", type=text_of(wire.ResultReadParams, "pattern", "PATTERN"),
                         metavar="PATTERN",
                         help="only the lines that match this regular expression, numbered")

@@ -6,6 +6,8 @@ needs a running daemon first (``import`` aside); their work is in `ctxclient._ho
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,10 +20,18 @@ if TYPE_CHECKING:
 
 
 def cmd_install(args: argparse.Namespace, out: Output) -> int:
-    from ctxclient import _install
+    from ctxclient import _gateway, _install, _mcp
 
+    gateway = problem = None
+    if args.scope == "user" and args.gateway:
+        try:
+            gateway = _gateway.base_url_of(_gateway.daemon_status(
+                args.socket, start=True, who="ctxctl install"))
+        except _gateway.GatewayUnavailable as exc:
+            problem = str(exc)
     return _install.run("install", args.target, args.scope, Path(args.dir).absolute(),
-                        args.socket, out.json)
+                        args.socket, out.json, gateway, problem,
+                        _mcp.user_socket_unit(os.environ))
 
 
 def cmd_uninstall(args: argparse.Namespace, out: Output) -> int:
@@ -29,6 +39,24 @@ def cmd_uninstall(args: argparse.Namespace, out: Output) -> int:
 
     return _install.run("uninstall", args.target, args.scope, Path(args.dir).absolute(),
                         None, out.json)
+
+
+def cmd_run(args: argparse.Namespace, out: Output) -> int:
+    from ctxclient import _gateway
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        args.group.error("missing CMD: ctxctl run -- CMD [ARGS ...]")
+    try:
+        status = _gateway.daemon_status(args.socket, start=True, who="ctxctl run")
+        base_url = _gateway.base_url_of(status)
+    except _gateway.GatewayUnavailable as exc:
+        print(f"ctxctl run: {exc}", file=sys.stderr)
+        return _gateway.RUN_FAILED
+    env = _gateway.agent_environment(base_url, os.environ, args.socket)
+    for line in _gateway.overridden(os.environ, env):
+        print(f"ctxctl run: {line}", file=sys.stderr)
+    return _gateway.exec_agent(command, env)
 
 
 def cmd_hook(args: argparse.Namespace, out: Output) -> int:
@@ -66,16 +94,41 @@ def cmd_completion(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
+INSTALL_HELP = {
+    "install": "wire an agent tool to ctxd (its hooks and MCP server, in its settings; at "
+               "user scope its model calls through ctxd's gateway too)",
+    "uninstall": "unwire an agent tool from ctxd: take out what install wrote, put back "
+                 "what it replaced"}
+INSTALL_DESCRIPTION = {
+    "install": """\
+Wire an agent tool to ctxd, merging ctxd's entries into the tool's own settings:
+  claude-code  hooks (settings.json) and the MCP server (~/.claude.json or .mcp.json)
+  opencode     the plugin (plugin/ctxd.js) and the MCP server (opencode.json)
+At user scope (the default) the tool's model calls also go through ctxd's gateway, so
+that what ctxd manages is what the model receives: Claude Code's env.ANTHROPIC_BASE_URL,
+OpenCode's provider.anthropic.options.baseURL. The gateway's URL holds your token, so a
+project's settings (which may be shared) never get it. The daemon is asked for the URL,
+and started when none runs. The tool then depends on the daemon: with ctxd's systemd
+socket unit a stopped daemon is started by the next call; without it, keep `ctxd` running.
+Running it again changes nothing; `ctxctl uninstall` takes out exactly what it added and
+puts back a value it replaced.""",
+    "uninstall": """\
+Take ctxd's entries out of an agent tool's settings: exactly what install added (hooks,
+plugin, MCP server), and at user scope the gateway's base URL, with the value it replaced
+put back (or none, as before). Anything else in the files is left as it is."""}
+
+
 def add_hook_install(commands: Commands, common: Parser) -> None:
     """``hook``, ``install`` and ``uninstall``."""
     hook = commands.add_parser(
         "hook", parents=[common],
         help="answer one Claude Code hook event (JSON on stdin); always exits 0")
     hook.set_defaults(run=cmd_hook, offline=True)
-    for action, verb in (("install", "wire"), ("uninstall", "unwire")):
+    for action, summary in INSTALL_HELP.items():
         wire_cmd = commands.add_parser(
-            action, parents=[common],
-            help=f"{verb} an agent tool to ctxd (its hooks and MCP server, in its settings)")
+            action, parents=[common], help=summary,
+            description=INSTALL_DESCRIPTION[action],
+            formatter_class=argparse.RawDescriptionHelpFormatter)
         wire_cmd.add_argument("target", metavar="TARGET", choices=("claude-code", "opencode"),
                               help="claude-code or opencode")
         wire_cmd.add_argument("--scope", choices=("project", "user"), default="user",
@@ -83,8 +136,46 @@ def add_hook_install(commands: Commands, common: Parser) -> None:
         wire_cmd.add_argument("--dir", default=".", metavar="DIR",
                               help="the project's root for --scope project (default: the "
                                    "current directory)")
+        if action == "install":
+            wire_cmd.add_argument("--no-gateway", dest="gateway", action="store_false",
+                                  help="leave the tool's model calls alone: hooks, plugin "
+                                       "and MCP server only")
         wire_cmd.set_defaults(run=cmd_install if action == "install" else cmd_uninstall,
                               offline=True)
+
+
+RUN_EPILOG = """\
+what CMD gets:
+  ANTHROPIC_BASE_URL  the gateway's base URL (http://127.0.0.1:PORT/TOKEN), where Claude
+                      Code, the anthropic SDKs and most agents send Anthropic's calls
+  OPENAI_BASE_URL     the same with /v1, where the openai SDKs, Codex and litellm (aider)
+                      send OpenAI's calls
+  CTXD_SOCKET         with --socket: the daemon its ctxd hooks and MCP server talk to
+The API keys stay the agent's own: the gateway passes them to the provider and never
+keeps them. The daemon is started when none runs (log: ~/.local/state/ctxd/ctxd.log).
+
+exit status: CMD's; 125 when ctxctl run could not run it (no daemon, the gateway
+disabled), 126 when CMD cannot be executed, 127 when it is not found.
+
+examples:
+  ctxctl run -- aider --model sonnet
+  ctxctl run -- codex
+  ctxctl run -- python my_agent.py"""
+
+
+def add_run(commands: Commands, common: Parser) -> None:
+    """``run``."""
+    run = commands.add_parser(
+        "run", parents=[common],
+        help="run an agent with its model calls going through ctxd's gateway",
+        description="Run CMD with ANTHROPIC_BASE_URL and OPENAI_BASE_URL pointing at ctxd's "
+                    "model gateway, so that ctxd manages what the model receives (offloaded "
+                    "results, folded branches, compaction) and counts every call. CMD "
+                    "replaces ctxctl: it keeps the terminal, its signals and its exit status.",
+        epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS ...]",
+                     help="the program to run and its arguments")
+    run.set_defaults(run=cmd_run, offline=True, group=run)
 
 
 def add_mcp_import(commands: Commands, common: Parser) -> None:

@@ -2,9 +2,12 @@
 into the tool's own settings files, and take exactly those entries out again (README,
 "Claude Code"; docs/decisions.md, "Install").
 
-A target is a module-level object with ``install(scope, root, command, socket)``,
+A target is a module-level object with ``install(scope, root, command, socket, gateway)``,
 ``uninstall(scope, root, command)`` and ``check(scope, root)``: the first two return the
-list of changes made (empty: nothing to do), the third the problems found. Settings files
+list of changes made (empty: nothing to do), the third the problems found. At user scope,
+``gateway`` (the model gateway's base URL) also points the tool's model calls at ctxd;
+the value it replaced is kept in ctxd's state directory, and uninstall puts it back
+(docs/decisions.md, "Gateway"). Settings files
 are JSON objects read whole and written atomically (a temporary file renamed over the
 original, with its mode kept); a file that is not a JSON object is refused, never
 overwritten.
@@ -60,8 +63,8 @@ class Problem:
 class Target(Protocol):
     name: str
 
-    def install(self, scope: str, root: Path, command: str,
-                socket: str | None) -> list[Change]: ...
+    def install(self, scope: str, root: Path, command: str, socket: str | None,
+                gateway: str | None = None) -> list[Change]: ...
 
     def uninstall(self, scope: str, root: Path, command: str) -> list[Change]: ...
 
@@ -136,6 +139,109 @@ def is_ctxctl(argv0: object) -> bool:
     return isinstance(argv0, str) and os.path.basename(argv0) == "ctxctl"
 
 
+# ---- the gateway's entries ---------------------------------------------------------------
+
+SAVED_NAME = "install-saved.json"
+"""In ctxd's state directory: what each gateway entry replaced, by settings file."""
+_ABSENT = object()
+
+
+def saved_path() -> Path:
+    from ctxclient._mcp import state_dir
+
+    return state_dir(os.environ) / SAVED_NAME
+
+
+class Saved:
+    """The values install's gateway entries replaced (``previous``, missing when there was
+    none), the value written (``value``) and how many enclosing objects it created
+    (``created``), by settings file and key path: uninstall restores exactly that."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = saved_path() if path is None else path
+        self.records = load(self.path)
+
+    def record(self, file: Path, keys: tuple[str, ...]) -> dict[str, Any] | None:
+        found = self.records.get(str(file), {}).get("/".join(keys))
+        return found if isinstance(found, dict) else None
+
+    def put(self, file: Path, keys: tuple[str, ...], record: dict[str, Any] | None) -> None:
+        entries = self.records.setdefault(str(file), {})
+        if record is None:
+            entries.pop("/".join(keys), None)
+            if not entries:
+                del self.records[str(file)]
+        else:
+            entries["/".join(keys)] = record
+
+    def save(self) -> None:
+        save(self.path, self.records)
+        if self.path.exists():
+            self.path.chmod(0o600)
+
+
+def set_entry(data: dict[str, Any], file: Path, keys: tuple[str, ...], value: str,
+              saved: Saved) -> Change | None:
+    """Set ``keys`` (a path of object keys) to ``value`` in ``data``, the settings of
+    ``file``, keeping what it replaces in ``saved``; None when it is set already."""
+    parent, created = data, 0
+    for depth, key in enumerate(keys[:-1]):
+        child = parent.get(key)
+        if child is None:
+            child = parent[key] = {}
+            created += 1
+        elif not isinstance(child, dict):
+            raise SettingsError(f"{file}: {'.'.join(keys[:depth + 1])} is not a JSON object; "
+                                "fix or move the file")
+        parent = child
+    current = parent.get(keys[-1], _ABSENT)
+    if current == value:
+        return None
+    record = saved.record(file, keys)
+    if record is not None and current == record.get("value"):
+        record = {**record, "value": value}  # ours, from an earlier install: keep what it replaced
+    else:
+        record = {"value": value, "created": created,
+                  **({} if current is _ABSENT else {"previous": current})}
+    parent[keys[-1]] = value
+    saved.put(file, keys, record)
+    return Change(str(file), "added" if current is _ABSENT else "updated", ".".join(keys))
+
+
+def restore_entry(data: dict[str, Any], file: Path, keys: tuple[str, ...],
+                  saved: Saved) -> Change | None:
+    """Put back what `set_entry` replaced at ``keys``: the value that was there, or
+    nothing (with the objects it created). A value changed since install is the user's,
+    left alone; without a record, a value of a gateway URL's shape is taken out. None when
+    nothing changed."""
+    from ctxclient._gateway import is_gateway_url
+
+    record = saved.record(file, keys)
+    saved.put(file, keys, None)
+    parents = [data]
+    for key in keys[:-1]:
+        child = parents[-1].get(key)
+        if not isinstance(child, dict):
+            return None
+        parents.append(child)
+    current = parents[-1].get(keys[-1], _ABSENT)
+    if record is not None and current == record.get("value"):
+        if "previous" in record:
+            parents[-1][keys[-1]] = record["previous"]
+            return Change(str(file), "restored", ".".join(keys))
+        created = record.get("created", 0)
+    elif record is None and is_gateway_url(current):
+        created = len(keys) - 1  # unknown: the objects it leaves empty
+    else:
+        return None
+    del parents[-1][keys[-1]]
+    for depth in range(len(keys) - 1, len(keys) - 1 - created, -1):
+        if parents[depth]:
+            break
+        del parents[depth - 1][keys[depth - 1]]
+    return Change(str(file), "removed", ".".join(keys))
+
+
 # ---- Claude Code -------------------------------------------------------------------------
 
 HOOK_EVENTS = ("SessionStart", "UserPromptSubmit", "PostToolUse", "PreCompact", "Stop",
@@ -143,6 +249,8 @@ HOOK_EVENTS = ("SessionStart", "UserPromptSubmit", "PostToolUse", "PreCompact", 
 HOOK_TIMEOUT_S = 10
 """Claude Code's limit for one hook run; ``ctxctl hook`` gives up on the daemon sooner."""
 MCP_NAME = "ctxd"
+GATEWAY_KEYS = ("env", "ANTHROPIC_BASE_URL")
+"""Claude Code's settings entry that sends its model calls to the gateway."""
 
 
 def _hook_argv(command: object) -> list[str] | None:
@@ -186,10 +294,11 @@ class ClaudeCode:
         configured = os.environ.get("CLAUDE_CONFIG_DIR")
         return Path(configured) / ".claude.json" if configured else Path.home() / ".claude.json"
 
-    def install(self, scope: str, root: Path, command: str,
-                socket: str | None) -> list[Change]:
+    def install(self, scope: str, root: Path, command: str, socket: str | None,
+                gateway: str | None = None) -> list[Change]:
         settings_path, mcp_path = self.settings_path(scope, root), self.mcp_path(scope, root)
         settings, mcp = load(settings_path), load(mcp_path)  # both read before any write
+        saved = Saved()
         socket_args = ["--socket", socket] if socket else []
         hook_command = shlex.join([command, "hook", *socket_args])
         changes: list[Change] = []
@@ -231,10 +340,15 @@ class ClaudeCode:
                 enabled.append(MCP_NAME)
                 changes.append(Change(str(settings_path), "added",
                                       f"{MCP_NAME} to enabledMcpjsonServers"))
+        if gateway is not None:
+            change = set_entry(settings, settings_path, GATEWAY_KEYS, gateway, saved)
+            changes += [change] if change else []
         if any(c.file == str(settings_path) for c in changes):
             save(settings_path, settings)
         if any(c.file == str(mcp_path) for c in changes):
             save(mcp_path, mcp)
+        if gateway is not None:
+            saved.save()
         return changes
 
     def uninstall(self, scope: str, root: Path, command: str) -> list[Change]:
@@ -274,10 +388,16 @@ class ClaudeCode:
             if not servers:
                 del mcp["mcpServers"]
             changes.append(Change(str(mcp_path), "removed", f"MCP server {MCP_NAME}"))
+        saved = Saved()
+        if scope == "user":
+            change = restore_entry(settings, settings_path, GATEWAY_KEYS, saved)
+            changes += [change] if change else []
         if any(c.file == str(settings_path) for c in changes):
             save(settings_path, settings)
         if any(c.file == str(mcp_path) for c in changes):
             save(mcp_path, mcp)
+        if scope == "user":
+            saved.save()
         return changes
 
     def _ours(self, scope: str, root: Path) -> tuple[dict[str, list[list[str]]], Any]:
@@ -349,6 +469,10 @@ def _drop_empty_groups(groups: list[Any]) -> None:
 # ---- OpenCode ----------------------------------------------------------------------------
 
 PLUGIN_NAME = "ctxd.js"
+OPENCODE_GATEWAY_KEYS = ("provider", "anthropic", "options", "baseURL")
+"""OpenCode's setting that sends its Anthropic calls to the gateway (docs/decisions.md,
+"Gateway": its OpenAI provider speaks the Responses API, which the gateway does not
+rewrite, so it is left alone)."""
 PLUGIN_MARKER = "// ctxd's OpenCode plugin"
 """The plugin's first line: uninstall removes a plugin file only when it starts so."""
 
@@ -392,8 +516,8 @@ class OpenCode:
         plugin_dir = ".opencode/plugin" if scope == "project" else "plugin"
         return self.base(scope, root) / plugin_dir / PLUGIN_NAME
 
-    def install(self, scope: str, root: Path, command: str,
-                socket: str | None) -> list[Change]:
+    def install(self, scope: str, root: Path, command: str, socket: str | None,
+                gateway: str | None = None) -> list[Change]:
         config_path, plugin = self.config_path(scope, root), self.plugin_path(scope, root)
         config = load(config_path)  # read (and refused when malformed) before any write
         servers = _object(config, "mcp", config_path)
@@ -412,9 +536,21 @@ class OpenCode:
         server = {"type": "local", "command": [command, "mcp", *socket_args], "enabled": True}
         if current != server:
             servers[MCP_NAME] = server
-            save(config_path, config)
             changes.append(Change(str(config_path), "added" if current is None else "updated",
                                   f"MCP server {MCP_NAME}"))
+        saved = Saved()
+        if gateway is not None:
+            from ctxclient._gateway import openai_url
+
+            # The AI SDK's Anthropic provider puts /messages after its baseURL, whose
+            # default is https://api.anthropic.com/v1.
+            change = set_entry(config, config_path, OPENCODE_GATEWAY_KEYS,
+                               openai_url(gateway), saved)
+            changes += [change] if change else []
+        if any(c.file == str(config_path) for c in changes):
+            save(config_path, config)
+        if gateway is not None:
+            saved.save()
         return changes
 
     def uninstall(self, scope: str, root: Path, command: str) -> list[Change]:
@@ -435,8 +571,15 @@ class OpenCode:
             del servers[MCP_NAME]
             if not servers:
                 del config["mcp"]
-            save(config_path, config)
             changes.append(Change(str(config_path), "removed", f"MCP server {MCP_NAME}"))
+        saved = Saved()
+        if scope == "user":
+            change = restore_entry(config, config_path, OPENCODE_GATEWAY_KEYS, saved)
+            changes += [change] if change else []
+        if any(c.file == str(config_path) for c in changes):
+            save(config_path, config)
+        if scope == "user":
+            saved.save()
         return changes
 
     def installed(self, scope: str, root: Path) -> bool:
@@ -491,15 +634,42 @@ EXIT_REFUSED = 3
 """A settings file ctxctl will not touch (malformed, or a foreign entry under ctxd's name)."""
 
 
+AGENT_NAMES = {"claude-code": "Claude Code", "opencode": "OpenCode"}
+
+
+def gateway_note(target_name: str, base_url: str, socket_unit: Path | None) -> str:
+    """What install says once the tool's model calls go through the gateway: the tool
+    now depends on the daemon, and what starts a stopped one."""
+    from ctxclient._gateway import shown
+
+    agent = AGENT_NAMES[target_name]
+    head = f"{agent}'s model calls now go through ctxd's gateway ({shown(base_url)}). "
+    if socket_unit is not None:
+        return head + (f"The systemd socket unit ({socket_unit}) starts ctxd when a call "
+                       "finds it stopped.")
+    return head + (f"Without systemd's socket unit nothing starts ctxd for {agent}: while "
+                   f"ctxd is stopped its model calls fail. Keep `ctxd` running, or install "
+                   f"the units (README, \"Running it as a service\").")
+
+
 def run(action: str, target_name: str, scope: str, root: Path, socket: str | None,
-        as_json: bool) -> int:
-    """``install``/``uninstall``: apply, then print the changes (plain or JSON)."""
+        as_json: bool, gateway: str | None = None, gateway_problem: str | None = None,
+        socket_unit: Path | None = None) -> int:
+    """``install``/``uninstall``: apply, then print the changes (plain or JSON).
+
+    Args:
+        gateway: the gateway's base URL to point the tool at (install at user scope).
+        gateway_problem: why there is none although install was asked for it: the rest
+            is installed, this said, and the exit status is 1.
+        socket_unit: ctxd's systemd socket unit, when installed (what install says).
+    """
     target = TARGETS[target_name]()
     command = ctxctl_command()
     try:
         if action == "install":
             changes = target.install(scope, root, command,
-                                     str(Path(socket).absolute()) if socket else None)
+                                     str(Path(socket).absolute()) if socket else None,
+                                     gateway)
         else:
             changes = target.uninstall(scope, root, command)
     except SettingsError as exc:
@@ -507,9 +677,17 @@ def run(action: str, target_name: str, scope: str, root: Path, socket: str | Non
             print(json.dumps({"error": {"code": None, "message": str(exc)}}, indent=2))
         print(f"ctxctl: {exc}", file=sys.stderr)
         return EXIT_REFUSED
+    wired = gateway is not None and any(c.what in (".".join(GATEWAY_KEYS),
+                                                   ".".join(OPENCODE_GATEWAY_KEYS))
+                                        for c in changes)
+    note = gateway_note(target_name, gateway, socket_unit) if wired and gateway else None
     if as_json:
+        # "gateway" only when install was asked to wire it (user scope, no --no-gateway).
+        asked = gateway is not None or gateway_problem is not None
         print(json.dumps({"target": target_name, "scope": scope, "changed": bool(changes),
-                          "changes": [c.to_json() for c in changes]}, indent=2))
+                          "changes": [c.to_json() for c in changes],
+                          **({"gateway": {"base_url": gateway, "error": gateway_problem,
+                                          "note": note}} if asked else {})}, indent=2))
     elif changes:
         for change in changes:
             print(change.line())
@@ -517,12 +695,52 @@ def run(action: str, target_name: str, scope: str, root: Path, socket: str | Non
         print(f"{target_name} ({scope}): "
               + ("already installed, nothing changed" if action == "install"
                  else "ctxd is not installed there, nothing changed"))
+    if note is not None and not as_json:
+        print(note)
+    if gateway_problem is not None:
+        print(f"ctxctl: {AGENT_NAMES[target_name]}'s model calls do not go through ctxd's "
+              f"gateway: {gateway_problem}; then run `ctxctl install {target_name}` again "
+              "(or add --no-gateway to install without it)", file=sys.stderr)
+        return 1
     return 0
 
 
-def doctor(root: Path) -> tuple[list[dict[str, Any]], bool]:
+GATEWAY_ENTRIES: dict[str, tuple[Callable[[], Path], tuple[str, ...], str]] = {
+    "claude-code": (lambda: ClaudeCode().settings_path("user", Path()), GATEWAY_KEYS, ""),
+    "opencode": (lambda: OpenCode().config_path("user", Path()), OPENCODE_GATEWAY_KEYS, "/v1")}
+"""Where each target's user settings point its model calls at the gateway, and what the
+gateway's base URL is followed by there."""
+GATEWAY_UNKNOWN = "unknown"
+"""`doctor`'s ``gateway`` when no daemon said what it is (its entries are not checked)."""
+
+
+def gateway_problems(name: str, gateway: str | None) -> list[Problem]:
+    """Whether a target's user settings point at the running gateway (``gateway``, its
+    base URL; None: disabled): a gateway URL of another port or token, or one of a
+    disabled gateway, leaves the tool's model calls failing."""
+    from ctxclient._gateway import is_gateway_url, shown
+
+    path_of, keys, suffix = GATEWAY_ENTRIES[name]
+    path = path_of()
+    value: Any = load(path)
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    if not is_gateway_url(value) or value == (gateway and gateway.rstrip("/") + suffix):
+        return []
+    what = ".".join(keys)
+    if gateway is None:
+        return [Problem(str(path), f"{what} points at ctxd's gateway, which is disabled",
+                        f"enable it ([gateway] enabled = true), or ctxctl uninstall {name}")]
+    return [Problem(str(path), f"{what} is not the running gateway's URL ({shown(gateway)}"
+                               f"{suffix}: another port or token)", f"ctxctl install {name}")]
+
+
+def doctor(root: Path, gateway: str | None = GATEWAY_UNKNOWN
+           ) -> tuple[list[dict[str, Any]], bool]:
     """Each target's state in each scope where ctxd's entries are (a target ctxd was never
-    installed for is no problem): the JSON rows, and whether all is well."""
+    installed for is no problem): the JSON rows, and whether all is well. ``gateway``: the
+    running gateway's base URL (None: disabled), against which the user settings' entries
+    are checked."""
     rows: list[dict[str, Any]] = []
     for name, make in TARGETS.items():
         target = make()
@@ -530,6 +748,11 @@ def doctor(root: Path) -> tuple[list[dict[str, Any]], bool]:
             if not target.installed(scope, root):
                 continue
             problems = target.check(scope, root)
+            if scope == "user" and gateway != GATEWAY_UNKNOWN:
+                try:
+                    problems += gateway_problems(name, gateway)
+                except SettingsError:
+                    pass  # check() said why
             rows.append({"target": name, "scope": scope, "ok": not problems,
                          "problems": [p.to_json() for p in problems]})
     return rows, all(row["ok"] for row in rows)

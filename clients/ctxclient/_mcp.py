@@ -41,7 +41,8 @@ class DaemonBusy(PumpError):
     (its connections are all taken, it is shutting down): a reconnection tries again."""
 
 
-def _user_socket_unit(environ: Mapping[str, str]) -> Path | None:
+def user_socket_unit(environ: Mapping[str, str]) -> Path | None:
+    """ctxd's systemd user socket unit, when one is installed."""
     home = Path(environ.get("HOME") or Path.home())
     config = Path(environ.get("XDG_CONFIG_HOME") or home / ".config")
     for unit in (config / "systemd" / "user" / "ctxd.socket", *SOCKET_UNITS):
@@ -73,10 +74,15 @@ def _connect(path: str) -> socket.socket | None:
     return sock
 
 
-def _log_path(environ: Mapping[str, str]) -> Path:
+def state_dir(environ: Mapping[str, str]) -> Path:
+    """ctxctl's state directory, ``$XDG_STATE_HOME/ctxd``: the log of a daemon it starts,
+    what install replaced."""
     home = Path(environ.get("HOME") or Path.home())
-    state = Path(environ.get("XDG_STATE_HOME") or home / ".local" / "state")
-    return state / "ctxd" / "ctxd.log"
+    return Path(environ.get("XDG_STATE_HOME") or home / ".local" / "state") / "ctxd"
+
+
+def _log_path(environ: Mapping[str, str]) -> Path:
+    return state_dir(environ) / "ctxd.log"
 
 
 def _tail(path: Path, lines: int = 5) -> str:
@@ -86,7 +92,8 @@ def _tail(path: Path, lines: int = 5) -> str:
         return ""
 
 
-def start_daemon(path: str, explicit: bool, environ: Mapping[str, str]) -> socket.socket:
+def start_daemon(path: str, explicit: bool, environ: Mapping[str, str],
+                 who: str = "ctxctl mcp") -> socket.socket:
     """Start ctxd in the background (its own session, its log in
     ``$XDG_STATE_HOME/ctxd/ctxd.log``) and return a connection once it answers.
 
@@ -95,7 +102,7 @@ def start_daemon(path: str, explicit: bool, environ: Mapping[str, str]) -> socke
     """
     log_path = _log_path(environ)
     log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    print(f"ctxctl mcp: no daemon on {path}; starting ctxd (log: {log_path})", file=sys.stderr)
+    print(f"{who}: no daemon on {path}; starting ctxd (log: {log_path})", file=sys.stderr)
     daemon = spawn_daemon(["--socket", path] if explicit else [], log=log_path, detach=True)
     deadline = time.monotonic() + START_WAIT_S
     while time.monotonic() < deadline:
@@ -114,8 +121,10 @@ def start_daemon(path: str, explicit: bool, environ: Mapping[str, str]) -> socke
                     f"{log_path}")
 
 
-def connect(socket_path: str | None, environ: Mapping[str, str]) -> socket.socket:
-    """A connection to the daemon: the one running, else one started for it.
+def connect(socket_path: str | None, environ: Mapping[str, str],
+            who: str = "ctxctl mcp") -> socket.socket:
+    """A connection to the daemon: the one running, else one started for it (``who``
+    says so on stderr).
 
     Raises:
         PumpError: nothing answers and ctxd could not be started (or systemd should).
@@ -124,11 +133,11 @@ def connect(socket_path: str | None, environ: Mapping[str, str]) -> socket.socke
     sock = _connect(path)
     if sock is not None:
         return sock
-    unit = _user_socket_unit(environ)
+    unit = user_socket_unit(environ)
     if unit is not None and socket_path is None:
         raise PumpError(f"nothing listens on {path}, and the systemd socket unit {unit} is "
                         "installed: start it with `systemctl --user enable --now ctxd.socket`")
-    return start_daemon(path, socket_path is not None, environ)
+    return start_daemon(path, socket_path is not None, environ, who)
 
 
 def bind(sock: socket.socket, session_id: str | None, project: str | None) -> bytes:

@@ -54,7 +54,8 @@ RULE = re.compile(r"\b(always|never|must|don't|do not|please use|make sure)\b", 
 ERROR_LINE = re.compile(r"\b(error|exception|traceback|failed)\b", re.I)
 REF = re.compile(r"res_[0-9a-f]{16}")
 CLEARED_INPUT = re.compile(r'\[Old tool input cleared — [\d,]+ chars; read it with read_result '
-                           r'ref_id="(res_[0-9a-f]{16})" offset=(\d+) limit=(\d+)\]')
+                           r'ref_id="(res_[0-9a-f]{16})" offset=(\d+) limit=(\d+) or ctxctl '
+                           r"result res_[0-9a-f]{16} --offset \d+ --limit \d+\]")
 LOCAL_COMMAND = ("<command-", "<local-command-")
 """How Claude Code records a slash command the user ran and its output, as user messages:
 not a request."""

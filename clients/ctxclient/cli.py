@@ -33,7 +33,9 @@ EXIT_STATUS = """exit status:
   0  success
   1  the daemon answered with an error (or `stop` found it still running)
   2  no daemon answers on the socket, or bad usage
-  3  install/uninstall refused a settings file (nothing written)"""
+  3  install/uninstall refused a settings file (nothing written)
+run exits with its command's status, or 125 (it could not run it: no daemon, the
+gateway disabled), 126 (not executable) or 127 (not found)"""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -55,6 +57,7 @@ def parser() -> argparse.ArgumentParser:
     _cli_memory.add_memory(commands, common)
     _cli_daemon.add_call_cancel_doctor(commands, common)
     _cli_integrations.add_hook_install(commands, common)
+    _cli_integrations.add_run(commands, common)
     _cli_daemon.add_stop(commands, common)
     _cli_integrations.add_mcp_import(commands, common)
     _cli_hygiene.add_fork(commands, common)

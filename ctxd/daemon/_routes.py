@@ -93,6 +93,9 @@ class On(enum.Enum):
     INJECTION = "injection_id"
     """``op(actor, params)`` on the actor of the session whose queue holds
     ``params.injection_id`` (the store)."""
+    RESULT = "ref_id"
+    """``op(actor, params)`` on the actor of ``params.session_id`` when given, else of the
+    session that holds the offloaded result ``params.ref_id`` (the store)."""
     SUPERVISOR = "supervisor"
     """``op(supervisor, params)``: finds its session(s) itself (``session.open`` runs on
     two when it forks, ``session.list`` on none)."""
@@ -164,7 +167,7 @@ ROUTES: tuple[Route, ...] = (
           coalesce=sessions.compaction_key, mcp=("compact_context",), ctxctl=("compact",)),
     Route("context.fork", ContextForkParams, On.SESSION, sessions.context_fork,
           mcp=("context_fork",), ctxctl=("fork",)),
-    Route("result.read", ResultReadParams, On.SESSION, sessions.read_result,
+    Route("result.read", ResultReadParams, On.RESULT, sessions.read_result,
           mcp=("read_result",), ctxctl=("result",)),
     Route("tools.register", ToolsRegisterParams, On.SESSION, sessions.register_tools),
     Route("tools.search", ToolsSearchParams, On.SESSION, sessions.search_tools,
@@ -252,7 +255,8 @@ async def _session_of_branch(supervisor: Supervisor, p: Any) -> str:
 
 
 _FIND_SESSION: dict[On, Callable[[Supervisor, Any], Awaitable[str]]] = {
-    On.BRANCH: _session_of_branch, On.INJECTION: sessions.session_of_injection}
+    On.BRANCH: _session_of_branch, On.INJECTION: sessions.session_of_injection,
+    On.RESULT: sessions.session_of_result}
 """How a route whose operation runs on a session's actor, but whose params name no
 session, finds it (`On.SESSION`'s is ``params.session_id``)."""
 
@@ -286,7 +290,7 @@ def handler(route: Route, daemon: Daemon) -> Callable[[Call, Any], Any]:
     """What the dispatcher calls for a request of ``route.method``: the route's operation,
     called as its `On` says."""
     op, supervisor, memory_service = route.op, daemon.supervisor, daemon.memory
-    if route.on in (On.SESSION, On.BRANCH, On.INJECTION):
+    if route.on in (On.SESSION, On.BRANCH, On.INJECTION, On.RESULT):
         return lambda call, params: on_session(route, supervisor, params)
     if route.on is On.SUPERVISOR:
         return lambda call, params: op(supervisor, params)

@@ -20,8 +20,10 @@ COMPACTION_META = "compaction"
 
 
 def cleared_text(ref_id: str) -> str:
-    """What a cleared tool result renders as."""
-    return f'[Old tool result content cleared — read it with read_result ref_id="{ref_id}"]'
+    """What a cleared tool result renders as: the MCP tool and the shell command that read
+    it back (the stub's two ways, `stub_text`)."""
+    return (f'[Old tool result content cleared — read it with read_result ref_id="{ref_id}" '
+            f"or ctxctl result {ref_id}]")
 
 
 def summary_text(count: int, summarizer: str, summary: str) -> str:
@@ -101,7 +103,8 @@ def cleared_input_text(ref_id: str, offset: int, chars: int) -> str:
     """What a cleared argument of an old tool call renders as: where its value is in the
     blob (``result.read`` with this offset and limit reads it back exactly)."""
     return (f'[Old tool input cleared — {chars:,} chars; read it with read_result '
-            f'ref_id="{ref_id}" offset={offset} limit={chars}]')
+            f'ref_id="{ref_id}" offset={offset} limit={chars} or ctxctl result {ref_id} '
+            f"--offset {offset} --limit {chars}]")
 
 
 def _calls(message: ThreadMessage) -> list[int]:

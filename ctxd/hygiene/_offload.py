@@ -101,10 +101,13 @@ STUB_PREFIX = "[Tool result stored — "
 
 
 def stub_text(size_bytes: int, tool_name: str | None, head: str, ref_id: str) -> str:
-    """What an offloaded result renders as (docs/protocol.md, "Offloaded tool results")."""
+    """What an offloaded result renders as (docs/protocol.md, "Offloaded tool results"):
+    it names the MCP tool and the shell command that read it back, so an agent without
+    ctxd's tools (its model calls reach ctxd through the gateway) can still read it."""
     source = f' from "{tool_name}"' if tool_name else ""
     return (f"{STUB_PREFIX}{size_bytes:,} bytes{source}. First {HEAD_CHARS} chars: "
-            f"{head}] Use read_result with ref_id=\"{ref_id}\" to read more.")
+            f"{head}] Use read_result with ref_id=\"{ref_id}\" (or run: ctxctl result "
+            f"{ref_id}) to read more.")
 
 
 def ref_id_for(session_id: str, seq: int) -> str:
@@ -189,6 +192,13 @@ def load_blob(conn: apsw.Connection, session_id: str, ref_id: str) -> BlobInfo |
     row: Any = rows[0]
     return BlobInfo(tool_name=row[0], size_bytes=row[1], text=row[2], seq=row[3],
                     branch_id=row[4])
+
+
+def blob_session(conn: apsw.Connection, ref_id: str) -> str | None:
+    """The session that holds the blob ``ref_id`` (None when no session does)."""
+    rows = conn.execute("SELECT session_id FROM tool_result_blobs WHERE ref_id = ?",
+                        (ref_id,)).fetchall()
+    return str(rows[0][0]) if rows else None
 
 
 def page(text: str, offset: int, limit: int) -> tuple[str, int | None]:

@@ -4,7 +4,14 @@ budgets, render; the route table (ctxd/daemon/_routes.py) runs the operations.""
 from ctxd.sessions._actor import SessionActor
 from ctxd.sessions._branch_ops import create_branch, list_branches, return_branch, rollback
 from ctxd.sessions._fork import context_fork
-from ctxd.sessions._hygiene_ops import Search, compact, read_result, register_tools, search_tools
+from ctxd.sessions._hygiene_ops import (
+    Search,
+    compact,
+    read_result,
+    register_tools,
+    search_tools,
+    session_of_result,
+)
 from ctxd.sessions._import import transcript_import
 from ctxd.sessions._injection_methods import ack as inject_ack
 from ctxd.sessions._injection_methods import list_queue as inject_list
@@ -46,5 +53,5 @@ __all__ = ["Search", "Services", "SessionActor", "SessionCounts", "SessionRecord
            "record_sent_usage",
            "register_tools", "render", "resolve_budget", "return_branch", "rollback",
            "search_tools", "session_close", "session_delete", "session_get", "session_list",
-           "session_of_injection", "session_open", "session_resume", "tool_get", "tool_list",
+           "session_of_injection", "session_of_result", "session_open", "session_resume", "tool_get", "tool_list",
            "tool_state", "transcript_import", "usage_get", "usage_record"]

@@ -15,6 +15,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgspec
 import regex
@@ -25,6 +26,7 @@ from ctxd.folding import OPENING_META, rendered_tokens
 from ctxd.hygiene import (
     SessionTool,
     Snapshot,
+    blob_session,
     check_tools,
     compile_pattern,
     counted_form,
@@ -64,6 +66,9 @@ from ctxd.wire.types import (
     ToolsSearchParams,
     ToolsSearchResult,
 )
+
+if TYPE_CHECKING:
+    from ctxd.sessions._supervisor import Supervisor
 
 log = logging.getLogger("ctxd.sessions")
 
@@ -106,6 +111,21 @@ class Search:
                              "simplify it, or pass literal=true") from None
         return msgspec.structs.replace(self.shape, matches=matches, matched_lines=matched,
                                        more_matches=matched - len(matches))
+
+
+async def session_of_result(supervisor: Supervisor, p: ResultReadParams) -> str:
+    """The session whose actor serves a result.read: ``p.session_id`` when given, else
+    the one that holds ``p.ref_id`` (``ctxctl result REF`` names no session).
+
+    Raises:
+        CtxdError: -32004 when no session holds the ref.
+    """
+    if p.session_id is not None:
+        return p.session_id
+    session_id = await supervisor.store.read(blob_session, p.ref_id)
+    if session_id is None:
+        raise not_found("ref", p.ref_id, "use a ref_id from a stub that ctxd wrote")
+    return session_id
 
 
 async def read_result(actor: SessionActor, p: ResultReadParams) -> ResultReadResult | Search:

@@ -409,8 +409,9 @@ class ResultReadParams(Params, frozen=True):
     """Read an offloaded tool result: a page of ``limit`` characters from ``offset``, or
     with ``pattern`` its matching lines (at most ``max_matches``)."""
 
-    session_id: SessionId
     ref_id: RefId
+    session_id: SessionId | None = None
+    """None: the session that holds ``ref_id`` (a ref is unique across sessions)."""
     offset: ReadOffset | msgspec.UnsetType = msgspec.UNSET
     """Unset: 0."""
     limit: ReadLimit | msgspec.UnsetType = msgspec.UNSET

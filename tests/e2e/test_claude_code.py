@@ -107,7 +107,7 @@ def test_a_claude_code_session_is_managed_by_ctxd(tmp_path: Path,
         ref_id = messages[2]["ref_id"]
         assert shown == (f'[Tool result stored — {len(BIG_OUTPUT):,} bytes from "Bash". '
                          f"First 200 chars: {BIG_OUTPUT[:200]}] Use read_result with "
-                         f'ref_id="{ref_id}" to read more.')
+                         f'ref_id="{ref_id}" (or run: ctxctl result {ref_id}) to read more.')
         read = client.call("result.read", {"session_id": session_id, "ref_id": ref_id,
                                            "limit": 1_000_000})
         assert read["content"] == BIG_OUTPUT

@@ -54,7 +54,8 @@ def rendered_tokens(messages: list[dict[str, Any]]) -> int:
 
 
 def cleared(ref_id: str) -> str:
-    return f'[Old tool result content cleared — read it with read_result ref_id="{ref_id}"]'
+    return (f'[Old tool result content cleared — read it with read_result ref_id="{ref_id}" '
+            f"or ctxctl result {ref_id}]")
 
 
 def listed(client: Client, sid: str) -> list[dict[str, Any]]:
@@ -109,7 +110,7 @@ def test_clearing_replaces_the_oldest_results_until_the_target(
     gains = []
     for original in gone:
         marker = by_seq[original["replaced_by"]]
-        ref_id = marker["content"].split('ref_id="')[1].rstrip('"]')
+        ref_id = marker["content"].split('ref_id="')[1][:20]
         assert marker["content"] == cleared(ref_id)
         assert (marker["at_seq"], marker["tool_call_id"], marker["meta"]) == (
             original["seq"], original["tool_call_id"], {"compaction": "cleared",
@@ -480,7 +481,8 @@ def test_clearing_clears_old_tool_calls_large_inputs(manual_daemon: DaemonProces
                  "input": {"file_path": original["content"][1]["input"]["file_path"],
                            "content": f"[Old tool input cleared — {len(value):,} chars; "
                                       f'read it with read_result ref_id="{ref_id}" '
-                                      f"offset=0 limit={len(value)}]"}}]
+                                      f"offset=0 limit={len(value)} or ctxctl result "
+                                      f"{ref_id} --offset 0 --limit {len(value)}]"}}]
             assert (marker["role"], marker["at_seq"], marker["meta"]) == (
                 "assistant", original["seq"], {"compaction": "cleared",
                                                "seq": original["seq"]})

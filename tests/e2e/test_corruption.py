@@ -19,7 +19,7 @@ from typing import Any
 import apsw
 import pytest
 from conftest import DaemonProcess, kill_leftovers, short_root
-from tests_support import LESSONS, hello_text, rpc_error, search
+from tests_support import LESSONS, doctor_gateway_line, hello_text, rpc_error, search
 
 from ctxclient import Client, RpcError
 
@@ -296,14 +296,18 @@ def ctxctl(socket: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_doctor_asks_the_running_daemon(copied: DaemonProcess) -> None:
     database = copied.data_dir / "ctxd.db"
     with copied.running():
+        with copied.client() as client:
+            gateway = doctor_gateway_line(client)
         sound = ctxctl(copied.socket, "doctor")
         assert (sound.returncode, sound.stderr) == (0, "")
         assert re.fullmatch(rf"{re.escape(str(database))}: ok \(integrity_check, "
-                            r"\d+\.\d\d s\)\n", sound.stdout), sound.stdout
+                            rf"\d+\.\d\d s\)\n{re.escape(gateway)}\n", sound.stdout), \
+            sound.stdout
         zero_page(database, page_of(database, "messages"))
         corrupt = ctxctl(copied.socket, "doctor")
         assert corrupt.returncode == 1
-        found = corrupt.stdout.splitlines()
+        *found, gateway_found = corrupt.stdout.splitlines()
+        assert gateway_found == gateway
         assert found
         assert all(line.startswith(f"{database}: ") for line in found)
         assert corrupt.stderr == (f"ctxctl: the database {database} is corrupt; stop ctxd "

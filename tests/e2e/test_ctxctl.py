@@ -957,6 +957,33 @@ def test_result_pages_and_greps_an_offloaded_tool_result(shared_daemon: DaemonPr
         1, f"ctxctl: error -32004: unknown ref '{ref}'")
 
 
+def test_result_finds_the_session_from_the_ref_alone(shared_daemon: DaemonProcess,
+                                                     sid: str) -> None:
+    """What a stub tells an agent without ctxd's tools to run: the ref is enough."""
+    text = "".join(f"row {i}\n" for i in range(2000))
+    with shared_daemon.client() as client:
+        client.call("session.open", {"session_id": sid})
+        appended = client.call("message.append", {"session_id": sid, "messages": [
+            {"role": "tool", "name": "bash", "tool_call_id": "c1", "content": text}]})
+    [entry] = appended["appended"]
+    ref = entry["ref_id"]
+    assert entry["stub"].endswith(f'Use read_result with ref_id="{ref}" (or run: ctxctl '
+                                  f"result {ref}) to read more.")
+    whole = ctxctl(shared_daemon.socket, "result", ref, "--limit", "1000000")
+    assert (whole.returncode, whole.stdout, whole.stderr) == (0, text, "")
+    found = ctxctl(shared_daemon.socket, "result", ref, "--grep", "^row 1999$")
+    assert (found.returncode, found.stdout, found.stderr) == (0, "2000:row 1999\n", "")
+    missing = "res_" + "0" * 16
+    unknown = ctxctl(shared_daemon.socket, "result", missing)
+    assert (unknown.returncode, unknown.stdout, unknown.stderr) == (
+        1, "", f"ctxctl: error -32004: unknown ref '{missing}'\n"
+               "ctxctl: fix: use a ref_id from a stub that ctxd wrote\n")
+    bad = ctxctl(shared_daemon.socket, "result", "res_12")
+    assert (bad.returncode, bad.stdout) == (2, "")
+    assert bad.stderr.splitlines()[-1].startswith("ctxctl result: error: argument REF: "
+                                                  "invalid ref id 'res_12'")
+
+
 def test_result_grep_exits_one_when_nothing_matched_with_json_too(
         shared_daemon: DaemonProcess, sid: str) -> None:
     """As ctxctl(1) says: exit status 1 means none matched (--json printed the answer and

@@ -90,8 +90,8 @@ def test_a_large_bash_output_is_offloaded_and_answered_with_the_stub(
         ref_id = messages[1]["ref_id"]
         assert updated == {
             "stdout": f'[Tool result stored — {len(output):,} bytes from "Bash". First 200 '
-                      f'chars: {output[:200]}] Use read_result with ref_id="{ref_id}" to '
-                      "read more.",
+                      f'chars: {output[:200]}] Use read_result with ref_id="{ref_id}" (or run: '
+                      f"ctxctl result {ref_id}) to read more.",
             "stderr": "", "interrupted": False, "isImage": False}
         read = client.call("result.read", {"session_id": claude_sid, "ref_id": ref_id,
                                            "limit": 1_000_000})

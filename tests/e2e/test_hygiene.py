@@ -38,7 +38,8 @@ def tool(content: Any, name: str | None = "bash", **extra: Any) -> dict[str, Any
 def stub(size: int, name: str | None, text: str, ref_id: str) -> str:
     source = f' from "{name}"' if name else ""
     return (f"[Tool result stored — {size:,} bytes{source}. First 200 chars: {text[:200]}] "
-            f'Use read_result with ref_id="{ref_id}" to read more.')
+            f'Use read_result with ref_id="{ref_id}" (or run: ctxctl result {ref_id}) to read '
+            "more.")
 
 
 def tokens_of(message: dict[str, Any]) -> int:

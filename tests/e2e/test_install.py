@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import DaemonProcess
+from tests_support import doctor_gateway_line
 
 CTXCTL = Path(sys.executable).with_name("ctxctl")
 EVENTS = ["SessionStart", "UserPromptSubmit", "PostToolUse", "PreCompact", "Stop",
@@ -57,7 +58,7 @@ def test_user_scope_merges_and_uninstall_restores_exactly(home: Path, project: P
     settings.write_text(json.dumps(USER_SETTINGS))
     claude_json.write_text(json.dumps(USER_CLAUDE_JSON))
     claude_json.chmod(0o600)
-    done = ctxctl(home, project, "install", "claude-code")
+    done = ctxctl(home, project, "install", "claude-code", "--no-gateway")
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.splitlines() == [
         *(f"added hook {e} in {settings}" for e in EVENTS),
@@ -76,11 +77,11 @@ def test_user_scope_merges_and_uninstall_restores_exactly(home: Path, project: P
     assert stat.S_IMODE(claude_json.stat().st_mode) == 0o600
     # A second run changes nothing, and says so.
     before = (settings.read_bytes(), claude_json.read_bytes())
-    again = ctxctl(home, project, "install", "claude-code", "--json")
+    again = ctxctl(home, project, "install", "claude-code", "--no-gateway", "--json")
     assert json.loads(again.stdout) == {"target": "claude-code", "scope": "user",
                                         "changed": False, "changes": []}
     assert (settings.read_bytes(), claude_json.read_bytes()) == before
-    assert ctxctl(home, project, "install", "claude-code").stdout == (
+    assert ctxctl(home, project, "install", "claude-code", "--no-gateway").stdout == (
         "claude-code (user): already installed, nothing changed\n")
     # Uninstall takes out exactly what install added.
     gone = ctxctl(home, project, "uninstall", "claude-code", "--json")
@@ -151,9 +152,12 @@ def test_doctor_checks_the_claude_code_settings(home: Path, project: Path,
         return ctxctl(home, project, "--socket", sock, "doctor")
 
     healthy = doctor()  # not installed anywhere: nothing to say about Claude Code
-    assert (healthy.returncode, healthy.stderr, len(healthy.stdout.splitlines())) == (0, "", 1)
+    with shared_daemon.client() as client:
+        gateway = doctor_gateway_line(client)
+    assert (healthy.returncode, healthy.stderr, healthy.stdout.splitlines()[1:]) == (
+        0, "", [gateway])
     ctxctl(home, project, "install", "claude-code", "--scope", "project", "--socket", sock)
-    assert doctor().stdout.splitlines()[1:] == ["claude-code (project): ok"]
+    assert doctor().stdout.splitlines()[1:] == [gateway, "claude-code (project): ok"]
     settings_path = project / ".claude" / "settings.json"
     settings = read(settings_path)
     del settings["hooks"]["PostToolUse"], settings["hooks"]["Stop"]
@@ -163,6 +167,7 @@ def test_doctor_checks_the_claude_code_settings(home: Path, project: Path,
     assert broken.returncode == 1
     fix = "fix: ctxctl install claude-code --scope project"
     assert broken.stdout.splitlines()[1:] == [
+        gateway,
         f"claude-code (project): {settings_path}: no ctxd hook for PostToolUse, Stop; {fix}",
         f"claude-code (project): {project / '.mcp.json'}: no MCP server ctxd; {fix}"]
     assert broken.stderr == ("ctxctl: an agent's ctxd settings are incomplete; run the fix "
@@ -175,7 +180,7 @@ def test_doctor_checks_the_claude_code_settings(home: Path, project: Path,
     ctxctl(home, project, "install", "claude-code", "--scope", "project", "--socket", sock)
     text = settings_path.read_text().replace(str(CTXCTL), "/gone/bin/ctxctl")
     settings_path.write_text(text.replace(sock, "/gone/ctxd.sock"))
-    moved = doctor().stdout.splitlines()[1:]
+    moved = doctor().stdout.splitlines()[2:]
     assert moved == [
         f"claude-code (project): {settings_path}: /gone/bin/ctxctl does not exist or is not "
         f"executable; {fix}",

@@ -124,7 +124,8 @@ def test_an_mcp_tools_large_output_reaches_the_model_as_a_stub(
     ref_id = stub.split('ref_id="')[1].split('"')[0]
     assert stub == (f"[Tool result stored — {len(INVENTORY.encode()):,} bytes from "
                     f'"warehouse_inventory". First 200 chars: {INVENTORY[:200]}] Use '
-                    f'read_result with ref_id="{ref_id}" to read more.')
+                    f'read_result with ref_id="{ref_id}" (or run: ctxctl result {ref_id}) to '
+                    "read more.")
     assert "item 0399" not in json.dumps(turns[1])
     with daemon.client() as ctxd:
         whole = ctxd.call("result.read", {"session_id": session_id, "ref_id": ref_id,
@@ -205,8 +206,9 @@ def test_opencodes_compaction_snapshots_ctxds_copy(tmp_path: Path, daemon_root: 
     assert prompt["content"] == f'"{PROMPT}"'
     assert (cleared["role"], cleared["name"], cleared["tool_call_id"]) == (
         "tool", "bash", "call_1")
-    assert cleared["content"] == \
-        f'[Old tool result content cleared — read it with read_result ref_id="{ref_id}"]'
+    assert cleared["content"] == (
+        f'[Old tool result content cleared — read it with read_result ref_id="{ref_id}" '
+        f"or ctxctl result {ref_id}]")
     assert [(m["role"], m["content"]) for m in after] == [
         ("assistant", summary),
         ("user", "Continue if you have next steps, or stop and ask for clarification if "

@@ -64,19 +64,21 @@ def test_clear_inputs_replaces_large_strings_and_keeps_the_shape() -> None:
     assert cleared is not None
     new, text = cleared
     ref = 'read it with read_result ref_id="res_0123456789abcdef"'
+    shell = "or ctxctl result res_0123456789abcdef"
     assert new == [
         {"type": "text", "text": "Writing both files."},
         {"type": "tool_use", "id": "t1", "name": "Write",
          "input": {"file_path": "/p/a.py",
                    "content": f"[Old tool input cleared — 1,200 chars; {ref} offset=0 "
-                              "limit=1200]"}},
+                              f"limit=1200 {shell} --offset 0 --limit 1200]"}},
         {"type": "tool_use", "id": "t2", "name": "MultiEdit",
          "input": {"file_path": "/p/b.py", "edits": [
              {"old_string": f"[Old tool input cleared — 2,000 chars; {ref} offset=1200 "
-                            "limit=2000]", "new_string": "b"},
+                            f"limit=2000 {shell} --offset 1200 --limit 2000]",
+              "new_string": "b"},
              {"old_string": "short",
               "new_string": f"[Old tool input cleared — 600 chars; {ref} offset=3200 "
-                            "limit=600]"}]}},
+                            f"limit=600 {shell} --offset 3200 --limit 600]"}]}},
         # A command is never cleared, however long.
         {"type": "tool_use", "id": "t3", "name": "Bash", "input": {"command": "y" * 5_000}},
     ]

@@ -142,4 +142,6 @@ def test_version_and_exit_codes_in_help(ctxctl: Ctxctl, tmp_path: Path) -> None:
     assert shown.stdout.endswith(
         "exit status:\n  0  success\n  1  the daemon answered with an error (or `stop` found "
         "it still running)\n  2  no daemon answers on the socket, or bad usage\n"
-        "  3  install/uninstall refused a settings file (nothing written)\n")
+        "  3  install/uninstall refused a settings file (nothing written)\n"
+        "run exits with its command's status, or 125 (it could not run it: no daemon, the\n"
+        "gateway disabled), 126 (not executable) or 127 (not found)\n")

@@ -177,7 +177,8 @@ def test_each_operation_takes_its_routes_params_and_waits_unless_inline(route: R
     assert inspect.iscoroutinefunction(route.op) is not route.inline
 
 
-FINDS = {On.SESSION: "session_id", On.BRANCH: "branch_id", On.INJECTION: "injection_id"}
+FINDS = {On.SESSION: "session_id", On.BRANCH: "branch_id", On.INJECTION: "injection_id",
+         On.RESULT: "ref_id"}
 
 
 @pytest.mark.parametrize("route", [route for route in ROUTES if route.on in FINDS],
