@@ -25,9 +25,9 @@ def load_token(data_dir: Path) -> str:
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
         os.chmod(path, 0o600, follow_symlinks=False)
-        token = path.read_text(encoding="ascii").strip()
-        if re.fullmatch(r"[A-Za-z0-9_-]{32,}", token):
-            return token
+        saved = path.read_text(encoding="ascii").strip()
+        if re.fullmatch(r"[A-Za-z0-9_-]{32,}", saved):
+            return saved
         os.unlink(path)  # empty, cut short by a crash, or edited badly: a new one
         return load_token(data_dir)
     token = secrets.token_urlsafe(32)

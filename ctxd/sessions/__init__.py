@@ -53,5 +53,6 @@ __all__ = ["Search", "Services", "SessionActor", "SessionCounts", "SessionRecord
            "record_sent_usage",
            "register_tools", "render", "resolve_budget", "return_branch", "rollback",
            "search_tools", "session_close", "session_delete", "session_get", "session_list",
-           "session_of_injection", "session_of_result", "session_open", "session_resume", "tool_get", "tool_list",
+           "session_of_injection", "session_of_result", "session_open", "session_resume",
+           "tool_get", "tool_list",
            "tool_state", "transcript_import", "usage_get", "usage_record"]
