@@ -147,6 +147,20 @@ class Hook:
         self.event = event
         self.session_id: str = event["session_id"]
         self.project = project_of(event)
+        self._through_gateway: bool | None = None
+
+    def through_gateway(self) -> bool:
+        """Whether Claude Code sends its model calls through this ctxd's gateway (its
+        ``ANTHROPIC_BASE_URL``, from the environment or its settings, is the gateway's base
+        URL). Then the gateway records the conversation, offloads its results, delivers
+        injections and memories and records the usage, from what the model is sent: the
+        hooks only open the session and compact ctxd's copy (docs/decisions.md, Gateway)."""
+        if self._through_gateway is None:
+            url = os.environ.get("ANTHROPIC_BASE_URL", "").rstrip("/")
+            gateway = self.conn.call("daemon.status", {}).get("gateway") if url else None
+            self._through_gateway = (isinstance(gateway, dict)
+                                     and url == str(gateway["base_url"]).rstrip("/"))
+        return self._through_gateway
 
     def open(self) -> dict[str, Any]:
         params: dict[str, Any] = {"session_id": self.session_id}
@@ -191,7 +205,8 @@ class Hook:
         if source == "compact":
             parts.append(self.summary())
         name = os.path.basename((self.project or "").rstrip("/"))
-        parts.append(self.memories(name) if name else None)
+        if name and not self.through_gateway():
+            parts.append(self.memories(name))
         return self.context("SessionStart", parts)
 
     def summary(self) -> str | None:
@@ -208,7 +223,7 @@ class Hook:
 
     def user_prompt_submit(self) -> dict[str, Any] | None:
         prompt = self.event.get("prompt")
-        if not isinstance(prompt, str) or not prompt:
+        if not isinstance(prompt, str) or not prompt or self.through_gateway():
             return None
         self.in_session("message.append", {"session_id": self.session_id, "messages": [
             {"role": "user", "content": prompt, "meta": {LIVE: "UserPromptSubmit"}}]})
@@ -224,7 +239,8 @@ class Hook:
         tool_name = self.event.get("tool_name")
         tool_use_id = self.event.get("tool_use_id")
         response = self.event.get("tool_response")
-        if not isinstance(tool_name, str) or not isinstance(tool_use_id, str):
+        if (not isinstance(tool_name, str) or not isinstance(tool_use_id, str)
+                or self.through_gateway()):
             return None
         text = output_text(response)
         call = {"role": "assistant", "content": [{
@@ -248,7 +264,7 @@ class Hook:
         sub-agent's own file becomes a branch); what the hooks recorded live is not
         appended again, and each response's usage is recorded once."""
         path = self.event.get(path_field)
-        if not isinstance(path, str) or not os.path.isabs(path):
+        if not isinstance(path, str) or not os.path.isabs(path) or self.through_gateway():
             return
         params: dict[str, Any] = {"format": "claude-code", "path": path,
                                   "session_id": self.session_id}

@@ -424,11 +424,14 @@ async def _decide_compactions(actor: SessionActor, shape: Shape,
 
 
 async def _compaction_summary(actor: SessionActor, count: int) -> str:
-    """The session's main thread as ctxd's compaction left it, as one text."""
+    """The session's main thread as ctxd's compaction left it, as one text (its system
+    messages left out: the request keeps its own)."""
     rendered = await render(actor, RenderParams(session_id=actor.session_id, branch_id=None))
     lines = [f"[ctxd compacted the {count} messages before this point; what follows is the "
              "context as ctxd keeps it (message.list keeps the originals).]"]
     for message in rendered.messages:
+        if message.role == "system":
+            continue  # the request's system messages stay in place (`shown`)
         content = message.content
         text = content if isinstance(content, str) else "\n".join(
             part_text(part) for part in content)
