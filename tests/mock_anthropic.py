@@ -148,6 +148,14 @@ def events(body: dict[str, Any], blocks: list[Block], usage: dict[str, int]
             yield "content_block_start", {"type": "content_block_start", "index": index,
                                           "content_block": {"type": "text", "text": ""}}
             delta: dict[str, Any] = {"type": "text_delta", "text": block["text"]}
+        elif block["type"] == "thinking":
+            yield "content_block_start", {"type": "content_block_start", "index": index,
+                                          "content_block": {"type": "thinking", "thinking": "",
+                                                            "signature": ""}}
+            yield "content_block_delta", {"type": "content_block_delta", "index": index,
+                                          "delta": {"type": "thinking_delta",
+                                                    "thinking": block["thinking"]}}
+            delta = {"type": "signature_delta", "signature": block["signature"]}
         else:
             yield "content_block_start", {"type": "content_block_start", "index": index,
                                           "content_block": {**block, "input": {}}}
