@@ -217,6 +217,8 @@ def main() -> int:
     parser.add_argument("--big-count", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="20 requests per phase, 3 big")
     parser.add_argument("--keep-logs", type=Path, default=None)
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="write the daemon's cProfile profile here (slows it down)")
     args = parser.parse_args()
     if args.quick:
         args.count, args.big_count = 20, 3
@@ -232,7 +234,7 @@ def main() -> int:
         config.write_text(f'[gateway]\nlisten = "127.0.0.1:0"\n'
                           f'anthropic_upstream = "{model.origin}"\n'
                           f'max_body_bytes = {(args.big_mb + 4) << 20}\n')
-        daemon = stack.enter_context(DaemonProcess(root).running())
+        daemon = stack.enter_context(DaemonProcess(root, profile=args.profile).running())
         client = stack.enter_context(daemon.client())
         status = client.call("daemon.status")
         gateway_info = status.get("gateway")

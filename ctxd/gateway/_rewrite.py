@@ -11,6 +11,7 @@ bytes; the bytes before a message change only at a rewrite point (a fold, a comp
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import itertools
@@ -78,7 +79,8 @@ class Shape(Protocol):
     def counted(self, message: dict[str, Any]) -> MessageIn: ...
     def system_and_tools(self, body: dict[str, Any]) -> tuple[MessageIn | None, list[str]]: ...
     def problems(self, messages: list[dict[str, Any]]) -> list[str]: ...
-    def body_with(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> bytes: ...
+    def body_with(self, body: dict[str, Any],
+                  messages: list[dict[str, Any]] | msgspec.Raw) -> bytes: ...
 
 
 SHAPES: dict[str, Shape] = {"anthropic": _anthropic, "openai": _openai}
@@ -93,7 +95,21 @@ MEMORY_SHARE = 0.02
 MAX_RECORDED = 10_000
 """Messages one request may add to a session (message.append's limit)."""
 
+LEDGERS_KEPT = 64
+"""Threads whose ledger (and last request's messages) are kept in memory, the last used
+first (`_Ledgers`; SQLite holds them all and is read for the others)."""
+LEDGER_BYTES_KEPT = 256 << 20
+"""Bytes of the kept ledgers, at most (each weighed by its last request's body and its
+rows' sent JSON)."""
+
 _encode = msgspec.json.Encoder().encode
+
+
+class _RawMessages(msgspec.Struct):
+    messages: list[msgspec.Raw]
+
+
+_decode_raw_messages = msgspec.json.Decoder(_RawMessages).decode
 
 
 @dataclass(frozen=True)
@@ -105,6 +121,10 @@ class GatewayRequest:
     session_header: str | None
     """The ``x-ctxd-session`` header's value, if any."""
     body: dict[str, Any]
+    raw: bytes | None = None
+    """The body as the agent sent it, ``body`` decoded from it (None: not known). A
+    message whose bytes are those of the last request's at its position is known by that
+    one's digest, not digested again."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +175,65 @@ def thread_of(shape: Shape, body: dict[str, Any], bares: list[dict[str, Any]]) -
     if isinstance(system, list):
         system = shape.bare({"content": system})["content"]
     return digest_of([system, list(itertools.takewhile(shape.is_system, bares))])
+
+
+@dataclass
+class _Known:
+    """A thread's ledger as its last request left it, and that request's messages."""
+
+    created_at: float
+    """The session's (a session deleted and opened again is another)."""
+    rows: list[LedgerRow]
+    raw: list[msgspec.Raw] | None
+    """Each message's JSON as the agent sent it (None: not known)."""
+    digests: list[bytes]
+    size: int
+
+
+class _Ledgers:
+    """The ledgers of the threads used last (`LEDGERS_KEPT`, `LEDGER_BYTES_KEPT`), so
+    that a request whose history the ledger holds reads no row from SQLite and digests
+    only its new messages. SQLite stays the truth: an entry is taken out while its
+    session's operation runs and put back only with what that operation committed (or
+    left as it was), so a failure, an eviction or a restart reads the rows again."""
+
+    def __init__(self) -> None:
+        self._kept: OrderedDict[tuple[str, bytes], _Known] = OrderedDict()
+        self._size = 0
+
+    def take(self, session_id: str, thread: bytes, created_at: float) -> _Known | None:
+        known = self._kept.pop((session_id, thread), None)
+        if known is None:
+            return None
+        self._size -= known.size
+        return known if known.created_at == created_at else None
+
+    def put(self, session_id: str, thread: bytes, known: _Known) -> None:
+        if known.size > LEDGER_BYTES_KEPT:
+            return
+        self._kept[(session_id, thread)] = known
+        self._size += known.size
+        while len(self._kept) > LEDGERS_KEPT or self._size > LEDGER_BYTES_KEPT:
+            _, evicted = self._kept.popitem(last=False)
+            self._size -= evicted.size
+
+    def clear(self) -> None:
+        self._kept.clear()
+        self._size = 0
+
+
+_ledgers = _Ledgers()
+
+
+def _raw_messages(raw: bytes | None, count: int) -> list[msgspec.Raw] | None:
+    """Each message's JSON in the body's bytes (None: not known)."""
+    if raw is None:
+        return None
+    try:
+        messages = _decode_raw_messages(raw).messages
+    except msgspec.DecodeError:
+        return None
+    return messages if len(messages) == count else None
 
 
 class _FixedCounts:
@@ -213,10 +292,16 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
     if actor.record is None or actor.record.state != "open":
         await open_session(actor, SessionOpenParams(session_id=session_id))
     bares = [shape.bare(message) for message in messages]
-    digests = [digest_of(message) for message in bares]
     thread = thread_of(shape, request.body, bares)
-    ledger = [] if actor.record is None else await services.store.read(
-        load_ledger, session_id, thread)
+    record = actor.record
+    known = None if record is None else _ledgers.take(session_id, thread, record.created_at)
+    raw = _raw_messages(request.raw, len(messages))
+    digests = [_digest(position, bares, raw, known) for position in range(len(messages))]
+    if known is not None:
+        ledger = known.rows
+    else:
+        ledger = [] if record is None else await services.store.read(
+            load_ledger, session_id, thread)
     keep = 0
     while keep < min(len(ledger), len(messages)) and ledger[keep].digest == digests[keep]:
         keep += 1
@@ -237,18 +322,52 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
     view = shown(shape, messages, plan.rows, plan.points_of_history)
     plan.points.extend(point for point in view.points if point["end"] >= plan.keep)
     sent, marks_tokens = await _assemble(shape, messages, bares, plan, view, counter)
+    body = shape.body_with(request.body, _spliced(sent, plan.rows, view))
     if recording:
         await _commit(actor, plan)
+        rows = [plan.rows[p] for p in range(len(messages))]
+        known = _Known(created_at=actor.require().created_at, rows=rows, raw=raw,
+                       digests=digests, size=len(request.raw or b"") + sum(
+                           len(row.sent_json() or b"") for row in rows))
+    elif known is None and record is not None:  # the ledger as read, unchanged
+        known = _Known(created_at=record.created_at, rows=ledger, raw=None, digests=[],
+                       size=sum(len(row.sent_json() or b"") for row in ledger))
+    if known is not None:
+        _ledgers.put(session_id, thread, known)
     in_system = sum(tokens + marks_tokens.get(p, 0) for p, tokens in enumerate(view.tokens)
                     if view.messages[p] is not None and shape.is_system(messages[p]))
     model = request.body.get("model")
     return Prepared(
-        session_id=session_id, body=shape.body_with(request.body, sent),
+        session_id=session_id, body=body,
         tokens={"system_prompt": system_tokens + in_system, "tool_descriptions": tool_tokens,
                 "conversation": sum(view.tokens) + sum(marks_tokens.values()) - in_system},
         removed_tokens=sum(max(0, plan.rows[p].agent_tokens - tokens)
                            for p, tokens in enumerate(view.tokens)),
         model=model if isinstance(model, str) else None)
+
+
+def _digest(position: int, bares: list[dict[str, Any]], raw: list[msgspec.Raw] | None,
+            known: _Known | None) -> bytes:
+    """The digest of the message at ``position``: the last request's when its bytes are
+    the same, else computed."""
+    if (raw is not None and known is not None and known.raw is not None
+            and position < len(known.raw) and raw[position] == known.raw[position]):
+        return known.digests[position]
+    return digest_of(bares[position])
+
+
+def _spliced(sent: list[dict[str, Any]], rows: dict[int, LedgerRow], view: View
+             ) -> msgspec.Raw:
+    """The sent messages as one JSON array, each message sent as its row remembers it
+    taken from the row's JSON (encoded once), the others encoded now: the same bytes as
+    encoding ``sent``."""
+    parts = []
+    kept = (p for p, message in enumerate(view.messages) if message is not None)
+    for position, message in zip(kept, sent, strict=True):
+        row = rows[position]
+        part = row.sent_json() if message is row.sent else None
+        parts.append(part if part is not None else _encode(message))
+    return msgspec.Raw(b"[" + b",".join(parts) + b"]")
 
 
 async def _assemble(shape: Shape, messages: list[dict[str, Any]],
@@ -494,6 +613,8 @@ async def _clear_if_over(actor: SessionActor, shape: Shape,
                 ref_id=ref_id, tool_name=None, size_bytes=len(text.encode()),
                 text=scrub(text).text if actor.services.config.scrub_at_rest else text,
                 parts=None, seq=seq, created_at=now))
+        if position not in touched:  # a copy: the kept ledger's row stays as committed
+            plan.rows[position] = copy.copy(plan.rows[position])
         row = plan.rows[position]
         assert row.sent is not None
         row.sent = shape.with_result(row.sent, index, cleared_text(ref_id))

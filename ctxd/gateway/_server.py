@@ -357,7 +357,7 @@ class Gateway:
             self._rewrite_failed(None, "the body is not a JSON object")
             return None, body
         request = GatewayRequest(
-            api=api, endpoint=endpoint, body=parsed,
+            api=api, endpoint=endpoint, body=parsed, raw=body,
             session_header=session_header.decode("utf-8", "replace") if session_header
             else None)
         try:
