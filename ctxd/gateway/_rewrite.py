@@ -98,9 +98,9 @@ MAX_RECORDED = 10_000
 LEDGERS_KEPT = 64
 """Threads whose ledger (and last request's messages) are kept in memory, the last used
 first (`_Ledgers`; SQLite holds them all and is read for the others)."""
-LEDGER_BYTES_KEPT = 256 << 20
-"""Bytes of the kept ledgers, at most (each weighed by its last request's body and its
-rows' sent JSON)."""
+LEDGER_BYTES_KEPT = 64 << 20
+"""Bytes of the kept ledgers, at most (each weighed by its last request's body, and twice
+its rows' sent JSON: that and the decoded messages)."""
 
 _encode = msgspec.json.Encoder().encode
 
@@ -209,8 +209,8 @@ class _Ledgers:
         return known if known.created_at == created_at else None
 
     def put(self, session_id: str, thread: bytes, known: _Known) -> None:
-        if known.size > LEDGER_BYTES_KEPT:
-            return
+        if known.size > LEDGER_BYTES_KEPT // 8:
+            return  # a conversation this large is read from SQLite: the others stay
         self._kept[(session_id, thread)] = known
         self._size += known.size
         while len(self._kept) > LEDGERS_KEPT or self._size > LEDGER_BYTES_KEPT:
@@ -223,6 +223,11 @@ class _Ledgers:
 
 
 _ledgers = _Ledgers()
+
+
+def _weight(rows: list[LedgerRow]) -> int:
+    """What a kept ledger's rows take: their sent JSON and the decoded messages."""
+    return 2 * sum(len(row.sent_json() or b"") for row in rows)
 
 
 def _raw_messages(raw: bytes | None, count: int) -> list[msgspec.Raw] | None:
@@ -327,11 +332,10 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
         await _commit(actor, plan)
         rows = [plan.rows[p] for p in range(len(messages))]
         known = _Known(created_at=actor.require().created_at, rows=rows, raw=raw,
-                       digests=digests, size=len(request.raw or b"") + sum(
-                           len(row.sent_json() or b"") for row in rows))
+                       digests=digests, size=len(request.raw or b"") + _weight(rows))
     elif known is None and record is not None:  # the ledger as read, unchanged
         known = _Known(created_at=record.created_at, rows=ledger, raw=None, digests=[],
-                       size=sum(len(row.sent_json() or b"") for row in ledger))
+                       size=_weight(ledger))
     if known is not None:
         _ledgers.put(session_id, thread, known)
     in_system = sum(tokens + marks_tokens.get(p, 0) for p, tokens in enumerate(view.tokens)
