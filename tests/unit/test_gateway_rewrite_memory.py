@@ -36,6 +36,12 @@ EDITED = {"role": "user", "content": "sort them instead"}
 Step = tuple[str, bytes]
 
 
+def db(tmp_path: Path, name: str) -> Path:
+    """A database file in a folder of its own (each a daemon's data directory)."""
+    (tmp_path / name).mkdir()
+    return tmp_path / name / "ctxd.db"
+
+
 def raw(messages: list[dict[str, Any]] | bytes) -> bytes:
     """A request body as an agent's JSON library writes it (spaces after separators)."""
     listed = messages if isinstance(messages, bytes) else json.dumps(messages).encode()
@@ -77,11 +83,11 @@ async def ledger_of(supervisor: Supervisor, step: Step) -> list[LedgerRow]:
     return await supervisor.services.store.read(load_ledger, "s1", thread(step))
 
 
-async def kept(path: Path, steps: list[Step], with_raw: bool = True
-               ) -> tuple[list[Any], list[LedgerRow]]:
+async def kept(path: Path, steps: list[Step], with_raw: bool = True,
+               config: Config | None = None) -> tuple[list[Any], list[LedgerRow]]:
     """The steps through one supervisor, the ledgers kept in memory between them."""
     _ledgers.clear()
-    async with running_supervisor(path, Config()) as supervisor:
+    async with running_supervisor(path, config or Config()) as supervisor:
         results = [outcome(await prepare(supervisor, request(step, with_raw)))
                    for step in steps]
         key = ("s1", thread(steps[-1]))
@@ -91,23 +97,24 @@ async def kept(path: Path, steps: list[Step], with_raw: bool = True
         return results, rows
 
 
-async def restarted(path: Path, steps: list[Step]) -> tuple[list[Any], list[LedgerRow]]:
+async def restarted(path: Path, steps: list[Step], config: Config | None = None
+                    ) -> tuple[list[Any], list[LedgerRow]]:
     """Each step by a supervisor of its own on the same file, nothing kept in memory (a
     daemon restarted before every request)."""
     results = []
     for step in steps:
         _ledgers.clear()
-        async with running_supervisor(path, Config()) as supervisor:
+        async with running_supervisor(path, config or Config()) as supervisor:
             results.append(outcome(await prepare(supervisor, request(step, True))))
     _ledgers.clear()
-    async with running_supervisor(path, Config()) as supervisor:
+    async with running_supervisor(path, config or Config()) as supervisor:
         return results, await ledger_of(supervisor, steps[-1])
 
 
 async def test_kept_ledgers_send_what_a_restarted_daemon_sends(tmp_path: Path) -> None:
-    results, rows = await kept(tmp_path / "kept.db", STEPS)
-    assert (results, rows) == await restarted(tmp_path / "restarted.db", STEPS)
-    assert (results, rows) == await kept(tmp_path / "no-raw.db", STEPS, with_raw=False)
+    results, rows = await kept(db(tmp_path, "kept"), STEPS)
+    assert (results, rows) == await restarted(db(tmp_path, "restarted"), STEPS)
+    assert (results, rows) == await kept(db(tmp_path, "no-raw"), STEPS, with_raw=False)
     # What the steps do, so that the comparisons compare something: the result went as
     # its stub, the retry sent the same bytes, the edit and the reordered keys diverged.
     assert BIG not in results[3][0].decode()
@@ -120,7 +127,7 @@ async def test_kept_ledgers_send_what_a_restarted_daemon_sends(tmp_path: Path) -
 
 async def test_an_evicted_thread_reads_its_rows_again(tmp_path: Path) -> None:
     _ledgers.clear()
-    async with running_supervisor(tmp_path / "evicted.db", Config()) as supervisor:
+    async with running_supervisor(db(tmp_path, "evicted"), Config()) as supervisor:
         first = [outcome(await prepare(supervisor, request(step, True)))
                  for step in STEPS[:2]]
         for number in range(LEDGERS_KEPT):
@@ -133,20 +140,45 @@ async def test_an_evicted_thread_reads_its_rows_again(tmp_path: Path) -> None:
                 for step in STEPS[2:]]
         rows = await ledger_of(supervisor, STEPS[-1])
     assert len(_ledgers._kept) == LEDGERS_KEPT
-    assert (first + rest, rows) == await kept(tmp_path / "kept.db", STEPS)
+    assert (first + rest, rows) == await kept(db(tmp_path, "kept"), STEPS)
 
 
 async def test_a_session_deleted_and_opened_again_does_not_use_its_old_rows(
         tmp_path: Path) -> None:
     _ledgers.clear()
-    async with running_supervisor(tmp_path / "deleted.db", Config()) as supervisor:
+    async with running_supervisor(db(tmp_path, "deleted"), Config()) as supervisor:
         await prepare(supervisor, request(STEPS[1], True))
         await supervisor.call("s1", lambda actor: session_delete(
             actor, SessionIdParams(session_id="s1")))
         again = outcome(await prepare(supervisor, request(STEPS[3], True)))
         rows = await ledger_of(supervisor, STEPS[3])
     _ledgers.clear()
-    async with running_supervisor(tmp_path / "fresh.db", Config()) as supervisor:
+    async with running_supervisor(db(tmp_path, "fresh"), Config()) as supervisor:
         assert again == outcome(await prepare(supervisor, request(STEPS[3], True)))
         assert rows == await ledger_of(supervisor, STEPS[3])
     assert [row.first_seq for row in rows] == [1, 2, 3, 4, 5]
+
+
+async def test_clearing_decided_by_count_tokens_leaves_the_kept_rows_as_committed(
+        tmp_path: Path) -> None:
+    config = msgspec.convert({"budget": {"context_window": 12_000, "max_output_tokens": 1_000},
+                              "hygiene": {"clear_at_least": 2_000}}, Config)
+    history: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    for n in range(20):
+        history += [{"role": "assistant", "content": [
+                        {"type": "tool_use", "id": f"t{n}", "name": "Bash", "input": {}}]},
+                    {"role": "user", "content": [
+                        {"type": "tool_result", "tool_use_id": f"t{n}",
+                         "content": f"result {n}: " + "word " * 600}]}]
+    short = history[:13]  # six results: under the trigger
+    steps: list[Step] = [
+        ("messages", raw(short)),
+        ("count_tokens", raw(history)),  # past the trigger: the oldest results cleared
+        ("messages", raw([*short, {"role": "assistant", "content": "ok"},
+                          {"role": "user", "content": "next"}])),
+    ]
+    results, rows = await kept(db(tmp_path, "kept"), steps, config=config)
+    assert (results, rows) == await restarted(db(tmp_path, "restarted"), steps, config)
+    # The count_tokens request was cleared, the next one was not.
+    assert "tool result content cleared" in results[1][0].decode()
+    assert "tool result content cleared" not in results[2][0].decode()
