@@ -17,8 +17,7 @@ import msgspec
 import trio
 
 from ctxd.config import Config, GatewayConfig
-from ctxd.gateway import GatewayRequest, Prepared, session_of
-from ctxd.gateway._server import Gateway, bind
+from ctxd.gateway import Gateway, GatewayRequest, Prepared, bind, session_of
 from ctxd.hub import EventBus, Requests
 from ctxd.sessions import Supervisor
 from ctxd.store import Store
