@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import hashlib
 import itertools
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -99,17 +100,11 @@ LEDGERS_KEPT = 64
 """Threads whose ledger (and last request's messages) are kept in memory, the last used
 first (`_Ledgers`; SQLite holds them all and is read for the others)."""
 LEDGER_BYTES_KEPT = 64 << 20
-"""Bytes of the kept ledgers, at most (each weighed by its last request's body, and twice
-its rows' sent JSON: that and the decoded messages)."""
+"""Bytes of the kept ledgers, at most (each weighed as three times its rows' sent JSON:
+that, the rows' messages and the last request's, decoded)."""
 
 _encode = msgspec.json.Encoder().encode
 
-
-class _RawMessages(msgspec.Struct):
-    messages: list[msgspec.Raw]
-
-
-_decode_raw_messages = msgspec.json.Decoder(_RawMessages).decode
 
 
 @dataclass(frozen=True)
@@ -122,9 +117,7 @@ class GatewayRequest:
     """The ``x-ctxd-session`` header's value, if any."""
     body: dict[str, Any]
     raw: bytes | None = None
-    """The body as the agent sent it, ``body`` decoded from it (None: not known). A
-    message whose bytes are those of the last request's at its position is known by that
-    one's digest, not digested again."""
+    """The body as the agent sent it, ``body`` decoded from it (None: not known)."""
 
 
 @dataclass(frozen=True)
@@ -184,8 +177,9 @@ class _Known:
     created_at: float
     """The session's (a session deleted and opened again is another)."""
     rows: list[LedgerRow]
-    raw: list[msgspec.Raw] | None
-    """Each message's JSON as the agent sent it (None: not known)."""
+    bares: list[dict[str, Any]]
+    """The last request's messages, their marks left out (`_Shape.bare`): what the
+    digests are of."""
     digests: list[bytes]
     size: int
 
@@ -225,20 +219,32 @@ class _Ledgers:
 _ledgers = _Ledgers()
 
 
-def _weight(rows: list[LedgerRow]) -> int:
-    """What a kept ledger's rows take: their sent JSON and the decoded messages."""
-    return 2 * sum(len(row.sent_json() or b"") for row in rows)
+def _weight(rows: list[LedgerRow], copies: int = 2) -> int:
+    """What a kept ledger takes: its rows' sent JSON and ``copies - 1`` decoded copies of
+    about that size (the rows' messages; the last request's)."""
+    return copies * sum(len(row.sent_json() or b"") for row in rows)
 
 
-def _raw_messages(raw: bytes | None, count: int) -> list[msgspec.Raw] | None:
-    """Each message's JSON in the body's bytes (None: not known)."""
-    if raw is None:
-        return None
-    try:
-        messages = _decode_raw_messages(raw).messages
-    except msgspec.DecodeError:
-        return None
-    return messages if len(messages) == count else None
+def _same(a: Any, b: Any) -> bool:
+    """Whether two decoded JSON values encode to the same bytes: equal, of the same types,
+    their objects' keys in the same order (what ``==`` does not see: ``1 == 1.0 == True``,
+    ``{"a": 1, "b": 2} == {"b": 2, "a": 1}``, ``0.0 == -0.0``)."""
+    if a is b:
+        return True
+    kind = type(a)
+    if kind is not type(b):
+        return False
+    if kind is str:
+        return bool(a == b)
+    if kind is dict:
+        return len(a) == len(b) and all(
+            key == other and _same(value, value_b)
+            for (key, value), (other, value_b) in zip(a.items(), b.items(), strict=True))
+    if kind is list:
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if kind is float:
+        return bool(a == b and math.copysign(1.0, a) == math.copysign(1.0, b))
+    return bool(a == b)  # int, bool, None
 
 
 class _FixedCounts:
@@ -300,8 +306,7 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
     thread = thread_of(shape, request.body, bares)
     record = actor.record
     known = None if record is None else _ledgers.take(session_id, thread, record.created_at)
-    raw = _raw_messages(request.raw, len(messages))
-    digests = [_digest(position, bares, raw, known) for position in range(len(messages))]
+    digests = [_digest(position, bares, known) for position in range(len(messages))]
     if known is not None:
         ledger = known.rows
     else:
@@ -331,10 +336,10 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
     if recording:
         await _commit(actor, plan)
         rows = [plan.rows[p] for p in range(len(messages))]
-        known = _Known(created_at=actor.require().created_at, rows=rows, raw=raw,
-                       digests=digests, size=len(request.raw or b"") + _weight(rows))
+        known = _Known(created_at=actor.require().created_at, rows=rows, bares=bares,
+                       digests=digests, size=_weight(rows, 3))
     elif known is None and record is not None:  # the ledger as read, unchanged
-        known = _Known(created_at=record.created_at, rows=ledger, raw=None, digests=[],
+        known = _Known(created_at=record.created_at, rows=ledger, bares=[], digests=[],
                        size=_weight(ledger))
     if known is not None:
         _ledgers.put(session_id, thread, known)
@@ -350,13 +355,16 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
         model=model if isinstance(model, str) else None)
 
 
-def _digest(position: int, bares: list[dict[str, Any]], raw: list[msgspec.Raw] | None,
-            known: _Known | None) -> bytes:
-    """The digest of the message at ``position``: the last request's when its bytes are
-    the same, else computed."""
-    if (raw is not None and known is not None and known.raw is not None
-            and position < len(known.raw) and raw[position] == known.raw[position]):
-        return known.digests[position]
+def _digest(position: int, bares: list[dict[str, Any]], known: _Known | None) -> bytes:
+    """The digest of the message at ``position``: the last request's when it encodes to
+    the same bytes (`_same`: a walk of the decoded values, much cheaper than encoding and
+    hashing them), else computed."""
+    if known is not None and position < len(known.bares):
+        try:
+            if _same(bares[position], known.bares[position]):
+                return known.digests[position]
+        except RecursionError:
+            pass  # nested too deep to walk: digested (or refused) as before
     return digest_of(bares[position])
 
 

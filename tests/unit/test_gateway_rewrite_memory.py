@@ -1,7 +1,7 @@
 """The ledgers the rewrite keeps in memory (`_Ledgers`) change nothing that is sent: the
 same requests give the same bodies, counts and SQLite ledger whether each thread's rows
 and last request are kept, read again after a restart, or read again after an eviction;
-a message whose bytes changed is digested again."""
+a message that would encode to other bytes is digested again."""
 
 from __future__ import annotations
 
@@ -182,3 +182,22 @@ async def test_clearing_decided_by_count_tokens_leaves_the_kept_rows_as_committe
     # The count_tokens request was cleared, the next one was not.
     assert "tool result content cleared" in results[1][0].decode()
     assert "tool result content cleared" not in results[2][0].decode()
+
+
+async def test_values_equal_in_python_but_not_in_json_are_digested_again(
+        tmp_path: Path) -> None:
+    """``1 == 1.0 == True`` and ``0.0 == -0.0`` in Python; each encodes to other bytes, so
+    each is another message to the ledger, kept in memory or not."""
+    def history(value: Any) -> list[dict[str, Any]]:
+        return [TASK, {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "t1", "name": "Bash", "input": {"n": value}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                          "content": "done"}]}]
+
+    values = [1, 1.0, True, 1, 0.0, -0.0, 0.0]
+    steps: list[Step] = [("messages", raw(history(value))) for value in values]
+    results, rows = await kept(db(tmp_path, "kept"), steps)
+    assert (results, rows) == await restarted(db(tmp_path, "restarted"), steps)
+    assert [json.loads(body)["messages"][1]["content"][0]["input"]["n"]
+            for body, _, _ in results] == values
+    assert rows[1].digest == digest_of(history(0.0)[1]) != digest_of(history(-0.0)[1])
