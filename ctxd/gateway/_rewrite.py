@@ -106,7 +106,6 @@ that, the rows' messages and the last request's, decoded)."""
 _encode = msgspec.json.Encoder().encode
 
 
-
 @dataclass(frozen=True)
 class GatewayRequest:
     """A model request as the gateway's server parsed it."""
