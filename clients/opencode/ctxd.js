@@ -123,13 +123,16 @@ export const CtxdPlugin = async ({ directory, client } = {}) => {
   }
 
   // Whether the Anthropic provider's baseURL is this ctxd's gateway (its base URL and
-  // /v1, as install writes it): asked once, from OpenCode's configuration and the daemon;
-  // false when either cannot say (the plugin then does all it does without a gateway).
+  // /v1, as install writes it): the daemon is asked once it answers; false when it cannot
+  // say (the plugin then does all it does without a gateway).
   let gatewayBase
   const isGateway = (baseURL) => {
     if (gatewayBase === undefined)
-      gatewayBase = call("daemon.status", {}).then((status) =>
-        typeof status?.gateway?.base_url === "string" ? `${trimmed(status.gateway.base_url)}/v1` : null)
+      gatewayBase = call("daemon.status", {}).then((status) => {
+        if (status === undefined) gatewayBase = undefined // no daemon yet: ask again next time
+        return typeof status?.gateway?.base_url === "string"
+          ? `${trimmed(status.gateway.base_url)}/v1` : null
+      })
     return gatewayBase.then((base) => base !== null && trimmed(baseURL) === base)
   }
   let configured // OpenCode's merged configuration (undefined when it cannot be read)
@@ -268,10 +271,11 @@ export const CtxdPlugin = async ({ directory, client } = {}) => {
 
     "chat.headers": async (input, output) => {
       try {
-        if (!input?.sessionID || !output?.headers) return
+        // A title or summary request (its model may be another provider's) decides nothing.
+        if (!input?.sessionID || !output?.headers || UNNAMED_AGENTS.has(input.agent)) return
         const through = await decide(input.sessionID, input.model?.providerID,
           trimmed(input.provider?.options?.baseURL) ?? null)
-        if (!through || UNNAMED_AGENTS.has(input.agent)) return
+        if (!through) return
         await open(input.sessionID)
         output.headers["x-ctxd-session"] = input.sessionID
       } catch {
