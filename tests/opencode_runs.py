@@ -245,3 +245,40 @@ def exported_tiers_session(root: Path) -> dict[str, Any]:
         session_id = opencode.run("Run the commands and read the files.")
         assert model.turns == []
         return opencode.export(session_id)
+
+
+# ---- OpenCode through ctxd's model gateway ----
+
+ANTHROPIC_MODEL = "anthropic/claude-mock"
+
+
+def gateway_project(root: Path, env: dict[str, str], socket: Path, *,
+                    ctxd: str = "gateway") -> Path:
+    """``root/project`` for OpenCode on the Anthropic provider (model `ANTHROPIC_MODEL`,
+    a dummy key in ``env``) with ctxd as ``ctxd`` says: ``"gateway"``, ``ctxctl install
+    opencode`` at user scope (plugin, MCP server and the Anthropic provider's baseURL at the
+    daemon's gateway, in ``env``'s ``XDG_CONFIG_HOME``); ``"plugin"``, the same with
+    ``--no-gateway``; ``"none"``, no ctxd. The provider's baseURL, when ctxd does not set
+    it, is the caller's to set (`point_anthropic_at`)."""
+    project = root / "project"
+    project.mkdir(parents=True)
+    if ctxd != "none":
+        more = ["--no-gateway"] if ctxd == "plugin" else []
+        subprocess.run([sys.executable, "-m", "ctxclient.cli", "install", "opencode",
+                        "--socket", str(socket), *more], cwd=project, env=env,
+                       capture_output=True, text=True, timeout=60, check=True)
+    config = {
+        "$schema": "https://opencode.ai/config.json",
+        "model": ANTHROPIC_MODEL, "small_model": ANTHROPIC_MODEL, "autoupdate": False,
+        "share": "disabled", "permission": {"bash": "allow", "external_directory": "allow"},
+        "provider": {"anthropic": {"models": {"claude-mock": {
+            "name": "Claude (scripted)", "tool_call": True, "limit": MODEL_LIMIT}}}}}
+    (project / "opencode.json").write_text(json.dumps(config, indent=2))
+    return project
+
+
+def point_anthropic_at(project: Path, url: str) -> None:
+    """The project's Anthropic provider at ``url`` (the AI SDK adds ``/messages``)."""
+    config = json.loads((project / "opencode.json").read_text())
+    config["provider"]["anthropic"]["options"] = {"baseURL": url}
+    (project / "opencode.json").write_text(json.dumps(config, indent=2))

@@ -11,6 +11,14 @@
 // - event: user and assistant text is recorded (message.append) and each finished
 //   assistant message's token usage (usage.record, keyed by the message id).
 //
+// When OpenCode's Anthropic provider has its baseURL at this ctxd's model gateway
+// (`ctxctl install opencode` at user scope sets it), the gateway records the conversation,
+// offloads its results, delivers memories and injections and records the usage, from what
+// the model is sent: the plugin then only opens the session (with its project), names it
+// to the gateway (chat.headers: the `x-ctxd-session` header, so that the gateway's session
+// is OpenCode's own) and compacts ctxd's copy; it records nothing itself, which would
+// record the conversation twice (docs/decisions.md, Gateway).
+//
 // It talks to the daemon over its Unix socket (newline-delimited JSON-RPC 2.0). Every call
 // is bounded by a short timeout and fails open: no daemon, a timeout or an error, and
 // the plugin changes nothing (docs/decisions.md, "OpenCode plugin"). It talks only to a
@@ -26,6 +34,8 @@ const TIMEOUT_MS = Number(process.env.CTXD_PLUGIN_TIMEOUT_MS) || 2000
 const OFFLOAD_BYTES = 4096 // ctxd's default offload_threshold_bytes: smaller stays as is
 const MEMORY_CHARS = 4000 // about 1,000 tokens of memories a prompt
 const MEMORIES = 5
+const GATEWAY_PROVIDER = "anthropic" // the provider `ctxctl install opencode` points at the gateway
+const UNNAMED_AGENTS = new Set(["title", "summary"]) // side requests: a conversation of their own
 
 function socketPath(env = process.env) {
   if (env.CTXD_SOCKET) return env.CTXD_SOCKET
@@ -93,7 +103,11 @@ function textOf(output) {
   return ""
 }
 
-export const CtxdPlugin = async ({ directory } = {}) => {
+function trimmed(url) {
+  return typeof url === "string" ? url.replace(/\/+$/, "") : undefined
+}
+
+export const CtxdPlugin = async ({ directory, client } = {}) => {
   const opened = new Map() // sessionID → Promise<boolean>
   const roles = new Map() // messageID → role
   const recorded = new Set() // part ids and message ids already sent
@@ -107,6 +121,44 @@ export const CtxdPlugin = async ({ directory } = {}) => {
     appends = next.catch(() => undefined)
     return next
   }
+
+  // Whether the Anthropic provider's baseURL is this ctxd's gateway (its base URL and
+  // /v1, as install writes it): the daemon is asked once it answers; false when it cannot
+  // say (the plugin then does all it does without a gateway).
+  let gatewayBase
+  const isGateway = (baseURL) => {
+    if (gatewayBase === undefined)
+      gatewayBase = call("daemon.status", {}).then((status) => {
+        if (status === undefined) gatewayBase = undefined // no daemon yet: ask again next time
+        return typeof status?.gateway?.base_url === "string"
+          ? `${trimmed(status.gateway.base_url)}/v1` : null
+      })
+    return gatewayBase.then((base) => base !== null && trimmed(baseURL) === base)
+  }
+  let configured // OpenCode's merged configuration (undefined when it cannot be read)
+  const configuration = () => {
+    if (configured === undefined)
+      configured = Promise.resolve(client?.config?.get?.())
+        .then((answer) => answer?.data ?? answer)
+        .catch(() => undefined)
+    return configured
+  }
+  const gatewayed = new Map() // sessionID → Promise<boolean>: its model calls go through the gateway
+  // Whether a session's model calls go through the gateway: its provider (else the
+  // configured model's) is the Anthropic one, whose baseURL (else the configured one) is the
+  // gateway's.
+  const decide = (sessionID, providerID, baseURL) => {
+    const through = (async () => {
+      const config = providerID && baseURL !== undefined ? undefined : await configuration()
+      const provider = providerID ?? (typeof config?.model === "string" ? config.model.split("/")[0] : undefined)
+      if (provider !== GATEWAY_PROVIDER) return false
+      const url = baseURL !== undefined ? baseURL : config?.provider?.[GATEWAY_PROVIDER]?.options?.baseURL
+      return url ? isGateway(url) : false
+    })().catch(() => false)
+    gatewayed.set(sessionID, through)
+    return through
+  }
+  const standsBack = (sessionID) => gatewayed.get(sessionID) ?? Promise.resolve(false)
 
   const open = (sessionID) => {
     if (!opened.has(sessionID)) {
@@ -153,6 +205,7 @@ export const CtxdPlugin = async ({ directory } = {}) => {
     if (part.type !== "text" || !part.text || recorded.has(part.id)) return
     if (role !== "user" && !(role === "assistant" && part.time?.end)) return
     recorded.add(part.id)
+    if (await standsBack(part.sessionID)) return
     if (role === "user") prompts.set(part.sessionID, part.text)
     await inOrder(async () => {
       if (!(await open(part.sessionID))) return
@@ -167,6 +220,7 @@ export const CtxdPlugin = async ({ directory } = {}) => {
     if (info.role !== "assistant" || !info.time?.completed || !info.tokens) return
     if (recorded.has(info.id)) return
     recorded.add(info.id)
+    if (await standsBack(info.sessionID)) return
     const tokens = info.tokens
     const counts = {
       input_tokens: tokens.input ?? 0,
@@ -205,6 +259,9 @@ export const CtxdPlugin = async ({ directory } = {}) => {
 
     "chat.message": async (input, output) => {
       try {
+        // Before the prompt's parts are stored (and their events recorded): whether this
+        // session's model calls go through the gateway.
+        if (input?.sessionID) await decide(input.sessionID, input.model?.providerID)
         const text = textOf(output?.parts)
         if (text) prompts.set(input.sessionID, text)
       } catch {
@@ -212,8 +269,23 @@ export const CtxdPlugin = async ({ directory } = {}) => {
       }
     },
 
+    "chat.headers": async (input, output) => {
+      try {
+        // A title or summary request (its model may be another provider's) decides nothing.
+        if (!input?.sessionID || !output?.headers || UNNAMED_AGENTS.has(input.agent)) return
+        const through = await decide(input.sessionID, input.model?.providerID,
+          trimmed(input.provider?.options?.baseURL) ?? null)
+        if (!through) return
+        await open(input.sessionID)
+        output.headers["x-ctxd-session"] = input.sessionID
+      } catch {
+        // fail open
+      }
+    },
+
     "tool.execute.after": async (input, output) => {
       try {
+        if (await standsBack(input.sessionID)) return
         let text
         let replace // how the model is shown the stub instead; none: never offloaded
         if (typeof output?.output === "string") {
@@ -240,6 +312,7 @@ export const CtxdPlugin = async ({ directory } = {}) => {
     "experimental.chat.system.transform": async (input, output) => {
       try {
         if (!input?.sessionID || !Array.isArray(output?.system)) return
+        if (await standsBack(input.sessionID)) return
         const sections = []
         const query = prompts.get(input.sessionID)
         const [found, pulled] = await Promise.all([

@@ -29,7 +29,7 @@ from ctxd.gateway import _anthropic, _openai
 from ctxd.gateway._blocks import ToolResult, count_marks
 from ctxd.gateway._identity import session_of
 from ctxd.gateway._ledger import LedgerRow, load_ledger, save_ledger
-from ctxd.hub import ack_injection, list_injections, pull_injections
+from ctxd.hub import ack_injection, list_injections, provider_ratio, pull_injections
 from ctxd.hygiene import (
     ToolResultBlob,
     blob_refs,
@@ -326,7 +326,9 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
     counter = services.counter
     system_tokens, tool_tokens = await _fixed_counts.count(
         counter, *shape.system_and_tools(request.body))
-    await _clear_if_over(actor, shape, messages, plan, system_tokens + tool_tokens)
+    model = request.body.get("model")
+    ratio = await services.store.read(provider_ratio, model) if isinstance(model, str) else None
+    await _clear_if_over(actor, shape, messages, plan, system_tokens + tool_tokens, ratio or 1.0)
     await _inject(actor, shape, messages, plan, system_tokens + tool_tokens)
     view = shown(shape, messages, plan.rows, plan.points_of_history)
     plan.points.extend(point for point in view.points if point["end"] >= plan.keep)
@@ -344,7 +346,6 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
         _ledgers.put(session_id, thread, known)
     in_system = sum(tokens + marks_tokens.get(p, 0) for p, tokens in enumerate(view.tokens)
                     if view.messages[p] is not None and shape.is_system(messages[p]))
-    model = request.body.get("model")
     return Prepared(
         session_id=session_id, body=body,
         tokens={"system_prompt": system_tokens + in_system, "tool_descriptions": tool_tokens,
@@ -574,17 +575,22 @@ async def _compaction_summary(actor: SessionActor, count: int) -> str:
 
 
 async def _clear_if_over(actor: SessionActor, shape: Shape,
-                         messages: list[dict[str, Any]], plan: _Plan, fixed: int) -> None:
+                         messages: list[dict[str, Any]], plan: _Plan, fixed: int,
+                         ratio: float) -> None:
     """The automatic compaction point: when the request would pass the session's
     ``compact_trigger``, clear old tool results (oldest first, never an error, never in
     the last `KEEP_RECENT` messages) to a marker, down to ``[hygiene] compact_target``
-    and at least ``[hygiene] clear_at_least`` tokens' worth in one step, or nothing."""
+    and at least ``[hygiene] clear_at_least`` tokens' worth in one step, or nothing.
+
+    The window is the provider's, so ctxd's count is calibrated first: ``ratio`` is the
+    provider's tokens per token ctxd counts for this model (`hub.provider_ratio`; 1.0
+    before its first call is recorded)."""
     record = actor.record
     if record is None:
         return
     view = shown(shape, messages, plan.rows, plan.points_of_history)
     total = fixed + sum(view.tokens)
-    if total / record.budget.effective_window < record.budget.compact_trigger:
+    if total * ratio / record.budget.effective_window < record.budget.compact_trigger:
         return
     candidates: list[tuple[int, int, int, str]] = []
     for position in range(len(messages) - KEEP_RECENT):
@@ -606,7 +612,7 @@ async def _clear_if_over(actor: SessionActor, shape: Shape,
     hygiene = actor.services.config.hygiene
     # Down to compact_target, as the compaction chain goes: the next point is then far off.
     goal = max(hygiene.clear_at_least,
-               total - int(hygiene.compact_target * record.budget.effective_window))
+               total - int(hygiene.compact_target * record.budget.effective_window / ratio))
     chosen, recovered = [], 0
     for candidate, tokens in zip(candidates, counts, strict=True):
         if recovered >= goal:

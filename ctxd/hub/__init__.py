@@ -19,10 +19,16 @@ from ctxd.hub._tools_state import (
     set_tool_state,
 )
 from ctxd.hub._turns import Turns
-from ctxd.hub._usage import counters_of, find_usage, insert_usage, usage_summary
+from ctxd.hub._usage import (
+    counters_of,
+    find_usage,
+    insert_usage,
+    provider_ratio,
+    usage_summary,
+)
 
 __all__ = ["EventBus", "NewInjection", "Requests", "Subscription", "Turns", "ack_injection",
            "allowed_next", "counters_of", "find_by_key", "find_usage",
            "insert_injection", "insert_usage", "list_injections", "list_tool_calls",
-           "load_injection", "load_tool_call", "pull_injections", "set_tool_state",
-           "usage_summary"]
+           "load_injection", "load_tool_call", "provider_ratio", "pull_injections",
+           "set_tool_state", "usage_summary"]

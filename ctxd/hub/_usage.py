@@ -50,6 +50,31 @@ def counters_of(p: UsageRecordParams) -> dict[str, int]:
     return {name: value or 0 for name, value in given.items()}
 
 
+CALIBRATION_CALLS = 20
+"""How many of a model's latest calls `provider_ratio` reads."""
+RATIO_BOUNDS = (0.5, 2.0)
+"""`provider_ratio`'s bounds: one odd call (a count of another body, a provider's
+accounting change) cannot make the thresholds fire at a quarter of the window or never."""
+
+
+def provider_ratio(conn: apsw.Connection, model: str) -> float | None:
+    """How many tokens ``model``'s provider reports per token ctxd counted for the same
+    calls: its whole input (plain, cache read and cache write) over ctxd's count, summed
+    over its `CALIBRATION_CALLS` latest calls in any session, within `RATIO_BOUNDS`; None
+    before a call of it with both figures was recorded (docs/protocol.md, "Usage")."""
+    [(reported, counted)] = conn.execute(
+        "SELECT coalesce(sum(whole), 0), coalesce(sum(local), 0) FROM ("
+        "SELECT input_tokens + cache_read_tokens + cache_write_tokens AS whole, "
+        "local_input_tokens AS local FROM usage_records "
+        "WHERE model = ? AND local_input_tokens > 0 ORDER BY usage_id DESC LIMIT ?)",
+        (model, CALIBRATION_CALLS)).fetchall()
+    if not isinstance(reported, int) or not isinstance(counted, int) or not reported \
+            or not counted:
+        return None
+    low, high = RATIO_BOUNDS
+    return min(high, max(low, reported / counted))
+
+
 def _entry(row: tuple[Any, ...]) -> UsageEntry:
     return UsageEntry(**dict(zip(_COLUMNS.split(", "), row, strict=True)))
 

@@ -30,6 +30,7 @@ from ctxd.sessions import (
     inject_list,
     inject_push,
     read_result,
+    record_sent_usage,
 )
 from ctxd.store import Store
 from ctxd.wire.types import (
@@ -39,6 +40,7 @@ from ctxd.wire.types import (
     MemoryRecordParams,
     MessageIn,
     ResultReadParams,
+    UsageRecordParams,
 )
 
 BIG = "line of output\n" * 400  # 6,000 bytes: over the 4,096 offload threshold
@@ -348,6 +350,42 @@ async def test_past_the_trigger_old_results_are_cleared_at_least_clear_at_least(
         again = await prepare(supervisor, anthropic([*history, call("u", "Bash"),
                                                      answer("u", "small")]))
         assert sent(again.body)[:len(messages)] == messages
+
+
+async def test_the_trigger_acts_on_the_providers_count_of_the_model(tmp_path: Path) -> None:
+    config = msgspec.convert({"budget": {"context_window": 12_000, "max_output_tokens": 1_000},
+                              "hygiene": {"clear_at_least": 2_000}}, Config)
+    async with running_supervisor(tmp_path / "ctxd.db", config) as supervisor:
+        history: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+        for n in range(9):
+            history += [call(f"t{n}", "Bash"), answer(f"t{n}", f"result {n}: " + "word " * 600)]
+        first = await prepare(supervisor, anthropic(history))
+        # About 5,800 of 11,000 tokens by ctxd's count: under the trigger (0.95), past it
+        # at twice the count.
+        assert 0.95 * 11_000 / 2 < sum(first.tokens.values()) < 0.95 * 11_000
+        assert sent(first.body) == history
+
+        def calls(session_id: str, model: str, reported: int, counted: int, key: str) -> Any:
+            return supervisor.call(session_id, lambda a: record_sent_usage(a, UsageRecordParams(
+                session_id=session_id, model=model, input_tokens=reported // 10,
+                cache_read_tokens=reported - reported // 10, idempotency_key=key), counted))
+
+        # Another model's calls say nothing of this one's.
+        await calls("s1", "gpt-x", 9_000, 1_000, "r0")
+        history += [call("u1", "Bash"), answer("u1", "small")]
+        assert sent((await prepare(supervisor, anthropic(history))).body) == history
+        # Its provider counts 2.5 tokens for each of ctxd's (bounded at 2): the same
+        # conversation is past the trigger, and the old results are cleared in one step.
+        await calls("s1", "claude-x", 2_500, 1_000, "r1")
+        history += [call("u2", "Bash"), answer("u2", "small")]
+        calibrated = await prepare(supervisor, anthropic(history))
+        cleared = [n for n in range(9)
+                   if sent(calibrated.body)[2 + 2 * n] != history[2 + 2 * n]]
+        assert cleared == list(range(len(cleared)))
+        assert cleared
+        assert calibrated.removed_tokens >= 2_000
+        assert (sum(calibrated.tokens.values()) * 2 <= 0.6 * 11_000
+                < (sum(calibrated.tokens.values()) + 700) * 2)
 
 
 # ---- injections and breakpoints -----------------------------------------------------------

@@ -1,0 +1,162 @@
+"""The real OpenCode (the npm package opencode-ai) with ctxd installed by ``ctxctl install
+opencode`` at user scope, its Anthropic provider's baseURL at a real daemon's gateway whose
+upstream is the scripted Messages API of tests/mock_anthropic.py: what the model received,
+request by request; which session the gateway records (OpenCode's own: the plugin names it
+in the ``x-ctxd-session`` header) and that nothing is recorded twice (the plugin stands
+back: the gateway records)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import DaemonProcess, kill_leftovers, short_root
+from mock_anthropic import MockAnthropic, text, tool_use
+from opencode_runs import OPENCODE, OpenCode, gateway_project, hermetic_env, point_anthropic_at
+
+pytestmark = pytest.mark.skipif(
+    OPENCODE is None, reason="opencode not installed (npm install opencode-ai; .ci/run does)")
+
+LINES = 600
+BIG_COMMAND = ("python3 -c \"print('\\n'.join(f'walrus-{i:05d} served in {i % 97} ms' "
+               f"for i in range({LINES})))\"")
+BIG_OUTPUT = "".join(f"walrus-{i:05d} served in {i % 97} ms\n" for i in range(LINES))
+"""What the command prints: 17,330 bytes, well over the offload threshold."""
+PROMPT = "Show me the service log, then check the disk."
+
+
+def script() -> list[Any]:
+    return [[text("Reading the log."), tool_use("toolu_big1", "bash", {
+                "command": BIG_COMMAND, "description": "Show the log"})],
+            [tool_use("toolu_small1", "bash", {"command": "echo disk-ok",
+                                               "description": "Check the disk"})]]
+
+
+def results(body: dict[str, Any], call_id: str) -> list[str]:
+    """The text of each tool_result for ``call_id`` in a request."""
+    found = []
+    for message in body["messages"]:
+        if message["role"] != "user" or not isinstance(message["content"], list):
+            continue
+        for block in message["content"]:
+            if block.get("type") == "tool_result" and block["tool_use_id"] == call_id:
+                content = block["content"]
+                found.append(content if isinstance(content, str) else "".join(
+                    part.get("text", "") for part in content))
+    return found
+
+
+@pytest.fixture
+def mock() -> Iterator[MockAnthropic]:
+    with MockAnthropic(script(), final="All done.") as server:
+        yield server
+
+
+@pytest.fixture
+def daemon(mock: MockAnthropic) -> Iterator[DaemonProcess]:
+    root = short_root()
+    process = DaemonProcess(root, env={"CTXD_GATEWAY_ANTHROPIC_UPSTREAM": mock.url}).start()
+    yield process
+    process.stop()
+    kill_leftovers(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def opencode(tmp_path: Path, daemon: DaemonProcess, ctxd: str) -> OpenCode:
+    env = {**hermetic_env(tmp_path, daemon.socket), "ANTHROPIC_API_KEY": "sk-ant-dummy"}
+    return OpenCode(gateway_project(tmp_path, env, daemon.socket, ctxd=ctxd), env)
+
+
+def test_what_opencodes_model_receives_through_the_gateway(
+        tmp_path: Path, mock: MockAnthropic, daemon: DaemonProcess) -> None:
+    agent = opencode(tmp_path, daemon, "gateway")
+    with daemon.client() as client:
+        base_url = client.call("daemon.status")["gateway"]["base_url"]
+    installed = json.loads((tmp_path / "home/.config/opencode/opencode.json").read_text())
+    assert installed["provider"] == {"anthropic": {"options": {"baseURL": base_url + "/v1"}}}
+    session_id = agent.run(PROMPT)
+
+    # Three model calls (the command, the second command, the answer) and OpenCode's title
+    # request, which offers no tools.
+    calls = [body for path, body in mock.requests if path == "/v1/messages"]
+    requests = mock.main_requests()
+    assert len(requests) == 3
+    assert len(calls) == 4
+    [title] = [body for body in calls if not body.get("tools")]
+    assert mock.turns == []
+
+    # The big output reaches the model as ctxd's stub, the same bytes in the next request.
+    [stub] = results(requests[1], "toolu_big1")
+    assert stub.startswith(f"[Tool result stored — {len(BIG_OUTPUT.encode()):,} bytes from "
+                           f'"bash". First 200 chars: {BIG_OUTPUT[:200]}')
+    ref = re.search(r'ref_id="(res_[0-9a-f]+)"', stub)
+    assert ref is not None, stub
+    assert stub.endswith(f'Use read_result with ref_id="{ref[1]}" (or run: ctxctl result '
+                         f"{ref[1]}) to read more.")
+    assert results(requests[2], "toolu_big1") == [stub]
+    assert "walrus-00599" not in json.dumps(requests)
+    assert results(requests[2], "toolu_small1") == ["disk-ok\n"]
+
+    with daemon.client() as client:
+        read = client.call("result.read", {"session_id": session_id, "ref_id": ref[1],
+                                           "limit": 1_000_000})
+        assert (read["tool_name"], read["content"], read["next_offset"]) == (
+            "bash", BIG_OUTPUT, None)
+        sessions = {s["session_id"]: s for s in client.call("session.list", {})["sessions"]}
+        archive = client.call("message.list", {"session_id": session_id,
+                                               "limit": 1000})["messages"]
+        totals = client.call("usage.get", {"session_id": session_id})["totals"]
+        [title_session] = set(sessions) - {session_id}
+        title_totals = client.call("usage.get", {"session_id": title_session})["totals"]
+        status = client.call("daemon.status")["gateway"]
+
+    # The gateway's session is OpenCode's own, opened by the plugin with its project; the
+    # title request, a conversation of its own, has a session of its own by its key.
+    assert session_id.startswith("ses_")
+    assert sessions[session_id]["project"] == str(agent.project)
+    assert title_session.startswith("gw-")
+    assert "Generate a title" in json.dumps(title["messages"])
+    # Recorded once, by the gateway: the plugin recorded none of it (no text of its own, no
+    # tool output, no usage).
+    assert [(m["role"], (m.get("meta") or {}).get("source", {}).get("format"))
+            for m in archive] == [("user", "gateway"), ("assistant", "gateway"),
+                                  ("tool", "gateway"), ("assistant", "gateway"),
+                                  ("tool", "gateway")]
+    assert archive[0]["content"] == f'"{PROMPT}"'
+    assert [m.get("tool_call_id") for m in archive].count("toolu_big1") == 1
+    # Every model call's usage in the ledger once.
+    assert (totals["calls"], title_totals["calls"], status["calls"]) == (3, 1, 4)
+    assert totals["output_tokens"] == 3 * 10
+
+
+def test_with_the_plugin_only_opencode_sends_the_plugins_stub(
+        tmp_path: Path, mock: MockAnthropic, daemon: DaemonProcess) -> None:
+    """``--no-gateway``: OpenCode talks to the model directly and the plugin does all it
+    does (records, offloads): the gateway sees nothing."""
+    agent = opencode(tmp_path, daemon, "plugin")
+    point_anthropic_at(agent.project, mock.url + "/v1")
+    session_id = agent.run(PROMPT)
+    requests = mock.main_requests()
+    assert len(requests) == 3
+    [stub] = results(requests[1], "toolu_big1")
+    ref = re.search(r'ref_id="(res_[0-9a-f]+)"', stub)
+    assert ref is not None, stub
+    with daemon.client() as client:
+        read = client.call("result.read", {"session_id": session_id, "ref_id": ref[1],
+                                           "limit": 1_000_000})
+        [session] = client.call("session.list", {})["sessions"]
+        archive = client.call("message.list", {"session_id": session_id,
+                                               "limit": 1000})["messages"]
+        status = client.call("daemon.status")["gateway"]
+    assert read["content"] == BIG_OUTPUT
+    assert session["session_id"] == session_id
+    # The plugin's own record: text parts and tool outputs (no tool calls).
+    assert [(m["role"], m.get("tool_call_id")) for m in archive] == [
+        ("user", None), ("assistant", None), ("tool", "toolu_big1"), ("tool", "toolu_small1"),
+        ("assistant", None)]
+    assert status["calls"] == 0
