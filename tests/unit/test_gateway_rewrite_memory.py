@@ -82,7 +82,8 @@ async def ledger_of(supervisor: Supervisor, step: Step) -> list[LedgerRow]:
     return await supervisor.services.store.read(load_ledger, "s1", thread(step))
 
 
-async def kept(path: Path, steps: list[Step], config: Config | None = None) -> tuple[list[Any], list[LedgerRow]]:
+async def kept(path: Path, steps: list[Step], config: Config | None = None
+               ) -> tuple[list[Any], list[LedgerRow]]:
     """The steps through one supervisor, the ledgers kept in memory between them."""
     _ledgers.clear()
     async with running_supervisor(path, config or Config()) as supervisor:
