@@ -16,6 +16,9 @@ the shared machine.
   percentile). Targets: added p50 <= 3 ms, p99 <= 15 ms.
 * ``first-byte``: the same body with ``"stream": true``; time from the request's last byte
   to the response's first body byte. Target: added p50 <= 2 ms.
+* ``--floor``: a third path, interleaved with the two others: the same gateway server
+  with an identity rewrite (bench/_gateway_floor.py, a process of its own), what the HTTP
+  relay alone adds.
 * ``memory``: the daemon's RSS (``daemon.status``) before and after ``--big-count``
   requests of ``--big-mb`` MB (default 10) each: bounded when it does not grow with the
   count (reported: the growth from the first big request to the last).
@@ -35,6 +38,7 @@ import os
 import platform
 import random
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -181,18 +185,18 @@ def conversation(tokens: int, counter: TokenCounter, seed: int) -> dict[str, Any
             "messages": messages}
 
 
-def interleaved(direct: Endpoint, gateway: Endpoint, body: bytes, count: int
-                ) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+def interleaved(paths: list[Endpoint], body: bytes, count: int
+                ) -> list[list[tuple[float, float]]]:
     """``count`` requests to each path, alternating which goes first."""
-    direct_times, gateway_times = [], []
+    times: list[list[tuple[float, float]]] = [[] for _ in paths]
     for index in range(count):
-        order = [(direct, direct_times), (gateway, gateway_times)]
-        for path, times in order if index % 2 == 0 else reversed(order):
-            times.append(path.post(body))
-    return direct_times, gateway_times
+        order = list(zip(paths, times, strict=True))
+        for path, kept in order if index % 2 == 0 else reversed(order):
+            kept.append(path.post(body))
+    return times
 
 
-def report(name: str, direct: list[float], gateway: list[float], target_p50: float,
+def report(name: str, direct: list[float], gateway: list[float], target_p50: float | None,
            target_p99: float | None) -> bool:
     """One table row per percentile; whether the targets were met."""
     met = True
@@ -217,6 +221,10 @@ def main() -> int:
     parser.add_argument("--big-count", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="20 requests per phase, 3 big")
     parser.add_argument("--keep-logs", type=Path, default=None)
+    parser.add_argument("--floor", action="store_true",
+                        help="also measure the gateway with an identity rewrite")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="write the daemon's cProfile profile here (slows it down)")
     args = parser.parse_args()
     if args.quick:
         args.count, args.big_count = 20, 3
@@ -232,7 +240,7 @@ def main() -> int:
         config.write_text(f'[gateway]\nlisten = "127.0.0.1:0"\n'
                           f'anthropic_upstream = "{model.origin}"\n'
                           f'max_body_bytes = {(args.big_mb + 4) << 20}\n')
-        daemon = stack.enter_context(DaemonProcess(root).running())
+        daemon = stack.enter_context(DaemonProcess(root, profile=args.profile).running())
         client = stack.enter_context(daemon.client())
         status = client.call("daemon.status")
         gateway_info = status.get("gateway")
@@ -242,6 +250,18 @@ def main() -> int:
         direct, gateway = Endpoint(model.origin), Endpoint(gateway_info["base_url"])
         stack.callback(direct.close)
         stack.callback(gateway.close)
+        paths = [direct, gateway]
+        if args.floor:
+            server = stack.enter_context(subprocess.Popen(
+                [sys.executable, str(Path(__file__).with_name("_gateway_floor.py")),
+                 model.origin], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+            assert server.stdout is not None
+            assert server.stdin is not None
+            stack.callback(server.stdin.close)
+            floor = Endpoint(server.stdout.readline().strip())
+            stack.callback(floor.close)
+            paths.append(floor)
+            floor.post(encoded)
         tokens = counter.count(encoded.decode())
         print(f"ctxd gateway benchmark: CPython {platform.python_version()}, "
               f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
@@ -250,20 +270,26 @@ def main() -> int:
               "interleaved\n")
         gateway.post(encoded)  # recorded by ctxd the first time: not timed
         direct.post(encoded)
-        large = interleaved(direct, gateway, encoded, args.count)
+        large = interleaved(paths, encoded, args.count)
         gateway.post(streamed)
-        first = interleaved(direct, gateway, streamed, args.count)
+        first = interleaved(paths, streamed, args.count)
         print(f"  {'measurement':<28} {'direct':>13} {'gateway':>13} {'added':>12} "
               f"{'ratio':>8}  {'target':>10}  result")
         met = report("whole answer, 150k", [t for _, t in large[0]],
                      [t for _, t in large[1]], 3, 15)
         met &= report("first streamed byte", [f for f, _ in first[0]],
                       [f for f, _ in first[1]], 2, None)
+        if args.floor:
+            report("floor: whole answer", [t for _, t in large[0]],
+                   [t for _, t in large[2]], None, None)
+            report("floor: first byte", [f for f, _ in first[0]],
+                   [f for f, _ in first[2]], None, None)
         session_id = client.call("daemon.status")["gateway"]["sessions"][0]["session_id"]
         usage = client.call("usage.get", {"session_id": session_id})
         print(f"\n  calls the model server answered: {next(model.calls) - 1}, "
-              f"{2 * args.count + 2} of them through the gateway; calls in the session's "
-              f"usage ledger: {usage['totals']['calls']}")
+              f"{2 * args.count + 2} of them through the gateway"
+              + (f", {2 * args.count + 1} through the floor" if args.floor else "")
+              + f"; calls in the session's usage ledger: {usage['totals']['calls']}")
         rss = [client.call("daemon.status")["rss_bytes"]]
         big = json.dumps({"model": "claude-bench", "max_tokens": 16, "messages": [
             {"role": "user", "content": "x " * (args.big_mb << 19)}]}).encode()

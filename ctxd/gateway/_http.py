@@ -91,13 +91,14 @@ class Relay:
         return self._reader.finish() if self._reader is not None else ProviderUsage()
 
 
-async def receive(stream: trio.SocketStream, connection: h11.Connection) -> Any:
-    """The next h11 event of the request, reading as needed."""
+async def receive(stream: trio.SocketStream, connection: h11.Connection,
+                  max_bytes: int = RECEIVE_BYTES) -> Any:
+    """The next h11 event of the request, reading at most ``max_bytes`` at a time."""
     while True:
         event = connection.next_event()
         if event is not h11.NEED_DATA:
             return event
-        connection.receive_data(await stream.receive_some(RECEIVE_BYTES))
+        connection.receive_data(await stream.receive_some(max_bytes))
 
 
 async def send(stream: trio.SocketStream, connection: h11.Connection, event: Any) -> None:

@@ -181,6 +181,7 @@ def problems(messages: list[dict[str, Any]]) -> list[str]:
     return found
 
 
-def body_with(body: dict[str, Any], messages: list[dict[str, Any]]) -> bytes:
+def body_with(body: dict[str, Any], messages: list[dict[str, Any]] | msgspec.Raw
+              ) -> bytes:
     """The request's JSON with these messages."""
     return _encode({**body, "messages": messages})

@@ -11,9 +11,11 @@ bytes; the bytes before a message change only at a rewrite point (a fold, a comp
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import itertools
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -78,7 +80,8 @@ class Shape(Protocol):
     def counted(self, message: dict[str, Any]) -> MessageIn: ...
     def system_and_tools(self, body: dict[str, Any]) -> tuple[MessageIn | None, list[str]]: ...
     def problems(self, messages: list[dict[str, Any]]) -> list[str]: ...
-    def body_with(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> bytes: ...
+    def body_with(self, body: dict[str, Any],
+                  messages: list[dict[str, Any]] | msgspec.Raw) -> bytes: ...
 
 
 SHAPES: dict[str, Shape] = {"anthropic": _anthropic, "openai": _openai}
@@ -93,6 +96,13 @@ MEMORY_SHARE = 0.02
 MAX_RECORDED = 10_000
 """Messages one request may add to a session (message.append's limit)."""
 
+LEDGERS_KEPT = 64
+"""Threads whose ledger (and last request's messages) are kept in memory, the last used
+first (`_Ledgers`; SQLite holds them all and is read for the others)."""
+LEDGER_BYTES_KEPT = 64 << 20
+"""Bytes of the kept ledgers, at most (each weighed as three times its rows' sent JSON:
+that, the rows' messages and the last request's, decoded)."""
+
 _encode = msgspec.json.Encoder().encode
 
 
@@ -105,6 +115,8 @@ class GatewayRequest:
     session_header: str | None
     """The ``x-ctxd-session`` header's value, if any."""
     body: dict[str, Any]
+    raw: bytes | None = None
+    """The body as the agent sent it, ``body`` decoded from it (None: not known)."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +167,83 @@ def thread_of(shape: Shape, body: dict[str, Any], bares: list[dict[str, Any]]) -
     if isinstance(system, list):
         system = shape.bare({"content": system})["content"]
     return digest_of([system, list(itertools.takewhile(shape.is_system, bares))])
+
+
+@dataclass
+class _Known:
+    """A thread's ledger as its last request left it, and that request's messages."""
+
+    created_at: float
+    """The session's (a session deleted and opened again is another)."""
+    rows: list[LedgerRow]
+    bares: list[dict[str, Any]]
+    """The last request's messages, their marks left out (`_Shape.bare`): what the
+    digests are of."""
+    digests: list[bytes]
+    size: int
+
+
+class _Ledgers:
+    """The ledgers of the threads used last (`LEDGERS_KEPT`, `LEDGER_BYTES_KEPT`), so
+    that a request whose history the ledger holds reads no row from SQLite and digests
+    only its new messages. SQLite stays the truth: an entry is taken out while its
+    session's operation runs and put back only with what that operation committed (or
+    left as it was), so a failure, an eviction or a restart reads the rows again."""
+
+    def __init__(self) -> None:
+        self._kept: OrderedDict[tuple[str, bytes], _Known] = OrderedDict()
+        self._size = 0
+
+    def take(self, session_id: str, thread: bytes, created_at: float) -> _Known | None:
+        known = self._kept.pop((session_id, thread), None)
+        if known is None:
+            return None
+        self._size -= known.size
+        return known if known.created_at == created_at else None
+
+    def put(self, session_id: str, thread: bytes, known: _Known) -> None:
+        if known.size > LEDGER_BYTES_KEPT // 8:
+            return  # a conversation this large is read from SQLite: the others stay
+        self._kept[(session_id, thread)] = known
+        self._size += known.size
+        while len(self._kept) > LEDGERS_KEPT or self._size > LEDGER_BYTES_KEPT:
+            _, evicted = self._kept.popitem(last=False)
+            self._size -= evicted.size
+
+    def clear(self) -> None:
+        self._kept.clear()
+        self._size = 0
+
+
+_ledgers = _Ledgers()
+
+
+def _weight(rows: list[LedgerRow], copies: int = 2) -> int:
+    """What a kept ledger takes: its rows' sent JSON and ``copies - 1`` decoded copies of
+    about that size (the rows' messages; the last request's)."""
+    return copies * sum(len(row.sent_json() or b"") for row in rows)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two decoded JSON values encode to the same bytes: equal, of the same types,
+    their objects' keys in the same order (what ``==`` does not see: ``1 == 1.0 == True``,
+    ``{"a": 1, "b": 2} == {"b": 2, "a": 1}``, ``0.0 == -0.0``)."""
+    if a is b:
+        return True
+    kind = type(a)
+    if kind is not type(b):
+        return False
+    if kind is str:
+        return bool(a == b)
+    if kind is dict:
+        return len(a) == len(b) and all(
+            key == other and _same(value, value_b)
+            for (key, value), (other, value_b) in zip(a.items(), b.items(), strict=True))
+    if kind is list:
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if kind is float:
+        return bool(a == b and math.copysign(1.0, a) == math.copysign(1.0, b))
+    return bool(a == b)  # int, bool, None
 
 
 class _FixedCounts:
@@ -213,10 +302,15 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
     if actor.record is None or actor.record.state != "open":
         await open_session(actor, SessionOpenParams(session_id=session_id))
     bares = [shape.bare(message) for message in messages]
-    digests = [digest_of(message) for message in bares]
     thread = thread_of(shape, request.body, bares)
-    ledger = [] if actor.record is None else await services.store.read(
-        load_ledger, session_id, thread)
+    record = actor.record
+    known = None if record is None else _ledgers.take(session_id, thread, record.created_at)
+    digests = [_digest(position, bares, known) for position in range(len(messages))]
+    if known is not None:
+        ledger = known.rows
+    else:
+        ledger = [] if record is None else await services.store.read(
+            load_ledger, session_id, thread)
     keep = 0
     while keep < min(len(ledger), len(messages)) and ledger[keep].digest == digests[keep]:
         keep += 1
@@ -239,17 +333,57 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
     view = shown(shape, messages, plan.rows, plan.points_of_history)
     plan.points.extend(point for point in view.points if point["end"] >= plan.keep)
     sent, marks_tokens = await _assemble(shape, messages, bares, plan, view, counter)
+    body = shape.body_with(request.body, _spliced(sent, plan.rows, view))
     if recording:
         await _commit(actor, plan)
+        rows = [plan.rows[p] for p in range(len(messages))]
+        known = _Known(created_at=actor.require().created_at, rows=rows, bares=bares,
+                       digests=digests, size=_weight(rows, 3))
+    elif known is None and record is not None:  # the ledger as read, unchanged
+        known = _Known(created_at=record.created_at, rows=ledger, bares=[], digests=[],
+                       size=_weight(ledger))
+    if known is not None:
+        _ledgers.put(session_id, thread, known)
     in_system = sum(tokens + marks_tokens.get(p, 0) for p, tokens in enumerate(view.tokens)
                     if view.messages[p] is not None and shape.is_system(messages[p]))
     return Prepared(
-        session_id=session_id, body=shape.body_with(request.body, sent),
+        session_id=session_id, body=body,
         tokens={"system_prompt": system_tokens + in_system, "tool_descriptions": tool_tokens,
                 "conversation": sum(view.tokens) + sum(marks_tokens.values()) - in_system},
         removed_tokens=sum(max(0, plan.rows[p].agent_tokens - tokens)
                            for p, tokens in enumerate(view.tokens)),
         model=model if isinstance(model, str) else None)
+
+
+def _digest(position: int, bares: list[dict[str, Any]], known: _Known | None) -> bytes:
+    """The digest of the message at ``position``: the last request's when it encodes to
+    the same bytes (`_same`: a walk of the decoded values, much cheaper than encoding and
+    hashing them), else computed."""
+    if known is not None and position < len(known.bares):
+        try:
+            if _same(bares[position], known.bares[position]):
+                return known.digests[position]
+        except RecursionError:
+            pass  # nested too deep to walk: digested (or refused) as before
+    return digest_of(bares[position])
+
+
+def _spliced(sent: list[dict[str, Any]], rows: dict[int, LedgerRow], view: View
+             ) -> msgspec.Raw:
+    """The sent messages as one JSON array, each message sent as its row remembers it
+    taken from the row's JSON (encoded once), the others encoded now: the same bytes as
+    encoding ``sent``."""
+    parts = [b"["]
+    kept = (p for p, message in enumerate(view.messages) if message is not None)
+    for position, message in zip(kept, sent, strict=True):
+        row = rows[position]
+        part = row.sent_json() if message is row.sent else None
+        parts += (part if part is not None else _encode(message), b",")
+    if len(parts) > 1:
+        parts[-1] = b"]"  # in place of the last comma
+    else:
+        parts.append(b"]")
+    return msgspec.Raw(b"".join(parts))  # one copy: a 10 MB body is not copied twice
 
 
 async def _assemble(shape: Shape, messages: list[dict[str, Any]],
@@ -500,6 +634,8 @@ async def _clear_if_over(actor: SessionActor, shape: Shape,
                 ref_id=ref_id, tool_name=None, size_bytes=len(text.encode()),
                 text=scrub(text).text if actor.services.config.scrub_at_rest else text,
                 parts=None, seq=seq, created_at=now))
+        if position not in touched:  # a copy: the kept ledger's row stays as committed
+            plan.rows[position] = copy.copy(plan.rows[position])
         row = plan.rows[position]
         assert row.sent is not None
         row.sent = shape.with_result(row.sent, index, cleared_text(ref_id))

@@ -55,6 +55,9 @@ MAX_ERROR_CHARS = 1_000
 DECODE_IN_THREAD_BYTES = 1 << 20
 """A body this large is parsed in a worker thread (about a millisecond a megabyte): the
 event loop goes on serving the socket and the other calls meanwhile."""
+BODY_RECEIVE_BYTES = 1 << 20
+"""Largest read of a request's body (a large body in few reads: each costs a pass of h11
+and of the event loop)."""
 CLOSE_TIMEOUT_S = 5.0
 """Time given to closing an upstream call (it is cut after)."""
 
@@ -253,15 +256,17 @@ class Gateway:
             raise too_large
         if connection.they_are_waiting_for_100_continue:  # curl, for a large body
             await send(stream, connection, h11.InformationalResponse(status_code=100, headers=[]))
-        body = bytearray()
+        chunks: list[bytes] = []
+        size = 0
         while True:
-            event = await receive(stream, connection)
+            event = await receive(stream, connection, BODY_RECEIVE_BYTES)
             if isinstance(event, h11.EndOfMessage):
-                return bytes(body)
+                return b"".join(chunks)
             if not isinstance(event, h11.Data):
                 raise h11.RemoteProtocolError("the request ended early", 400)
-            body += event.data
-            if len(body) > limit:
+            chunks.append(event.data)
+            size += len(event.data)
+            if size > limit:
                 raise too_large
 
     # ---- one call -----------------------------------------------------------------------
@@ -357,7 +362,7 @@ class Gateway:
             self._rewrite_failed(None, "the body is not a JSON object")
             return None, body
         request = GatewayRequest(
-            api=api, endpoint=endpoint, body=parsed,
+            api=api, endpoint=endpoint, body=parsed, raw=body,
             session_header=session_header.decode("utf-8", "replace") if session_header
             else None)
         try:
