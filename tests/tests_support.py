@@ -3,6 +3,7 @@
 import atexit
 import contextlib
 import functools
+import importlib.util
 import os
 import shutil
 import socket
@@ -94,6 +95,17 @@ async def running_supervisor(path: Path, config: Config) -> AsyncIterator[Superv
 
 
 REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def bundled_claude() -> Path | None:
+    """The Claude Code CLI that claude-agent-sdk bundles, if installed. Found without
+    importing the package: that takes a second, which every pytest-xdist worker would
+    spend collecting each module that asks."""
+    spec = importlib.util.find_spec("claude_agent_sdk")
+    if spec is None or spec.origin is None:
+        return None
+    cli = Path(spec.origin).parent / "_bundled" / "claude"
+    return cli if cli.exists() else None
 
 OPTIONAL_TOOLS = {"socat": "socat", "shellcheck": "shellcheck", "dash": "dash",
                   "busybox": "busybox", "zsh": "zsh", "fish": "fish", "groff": "groff-base",

@@ -14,19 +14,11 @@ from typing import Any
 import pytest
 from conftest import DaemonProcess
 from mock_anthropic import MockAnthropic, tool_use
+from tests_support import bundled_claude
 
 from ctxclient import Client
 
 CTXCTL = Path(sys.executable).with_name("ctxctl")
-
-
-def bundled_claude() -> Path | None:
-    try:
-        import claude_agent_sdk
-    except ImportError:
-        return None
-    cli = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
-    return cli if cli.exists() else None
 
 
 CLAUDE = bundled_claude()

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from conftest import DaemonProcess, kill_leftovers, short_root
 from mock_anthropic import Block, MockAnthropic, tool_use
+from tests_support import bundled_claude
 
 CTXCTL = Path(sys.executable).with_name("ctxctl")
 LINES = 600
@@ -33,15 +34,6 @@ THINKING = {"type": "thinking", "thinking": "The log is long; read its head back
 INSIDE_COMMAND = "python3 -c \"print('narwhal-inside-{} ' * 180)\""
 MEDIUM_COMMAND = "python3 -c \"print('beaver-medium-{} ' * 200)\""
 FOLD_SUMMARY = "The parser handles every input; nothing to change."
-
-
-def bundled_claude() -> Path | None:
-    try:
-        import claude_agent_sdk
-    except ImportError:
-        return None
-    cli = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
-    return cli if cli.exists() else None
 
 
 CLAUDE = bundled_claude()

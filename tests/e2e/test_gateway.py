@@ -17,10 +17,8 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
-import openai
 import pytest
 from conftest import DaemonProcess, kill_leftovers, short_root
 from gateway_upstream import (
@@ -31,6 +29,12 @@ from gateway_upstream import (
     ModelUpstream,
 )
 from tests_support import next_event
+
+if TYPE_CHECKING:
+    # Imported where used: the SDKs take over 2 s of CPU to import, which every
+    # pytest-xdist worker would spend collecting this module, not only the one running it.
+    import anthropic
+    import openai
 
 MAX_BODY_BYTES = 64 * 1024
 HOP_BY_HOP = ("connection", "keep-alive", "te", "trailer", "proxy-authorization", "upgrade")
@@ -82,6 +86,7 @@ class Clients:
         self.made: list[anthropic.Anthropic | openai.OpenAI] = []
 
     def claude(self, sid: str) -> anthropic.Anthropic:
+        import anthropic
         client = anthropic.Anthropic(
             base_url=self.base_url, api_key="sk-ant-secret", max_retries=0,
             default_headers={"x-api-key": "sk-ant-key", "anthropic-beta": "beta-1",
@@ -90,6 +95,7 @@ class Clients:
         return client
 
     def gpt(self, sid: str) -> openai.OpenAI:
+        import openai
         client = openai.OpenAI(base_url=self.base_url + "/v1", api_key="sk-openai-secret",
                                max_retries=0, default_headers={"x-ctxd-session": sid})
         self.made.append(client)
@@ -218,6 +224,7 @@ def test_anthropic_stream_arrives_and_its_usage_is_recorded(
 
 def test_keys_reach_no_log_event_or_file(
         gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str) -> None:
+    import anthropic
     canary = "sk-ant-canary-" + sid
     with gateway_daemon.client() as watcher:
         watcher.call("events.subscribe", {"session_id": sid})
@@ -331,6 +338,7 @@ def test_a_browser_or_another_host_is_refused(
 
 def test_a_body_too_large_is_refused(
         sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str) -> None:
+    import anthropic
     with pytest.raises(anthropic.APIStatusError) as caught:
         sdk.claude(sid).messages.create(
             model="claude-test", max_tokens=10,
@@ -347,6 +355,8 @@ def test_a_body_too_large_is_refused(
 def test_upstream_errors_reach_the_client_unchanged(
         sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str, status: int,
         kind: str, calls: Calls) -> None:
+    import anthropic
+    import openai
     body = json.dumps({"type": "error", "error": {"type": kind, "message": f"m{status}"}})
     script.script.failures.append(Failure(status=status, body=body.encode()))
     with pytest.raises(anthropic.APIStatusError) as caught:
@@ -363,6 +373,8 @@ def test_upstream_errors_reach_the_client_unchanged(
 
 def test_a_stream_cut_off_upstream_ends_with_an_error(
         sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str) -> None:
+    import anthropic
+    import openai
     script.script.failures.append(Failure(cut_after=3))
     texts: list[str] = []
     with pytest.raises(anthropic.APIStatusError) as caught:
@@ -385,6 +397,7 @@ def test_a_stream_cut_off_upstream_ends_with_an_error(
 
 def test_the_socket_answers_while_50_streams_are_in_flight(
         gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str) -> None:
+    import anthropic
     hold = script.script.hold = threading.Event()
     streams = 50
     base = base_url(gateway_daemon)
@@ -425,6 +438,7 @@ def test_the_socket_answers_while_50_streams_are_in_flight(
 def test_a_call_cancelled_before_its_answer_gets_499(
         sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str,
         calls: Calls) -> None:
+    import openai
     hold = script.script.hold_answer = threading.Event()
     outcome: list[BaseException] = []
     client = sdk.gpt(sid)
@@ -489,6 +503,7 @@ def test_the_token_is_private_and_outlives_a_restart(daemon_root: Path) -> None:
 def test_request_cancel_stops_a_model_call_in_flight(
         sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str,
         calls: Calls) -> None:
+    import anthropic
     hold = script.script.hold = threading.Event()
     outcome: list[BaseException | list[str]] = []
     client = sdk.claude(sid)
@@ -538,6 +553,7 @@ def wait_for_log(process: DaemonProcess, line: str) -> None:
 
 def test_a_stream_in_flight_finishes_before_the_daemon_stops(
         daemon_root: Path, script: ModelUpstream, sid: str) -> None:
+    import anthropic
     process = DaemonProcess(daemon_root, env={
         "CTXD_GATEWAY_ANTHROPIC_UPSTREAM": script.origin}).start()
     hold = script.script.hold = threading.Event()
@@ -568,6 +584,7 @@ def test_a_stream_in_flight_finishes_before_the_daemon_stops(
 
 def test_a_stream_still_in_flight_at_the_deadline_ends_with_an_error(
         daemon_root: Path, script: ModelUpstream, sid: str) -> None:
+    import anthropic
     process = DaemonProcess(daemon_root, env={
         "CTXD_GATEWAY_ANTHROPIC_UPSTREAM": script.origin,
         "CTXD_SHUTDOWN_TIMEOUT_S": "0"}).start()

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 from mock_anthropic import MockAnthropic, tool_use
 from prompt_cache import CacheUsage, PromptCache
-from tests_support import running_supervisor
+from tests_support import bundled_claude, running_supervisor
 
 from ctxd.config import Config
 from ctxd.gateway import GatewayRequest, prepare
@@ -30,15 +30,6 @@ LINES = 540
 BIG_COMMAND = ("python3 -c \"print('\\n'.join(f'zebra-{i:05d} the quick brown fox jumps' "
                f"for i in range({LINES})))\"")
 BIG_OUTPUT = "\n".join(f"zebra-{i:05d} the quick brown fox jumps" for i in range(LINES))
-
-
-def bundled_claude() -> Path | None:
-    try:
-        import claude_agent_sdk
-    except ImportError:
-        return None
-    cli = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
-    return cli if cli.exists() else None
 
 
 CLAUDE = bundled_claude()

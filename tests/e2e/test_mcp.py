@@ -15,19 +15,20 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 import pytest
 import trio
 from conftest import DaemonProcess
 from e2e.test_cancel import WINDOW, Gated, chat, gated_daemon, snapshot
-from mcp import StdioServerParameters
-from mcp.client.session import ClientSession
-from mcp.client.stdio import stdio_client
-from mcp.shared.exceptions import MCPError
 
 import ctxclient
+
+if TYPE_CHECKING:
+    # The MCP SDK is imported where used: a second of CPU that every pytest-xdist worker
+    # would spend collecting this module, not only the one running it.
+    from mcp.client.session import ClientSession
 
 CTXCTL = str(Path(sys.executable).parent / "ctxctl")
 TOOL_NAMES = ["context_branch", "context_return", "context_branch_status",
@@ -48,6 +49,10 @@ def pump_environment(**extra: str) -> dict[str, str]:
 async def mcp_session(daemon: DaemonProcess, *args: str,
                       env: dict[str, str] | None = None) -> AsyncIterator[ClientSession]:
     """An initialized SDK session with ``ctxctl mcp --socket <daemon's>``."""
+    from mcp import StdioServerParameters
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import stdio_client
+
     server = StdioServerParameters(command=CTXCTL,
                                    args=["mcp", "--socket", str(daemon.socket), *args],
                                    env=env or pump_environment())
@@ -206,6 +211,8 @@ async def test_every_tool(shared_daemon: DaemonProcess, sid: str) -> None:
 
 async def test_bad_arguments_and_errors_are_tool_errors(shared_daemon: DaemonProcess,
                                                         sid: str) -> None:
+    from mcp.shared.exceptions import MCPError
+
     async with mcp_session(shared_daemon, "--session", sid) as session:
         missing = await session.call_tool("context_branch", {"description": "x"})
         wrong = await session.call_tool("context_branch", {"description": "x",

@@ -329,17 +329,25 @@ UNPARSABLE_LINES = {**{f"utf8-{name}": line for name, line in INVALID_UTF8_LINES
                     **{f"deep-{name}": line for name, line in DEEPLY_NESTED_LINES.items()}}
 
 
+@pytest.fixture(scope="module")
+def parse_daemon() -> Iterator[DaemonProcess]:
+    """One daemon with the default limits for the unparsable lines: each case checks it is
+    still alive after its line, so a line that takes it down fails its own case, with the
+    daemon's log."""
+    with running_daemon() as process:
+        yield process
+
+
 @pytest.mark.parametrize("line", UNPARSABLE_LINES.values(), ids=UNPARSABLE_LINES.keys())
-def test_unparsable_lines_are_parse_errors(daemon: DaemonProcess, line: bytes) -> None:
+def test_unparsable_lines_are_parse_errors(parse_daemon: DaemonProcess, line: bytes) -> None:
     """-32700, never a crash: invalid UTF-8 anywhere in the line (not JSON text, RFC 8259
-    §8.1) and nesting deeper than the decoder follows. These once took the daemon down,
-    hence a fresh daemon per case."""
-    with crash_reported(daemon), Wire(daemon.socket) as wire:
+    §8.1) and nesting deeper than the decoder follows. These once took the daemon down."""
+    with crash_reported(parse_daemon), Wire(parse_daemon.socket) as wire:
         wire.send(line + b"\n")
         assert_parse_error(wire.read())
         assert wire.ping() == []
         assert wire.finish() == []
-    assert_alive(daemon)
+    assert_alive(parse_daemon)
 
 
 # ---- notifications ------------------------------------------------------------------

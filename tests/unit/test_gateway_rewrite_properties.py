@@ -26,7 +26,9 @@ from ctxd.sessions import Supervisor, get_session, read_result
 from ctxd.wire.types import ResultReadParams
 
 THRESHOLD = 1_024
-PROPERTIES = settings(max_examples=40, deadline=None,
+# 25 generated histories a property and run (each on a Supervisor and store of its own, about
+# 0.1 s); every run of the suite draws new ones.
+PROPERTIES = settings(max_examples=25, deadline=None,
                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 SPECIAL = {"open": "mcp__ctxd__context_branch", "close": "mcp__ctxd__context_return",
            "compact": "mcp__ctxd__compact_context", "plain": None}
