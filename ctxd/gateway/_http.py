@@ -3,6 +3,7 @@ relaying an upstream answer back as it arrives (the gateway's connections)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -59,11 +60,16 @@ class Relay:
         await send(self._stream, self._connection, h11.Response(
             status_code=response.status_code, headers=headers,
             reason=response.reason_phrase.encode()))
+        # Closed here, in this run, however the loop ends (the agent gone, a cancel, an
+        # upstream error): left to the garbage collector, the client's stream generators
+        # would be finalized whenever a cycle is collected, perhaps after the run.
+        chunks = response.aiter_raw()
         try:
-            async for chunk in response.aiter_raw():
-                await send(self._stream, self._connection, h11.Data(data=chunk))
-                if self._counted:
-                    self._reader.feed(chunk)
+            async with contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    await send(self._stream, self._connection, h11.Data(data=chunk))
+                    if self._counted:
+                        self._reader.feed(chunk)
         except httpx2.HTTPError as exc:
             log.warning("gateway: the upstream broke off an answer: %s", type(exc).__name__)
             return await self.end_early(502, "api_error", "ctxd gateway: the upstream "
