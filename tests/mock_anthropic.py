@@ -31,6 +31,20 @@ def tool_use(tool_id: str, name: str, tool_input: dict[str, Any]) -> Block:
     return {"type": "tool_use", "id": tool_id, "name": name, "input": tool_input}
 
 
+def tool_results(body: dict[str, Any], call_id: str) -> list[str]:
+    """The text of each tool_result for ``call_id`` in a request the model received."""
+    found = []
+    for message in body["messages"]:
+        if message["role"] != "user" or not isinstance(message["content"], list):
+            continue
+        for block in message["content"]:
+            if block.get("type") == "tool_result" and block["tool_use_id"] == call_id:
+                content = block["content"]
+                found.append(content if isinstance(content, str) else "".join(
+                    part.get("text", "") for part in content))
+    return found
+
+
 class MockAnthropic(LocalServer):
     """The server: ``url`` for ``ANTHROPIC_BASE_URL``; ``requests`` as received."""
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from conftest import DaemonProcess, kill_leftovers, short_root
-from mock_anthropic import Block, MockAnthropic, tool_use
+from mock_anthropic import Block, MockAnthropic, tool_results, tool_use
 from tests_support import bundled_claude
 
 CTXCTL = Path(sys.executable).with_name("ctxctl")
@@ -46,24 +46,10 @@ def sent(body: dict[str, Any]) -> str:
     return json.dumps(body["messages"], ensure_ascii=False)
 
 
-def results(body: dict[str, Any], call_id: str) -> list[str]:
-    """The text of each tool_result for ``call_id`` in a request."""
-    found = []
-    for message in body["messages"]:
-        if message["role"] != "user" or not isinstance(message["content"], list):
-            continue
-        for block in message["content"]:
-            if block.get("type") == "tool_result" and block["tool_use_id"] == call_id:
-                content = block["content"]
-                found.append(content if isinstance(content, str) else "".join(
-                    part.get("text", "") for part in content))
-    return found
-
-
 def read_back(body: dict[str, Any]) -> list[Block]:
     """The model's turn that reads the big log's head back through ctxd's MCP tool, by
     the ref its stub names."""
-    [stub] = results(body, "toolu_big1")
+    [stub] = tool_results(body, "toolu_big1")
     ref = re.search(r'ref_id="(res_[0-9a-f]+)"', stub)
     assert ref is not None, stub
     return [THINKING, tool_use("toolu_read", "mcp__ctxd__read_result",
@@ -163,14 +149,14 @@ def test_what_claude_codes_model_receives_through_the_gateway(
     # Large outputs reach the model as ctxd's stubs, the same bytes in every later request.
     for call_id in ("toolu_big1", "toolu_read1", "toolu_big2", "toolu_read2"):
         first = after(call_id)
-        [stub] = results(first, call_id)
+        [stub] = tool_results(first, call_id)
         assert re.search(r'Use read_result with ref_id="res_[0-9a-f]+"', stub), stub[:300]
         assert len(stub) < 1_000
-        assert all(results(later, call_id) in ([stub], []) for later in
+        assert all(tool_results(later, call_id) in ([stub], []) for later in
                    requests[by_call[call_id]:])
     assert "walrus-00599" not in json.dumps(requests)
     # The failing run stays inline: the model sees what failed.
-    [failed] = results(after("toolu_fail1"), "toolu_fail1")
+    [failed] = tool_results(after("toolu_fail1"), "toolu_fail1")
     assert "FAIL: test_parser (AssertionError: 3 != 4)" in failed
 
     # The branch: inside it the model saw its work; from the request after context_return
@@ -183,7 +169,7 @@ def test_what_claude_codes_model_receives_through_the_gateway(
     assert len(sent(after("toolu_return"))) < len(sent(before_return))
 
     # read_result through ctxd's MCP server: the exact head of the stored output.
-    [answer] = results(after("toolu_read"), "toolu_read")
+    [answer] = tool_results(after("toolu_read"), "toolu_read")
     assert json.loads(answer)["content"] == BIG_OUTPUT[:2_000]
     # The thinking block the model wrote comes back unchanged in every later request
     # (until the compaction, which stands for it).
@@ -204,7 +190,7 @@ def test_what_claude_codes_model_receives_through_the_gateway(
                       if path.endswith("/v1/messages") or "/v1/messages?" in path]
     with daemon.client() as client:
         read = client.call("result.read", {"ref_id": re.search(
-            r'ref_id="(res_[0-9a-f]+)"', results(after("toolu_big1"), "toolu_big1")[0])[1],
+            r'ref_id="(res_[0-9a-f]+)"', tool_results(after("toolu_big1"), "toolu_big1")[0])[1],
             "limit": 1_000_000})
         assert read["content"] == BIG_OUTPUT
         totals = client.call("usage.get", {"session_id": session_id})["totals"]

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import DaemonProcess, kill_leftovers, short_root
-from mock_anthropic import MockAnthropic, text, tool_use
+from mock_anthropic import MockAnthropic, text, tool_results, tool_use
 from opencode_runs import OPENCODE, OpenCode, gateway_project, hermetic_env, point_anthropic_at
 
 pytestmark = pytest.mark.skipif(
@@ -35,20 +35,6 @@ def script() -> list[Any]:
                 "command": BIG_COMMAND, "description": "Show the log"})],
             [tool_use("toolu_small1", "bash", {"command": "echo disk-ok",
                                                "description": "Check the disk"})]]
-
-
-def results(body: dict[str, Any], call_id: str) -> list[str]:
-    """The text of each tool_result for ``call_id`` in a request."""
-    found = []
-    for message in body["messages"]:
-        if message["role"] != "user" or not isinstance(message["content"], list):
-            continue
-        for block in message["content"]:
-            if block.get("type") == "tool_result" and block["tool_use_id"] == call_id:
-                content = block["content"]
-                found.append(content if isinstance(content, str) else "".join(
-                    part.get("text", "") for part in content))
-    return found
 
 
 @pytest.fixture
@@ -91,16 +77,16 @@ def test_what_opencodes_model_receives_through_the_gateway(
     assert mock.turns == []
 
     # The big output reaches the model as ctxd's stub, the same bytes in the next request.
-    [stub] = results(requests[1], "toolu_big1")
+    [stub] = tool_results(requests[1], "toolu_big1")
     assert stub.startswith(f"[Tool result stored — {len(BIG_OUTPUT.encode()):,} bytes from "
                            f'"bash". First 200 chars: {BIG_OUTPUT[:200]}')
     ref = re.search(r'ref_id="(res_[0-9a-f]+)"', stub)
     assert ref is not None, stub
     assert stub.endswith(f'Use read_result with ref_id="{ref[1]}" (or run: ctxctl result '
                          f"{ref[1]}) to read more.")
-    assert results(requests[2], "toolu_big1") == [stub]
+    assert tool_results(requests[2], "toolu_big1") == [stub]
     assert "walrus-00599" not in json.dumps(requests)
-    assert results(requests[2], "toolu_small1") == ["disk-ok\n"]
+    assert tool_results(requests[2], "toolu_small1") == ["disk-ok\n"]
 
     with daemon.client() as client:
         read = client.call("result.read", {"session_id": session_id, "ref_id": ref[1],
@@ -143,7 +129,7 @@ def test_with_the_plugin_only_opencode_sends_the_plugins_stub(
     session_id = agent.run(PROMPT)
     requests = mock.main_requests()
     assert len(requests) == 3
-    [stub] = results(requests[1], "toolu_big1")
+    [stub] = tool_results(requests[1], "toolu_big1")
     ref = re.search(r'ref_id="(res_[0-9a-f]+)"', stub)
     assert ref is not None, stub
     with daemon.client() as client:
