@@ -17,6 +17,12 @@ E2E = Path(__file__).resolve().parent / "e2e"
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # A suite started in the background of a non-interactive shell (`pytest &`, as some CI
+    # runners do) inherits SIGINT ignored, and so would every process it starts: an
+    # interrupted `ctxctl status --watch` would never stop. Its processes start with SIGINT
+    # as a terminal starts them.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     # With PYTHONDONTWRITEBYTECODE set, each of the suite's ~250 daemons and ctxctl runs
     # compiled ctxd from source again (0.1 s of a daemon's 0.6 s start): their bytecode is
     # cached in a folder of the process's own instead (not in the tree), removed after it.

@@ -171,7 +171,11 @@ def test_status_watch_refreshes_until_interrupted(shared_daemon: DaemonProcess,
             screen.wait_for(lambda frame: f"{branch['budget_used']}/500" in frame)
         finally:
             watch.send_signal(signal.SIGINT)
-            watch.wait(30)
+            try:
+                watch.wait(30)
+            except subprocess.TimeoutExpired:
+                watch.kill()  # else leaving the block would wait for it forever
+                raise
             screen.thread.join(30)
         err = watch.stderr.read()  # type: ignore[union-attr]
     assert watch.returncode == 0, err
