@@ -24,6 +24,21 @@ MODEL = "mock/m1"
 MODEL_LIMIT = {"context": 200000, "output": 8192}
 
 
+PLUGIN_SDK = "@opencode-ai/plugin"
+
+
+def plugin_sdk_installed(folder: Path) -> None:
+    """Mark OpenCode's config ``folder`` (a project's ``.opencode``, the user's
+    ``opencode`` folder) as holding its plugin SDK: on its first start with a config
+    folder, OpenCode 1.18 installs `PLUGIN_SDK` there with npm (10 s and the network), and
+    skips that when ``node_modules`` exists and ``package-lock.json`` names the package.
+    ctxd's plugin imports nothing from it (clients/opencode/ctxd.js), so the suite need
+    not download it a time per test."""
+    (folder / "node_modules").mkdir(parents=True, exist_ok=True)
+    (folder / "package-lock.json").write_text(json.dumps(
+        {"packages": {"": {"dependencies": {PLUGIN_SDK: "*"}}}}))
+
+
 def opencode_project(root: Path, model_url: str, *, model_limit: dict[str, int] | None = None,
                      mcp: dict[str, Any] | None = None, ctxd: bool = True) -> Path:
     """``root/project``: ctxd installed (project scope) unless ``ctxd`` is false, the mock
@@ -39,6 +54,7 @@ def opencode_project(root: Path, model_url: str, *, model_limit: dict[str, int] 
         assert installed.stdout.splitlines()[0] == \
             f"added the plugin in {project}/.opencode/plugin/ctxd.js"
         config = json.loads((project / "opencode.json").read_text())
+        plugin_sdk_installed(project / ".opencode")
     config.update({
         "model": MODEL, "small_model": MODEL, "autoupdate": False, "share": "disabled",
         "permission": {"bash": "allow", "external_directory": "allow"},
@@ -55,7 +71,8 @@ def opencode_project(root: Path, model_url: str, *, model_limit: dict[str, int] 
 
 def hermetic_env(root: Path, socket: Path) -> dict[str, str]:
     """OpenCode's environment: a home of its own under ``root`` (its data, config, cache
-    and state there too) and ctxd's socket."""
+    and state there too; its config folder holding the plugin SDK, `plugin_sdk_installed`)
+    and ctxd's socket."""
     home = root / "home"
     env = {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
            "XDG_DATA_HOME": str(home / ".local/share"), "XDG_CACHE_HOME": str(home / ".cache"),
@@ -63,6 +80,7 @@ def hermetic_env(root: Path, socket: Path) -> dict[str, str]:
            "PATH": os.environ["PATH"], "OPENCODE_DISABLE_AUTOUPDATE": "1",
            "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1"}
     home.mkdir(exist_ok=True)
+    plugin_sdk_installed(home / ".config/opencode")  # OpenCode creates it if missing
     return env
 
 
