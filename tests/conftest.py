@@ -23,6 +23,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # as a terminal starts them.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # numpy's BLAS starts a thread per core in each of the suite's ~250 daemons as it is
+    # imported, 0.1 s of CPU of a start's 0.7 s, on cores the other workers need; no test
+    # multiplies matrices large enough to use them.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     # With PYTHONDONTWRITEBYTECODE set, each of the suite's ~250 daemons and ctxctl runs
     # compiled ctxd from source again (0.1 s of a daemon's 0.6 s start): their bytecode is
     # cached in a folder of the process's own instead (not in the tree), removed after it.
@@ -102,6 +106,15 @@ def shared_daemon() -> Iterator[DaemonProcess]:
     process.stop()
     kill_leftovers(root)
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of this run that all of its pytest-xdist workers share (each worker's
+    temporary folders are under it), for what tests make once and read many times."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    return shared / "shared"
 
 
 @pytest.fixture

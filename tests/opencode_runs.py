@@ -7,10 +7,12 @@ Used by the OpenCode end-to-end tests and by the tests that import OpenCode's ow
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,6 +139,24 @@ def system_text(request: dict[str, Any]) -> str:
 #
 # Sessions run without ctxd (no plugin, no MCP server): the export holds what OpenCode
 # itself stored, whole tool outputs included.
+
+
+def export_once(folder: Path, make: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """``make(root)``'s export, made once in ``folder`` (a folder all of the suite's
+    workers share, `conftest.run_folder`) and read back after: each export session is
+    OpenCode's own work, the same for every test that imports or forks it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    saved = folder / f"{make.__name__}.json"
+    with (folder / f"{make.__name__}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another worker may be making it
+        if not saved.exists():
+            made = make(folder / make.__name__)
+            temporary = saved.with_suffix(".tmp")
+            temporary.write_text(json.dumps(made))
+            temporary.replace(saved)
+    exported: dict[str, Any] = json.loads(saved.read_text())
+    return exported
+
 
 BUILD_LINES = 1000
 BUILD_LOG = "".join(f"line {i:04d} of the build log: ok\n" for i in range(BUILD_LINES))

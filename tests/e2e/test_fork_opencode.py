@@ -20,6 +20,7 @@ from opencode_runs import (
     OPENCODE,
     SUMMARY,
     TIER_CALLS,
+    export_once,
     exported_compacted_session,
     exported_tiers_session,
     exported_tool_session,
@@ -184,8 +185,9 @@ def ctxctl_fork(socket: Path, path: Path) -> subprocess.CompletedProcess[str]:
                           check=False)
 
 
-def test_fork_of_a_session_of_built_in_tools(tmp_path: Path, daemon: DaemonProcess) -> None:
-    export = exported_tool_session(tmp_path / "run")
+def test_fork_of_a_session_of_built_in_tools(tmp_path: Path, run_folder: Path,
+                                             daemon: DaemonProcess) -> None:
+    export = export_once(run_folder, exported_tool_session)
     got = forked(daemon, tmp_path / "export.json", export)
     stats, context, _ = expected(export)
     # No compaction: 16 messages, all kept; the four results are the newest five's tier, so
@@ -206,9 +208,9 @@ def test_fork_of_a_session_of_built_in_tools(tmp_path: Path, daemon: DaemonProce
     assert json.loads(done.stdout)["stats"] == stats
 
 
-def test_fork_of_a_session_opencode_compacted(tmp_path: Path,
+def test_fork_of_a_session_opencode_compacted(tmp_path: Path, run_folder: Path,
                                               daemon: DaemonProcess) -> None:
-    export = exported_compacted_session(tmp_path / "run")
+    export = export_once(run_folder, exported_compacted_session)
     items = export["messages"]
     [request] = [item for item in items if item["parts"][0]["type"] == "compaction"]
     # OpenCode kept its newest turns verbatim from the answer after the six logs on: the
@@ -245,8 +247,9 @@ def test_fork_of_a_session_opencode_compacted(tmp_path: Path,
     assert got["tokens"] == TokenCounter().count(got["preamble"] + "\n\n" + got["context"])
 
 
-def test_fork_of_a_session_with_every_tier(tmp_path: Path, daemon: DaemonProcess) -> None:
-    export = exported_tiers_session(tmp_path / "run")
+def test_fork_of_a_session_with_every_tier(tmp_path: Path, run_folder: Path,
+                                           daemon: DaemonProcess) -> None:
+    export = export_once(run_folder, exported_tiers_session)
     got = forked(daemon, tmp_path / "export.json", export)
     stats, context, _ = expected(export)
     # 17 results (tests/opencode_runs.py, `exported_tiers_session`), oldest first:

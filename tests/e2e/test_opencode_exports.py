@@ -17,6 +17,7 @@ from opencode_runs import (
     CONFIG_TOML,
     OPENCODE,
     SUMMARY,
+    export_once,
     exported_compacted_session,
     exported_tool_session,
 )
@@ -79,8 +80,9 @@ def imported(daemon: DaemonProcess, path: Path, export: dict[str, Any]) -> dict[
             "input_tokens": totals["input_tokens"], "output_tokens": totals["output_tokens"]}
 
 
-def test_a_session_of_built_in_tools(tmp_path: Path, daemon: DaemonProcess) -> None:
-    export = exported_tool_session(tmp_path / "run")
+def test_a_session_of_built_in_tools(tmp_path: Path, run_folder: Path,
+                                     daemon: DaemonProcess) -> None:
+    export = export_once(run_folder, exported_tool_session)
     # What OpenCode stored: the whole outputs, the failed read as an error part, the
     # failed command as a completed one (its output is the error).
     parts = tool_parts(export)
@@ -102,8 +104,9 @@ def test_a_session_of_built_in_tools(tmp_path: Path, daemon: DaemonProcess) -> N
     assert imported(daemon, tmp_path / "export.json", export) == counts
 
 
-def test_a_session_opencode_compacted(tmp_path: Path, daemon: DaemonProcess) -> None:
-    export = exported_compacted_session(tmp_path / "run")
+def test_a_session_opencode_compacted(tmp_path: Path, run_folder: Path,
+                                      daemon: DaemonProcess) -> None:
+    export = export_once(run_folder, exported_compacted_session)
     messages = export["messages"]
     [at] = [i for i, m in enumerate(messages)
             if any(p["type"] == "compaction" for p in m["parts"])]
