@@ -411,6 +411,7 @@ async def search_tools(actor: SessionActor, p: ToolsSearchParams) -> ToolsSearch
         _, deferred = await tool_view(actor)
     return ToolsSearchResult(
         matches=[ToolMatch(name=tool.name, source=tool.source,
-                           description=tool.description, score=score, tokens=tool.tokens)
+                           description=tool.description, input_schema=tool.input_schema,
+                           score=score, tokens=tool.tokens)
                  for tool, score in found],
         deferred=len(deferred))
