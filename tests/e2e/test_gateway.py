@@ -53,7 +53,10 @@ def gateway_daemon(upstream: ModelUpstream) -> Iterator[DaemonProcess]:
     process = DaemonProcess(root, env={
         "CTXD_GATEWAY_ANTHROPIC_UPSTREAM": upstream.origin,
         "CTXD_GATEWAY_OPENAI_UPSTREAM": upstream.origin,
-        "CTXD_GATEWAY_MAX_BODY_BYTES": str(MAX_BODY_BYTES)}).start()
+        "CTXD_GATEWAY_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
+        # A turn cancel the agent does not answer ends after half a second
+        # (test_an_unanswered_turn_cancel_terminates_the_turn_and_its_model_call).
+        "CTXD_CANCEL_TIMEOUT_S": "0.5"}).start()
     yield process
     process.stop()
     kill_leftovers(root)
@@ -666,3 +669,53 @@ def test_the_gateway_port_is_taken_from_systemd(daemon_root: Path) -> None:
     assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["ok"] is True
     assert status["listen"] == f"127.0.0.1:{port}"
     assert "systemd-activated" in process.log()
+
+
+def test_an_unanswered_turn_cancel_terminates_the_turn_and_its_model_call(
+        sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str) -> None:
+    """An agent asked to stop a turn that never says it did (no turn.end): after
+    ``cancel_timeout_s`` ctxd ends the turn itself, stops the session's model call in
+    flight and logs it (docs/protocol.md, "Cancellation")."""
+    import anthropic
+    hold = script.script.hold = threading.Event()
+    outcome: list[BaseException | list[str]] = []
+    client = sdk.claude(sid)
+
+    def one_stream() -> None:
+        try:
+            with client.messages.stream(model="claude-test", max_tokens=10,
+                                        messages=USER) as stream:
+                outcome.append(list(stream.text_stream))
+        except anthropic.APIError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=one_stream)
+    try:
+        with gateway_daemon.client() as agent, gateway_daemon.client() as ui:
+            agent.call("session.open", {"session_id": sid})
+            agent.call("events.subscribe", {"session_id": sid, "types": ["turn.ended"]})
+            agent.call("turn.start", {"session_id": sid, "turn_id": "t1"})
+            worker.start()
+            assert script.script.holding.acquire(timeout=60)
+            [inflight] = gateway_status(gateway_daemon)["inflight"]
+            ui.call("turn.cancel", {"session_id": sid, "turn_id": "t1", "reason": "stop"})
+            ended = next_event(agent, timeout=60)  # the agent never answers
+            turn = ui.call("turn.get", {"session_id": sid, "turn_id": "t1"})
+            late = agent.call("turn.list", {"session_id": sid})
+        worker.join(60)
+    finally:
+        hold.set()
+        script.script.hold = None
+        worker.join(60)
+    assert (ended["type"], ended["data"]) == ("turn.ended", {
+        "turn_id": "t1", "cancelled": None, "cancel_requested": True, "terminated": True,
+        "calls_stopped": 1})
+    assert (turn["state"], turn["terminated"], turn["cancelled"]) == ("ended", True, None)
+    assert late == {"turns": [turn]}
+    [error] = outcome
+    assert isinstance(error, anthropic.APIStatusError)
+    assert error.body == {"type": "error", "error": {"type": "cancelled", "message": (
+        f"ctxd gateway: request {inflight['call_id']!r} was cancelled: turn 't1' was "
+        "terminated: its cancel had no answer")}}
+    assert (f"turn 't1' of session '{sid}': no turn.end within 0.5 s of its cancel; "
+            "terminated (1 model call(s) in flight stopped)") in gateway_daemon.log()
