@@ -180,12 +180,18 @@ class Hook:
         self.open()
         return self.conn.call(method, params)
 
-    def memories(self, query: str) -> str | None:
+    def memories(self, query: str, compacted: bool = False) -> str | None:
+        """The memories that match, those already given to the session left out (the
+        daemon remembers them with it; ``compacted``: Claude Code compacted its context,
+        which held them, so they may come again)."""
         query = query.strip()[:MAX_QUERY_CHARS]
         if not query:
             return None
-        result = self.conn.call("memory.context",
-                                {"query": query, "scope": scope_of(self.project)})
+        params: dict[str, Any] = {"query": query, "scope": scope_of(self.project),
+                                  "session_id": self.session_id}
+        if compacted:
+            params["compacted"] = True
+        result = self.conn.call("memory.context", params)
         text: str | None = result["text"]
         return text
 
@@ -202,11 +208,12 @@ class Hook:
         if source not in ("startup", "resume", "compact"):
             return None
         parts: list[str | None] = []
-        if source == "compact":
-            parts.append(self.summary())
+        summary = self.summary() if source == "compact" else None
+        parts.append(summary)
         name = os.path.basename((self.project or "").rstrip("/"))
-        if name and not self.through_gateway():
-            parts.append(self.memories(name))
+        query = name or summary or ""
+        if query and not self.through_gateway():
+            parts.append(self.memories(query, compacted=source == "compact"))
         return self.context("SessionStart", parts)
 
     def summary(self) -> str | None:
