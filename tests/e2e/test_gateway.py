@@ -696,8 +696,13 @@ def test_an_unanswered_turn_cancel_terminates_the_turn_and_its_model_call(
             agent.call("events.subscribe", {"session_id": sid, "types": ["turn.ended"]})
             agent.call("turn.start", {"session_id": sid, "turn_id": "t1"})
             worker.start()
-            assert script.script.holding.acquire(timeout=60)
-            [inflight] = gateway_status(gateway_daemon)["inflight"]
+            # The semaphore may hold releases of earlier tests' streams: wait for this one.
+            deadline = time.monotonic() + 60
+            while not (mine := [call for call in gateway_status(gateway_daemon)["inflight"]
+                                if call["session_id"] == sid]):
+                assert time.monotonic() < deadline, "the model call never started"
+                script.script.holding.acquire(timeout=1)
+            [inflight] = mine
             ui.call("turn.cancel", {"session_id": sid, "turn_id": "t1", "reason": "stop"})
             ended = next_event(agent, timeout=60)  # the agent never answers
             turn = ui.call("turn.get", {"session_id": sid, "turn_id": "t1"})
@@ -719,3 +724,63 @@ def test_an_unanswered_turn_cancel_terminates_the_turn_and_its_model_call(
         "terminated: its cancel had no answer")}}
     assert (f"turn 't1' of session '{sid}': no turn.end within 0.5 s of its cancel; "
             "terminated (1 model call(s) in flight stopped)") in gateway_daemon.log()
+
+
+def test_a_tool_found_by_tool_search_is_offered_on_the_next_model_call(
+        sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str) -> None:
+    """An agent that offers ctxd's tool_search has its MCP tools deferred past the
+    session's threshold (left out of what the model is sent); tool_search over MCP finds
+    one, with its input schema, and the next model call offers it."""
+    from e2e.test_mcp import initialize, raw
+    from tests_support import hello_text
+
+    def tool(name: str, words: str) -> dict[str, Any]:
+        return {"name": name, "description": f"{words}. {hello_text(400)}",
+                "input_schema": {"type": "object", "properties": {"text": {"type": "string"}},
+                                 "required": ["text"]}}
+
+    tools = [{"name": "Bash", "description": "Run a shell command.",
+              "input_schema": {"type": "object", "properties": {
+                  "command": {"type": "string"}}}},
+             {"name": "mcp__ctxd__tool_search", "description": "Find deferred tools.",
+              "input_schema": {"type": "object", "properties": {"query": {"type": "string"}},
+                               "required": ["query"]}},
+             {**tool("mcp__alpha__send", "Send an alpha signal"),
+              "cache_control": {"type": "ephemeral"}},
+             tool("mcp__beta__post", "Post a beta note"),
+             tool("mcp__gamma__file", "File a gamma report")]
+    searched = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [{
+                    "type": "tool_use", "id": "toolu_search", "name": "mcp__ctxd__tool_search",
+                    "input": {"query": "alpha signal"}}]},
+                {"role": "user", "content": [{"type": "tool_result",
+                                              "tool_use_id": "toolu_search",
+                                              "content": "found mcp__alpha__send"}]}]
+    client = sdk.claude(sid)
+    with gateway_daemon.client() as native:
+        # An effective window of 10,000 tokens: the tools may take 1,000 of it.
+        native.call("session.open", {"session_id": sid, "budget": {
+            "context_window": 12_000, "max_output_tokens": 2_000}})
+        client.messages.create(model="claude-test", max_tokens=10, tools=tools,  # type: ignore[arg-type]
+                               messages=USER)
+        with raw(gateway_daemon) as line:
+            line.ask("mcp.bind", {"session_id": sid, "tools": ["tool_search"]})
+            line.ask("initialize", initialize("2025-06-18"))
+            found = line.ask("tools/call", {"name": "tool_search", "arguments": {
+                "query": "alpha signal"}}, 2)["result"]["structuredContent"]
+        client.messages.create(model="claude-test", max_tokens=10, tools=tools,  # type: ignore[arg-type]
+                               messages=searched)
+        registered = {tool["name"]: tool for tool in native.call(
+            "ctxd.render", {"session_id": sid})["tools"]}
+    first, second = (received.json()["tools"] for received in script.received)
+    # 29 + 39 + 3 x 439 tokens of definitions, 1,000 allowed: alpha (the least recently
+    # used MCP tool; never used: by name) is left out, and its cache mark moves to the
+    # last tool kept, so the agent's tools stay one cached prefix.
+    assert first == [tools[0], tools[1], tools[3], {**tools[4], "cache_control": {
+        "type": "ephemeral"}}]
+    assert [match["name"] for match in found["matches"]] == ["mcp__alpha__send"]
+    assert found["matches"][0]["input_schema"] == tools[2]["input_schema"]
+    # Promoted, alpha is offered (with its own mark); beta makes room for it.
+    assert second == [tools[0], tools[1], tools[2], tools[4]]
+    assert sorted(registered) == ["Bash", "mcp__alpha__send", "mcp__ctxd__tool_search",
+                                  "mcp__gamma__file"]
