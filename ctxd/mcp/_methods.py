@@ -45,8 +45,9 @@ PROTOCOL_VERSIONS = ("2025-06-18", "2025-11-25")
 INSTRUCTIONS = (
     "ctxd manages this session's context. Branch before work that would fill the context "
     "(context_branch, then context_return with a summary); read offloaded tool outputs with "
-    "read_result; record lessons with memory_record and look them up with memory_search. "
-    "Every result carries context_state: compact or fold when its health is not ok.")
+    "read_result; look lessons up with memory_search{record}. Every result carries "
+    "context_state: compact or fold when its health is not ok.")
+"""What initialize says; ``{record}`` names memory_record when the connection offers it."""
 
 
 def connection_of(peer: Peer) -> McpConnection:
@@ -131,7 +132,9 @@ def initialize(call: Call, p: McpInitializeParams) -> dict[str, Any]:
     return {"protocolVersion": version,
             "capabilities": {"tools": {"listChanged": False}},
             "serverInfo": {"name": "ctxd", "title": "ctxd", "version": __version__},
-            "instructions": INSTRUCTIONS}
+            "instructions": INSTRUCTIONS.format(
+                record=" and record them with memory_record"
+                if "memory_record" in state.tools else "")}
 
 
 def initialized(call: Call, p: McpParams) -> None:

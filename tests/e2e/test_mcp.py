@@ -88,8 +88,13 @@ async def test_tools_list_and_schemas(shared_daemon: DaemonProcess) -> None:
         assert session.initialize_result.protocol_version == "2025-11-25"
         assert session.initialize_result.server_info.name == "ctxd"
         lean = await session.list_tools()
+        # The instructions name only tools the connection offers.
+        assert "memory_record" not in (session.initialize_result.instructions or "")
     async with mcp_session(shared_daemon, "--tools", "memory_record,read_result") as session:
         chosen = await session.list_tools()
+        assert session.initialize_result is not None
+        assert "record them with memory_record" in (
+            session.initialize_result.instructions or "")
     async with mcp_session(shared_daemon, "--tools", "all") as session:
         listed = await session.list_tools()
         again = await session.list_tools()
@@ -648,3 +653,14 @@ async def test_budget_warnings_and_forced_returns_reach_the_agent(
         "forced_returns": [{"branch_id": branch_id, "description": "read the logs",
                             "status": "budget_exhausted",
                             "reason": branch["return_reason"], "result": branch["result"]}]}
+
+
+def test_ctxctl_mcp_refuses_a_tool_that_does_not_exist(shared_daemon: DaemonProcess) -> None:
+    result = subprocess.run([CTXCTL, "mcp", "--socket", str(shared_daemon.socket),
+                             "--tools", "read_result,context_fold"], input=b"",
+                            capture_output=True, env=pump_environment(), check=False,
+                            timeout=30)
+    assert (result.returncode, result.stdout) == (1, b"")
+    assert result.stderr.decode() == (
+        "ctxctl mcp: ctxd refused the MCP session binding: invalid params: Invalid enum "
+        "value 'context_fold' (at $.tools[1])\n")
