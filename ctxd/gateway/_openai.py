@@ -10,6 +10,7 @@ import msgspec
 
 from ctxd.errors import params_error
 from ctxd.gateway._blocks import ToolResult, bare, content_text, marked
+from ctxd.transcripts import decoded_arguments
 from ctxd.wire.types import MessageIn
 
 __all__ = ["ToolResult", "bare", "body_with", "calls", "counted", "is_system", "marked",
@@ -69,12 +70,7 @@ def calls(message: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _arguments(call: dict[str, Any]) -> Any:
     arguments = call["function"].get("arguments")
-    if isinstance(arguments, str):
-        try:
-            return msgspec.json.decode(arguments)
-        except msgspec.DecodeError:
-            return arguments
-    return arguments
+    return decoded_arguments(arguments) if isinstance(arguments, str) else arguments
 
 
 def to_ctxd(messages: list[dict[str, Any]], start: int) -> list[list[MessageIn]]:
