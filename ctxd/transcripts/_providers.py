@@ -199,12 +199,15 @@ Row = tuple[RenderedMessage, dict[str, Any] | None]
 
 
 def _calls(message: RenderedMessage, meta: dict[str, Any] | None
-           ) -> list[tuple[str, str, Any]]:
-    """(id, name, input) of each tool call of an assistant message: its ``tool_use``
-    parts, else the entries of ``meta.tool_calls`` with an id and a name (``function.name``
-    or ``name``; docs/protocol.md, Tool deferral), as clients recorded calls before."""
+           ) -> list[tuple[str, str, Any, str | None]]:
+    """(id, name, input, arguments as written or None) of each tool call of an assistant
+    message: its ``tool_use`` parts (their arguments as written in ``meta.shape``), else
+    the entries of ``meta.tool_calls`` with an id and a name (``function.name`` or
+    ``name``; docs/protocol.md, Tool deferral), as clients recorded calls before."""
     content = message.content
-    parts = [(part["id"], part["name"], part.get("input"))
+    raw = _shape(meta).get("arguments")
+    raw = raw if isinstance(raw, dict) else {}
+    parts = [(part["id"], part["name"], part.get("input"), raw.get(part["id"]))
              for part in content if part.get("type") == "tool_use"] \
         if isinstance(content, list) else []
     if parts or meta is None or not isinstance(meta.get("tool_calls"), list):
@@ -215,10 +218,11 @@ def _calls(message: RenderedMessage, meta: dict[str, Any] | None
         function = call.get("function")
         if isinstance(function, dict) and isinstance(function.get("name"), str):
             arguments = function.get("arguments")
-            parts.append((call["id"], function["name"], decoded_arguments(arguments)
-                          if isinstance(arguments, str) else {}))
+            written = arguments if isinstance(arguments, str) else None
+            parts.append((call["id"], function["name"], {} if written is None
+                          else decoded_arguments(written), written))
         elif isinstance(call.get("name"), str):
-            parts.append((call["id"], call["name"], call.get("input", {})))
+            parts.append((call["id"], call["name"], call.get("input", {}), None))
     return parts
 
 
@@ -260,8 +264,6 @@ def openai_messages(rows: Sequence[Row]) -> list[dict[str, Any]]:
             out.append(_named(message, {"role": message.role, "content": content}))
             continue
         shape = _shape(meta)
-        raw = shape.get("arguments")
-        raw = raw if isinstance(raw, dict) else {}
         rendered: dict[str, Any] = {"role": "assistant"}
         given = shape.get("content")
         if given == "parts" and isinstance(content, list):
@@ -270,8 +272,7 @@ def openai_messages(rows: Sequence[Row]) -> list[dict[str, Any]]:
             text = _texts(content)
             rendered["content"] = text if text or given == "" else None
         tool_calls = []
-        for call_id, name, arguments in calls:
-            written = raw.get(call_id)
+        for call_id, name, arguments, written in calls:
             if not isinstance(written, str) or decoded_arguments(written) != arguments:
                 written = arguments if isinstance(arguments, str) \
                     else _encode(arguments).decode()
@@ -345,7 +346,7 @@ def _assistant_blocks(message: RenderedMessage, meta: dict[str, Any] | None) -> 
         blocks.extend({"type": "tool_use", "id": call_id, "name": name,
                        "input": arguments if isinstance(arguments, dict)
                        else {"arguments": arguments}}
-                      for call_id, name, arguments in _calls(message, meta))
+                      for call_id, name, arguments, _ in _calls(message, meta))
     return blocks
 
 
