@@ -13,6 +13,7 @@ from ctxd.transcripts._providers import (
     SHAPE,
     anthropic_messages,
     anthropic_tools,
+    call_part,
     decoded_arguments,
     openai_messages,
     openai_tools,
@@ -22,5 +23,5 @@ from ctxd.transcripts._split import ArraySplitter, LineSplitter, Piece
 
 __all__ = ["NOT_AN_EXPORT", "SHAPE", "ArraySplitter", "ClaudeCodeParser", "Entry",
            "LineSplitter", "Piece", "Usage", "anthropic_messages", "anthropic_tools",
-           "decode_record", "decoded_arguments", "is_array", "locate_messages",
+           "call_part", "decode_record", "decoded_arguments", "is_array", "locate_messages",
            "openai_messages", "openai_tools", "parse_message", "recorded"]

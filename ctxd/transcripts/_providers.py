@@ -21,7 +21,7 @@ import msgspec
 from ctxd.errors import params_error
 from ctxd.wire.types import AppendMessage, Content, MessageIn, RenderedMessage, ToolDefinition
 
-__all__ = ["SHAPE", "anthropic_messages", "anthropic_tools", "decoded_arguments",
+__all__ = ["SHAPE", "anthropic_messages", "anthropic_tools", "call_part", "decoded_arguments",
            "openai_messages", "openai_tools", "recorded"]
 
 SHAPE = "shape"
@@ -38,6 +38,13 @@ def decoded_arguments(arguments: str) -> Any:
         return _decode(arguments)
     except msgspec.DecodeError:
         return arguments
+
+
+def call_part(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
+    """An OpenAI tool call as the ``tool_use`` part ctxd records: its ``arguments``
+    (`decoded_arguments` when they are text) as the ``input``."""
+    return {"type": "tool_use", "id": call_id, "name": name,
+            "input": decoded_arguments(arguments) if isinstance(arguments, str) else arguments}
 
 
 def _ids_and_names(content: Any) -> list[tuple[str, str]]:
@@ -105,11 +112,10 @@ def _openai_call(i: int, message: AppendMessage) -> MessageIn:
             raise params_error(f"{where}.tool_calls[{j}].id",
                                f"call id {call.id!r} is given twice; each call needs its own")
         seen.add(call.id)
-        arguments = decoded_arguments(call.function.arguments)
-        if _encode(arguments).decode() != call.function.arguments:
+        part = call_part(call.id, call.function.name, call.function.arguments)
+        if _encode(part["input"]).decode() != call.function.arguments:
             raw[call.id] = call.function.arguments
-        parts.append({"type": "tool_use", "id": call.id, "name": call.function.name,
-                      "input": arguments})
+        parts.append(part)
     if raw:
         shape["arguments"] = raw
     return MessageIn(role="assistant", content=parts, name=message.name,
