@@ -34,9 +34,10 @@ class ChatServer(LocalServer):
     ``failure``, HTTP 500 (``"status"``), a body that is not JSON (``"bad-json"``), JSON
     without choices (``"no-choices"``); ``delay_s`` delays every answer.
 
-    A streamed request (``"stream": true``) is answered as server-sent events: one that
-    offers tools gets the next of ``turns`` (a text, or a `ToolCall`; ``"done"`` once they
-    run out), one without tools (an agent's title or summary request) gets ``summary``.
+    A request that offers tools gets the next of ``turns`` (a text, or a `ToolCall`;
+    ``"done"`` once they run out), as server-sent events when it is streamed (``"stream":
+    true``); a streamed one without tools (an agent's title or summary request) gets
+    ``summary``.
     Every streamed answer ends with `USAGE` (a `ToolCall`'s own ``usage`` when it has one).
     """
 
@@ -64,12 +65,31 @@ class ChatServer(LocalServer):
                     turn = (server.turns.pop(0) if server.turns else "done") \
                         if body.get("tools") else server.summary.strip()
                     self.stream(body["model"], turn)
+                elif body.get("tools"):
+                    self.complete(body["model"], server.turns.pop(0) if server.turns
+                                  else "done")
                 else:
                     self.answer(200, json.dumps({
                         "id": "chatcmpl-1", "object": "chat.completion",
                         "model": body["model"],
                         "choices": [{"index": 0, "finish_reason": "stop", "message": {
                             "role": "assistant", "content": server.summary}}]}).encode())
+
+            def complete(self, model: str, turn: str | ToolCall) -> None:
+                """A plain answer (not streamed) to a request that offers tools."""
+                message: dict[str, Any] = {"role": "assistant", "content": turn}
+                finish, usage = "stop", USAGE
+                if isinstance(turn, ToolCall):
+                    message = {"role": "assistant", "content": None, "tool_calls": [{
+                        "id": turn.call_id, "type": "function",
+                        "function": {"name": turn.name,
+                                     "arguments": json.dumps(turn.arguments)}}]}
+                    finish, usage = "tool_calls", turn.usage or USAGE
+                self.answer(200, json.dumps({
+                    "id": f"chatcmpl-{len(server.requests)}", "object": "chat.completion",
+                    "created": 1, "model": model, "usage": usage,
+                    "choices": [{"index": 0, "finish_reason": finish,
+                                 "message": message}]}).encode())
 
             def stream(self, model: str, turn: str | ToolCall) -> None:
                 self.send_response(200)
