@@ -1412,6 +1412,9 @@ class TranscriptImportParams(Params, frozen=True):
     project: Annotated[str, Meta(max_length=256)] | None = None
     restart: bool = False
     """Import a replaced or truncated file from its start (what was imported stays)."""
+    subagents: bool = True
+    """Claude Code: import the sub-agent files beside the transcript too (false: the
+    transcript alone; the hooks record each sub-agent as it runs)."""
 
 
 class MalformedLine(Result, frozen=True, omit_defaults=True):
