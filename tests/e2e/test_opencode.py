@@ -34,8 +34,8 @@ TURNS = [ToolCall("bash", {"command": f'python3 -c "{SCRIPT}"', "description": "
          "Deploy it with make ship."]
 """The model's turns: it runs a command that prints `BUILD_LOG`, then answers."""
 COUNT = "".join(f"{i}\n" for i in range(1, 20001))
-"""``seq 1 20000``: 108,894 bytes, over OpenCode's own cut (50 KB), which saves it whole in
-its tool-output folder and shows the model its tail."""
+"""``seq 1 20000``: 108,894 bytes, over OpenCode's own cut (50 KB): OpenCode saves it whole
+in its tool-output folder and shows the model its tail."""
 READ_CHARS = 5000
 """A read_result page over the offload threshold: ctxd's own tools' answers stay whole."""
 
@@ -104,12 +104,18 @@ def test_opencode_offloads_remembers_and_records(tmp_path: Path, daemon: DaemonP
     # OpenCode cut seq's output itself; ctxd stored it whole from OpenCode's file, and the
     # model read it back from offset 0: the numbers, not OpenCode's notice, in one answer
     # over the offload threshold that is no stub.
+    # (OpenCode 1.18 itself may lose the output's last chunk, 8 KB, when the command exits
+    # before OpenCode has read all of it: seen under load. ctxd stores what OpenCode saved.)
+    [saved_file] = (tmp_path / "home/.local/share/opencode/tool-output").iterdir()
+    saved = saved_file.read_text()
+    assert COUNT.startswith(saved)
+    assert len(saved.encode()) > 51_200
     count_ref = ref_in_last_result(turns[2])
     assert "output truncated" not in json.dumps(turns[2])
     read = answer(turns[3], "call_read")
     assert (read["ref_id"], read["tool_name"], read["size_bytes"], read["offset"],
             read["content"], read["next_offset"]) == (
-        count_ref, "bash", len(COUNT.encode()), 0, COUNT[:READ_CHARS], READ_CHARS)
+        count_ref, "bash", len(saved.encode()), 0, COUNT[:READ_CHARS], READ_CHARS)
     assert read["context_state"]["session_id"] == session_id
     # The model is sent its calls as it made them (the session the plugin named to ctxd's
     # server is not among their arguments).
@@ -152,7 +158,7 @@ def test_opencode_offloads_remembers_and_records(tmp_path: Path, daemon: DaemonP
         assert main[2]["ref_id"] == count_ref
         counted = ctxd.call("result.read", {"session_id": session_id, "ref_id": count_ref,
                                             "limit": 1_000_000})
-        assert (counted["content"], counted["next_offset"]) == (COUNT, None)
+        assert (counted["content"], counted["next_offset"]) == (saved, None)
         # `opencode run` quotes an argument with spaces in the text it sends.
         assert main[0]["content"] == turns[0]["messages"][-1]["content"] == f'"{PROMPT}"'
         assert main[6]["content"] == 'Branch "Check the count" returned: The count is right.'
