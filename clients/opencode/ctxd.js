@@ -3,13 +3,14 @@
 // - tool.execute.after: every tool output is appended to the ctxd session as a `tool`
 //   message; ctxd offloads a large one (docs/protocol.md, "Offloaded tool results") and
 //   the model sees ctxd's stub instead, with the ref_id to read the rest with result.read.
-// - experimental.chat.system.transform: the memories that match the user's last prompt
-//   and the session's pending injections (inject.pull, then inject.ack) join the system
-//   prompt.
 //   When OpenCode cut the output itself (over 2,000 lines or 50 KB: `...output
 //   truncated...`, `Full output saved to: PATH`), ctxd gets the whole output from the file
 //   OpenCode saved, read only inside OpenCode's own tool-output folder and up to
-//   FULL_OUTPUT_BYTES, so that reading it back returns what the command printed.
+//   FULL_OUTPUT_BYTES, so that reading it back returns what the command printed. The
+//   answers of ctxd's own tools are recorded but never replaced by a stub.
+// - experimental.chat.system.transform: the memories that match the user's last prompt
+//   and the session's pending injections (inject.pull, then inject.ack) join the system
+//   prompt.
 // - tool.execute.before: a call of ctxd's MCP tools (`ctxd_…`) names the OpenCode
 //   conversation's session and project in its arguments' `_meta`: OpenCode runs one MCP
 //   server for all its sessions, and this is how read_result, context_branch, memory_record
