@@ -229,12 +229,21 @@ class Hook:
         self.open()
         return self.conn.call(method, params)
 
-    def memories(self, query: str) -> str | None:
+    def memories(self, query: str, compacted: bool = False,
+                 main_context: bool = True) -> str | None:
+        """The memories that match. For the main context (``main_context``), those already
+        given to the session are left out (the daemon remembers them with it;
+        ``compacted``: Claude Code compacted its context, which held them, so they may
+        come again); a sub-agent's context starts empty, and is given them all."""
         query = query.strip()[:MAX_QUERY_CHARS]
         if not query:
             return None
-        result = self.conn.call("memory.context",
-                                {"query": query, "scope": scope_of(self.project)})
+        params: dict[str, Any] = {"query": query, "scope": scope_of(self.project)}
+        if main_context:
+            params["session_id"] = self.session_id
+        if compacted:
+            params["compacted"] = True
+        result = self.conn.call("memory.context", params)
         text: str | None = result["text"]
         return text
 
@@ -251,11 +260,12 @@ class Hook:
         if source not in ("startup", "resume", "compact"):
             return None
         parts: list[str | None] = []
-        if source == "compact":
-            parts.append(self.summary())
+        summary = self.summary() if source == "compact" else None
+        parts.append(summary)
         name = os.path.basename((self.project or "").rstrip("/"))
-        if name and not self.through_gateway():
-            parts.append(self.memories(name))
+        query = name or summary or ""
+        if query and not self.through_gateway():
+            parts.append(self.memories(query, compacted=source == "compact"))
         return self.context("SessionStart", parts)
 
     def summary(self) -> str | None:
@@ -337,7 +347,7 @@ class Hook:
             pending.remove(found)
             state["agents"][agent_id] = found[1]
         branch = self.conn.call("branch.status", {"branch_id": found[1]})["branch"]
-        text = self.memories(branch["description"])
+        text = self.memories(branch["description"], main_context=False)
         if not text:
             return None
         self.conn.call("message.append", {

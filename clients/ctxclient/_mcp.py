@@ -140,7 +140,16 @@ def connect(socket_path: str | None, environ: Mapping[str, str],
     return start_daemon(path, socket_path is not None, environ, who)
 
 
-def bind(sock: socket.socket, session_id: str | None, project: str | None) -> bytes:
+def tools_param(tools: str | None) -> str | list[str] | None:
+    """``--tools``: ``default`` (None: the daemon's default set), ``all``, or tool names
+    separated by commas."""
+    if tools is None or tools in ("all", "default"):
+        return tools
+    return [name.strip() for name in tools.split(",") if name.strip()]
+
+
+def bind(sock: socket.socket, session_id: str | None, project: str | None,
+         tools: str | None = None) -> bytes:
     """Send ``mcp.bind`` and read its answer.
 
     Returns:
@@ -151,6 +160,8 @@ def bind(sock: socket.socket, session_id: str | None, project: str | None) -> by
             DaemonBusy when it closed the connection, did not answer, or was busy (-32007).
     """
     params: dict[str, Any] = {"session_id": session_id, "project": project}
+    if tools is not None:
+        params["tools"] = tools_param(tools)
     sock.sendall(encode({"jsonrpc": "2.0", "id": BIND_ID, "method": "mcp.bind",
                          "params": params}) + b"\n")
     received = b""
@@ -266,10 +277,12 @@ class Link:
         project: the project to bind.
     """
 
-    def __init__(self, path: str, session_id: str | None, project: str | None):
+    def __init__(self, path: str, session_id: str | None, project: str | None,
+                 tools: str | None = None):
         self.path = path
         self.session_id = session_id
         self.project = project
+        self.tools = tools
         self.in_flight: dict[int | str, str] = {}
         """Method of each request sent and not yet answered, by id, oldest first."""
         self.named: set[int | str] = set()
@@ -338,7 +351,7 @@ class Link:
         if sock is None:
             return None
         try:
-            rest = bind(sock, self.session_id, self.project)
+            rest = bind(sock, self.session_id, self.project, self.tools)
             handshake = b""
             if self.initialize is not None:
                 handshake += msgspec.json.encode({**self.initialize,
@@ -484,8 +497,9 @@ def pump(link: Link, sock: socket.socket, stdin: int, stdout: int,
 
 
 def run(socket_path: str | None, session_id: str | None,
-        environ: Mapping[str, str] | None = None) -> int:
-    """``ctxctl mcp``: 0 when the client hung up, 1 (with why on stderr) otherwise."""
+        environ: Mapping[str, str] | None = None, tools: str | None = None) -> int:
+    """``ctxctl mcp``: 0 when the client hung up, 1 (with why on stderr) otherwise.
+    ``tools``: ``--tools`` (None: the default set)."""
     environ = os.environ if environ is None else environ
     session_id = session_id or environ.get("CLAUDE_CODE_SESSION_ID") or None
     project = environ.get("CLAUDE_PROJECT_DIR") or None
@@ -493,8 +507,8 @@ def run(socket_path: str | None, session_id: str | None,
     try:
         sock = connect(socket_path, environ)
         with sock:
-            rest = bind(sock, session_id, project)
-            pump(Link(path, session_id, project), sock, sys.stdin.fileno(),
+            rest = bind(sock, session_id, project, tools)
+            pump(Link(path, session_id, project, tools), sock, sys.stdin.fileno(),
                  sys.stdout.fileno(), rest)
     except PumpError as exc:
         print(f"ctxctl mcp: {exc}", file=sys.stderr)

@@ -7,6 +7,7 @@ from ctxd.sessions._fork import context_fork
 from ctxd.sessions._hygiene_ops import (
     Search,
     compact,
+    offered_tools,
     read_result,
     register_tools,
     search_tools,
@@ -52,7 +53,8 @@ __all__ = ["Search", "Services", "SessionActor", "SessionCounts", "SessionRecord
            "append", "append_request", "branch_status", "compact", "compaction_key",
            "context_fork", "create_branch",
            "get_session", "inject_ack", "inject_list", "inject_pull", "inject_push",
-           "list_branches", "list_messages", "measure", "open_session", "read_result",
+           "list_branches", "list_messages", "measure", "offered_tools", "open_session",
+           "read_result",
            "record_sent_usage",
            "register_tools", "render", "render_request", "resolve_budget", "return_branch",
            "rollback",

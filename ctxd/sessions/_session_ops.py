@@ -24,6 +24,7 @@ from ctxd.hygiene import (
     ToolResultBlob,
     called_tools,
     deferred_note,
+    ends_promotions,
     offload,
     originals,
     stage_blobs,
@@ -354,7 +355,8 @@ async def append_prepared(actor: SessionActor, params: MessageAppendParams,
     if any(m.role == "assistant" for m in messages):
         stage_use(transaction, actor.session_id,
                   {name: seq for seq, m in enumerate(messages, record.last_seq + 1)
-                   for name in called_tools(m)})
+                   for name in called_tools(m)},
+                  end_promotions=any(ends_promotions(m) for m in messages))
     grown = None
     if branch is None:
         updated.message_count += len(messages)

@@ -650,9 +650,16 @@ class BranchCreateParams(Params, frozen=True):
 
 
 class InjectedItem(Result, frozen=True):
-    memory_id: int
+    """A memory put in a model's context: its text itself, so that whoever reads the
+    answer (an MCP agent, a hook) has what was counted as shown."""
+
+    type: Literal["memory"]
+    id: int
+    """The memory's id (memory.get)."""
     title: str
+    content: str
     tokens: int
+    """Its block's tokens in the injected text (its head and its content)."""
 
 
 class Injection(Result, frozen=True):
@@ -1013,6 +1020,8 @@ class ToolMatch(Result, frozen=True):
     name: str
     source: ToolSource
     description: str
+    input_schema: dict[str, Any]
+    """The tool's input schema as registered: what a model needs to call it."""
     score: float
     tokens: int
 
@@ -1354,7 +1363,10 @@ class Turn(Result, frozen=True):
     cancel_reason: str | None
     ended_at: float | None
     cancelled: bool | None
-    """The agent's answer at turn.end: whether it stopped the turn (None while running)."""
+    """The agent's answer at turn.end: whether it stopped the turn (None while running, or
+    when it never answered)."""
+    terminated: bool = False
+    """ctxd ended it: its cancel had no turn.end within ``cancel_timeout_s``."""
 
 
 class TurnListResult(Result, frozen=True):
@@ -1370,6 +1382,12 @@ class MemoryContextParams(Params, frozen=True):
     query: MemoryQuery
     scope: Scope | None = None
     max_tokens: Annotated[int, Meta(ge=1, le=100_000)] | None = None
+    session_id: SessionId | None = None
+    """The session the text goes to: a memory it was given already is left out, and those
+    given are remembered with it (docs/protocol.md, "Claude Code hooks")."""
+    compacted: bool = False
+    """The session's agent compacted its context since the last call: what was given
+    before is gone from it, and may be given again."""
 
 
 class MemoryContextResult(Result, frozen=True):

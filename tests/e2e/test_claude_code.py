@@ -55,8 +55,10 @@ def test_a_claude_code_session_is_managed_by_ctxd(tmp_path: Path,
     home, project = tmp_path / "home", tmp_path / "otterbay"
     home.mkdir()
     project.mkdir()
+    # memory_record is not in the default set of tools: asked for by name.
     installed = subprocess.run([str(CTXCTL), "install", "claude-code", "--scope", "project",
-                                "--socket", str(shared_daemon.socket)], cwd=project,
+                                "--socket", str(shared_daemon.socket),
+                                "--tools", "read_result,memory_record"], cwd=project,
                                capture_output=True, text=True, timeout=60, check=True)
     assert installed.stdout.count("added ") == 11
     with Client(shared_daemon.socket) as client:
@@ -73,6 +75,11 @@ def test_a_claude_code_session_is_managed_by_ctxd(tmp_path: Path,
     requests = mock.main_requests()
     assert len(requests) == 3
     first, second, third = requests
+
+    # The model is offered the ctxd tools the install asked for, and no others.
+    assert sorted(tool["name"] for tool in first["tools"]
+                  if tool["name"].startswith("mcp__ctxd__")) == [
+        "mcp__ctxd__memory_record", "mcp__ctxd__read_result"]
 
     # (b) SessionStart's additionalContext carries the project's memory to the model.
     memory_line = "- otterbay releases (confidence 0.80): otterbay ships with make release-zebra."

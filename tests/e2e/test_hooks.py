@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from conftest import DaemonProcess
 
+import ctxclient
 from ctxclient import Client
 
 CTXCTL = Path(sys.executable).with_name("ctxctl")
@@ -323,3 +324,42 @@ def test_a_sub_agent_nests_its_own_and_is_denied_past_its_deadline(
         assert after == status
     finally:
         process.stop()
+
+def test_a_memory_reaches_a_session_once_until_its_context_is_compacted(
+        shared_daemon: DaemonProcess, claude_sid: str) -> None:
+    """SessionStart and every UserPromptSubmit ask for memories: the session gets each one
+    once, even after a restart of the daemon, and again after Claude Code compacted the
+    context that held it (docs/protocol.md, "Claude Code hooks")."""
+    cwd = "/home/u/src/heronry"
+    block = ("Memories from earlier work that may help with this sub-task:\n"
+             "- heronry deploys with rsync (confidence 0.80): Deploy heronry with rsync -a.\n")
+    with Client(shared_daemon.socket) as client:
+        client.call("memory.record", {
+            "title": "heronry deploys with rsync", "content": "Deploy heronry with rsync -a.",
+            "scope": "project:/home/u/src/heronry"})
+    prompt = "deploy heronry with rsync now"
+
+    def context(name: str, **fields: Any) -> str | None:
+        code, out, err = hook(shared_daemon.socket, event(name, claude_sid, cwd, **fields))
+        assert (code, err) == (0, "")
+        return json.loads(out)["hookSpecificOutput"]["additionalContext"] if out else None
+
+    started = context("SessionStart", source="startup")
+    first = context("UserPromptSubmit", prompt=prompt)
+    second = context("UserPromptSubmit", prompt=prompt)
+    shared_daemon.stop()
+    shared_daemon.start()
+    after_restart = context("UserPromptSubmit", prompt=prompt)
+    assert context("PreCompact", trigger="manual") is None
+    compacted = context("SessionStart", source="compact")
+    after_compaction = context("UserPromptSubmit", prompt=prompt)
+    with Client(shared_daemon.socket) as client:
+        other = client.call("memory.context", {"query": prompt,
+                                               "scope": "project:/home/u/src/heronry"})
+        with pytest.raises(ctxclient.InvalidParams) as bad:
+            client.call("memory.context", {"query": prompt, "compacted": True})
+    assert (started, first, second, after_restart) == (block, None, None, None)
+    assert (compacted, after_compaction) == (block, None)
+    # Without a session nothing is left out (and nothing remembered).
+    assert other["text"] == block
+    assert bad.value.data["path"] == "$.compacted"

@@ -83,7 +83,9 @@ def test_opencode_offloads_remembers_and_records(tmp_path: Path, daemon: DaemonP
     with ChatServer() as model:
         model.summary = "Deploying"
         model.turns = [TURNS[0], *READ_BACK_TURNS, TURNS[1]]
-        project = opencode_project(tmp_path, model.url)
+        # memory_record is not in ctxd's default set of tools: asked for with the rest.
+        project = opencode_project(tmp_path, model.url, ctxd_tools=(
+            "read_result,memory_record,context_branch,context_return,compact_context"))
         session_id = OpenCode(project, hermetic_env(tmp_path, daemon.socket)).run(PROMPT)
         turns = model_turns(model.requests)
 
