@@ -1,7 +1,8 @@
 """One way to start a daemon (``ctxclient.spawn_daemon``, docs/decisions.md): a folder named
 ``ctxd`` where the user stands is never imported in place of the installed package, by
 each path that starts one: the tests' and benchmarks' `DaemonProcess`, ``ctxctl replay``'s
-private daemons and ``ctxctl mcp``'s start of a missing daemon."""
+private daemons, and the start of a missing daemon by ``ctxctl mcp`` and ``ctxctl run``,
+which also works with a client's own variable (``CTXD_PLUGIN_TIMEOUT_MS``) set."""
 
 from __future__ import annotations
 
@@ -60,14 +61,29 @@ def test_ctxctl_replay_ignores_it(tmp_path: Path, standing_in: Path) -> None:
     assert [point["turn"] for point in json.loads(done.stdout)["series"]] == [1, 2]
 
 
+def _user_environment(root: Path) -> dict[str, str]:
+    """A user's environment whose ctxd lives under ``root``, with the OpenCode plugin's
+    time limit set as README shows (a client's variable, not a daemon setting)."""
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("CTXD_", "CLAUDE_", "ANTHROPIC_", "OPENAI_"))}
+    env.update(HOME=str(root), XDG_CONFIG_HOME=str(root / "config"),
+               XDG_STATE_HOME=str(root / "state"), CTXD_SOCKET=str(root / "run" / "ctxd.sock"),
+               CTXD_DATA_DIR=str(root / "data"), CTXD_GATEWAY_LISTEN="127.0.0.1:0",
+               CTXD_PLUGIN_TIMEOUT_MS="5000")
+    return env
+
+
+def _shut_down(sock: Path) -> None:
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as client:
+        client.connect(str(sock))
+        client.sendall(b'{"jsonrpc":"2.0","id":1,"method":"daemon.shutdown"}\n')
+        client.recv(1024)
+
+
 def test_ctxctl_mcp_starts_a_daemon_that_ignores_it(daemon_root: Path,
                                                     standing_in: Path) -> None:
     sock = daemon_root / "run" / "ctxd.sock"
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("CTXD_", "CLAUDE_"))}
-    env.update(HOME=str(daemon_root), XDG_CONFIG_HOME=str(daemon_root / "config"),
-               XDG_STATE_HOME=str(daemon_root / "state"), CTXD_SOCKET=str(sock),
-               CTXD_DATA_DIR=str(daemon_root / "data"))
+    env = _user_environment(daemon_root)
     initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {},
         "clientInfo": {"name": "t", "version": "1"}}}
@@ -82,9 +98,21 @@ def test_ctxctl_mcp_starts_a_daemon_that_ignores_it(daemon_root: Path,
         finally:
             process.stdin.close()
             process.wait(30)
-            with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as client:
-                client.connect(str(sock))
-                client.sendall(b'{"jsonrpc":"2.0","id":1,"method":"daemon.shutdown"}\n')
-                client.recv(1024)
+            _shut_down(sock)
     assert process.returncode == 0
     assert answer["result"]["serverInfo"]["name"] == "ctxd"
+
+
+def test_ctxctl_run_starts_a_daemon_that_ignores_it(daemon_root: Path,
+                                                   standing_in: Path) -> None:
+    sock = daemon_root / "run" / "ctxd.sock"
+    agent = "import os; print(os.environ['ANTHROPIC_BASE_URL'].startswith('http://127.0.0.1:'))"
+    try:
+        ran = subprocess.run([CTXCTL, "run", "--", sys.executable, "-c", agent],
+                             cwd=standing_in, env=_user_environment(daemon_root),
+                             capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        _shut_down(sock)
+    log = daemon_root / "state" / "ctxd" / "ctxd.log"
+    assert (ran.returncode, ran.stdout, ran.stderr) == (
+        0, "True\n", f"ctxctl run: no daemon on {sock}; starting ctxd (log: {log})\n")
