@@ -194,6 +194,16 @@ def cmd_sessions(client: Client, args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
+def _live_branch_tokens(client: Client, session: dict[str, Any]) -> int:
+    """The tokens of a session's live branches' own messages (what ``total_tokens`` adds
+    to the main thread's messages); no call when it has none."""
+    if not session["live_branches"]:
+        return 0
+    listed = client.call("branch.list", {"session_id": session["session_id"],
+                                         "status": "active"})
+    return sum(branch["budget_used"] for branch in listed["branches"])
+
+
 def cmd_session_show(client: Client, args: argparse.Namespace, out: Output) -> int:
     result = client.call("session.get", {"session_id": args.session})
     s, state = result["session"], result["context_state"]
@@ -202,8 +212,9 @@ def cmd_session_show(client: Client, args: argparse.Namespace, out: Output) -> i
         ("session", s["session_id"]), ("project", s["project"] or ""),
         ("title", s["title"] or ""), ("state", s["state"]),
         ("messages", f"{s['message_count']:,}"),
-        ("tokens", f"{state['main_thread_tokens']:,} main thread, "
-                   f"{state['total_tokens']:,} in all, {state['folded_tokens']:,} folded"),
+        ("tokens", f"{state['main_thread_tokens']:,} in the main thread as sent, "
+                   f"{_live_branch_tokens(client, s):,} in live branches, "
+                   f"{state['folded_tokens']:,} folded away"),
         ("window", f"{state['effective_window']:,} ({budget['context_window']:,} less "
                    f"{budget['max_output_tokens']:,} for the reply)"),
         ("usage", f"{percent(state['usage'])} ({state['health']})"),

@@ -814,8 +814,8 @@ def test_session_show_render_messages_close_delete(shared_daemon: DaemonProcess,
     assert [line.split(None, 1) for line in shown.stdout.splitlines()] == [
         ["session", sid], ["project", "demo"], ["title", "-"], ["state", "open"],
         ["messages", "2"],
-        ["tokens", f"{state['main_thread_tokens']} main thread, {state['total_tokens']} in all, "
-                   "0 folded"],
+        ["tokens", f"{state['main_thread_tokens']} in the main thread as sent, 0 in live "
+                   "branches, 0 folded away"],
         ["window", "1,500 (2,000 less 500 for the reply)"],
         ["usage", f"{state['usage'] * 100:.1f}% ({state['health']})"],
         ["thresholds", "warn 50.0%, caution 60.0%, compact 95.0%, hard block 98.0%"],
@@ -845,10 +845,31 @@ def test_session_show_render_messages_close_delete(shared_daemon: DaemonProcess,
         ["1", "system", stored[0]["component"], str(stored[0]["tokens"]), "main", "Be",
          "brief."], "(more: --all, or --limit larger than 1)\n")
 
+    with shared_daemon.client() as client:  # a live branch's own tokens are counted apart
+        branch = client.call("branch.create", {"session_id": sid, "description": "look",
+                                               "prompt": "look around", "budget": 900})
+        client.call("message.append", {"session_id": sid, "branch_id": branch["branch_id"],
+                                       "messages": [{"role": "user", "content": "x " * 30}]})
+        live = client.call("branch.status", {"branch_id": branch["branch_id"]})["branch"]
+        state = client.call("session.get", {"session_id": sid})["context_state"]
+        during = ctxctl(shared_daemon.socket, "session", "show", sid)
+        client.call("branch.return", {"branch_id": branch["branch_id"], "message": "ok"})
+        after = client.call("session.get", {"session_id": sid})["context_state"]
+    assert live["budget_used"] > 0
+    assert state["total_tokens"] == state["main_thread_tokens"] - 3 + live["budget_used"]
+    assert during.stdout.splitlines()[5].split(None, 1) == [
+        "tokens", f"{state['main_thread_tokens']} in the main thread as sent, "
+                  f"{live['budget_used']} in live branches, 0 folded away"]
+    assert after["folded_tokens"] > 0
+    assert ctxctl(shared_daemon.socket, "session", "show", sid).stdout.splitlines()[5].split(
+        None, 1) == ["tokens", f"{after['main_thread_tokens']} in the main thread as sent, 0 in "
+                               f"live branches, {after['folded_tokens']} folded away"]
+
     closed = ctxctl(shared_daemon.socket, "session", "close", sid)
     assert (closed.returncode, closed.stdout) == (0, f"session {sid} closed\n")
     deleted = ctxctl(shared_daemon.socket, "session", "delete", sid)
-    assert (deleted.returncode, deleted.stdout) == (0, f"session {sid} deleted (2 messages)\n")
+    assert (deleted.returncode, deleted.stdout) == (  # the branch's 3 and the return's note
+        0, f"session {sid} deleted (6 messages)\n")
     gone = ctxctl(shared_daemon.socket, "session", "show", sid)
     assert (gone.returncode, gone.stderr.splitlines()[0]) == (
         1, f"ctxctl: error -32004: unknown session '{sid}'")
