@@ -487,6 +487,9 @@ def test_memory_add_list_search_rate_rm(daemon: DaemonProcess) -> None:
     # Plain output (piped) stays empty: the remark goes to standard error.
     plain = ctxctl(daemon.socket, "memory", "list")
     assert (plain.returncode, plain.stdout, plain.stderr) == (0, "", "no memories\n")
+    # Ids are never given again: after 2, the newest, was removed, the next memory is 3.
+    again = ctxctl(daemon.socket, "memory", "add", "flaky network", "retry twice", "--json")
+    assert json.loads(again.stdout)["memory"]["id"] == 3
 
 
 def test_memory_list_pages_and_scopes(daemon: DaemonProcess) -> None:
