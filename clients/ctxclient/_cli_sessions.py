@@ -1,4 +1,4 @@
-"""ctxctl's session commands: ``sessions``, ``session show|close|delete|render|resume|
+"""ctxctl's session commands: ``sessions``, ``session open|show|close|delete|render|resume|
 messages``, ``branches``, ``usage``, ``tools`` and ``inject``, and the listings of
 sessions, branches, messages, usage and tool calls (``status`` shows some of them too)."""
 
@@ -229,6 +229,20 @@ def cmd_session_show(client: Client, args: argparse.Namespace, out: Output) -> i
     return 0
 
 
+def cmd_session_open(client: Client, args: argparse.Namespace, out: Output) -> int:
+    params: dict[str, Any] = {"session_id": args.session}
+    if args.project is not None:
+        params["project"] = args.project
+    if args.title is not None:
+        params["title"] = args.title
+    result = client.call("session.open", params)
+    count = result["session"]["message_count"]
+    out.emit(result, Lines([f"session {args.session} opened" if result["created"] else
+                            f"session {args.session} is open ({count} message"
+                            f"{'' if count == 1 else 's'})"]))
+    return 0
+
+
 def cmd_session_close(client: Client, args: argparse.Namespace, out: Output) -> int:
     result = client.call("session.close", {"session_id": args.session})
     out.emit(result, Lines([f"session {args.session} closed"]))
@@ -398,7 +412,19 @@ def add_sessions(commands: Commands, common: Parser) -> None:
                           default=100, metavar="N", help="sessions shown (default 100)")
     sessions.set_defaults(run=cmd_sessions)
     actions = group(commands, "session", common,
-                    "show, close, delete, render, resume a session or list its messages")
+                    "open, show, close, delete, render, resume a session or list its "
+                    "messages")
+    opening = actions.add_parser(
+        "open", parents=[common],
+        help="open a session: a new one, or an existing one again (session.open)")
+    opening.add_argument("session", metavar="ID", type=session_id, help="the session's id")
+    opening.add_argument("--project", metavar="NAME",
+                         type=text_of(wire.SessionOpenParams, "project", "NAME"),
+                         help="the project it belongs to (its memories are found by it)")
+    opening.add_argument("--title", metavar="TEXT",
+                         type=text_of(wire.SessionOpenParams, "title", "TEXT"),
+                         help="a title to show in listings")
+    opening.set_defaults(run=cmd_session_open)
     for name, run, help_text in (
             ("show", cmd_session_show, "a session's state, tokens and budget"),
             ("close", cmd_session_close, "close a session (it can no longer grow)"),

@@ -16,8 +16,9 @@ runs a command.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from rich.console import Console
 
@@ -71,6 +72,47 @@ def _missing_command(group: argparse.ArgumentParser) -> NoReturn:
     group.error(f"missing command (choose from {', '.join(commands.choices)})")
 
 
+COMMAND_OF_METHOD = {
+    "daemon.status": "ctxctl status", "daemon.shutdown": "ctxctl stop",
+    "daemon.check": "ctxctl doctor", "session.list": "ctxctl sessions",
+    "session.open": "ctxctl session open {session}",
+    "session.get": "ctxctl session show {session}",
+    "session.close": "ctxctl session close {session}",
+    "session.delete": "ctxctl session delete {session}",
+    "session.resume": "ctxctl session resume {session}",
+    "message.list": "ctxctl session messages {session}",
+    "ctxd.render": "ctxctl session render {session}",
+    "branch.list": "ctxctl branches {session}", "tool.list": "ctxctl tools {session}",
+    "usage.get": "ctxctl usage {session}", "inject.push": "ctxctl inject {session} TEXT",
+    "context.compact": "ctxctl compact {session}", "context.fork": "ctxctl fork {session}",
+    "result.read": "ctxctl result REF", "events.subscribe": "ctxctl events",
+    "request.cancel": "ctxctl cancel REQUEST_ID", "transcript.import": "ctxctl import",
+    "memory.list": "ctxctl memory list", "memory.search": "ctxctl memory search QUERY",
+    "memory.record": "ctxctl memory add TITLE CONTENT", "memory.get": "ctxctl memory show ID",
+    "memory.delete": "ctxctl memory rm ID", "memory.reindex": "ctxctl memory reindex",
+}
+"""The ctxctl command that does what a method does, for the hints of the daemon's errors;
+``{session}`` is the session the error names. A method without one is ``ctxctl call``."""
+METHOD_NAME = re.compile(r"\b(?:daemon|session|message|ctxd|budget|transcript|context|result|"
+                         r"tools|prompt|branch|inject|usage|tool|memory|events|request|turn|"
+                         r"mcp)\.[a-z_]+\b")
+"""A method's name in a hint (the namespaces of the daemon's methods)."""
+
+
+def ctxctl_hint(fix: str, data: dict[str, Any]) -> str:
+    """A daemon's hint as a ctxctl user reads it: each method it names becomes the ctxctl
+    command to type (``open it first with `ctxctl session open s1```)."""
+    session = data.get("session_id") if isinstance(data.get("session_id"), str) else None
+
+    def command(match: re.Match[str]) -> str:
+        template = COMMAND_OF_METHOD.get(match.group(0))
+        if template is None:
+            return f"`ctxctl call {match.group(0)}`"
+        return "`" + template.format(session=session or "SESSION") + "`"
+
+    return METHOD_NAME.sub(command, fix)
+
+
 def _report_rpc_error(exc: RpcError, out: Output) -> int:
     out.emit({"error": {"code": exc.code, "message": exc.message, "data": exc.data}})
     print(f"ctxctl: error {exc.code}: {exc.message}", file=sys.stderr)
@@ -78,8 +120,8 @@ def _report_rpc_error(exc: RpcError, out: Output) -> int:
     if (exc.code == ErrorCode.METHOD_NOT_FOUND and not data.get("suggestion")
             and data.get("available")):
         print(f"ctxctl: the daemon's methods: {', '.join(data['available'])}", file=sys.stderr)
-    elif data.get("fix"):
-        print(f"ctxctl: fix: {data['fix']}", file=sys.stderr)
+    elif isinstance(data.get("fix"), str) and data["fix"]:
+        print(f"ctxctl: fix: {ctxctl_hint(data['fix'], data)}", file=sys.stderr)
     return 1
 
 

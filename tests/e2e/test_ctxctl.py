@@ -760,7 +760,8 @@ def test_completion_scripts(tmp_path: Path) -> None:
     # Sourced by bash, the script completes ctxctl's commands and a command's own commands.
     probe = bash.stdout + textwrap.dedent("""
         complete -p ctxctl
-        for line in "ctxctl mem" "ctxctl memory re" "ctxctl sessions --st"; do
+        for line in "ctxctl mem" "ctxctl memory re" "ctxctl sessions --st" \
+                    "ctxctl session o" "ctxctl session open --pro"; do
             read -ra COMP_WORDS <<< "$line"
             COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))
             COMP_LINE=$line COMP_POINT=${#line}
@@ -774,7 +775,7 @@ def test_completion_scripts(tmp_path: Path) -> None:
     lines = completed.stdout.splitlines()
     assert lines[0].startswith("complete ")
     assert lines[0].endswith(" ctxctl")
-    assert lines[1:] == ["memory", "reindex", "--state"]
+    assert lines[1:] == ["memory", "reindex", "--state", "open", "--project"]
     unknown = ctxctl(tmp_path / "none.sock", "completion", "tcsh")
     assert unknown.returncode == 2
     assert "invalid choice: 'tcsh' (choose from bash, zsh, fish)" in unknown.stderr
@@ -798,6 +799,43 @@ def test_zsh_and_fish_completion_scripts_parse(tmp_path: Path, check: list[str])
 
 def utc(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def test_session_open_and_the_hints_name_ctxctl_commands(shared_daemon: DaemonProcess,
+                                                         sid: str) -> None:
+    """A hint names what to type at ctxctl, not the daemon's method (`session.open`), and
+    what it names exists: ``ctxctl session open``."""
+    unknown = ctxctl(shared_daemon.socket, "session", "show", sid)
+    assert (unknown.returncode, unknown.stdout, unknown.stderr) == (
+        1, "", f"ctxctl: error -32004: unknown session '{sid}'\n"
+               f"ctxctl: fix: open it first with `ctxctl session open {sid}`\n")
+    opened = ctxctl(shared_daemon.socket, "session", "open", sid, "--project", "demo",
+                    "--title", "a try")
+    assert (opened.returncode, opened.stdout, opened.stderr) == (
+        0, f"session {sid} opened\n", "")
+    with shared_daemon.client() as client:
+        session = client.call("session.get", {"session_id": sid})["session"]
+        assert (session["project"], session["title"], session["state"]) == (
+            "demo", "a try", "open")
+        client.call("message.append", {"session_id": sid, "messages": [
+            {"role": "user", "content": "hello"}]})
+    assert ctxctl(shared_daemon.socket, "session", "close", sid).returncode == 0
+    closed = ctxctl(shared_daemon.socket, "inject", sid, "hello")
+    assert (closed.returncode, closed.stderr) == (
+        1, f"ctxctl: error -32003: session '{sid}' is closed\n"
+           f"ctxctl: fix: reopen it with `ctxctl session open {sid}` or start a new session\n")
+    again = ctxctl(shared_daemon.socket, "session", "open", sid, "--json")
+    assert json.loads(again.stdout)["created"] is False
+    assert json.loads(again.stdout)["session"]["state"] == "open"
+    assert ctxctl(shared_daemon.socket, "session", "open", sid).stdout == (
+        f"session {sid} is open (1 message)\n")
+    missing = ctxctl(shared_daemon.socket, "memory", "rm", "987654")
+    assert missing.stderr.splitlines()[-1] == (
+        "ctxctl: fix: list memories with `ctxctl memory list` or find them with "
+        "`ctxctl memory search QUERY`")
+    as_json = ctxctl(shared_daemon.socket, "memory", "rm", "987654", "--json")
+    assert json.loads(as_json.stdout)["error"]["data"]["fix"] == (  # the daemon's, as it is
+        "list memories with memory.list or find them with memory.search")
 
 
 def test_session_show_render_messages_close_delete(shared_daemon: DaemonProcess,
