@@ -45,10 +45,10 @@ if TYPE_CHECKING:
 
 # ---- listings --------------------------------------------------------------------------
 
-SESSION_COLUMNS = (
-    Column("session"), Column("project", keep=50, wrap=True, min_width=8),
+SESSION_COLUMNS = (  # at 80 columns: the id, its state, tokens, usage and health
+    Column("session", ident=True), Column("project", keep=50, wrap=True, min_width=8),
     Column("title", keep=40, wrap=True), Column("state"), Column("msgs", keep=20, right=True),
-    Column("tokens", keep=30, right=True), Column("usage", keep=10),
+    Column("tokens", keep=70, right=True), Column("usage", keep=65),
     Column("health", keep=60))
 
 
@@ -68,7 +68,8 @@ def _branch_budget(branch: dict[str, Any]) -> str:
 
 
 LIVE_BRANCH_COLUMNS = (
-    Column("session"), Column("branch"), Column("depth", keep=20, right=True),
+    Column("session", ident=True), Column("branch", ident=True),
+    Column("depth", keep=20, right=True),
     Column("description", keep=50, wrap=True), Column("budget", keep=40, right=True),
     Column("usage", keep=10), Column("time left", keep=30, right=True))
 
@@ -86,7 +87,8 @@ def live_branches_listing(branches: list[dict[str, Any]],
 
 
 BRANCH_COLUMNS = (
-    Column("branch"), Column("parent", keep=60), Column("depth", keep=30, right=True),
+    Column("branch", ident=True), Column("parent", keep=60, ident=True),
+    Column("depth", keep=30, right=True),
     Column("status"), Column("budget", keep=40, right=True),
     Column("left/returned", keep=20), Column("folded/saved", keep=10, right=True),
     Column("description", keep=70, wrap=True))
@@ -140,7 +142,7 @@ def usage_listing(key: str, rows: list[tuple[str, dict[str, Any], dict[str, Any]
                   title: str, priced: bool, empty: str = "") -> Listing:
     """One row per (key, totals, cost): its calls and counters, and its cost when any call
     was priced."""
-    columns = [Column(key), Column("calls", right=True),
+    columns = [Column(key, ident=key == "session"), Column("calls", right=True),
                *(Column(header, keep=40, right=True) for _, header in USAGE_COUNTER_HEADERS)]
     if priced:
         columns.append(Column("cost", right=True))
@@ -154,7 +156,8 @@ def usage_listing(key: str, rows: list[tuple[str, dict[str, Any], dict[str, Any]
 
 
 def tool_calls_listing(calls: list[dict[str, Any]], title: str, empty: str) -> Listing:
-    listing = Listing((Column("tool call"), Column("tool", keep=50), Column("state"),
+    listing = Listing((Column("tool call", ident=True), Column("tool", keep=50),
+                       Column("state"),
                        Column("in state", keep=40, right=True),
                        Column("history", keep=30, wrap=True)), title=title, empty=empty)
     for call in calls:

@@ -46,7 +46,7 @@ def parser() -> argparse.ArgumentParser:
                  formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_argument("--version", action="version", version=f"ctxctl {__version__}")
     common_options(cli, defaults=True)
-    cli.set_defaults(run=None, group=cli, offline=False, no_daemon=None)
+    cli.set_defaults(run=None, group=cli, offline=False, no_daemon=None, method_hints=False)
     commands = cli.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     # In the order `ctxctl --help` lists them.
     _cli_daemon.add_status(commands, common)
@@ -113,7 +113,9 @@ def ctxctl_hint(fix: str, data: dict[str, Any]) -> str:
     return METHOD_NAME.sub(command, fix)
 
 
-def _report_rpc_error(exc: RpcError, out: Output) -> int:
+def _report_rpc_error(exc: RpcError, out: Output, method_hints: bool = False) -> int:
+    """Print the daemon's error; its hint names ctxctl commands (`ctxctl_hint`) unless
+    ``method_hints`` (``ctxctl call``, whose user types methods)."""
     out.emit({"error": {"code": exc.code, "message": exc.message, "data": exc.data}})
     print(f"ctxctl: error {exc.code}: {exc.message}", file=sys.stderr)
     data = exc.data if isinstance(exc.data, dict) else {}
@@ -121,7 +123,8 @@ def _report_rpc_error(exc: RpcError, out: Output) -> int:
             and data.get("available")):
         print(f"ctxctl: the daemon's methods: {', '.join(data['available'])}", file=sys.stderr)
     elif isinstance(data.get("fix"), str) and data["fix"]:
-        print(f"ctxctl: fix: {ctxctl_hint(data['fix'], data)}", file=sys.stderr)
+        fix = data["fix"] if method_hints else ctxctl_hint(data["fix"], data)
+        print(f"ctxctl: fix: {fix}", file=sys.stderr)
     return 1
 
 
@@ -154,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     except DaemonUnavailable as exc:
         return _report_no_answer(str(exc), exc.path, out)
     except RpcError as exc:
-        return _report_rpc_error(exc, out)
+        return _report_rpc_error(exc, out, args.method_hints)
     except TimeoutError:
         return _report_no_answer(f"ctxd on {client.path} did not answer in time (the request "
                                  "may still complete)", client.path, out)

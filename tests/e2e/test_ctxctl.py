@@ -15,6 +15,7 @@ import sys
 import termios
 import textwrap
 import threading
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -646,11 +647,18 @@ def test_piped_sessions_are_plain_rows(shared_daemon: DaemonProcess, sid: str) -
 
 def test_tables_fit_80_columns_and_never_cut_ids_or_states(shared_daemon: DaemonProcess,
                                                            sid: str) -> None:
+    """At 80 columns a session shows its id, state, tokens, usage and health; an agent's
+    id longer than ctxd's own (Claude Code's UUID) is shortened in the table only."""
     project = "wide-" + sid
+    claude = str(uuid.uuid4())
     with shared_daemon.client() as client:
         opened = [client.call("session.open", {
             "project": project, "title": "a title long enough to need wrapping " * 2})[
             "session"]["session_id"] for _ in range(2)]
+        client.call("session.open", {"session_id": claude, "project": project})
+        client.call("message.append", {"session_id": claude, "messages": [
+            {"role": "user", "content": "hello " * 100}]})
+        claude_state = client.call("session.get", {"session_id": claude})["context_state"]
         client.call("session.open", {"session_id": sid})
         outer = client.call("branch.create", {"session_id": sid, "description": "outer " * 20,
                                               "prompt": "go"})
@@ -664,9 +672,24 @@ def test_tables_fit_80_columns_and_never_cut_ids_or_states(shared_daemon: Daemon
     assert [row.split("│")[1].strip() for row in rows] == opened
     header = next(line for line in sessions.stdout.splitlines() if "┃" in line)
     assert [cell.strip() for cell in header.split("┃")[1:-1]] == [
-        "session", "project", "title", "state", "tokens", "health"]
+        "session", "state", "tokens", "usage", "health"]
     for row in rows:
-        assert [cell.strip() for cell in row.split("│")[4:5]] == ["open"]
+        assert [cell.strip() for cell in row.split("│")[2:3]] == ["open"]
+    [long_row] = [line for line in sessions.stdout.splitlines() if claude[:19] in line]
+    assert [cell.strip() for cell in long_row.split("│")[1:4]] == [
+        claude[:19] + "…", "open",
+        f"{claude_state['main_thread_tokens']:,}/{claude_state['effective_window']:,}"]
+    assert long_row.split("│")[4].strip().endswith(f"{claude_state['usage'] * 100:.1f}%")
+    assert sessions.stdout.splitlines()[-1] == (
+        "(ids shortened: --format plain or --json shows them whole)")
+    status = in_terminal(shared_daemon.socket, "status", "--limit", "1000")
+    assert max(len(line) for line in status.stdout.splitlines()) <= 80
+    assert claude[:19] + "…" in status.stdout
+    assert status.stdout.splitlines()[-1] == (
+        "(ids shortened: --format plain or --json shows them whole)")
+    plain = ctxctl(shared_daemon.socket, "sessions", "--project", project)
+    assert sorted(line.split()[0] for line in plain.stdout.splitlines()[1:]) == sorted(
+        [*opened, claude])
     branches = in_terminal(shared_daemon.socket, "branches", sid)
     assert branches.returncode == 0, branches.stderr
     assert max(len(line) for line in branches.stdout.splitlines()) <= 80
