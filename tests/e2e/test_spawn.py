@@ -2,7 +2,8 @@
 ``ctxd`` where the user stands is never imported in place of the installed package, by
 each path that starts one: the tests' and benchmarks' `DaemonProcess`, ``ctxctl replay``'s
 private daemons, and the start of a missing daemon by ``ctxctl mcp`` and ``ctxctl run``,
-which also works with a client's own variable (``CTXD_PLUGIN_TIMEOUT_MS``) set."""
+which also works with a client's own variable (``CTXD_PLUGIN_TIMEOUT_MS``) set; each with
+an empty ``PYTHONPATH`` entry, which would put the current directory back on the path."""
 
 from __future__ import annotations
 
@@ -31,12 +32,23 @@ def standing_in(tmp_path: Path) -> Path:
     return folder
 
 
+def _with_an_empty_entry(environ: dict[str, str]) -> dict[str, str]:
+    """``PYTHONPATH`` as ``export PYTHONPATH=$PYTHONPATH:/x`` leaves it with none before:
+    an empty first entry, which Python reads as the current directory."""
+    return {**environ, "PYTHONPATH": os.pathsep.join(["", *filter(None, [
+        environ.get("PYTHONPATH")])]) + os.pathsep + "/nonexistent"}
+
+
 def test_the_folder_is_imported_by_python_m_ctxd(standing_in: Path) -> None:
-    """What the starters avoid: ``python -m ctxd`` puts the current directory first."""
-    done = subprocess.run([sys.executable, "-m", "ctxd", "--version"], cwd=standing_in,
-                          capture_output=True, text=True, timeout=60, check=False)
-    assert (done.returncode, done.stdout, done.stderr) == (
-        1, "", "imported the ctxd folder where the user stands\n")
+    """What the starters avoid: ``python -m ctxd`` puts the current directory first, and
+    so does ``-P`` with an empty ``PYTHONPATH`` entry."""
+    for flags, env in (([], dict(os.environ)), (["-P"], _with_an_empty_entry(
+            dict(os.environ)))):
+        done = subprocess.run([sys.executable, *flags, "-m", "ctxd", "--version"],
+                              cwd=standing_in, env=env, capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert (done.returncode, done.stdout, done.stderr) == (
+            1, "", "imported the ctxd folder where the user stands\n")
 
 
 def test_a_daemon_process_ignores_it(daemon_root: Path, standing_in: Path) -> None:
@@ -56,7 +68,8 @@ def test_ctxctl_replay_ignores_it(tmp_path: Path, standing_in: Path) -> None:
         "message": {"role": role, "content": f"{role} {turn}"}}) + "\n"
         for turn in (1, 2) for role in ("user", "assistant")))
     done = subprocess.run([CTXCTL, "replay", str(path), "--json"], cwd=standing_in,
-                          capture_output=True, text=True, timeout=300, check=False)
+                          env=_with_an_empty_entry(dict(os.environ)), capture_output=True,
+                          text=True, timeout=300, check=False)
     assert (done.returncode, done.stderr) == (0, "")
     assert [point["turn"] for point in json.loads(done.stdout)["series"]] == [1, 2]
 
@@ -70,7 +83,7 @@ def _user_environment(root: Path) -> dict[str, str]:
                XDG_STATE_HOME=str(root / "state"), CTXD_SOCKET=str(root / "run" / "ctxd.sock"),
                CTXD_DATA_DIR=str(root / "data"), CTXD_GATEWAY_LISTEN="127.0.0.1:0",
                CTXD_PLUGIN_TIMEOUT_MS="5000")
-    return env
+    return _with_an_empty_entry(env)
 
 
 def _shut_down(sock: Path) -> None:
@@ -116,3 +129,14 @@ def test_ctxctl_run_starts_a_daemon_that_ignores_it(daemon_root: Path,
     log = daemon_root / "state" / "ctxd" / "ctxd.log"
     assert (ran.returncode, ran.stdout, ran.stderr) == (
         0, "True\n", f"ctxctl run: no daemon on {sock}; starting ctxd (log: {log})\n")
+
+
+def test_ctxctl_hook_ignores_it(tmp_path: Path, standing_in: Path) -> None:
+    """Claude Code runs the hook in the project: it fails open there too (exit 0, nothing
+    said), rather than exiting 1 from the folder's ``ctxd``."""
+    env = _with_an_empty_entry({key: value for key, value in os.environ.items()
+                                if not key.startswith("CTXD_")})
+    done = subprocess.run([CTXCTL, "hook", "--socket", str(tmp_path / "none.sock")],
+                          cwd=standing_in, env=env, input="{}", capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
