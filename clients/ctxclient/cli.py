@@ -90,9 +90,12 @@ COMMAND_OF_METHOD = {
     "memory.list": "ctxctl memory list", "memory.search": "ctxctl memory search QUERY",
     "memory.record": "ctxctl memory add TITLE CONTENT", "memory.get": "ctxctl memory show ID",
     "memory.delete": "ctxctl memory rm ID", "memory.reindex": "ctxctl memory reindex",
+    "memory.feedback": "ctxctl memory rate ID --helpful",
+    "memory.outcome": "ctxctl memory rate ID --succeeded",
 }
 """The ctxctl command that does what a method does, for the hints of the daemon's errors;
-``{session}`` is the session the error names. A method without one is ``ctxctl call``."""
+``{session}`` is the session the error names. A method without one is ``ctxctl call``.
+The daemon's route table names the same commands (tests/unit/test_ctxctl_refusals.py)."""
 METHOD_NAME = re.compile(r"\b(?:daemon|session|message|ctxd|budget|transcript|context|result|"
                          r"tools|prompt|branch|inject|usage|tool|memory|events|request|turn|"
                          r"mcp)\.[a-z_]+\b")

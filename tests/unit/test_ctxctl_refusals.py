@@ -156,6 +156,13 @@ def test_every_hint_method_is_a_daemon_method_and_every_command_parses() -> None
 
     methods = {route.method for route in ROUTES if "." in route.method}
     assert set(COMMAND_OF_METHOD) <= methods
+    typed = {route.method: route.ctxctl for route in ROUTES
+             if set(route.ctxctl) - {"hook", "mcp"}}  # commands a user types for it
+    assert set(COMMAND_OF_METHOD) == set(typed)
+    for method, template in COMMAND_OF_METHOD.items():
+        words = " ".join(word for word in template.split()[1:]
+                         if word.islower() and not word.startswith(("{", "-")))
+        assert words in typed[method], (method, template)
     assert all(METHOD_NAME.fullmatch(method) for method in methods)
     placeholders = {"SESSION": "s1", "TEXT": "hi", "REF": "res_0123456789abcdef",
                     "REQUEST_ID": "7", "QUERY": "q", "TITLE": "t", "CONTENT": "c", "ID": "3"}
