@@ -15,6 +15,7 @@ from ctxclient._cli_args import (
     branch_id,
     group,
     length_problem,
+    new_session_id,
     number_in,
     read_stdin,
     session_id,
@@ -420,7 +421,8 @@ def add_sessions(commands: Commands, common: Parser) -> None:
     opening = actions.add_parser(
         "open", parents=[common],
         help="open a session: a new one, or an existing one again (session.open)")
-    opening.add_argument("session", metavar="ID", type=session_id, help="the session's id")
+    opening.add_argument("session", metavar="ID", type=new_session_id,
+                         help="the session's id")
     opening.add_argument("--project", metavar="NAME",
                          type=text_of(wire.SessionOpenParams, "project", "NAME"),
                          help="the project it belongs to (its memories are found by it)")

@@ -29,8 +29,8 @@ ID_SHOWN = 20
 """The widest an id is shown in a table: ctxd's own (``ses_`` and 16 hex digits). A longer
 one (Claude Code's UUIDs, OpenCode's ids) is cut to its first 19 characters and ``…``, as
 docker and git shorten theirs, so a table fits 80 columns; plain, TSV and JSON output
-keep it whole."""
-IDS_SHORTENED = "(ids shortened: --format plain or --json shows them whole)"
+keep it whole. A session's command takes the id as shown (`cli.whole_session_id`)."""
+IDS_SHORTENED = "(ids shortened: commands take them as shown; --format plain shows them whole)"
 
 
 @dataclass(frozen=True)

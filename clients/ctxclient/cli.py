@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 from rich.console import Console
 
 from ctxclient import _cli_daemon, _cli_hygiene, _cli_integrations, _cli_memory, _cli_sessions
-from ctxclient._cli_args import Parser, common_options
+from ctxclient._cli_args import SHORTENED, Parser, common_options
 from ctxclient._errors import DaemonUnavailable, RpcError
 from ctxclient._output import Output
 from ctxclient._sync import Client
@@ -131,6 +131,36 @@ def _report_rpc_error(exc: RpcError, out: Output, method_hints: bool = False) ->
     return 1
 
 
+class ShortIdNotFound(Exception):
+    """No session's id, or more than one, starts as a shortened id does."""
+
+
+def whole_session_id(client: Client, shown: str) -> str:
+    """The one session whose id starts as ``shown`` (an id a table shortened: its first
+    characters and ``…``) does, found in ``session.list``.
+
+    Raises:
+        ShortIdNotFound: no session's id starts so, or more than one does (what to type).
+    """
+    prefix = shown.removesuffix(SHORTENED)
+    found: list[str] = []
+    params: dict[str, Any] = {"limit": 1000}
+    while True:
+        page = client.call("session.list", params)
+        found += [s["session_id"] for s in page["sessions"]
+                  if s["session_id"].startswith(prefix)]
+        if page["next_cursor"] is None:
+            break
+        params["cursor"] = page["next_cursor"]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise ShortIdNotFound(f"no session's id starts with {prefix!r}")
+    listed = ", ".join(found[:5]) + (", …" if len(found) > 5 else "")
+    raise ShortIdNotFound(f"{len(found)} sessions' ids start with {prefix!r} ({listed}); give "
+                          "more of the id")
+
+
 def _report_no_answer(message: str, socket_path: str, out: Output) -> int:
     out.emit({"error": {"code": None, "message": message, "data": {"socket": socket_path}}})
     print(f"ctxctl: {message}", file=sys.stderr)
@@ -155,8 +185,14 @@ def main(argv: list[str] | None = None) -> int:
         return _report_no_answer(str(exc), exc.path, out)
     try:
         with client:
+            if isinstance(getattr(args, "session", None), str) and \
+                    args.session.endswith(SHORTENED):
+                args.session = whole_session_id(client, args.session)
             code = args.run(client, args, out)
             return code
+    except ShortIdNotFound as exc:
+        print(f"ctxctl: {exc}", file=sys.stderr)
+        return 1
     except DaemonUnavailable as exc:
         return _report_no_answer(str(exc), exc.path, out)
     except RpcError as exc:

@@ -26,6 +26,7 @@ from conftest import DaemonProcess
 from tests_support import COUNTER, hello_text, needs, placed_by_others
 
 from ctxclient import Client
+from ctxclient._output import IDS_SHORTENED
 
 
 def ctxctl(socket: Path, *args: str, stdin: str = "",
@@ -681,15 +682,18 @@ def test_tables_fit_80_columns_and_never_cut_ids_or_states(shared_daemon: Daemon
         f"{claude_state['main_thread_tokens']:,}/{claude_state['effective_window']:,}"]
     assert long_row.split("│")[4].strip().endswith(f"{claude_state['usage'] * 100:.1f}%")
     assert sessions.stdout.splitlines()[-1] == (
-        "(ids shortened: --format plain or --json shows them whole)")
+        IDS_SHORTENED)
     status = in_terminal(shared_daemon.socket, "status", "--limit", "1000")
     assert max(len(line) for line in status.stdout.splitlines()) <= 80
     assert claude[:19] + "…" in status.stdout
     assert status.stdout.splitlines()[-1] == (
-        "(ids shortened: --format plain or --json shows them whole)")
+        IDS_SHORTENED)
     plain = ctxctl(shared_daemon.socket, "sessions", "--project", project)
     assert sorted(line.split()[0] for line in plain.stdout.splitlines()[1:]) == sorted(
         [*opened, claude])
+    # The id as the table shows it is taken by the commands, as docker takes a short id.
+    shown = ctxctl(shared_daemon.socket, "session", "show", claude[:19] + "…")
+    assert (shown.returncode, shown.stdout.splitlines()[0].split()) == (0, ["session", claude])
     branches = in_terminal(shared_daemon.socket, "branches", sid)
     assert branches.returncode == 0, branches.stderr
     assert max(len(line) for line in branches.stdout.splitlines()) <= 80
@@ -859,6 +863,26 @@ def test_session_open_and_the_hints_name_ctxctl_commands(shared_daemon: DaemonPr
     as_json = ctxctl(shared_daemon.socket, "memory", "rm", "987654", "--json")
     assert json.loads(as_json.stdout)["error"]["data"]["fix"] == (  # the daemon's, as it is
         "list memories with memory.list or find them with memory.search")
+
+
+def test_a_shortened_id_that_names_no_session_or_several_is_refused(
+        shared_daemon: DaemonProcess, sid: str) -> None:
+    with shared_daemon.client() as client:
+        for suffix in ("a", "b"):
+            client.call("session.open", {"session_id": f"{sid}-{suffix}"})
+    several = ctxctl(shared_daemon.socket, "branches", sid + "…")
+    assert (several.returncode, several.stdout, several.stderr) == (
+        1, "", f"ctxctl: 2 sessions' ids start with '{sid}' ({sid}-a, {sid}-b); give more of "
+               "the id\n")
+    none = ctxctl(shared_daemon.socket, "tools", sid + "-c…")
+    assert (none.returncode, none.stderr) == (
+        1, f"ctxctl: no session's id starts with '{sid}-c'\n")
+    one = ctxctl(shared_daemon.socket, "session", "close", sid + "-b…")
+    assert (one.returncode, one.stdout) == (0, f"session {sid}-b closed\n")
+    refused = ctxctl(shared_daemon.socket, "session", "open", sid + "-c…")
+    assert refused.returncode == 2
+    assert refused.stderr.endswith(f"invalid session id '{sid}-c…': use 1-128 of A-Z a-z 0-9 "
+                                   ". _ : - (first alphanumeric)\n")
 
 
 def test_session_show_render_messages_close_delete(shared_daemon: DaemonProcess,
