@@ -201,6 +201,31 @@ class _CancelledParams(msgspec.Struct):
     requestId: int | str | None = None
 
 
+class _Named(msgspec.Struct):
+    """A ``_meta`` that may name the session a call acts on (docs/protocol.md, "MCP")."""
+
+    session_id: Any = msgspec.field(default=None, name="ctxd/session_id")
+
+
+class _ArgumentsOfCall(msgspec.Struct):
+    meta: _Named | None = msgspec.field(default=None, name="_meta")
+
+
+class _CallParams(msgspec.Struct):
+    meta: _Named | None = msgspec.field(default=None, name="_meta")
+    arguments: _ArgumentsOfCall | None = None
+
+
+def _names_a_session(params: msgspec.Raw) -> bool:
+    """Whether a ``tools/call``'s params name the session it acts on in ``_meta`` (its own
+    or its arguments'): its answer's session is then not the connection's."""
+    call = _decode(params, _CallParams) if params else None
+    if call is None:
+        return False
+    return any(meta is not None and meta.session_id is not None for meta in (
+        call.meta, call.arguments.meta if call.arguments is not None else None))
+
+
 class _ContextState(msgspec.Struct):
     session_id: str | None = None
 
@@ -247,6 +272,8 @@ class Link:
         self.project = project
         self.in_flight: dict[int | str, str] = {}
         """Method of each request sent and not yet answered, by id, oldest first."""
+        self.named: set[int | str] = set()
+        """Ids of the calls in flight that name their own session (`_names_a_session`)."""
         self.initialize: dict[str, Any] | None = None
         """The client's initialize request, sent again on a new connection."""
         self.initialized = False
@@ -259,6 +286,8 @@ class Link:
             return
         if message.id is not None:
             self.in_flight[message.id] = message.method
+            if message.method == "tools/call" and _names_a_session(message.params):
+                self.named.add(message.id)
             if message.method == "initialize":
                 self.initialize = msgspec.json.decode(line)
         elif message.method == "notifications/initialized":
@@ -267,6 +296,7 @@ class Link:
             cancelled = _decode(message.params, _CancelledParams)
             if cancelled is not None and cancelled.requestId is not None:
                 self.in_flight.pop(cancelled.requestId, None)
+                self.named.discard(cancelled.requestId)
 
     def from_daemon(self, line: bytes) -> bool:
         """Note an answer from the daemon; whether to pass the line on to the client (the
@@ -277,6 +307,9 @@ class Link:
         if message.id == REINITIALIZE_ID:
             return False
         method = self.in_flight.pop(message.id, None)
+        if message.id in self.named:
+            self.named.discard(message.id)
+            return True  # its session is the one it named, not the connection's
         if method == "tools/call" and self.session_id is None and message.result:
             result = _decode(message.result, _ToolResult)
             if result is not None and result.structuredContent is not None \
@@ -289,6 +322,7 @@ class Link:
         answers = b"".join(stopped_answer(request_id, method)
                            for request_id, method in self.in_flight.items())
         self.in_flight.clear()
+        self.named.clear()
         return answers
 
     def reconnect(self) -> tuple[socket.socket, bytes] | None:

@@ -15,6 +15,7 @@ from ctxd.jobs import current_request
 from ctxd.mcp._schema import plain_schema
 from ctxd.mcp._tools import TOOLS, TOOLS_BY_NAME, McpConnection, ToolContext, error_text
 from ctxd.mcp._types import (
+    CallRoute,
     McpBindParams,
     McpBindResult,
     McpCancelledParams,
@@ -67,6 +68,42 @@ def _invalid_arguments(exc: msgspec.ValidationError) -> CtxdError:
     return CtxdError(ErrorCode.INVALID_PARAMS, f"invalid arguments: {message} (at {path})",
                      {"path": path, "reason": message,
                       "fix": "call the tool with arguments its inputSchema allows"})
+
+
+ROUTE_KEY = "ctxd/session_id"
+
+
+def _split_route(p: McpToolCallParams) -> tuple[bytes, CallRoute | None]:
+    """The call's arguments, and the session it names in ``_meta`` (`CallRoute`): in its
+    params' ``_meta``, where MCP puts a call's metadata, or in its arguments' ``_meta``,
+    taken out of them, for a client that can change only a call's arguments (OpenCode's
+    plugin: docs/decisions.md, "Agents end to end").
+
+    Raises:
+        CtxdError: the arguments' ``_meta`` is not an object, or the session or project
+            it names is not valid (INVALID_PARAMS).
+    """
+    raw = bytes(p.arguments)
+    meta: dict[str, Any] = dict(p.meta or {})
+    if b'"_meta"' in raw:
+        arguments = msgspec.json.decode(raw)
+        if isinstance(arguments, dict) and "_meta" in arguments:
+            inner = arguments.pop("_meta")
+            if not isinstance(inner, dict):
+                raise CtxdError(ErrorCode.INVALID_PARAMS,
+                                "invalid arguments: `_meta` is not an object",
+                                {"path": "$._meta", "fix": "send _meta as a JSON object"})
+            meta = {**inner, **meta}
+            raw = encode(arguments)
+    if ROUTE_KEY not in meta:
+        return raw, None
+    try:
+        return raw, msgspec.convert(meta, CallRoute)
+    except msgspec.ValidationError as exc:
+        raise CtxdError(ErrorCode.INVALID_PARAMS, f"invalid _meta: {exc}",
+                        {"reason": str(exc), "fix": f"name the session in _meta[{ROUTE_KEY!r}] "
+                         "with a valid session id, and its project with a path of at "
+                         "most 256 characters"}) from None
 
 
 def _error_result(error: CtxdError) -> dict[str, Any]:
@@ -145,12 +182,13 @@ async def tools_call(call: Call, p: McpToolCallParams) -> Any:
         state.calls[request_id] = request
     token = (p.meta or {}).get("progressToken")
     try:
+        raw, route = _split_route(p)
         try:
-            args = tool.decode(bytes(p.arguments))
+            args = tool.decode(raw)
         except msgspec.ValidationError as exc:
             raise _invalid_arguments(exc) from None
         context = ToolContext(call.dispatcher, call, state,
-                              token if isinstance(token, (int, str)) else None)
+                              token if isinstance(token, (int, str)) else None, route)
         result = await tool.run(context, args)
     except CtxdError as error:
         if error.code == ErrorCode.CANCELLED and request_id in state.cancelled:

@@ -13,6 +13,7 @@ import trio
 
 from ctxd.errors import CtxdError, invalid_state, not_found
 from ctxd.mcp._types import (
+    CallRoute,
     CompactContextArgs,
     ContextBranchArgs,
     ContextBranchStatusArgs,
@@ -59,6 +60,9 @@ NO_REMOVAL_CHARS = 120_000
 
 A = TypeVar("A", bound=ToolArgs)
 EARLY_CANCELS_KEPT = 256
+ROUTES_KEPT = 256
+"""Sessions named by calls' ``_meta`` whose opening a connection remembers (the oldest is
+forgotten first, and opened again by its next call)."""
 
 
 class McpConnection:
@@ -81,6 +85,8 @@ class McpConnection:
         """Ids cancelled before their call started (the reader reached the notification
         first); a call finds its id here and stops at once. MCP ids are never reused on a
         connection, so an id of a call already answered is only a little memory."""
+        self.routes: dict[str, str | None] = {}
+        """Sessions opened for calls that named them (`CallRoute`), with their project."""
         self._opening = trio.Lock()
 
     def connection_lost(self) -> None:
@@ -101,6 +107,22 @@ class McpConnection:
             self.opened = True
             return self.session_id
 
+    async def routed(self, context: ToolContext, route: CallRoute,
+                     project_path: str | None) -> str:
+        """The session a call named, opened once per connection (again when its project
+        changes): ``project_path``, else the call's ``ctxd/project``."""
+        project = project_path or route.project
+        async with self._opening:
+            known = route.session_id in self.routes
+            if not known or (project is not None and project != self.routes[route.session_id]):
+                opened: SessionOpenResult = await context.native("session.open", {
+                    "session_id": route.session_id, "project": project})
+                self.routes.pop(route.session_id, None)
+                if len(self.routes) >= ROUTES_KEPT:
+                    del self.routes[next(iter(self.routes))]
+                self.routes[route.session_id] = opened.session.project
+            return route.session_id
+
 
 @dataclass
 class ToolContext:
@@ -110,6 +132,8 @@ class ToolContext:
     call: Call
     connection: McpConnection
     progress_token: int | str | None
+    route: CallRoute | None = None
+    """The session the call named in its ``_meta``; None: the connection's."""
 
     async def native(self, method: str, params: dict[str, Any]) -> Any:
         """Call a native method (fields that are None are left out: their defaults)."""
@@ -117,7 +141,16 @@ class ToolContext:
         return await self.dispatcher.invoke(method, encode(given), self.call)
 
     async def session(self, args: ToolArgs) -> str:
+        if self.route is not None:
+            return await self.connection.routed(self, self.route, args.project_path)
         return await self.connection.session(self, args.project_path)
+
+    @property
+    def project(self) -> str | None:
+        """The project of the session the call works on (once `session` opened it)."""
+        if self.route is not None:
+            return self.connection.routes.get(self.route.session_id)
+        return self.connection.project
 
     async def context_state(self, session_id: str) -> ContextState:
         got: SessionResult = await self.native("session.get", {"session_id": session_id})
@@ -249,7 +282,7 @@ async def _search(context: ToolContext, args: MemorySearchArgs) -> MemorySearchT
 
 async def _record(context: ToolContext, args: MemoryRecordArgs) -> MemoryRecordToolResult:
     session_id = await context.session(args)
-    scope = args.scope or project_scope(context.connection.project)
+    scope = args.scope or project_scope(context.project)
     recorded: MemoryRecordResult = await context.native("memory.record", {
         **_fields(args, "title", "content", "description", "outcome", "tags"),
         "scope": scope})
@@ -274,7 +307,7 @@ async def _fork(context: ToolContext, args: ContextForkArgs) -> ContextForkToolR
     session_id = await context.session(args)
     source = {"session_id": session_id, "branch_id": args.branch_id}
     opened: SessionOpenResult = await context.native("session.open", {
-        **_fields(args, "session_id"), "project": context.connection.project,
+        **_fields(args, "session_id"), "project": context.project,
         "fork_from": source})
     seed = opened.fork
     assert isinstance(seed, ForkSeedInfo)

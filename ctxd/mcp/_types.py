@@ -88,6 +88,16 @@ class McpBindParams(Params, frozen=True):
     project: Text | None = None
 
 
+class CallRoute(msgspec.Struct, frozen=True, kw_only=True):
+    """A ``tools/call``'s ``_meta`` keys that name the session it acts on, for a client
+    whose one MCP server serves many conversations (OpenCode: its plugin stamps each call
+    with the conversation's session; docs/decisions.md, "Agents end to end"). Other keys of
+    ``_meta`` are left alone."""
+
+    session_id: SessionId = msgspec.field(name="ctxd/session_id")
+    project: Text | None = msgspec.field(default=None, name="ctxd/project")
+
+
 class McpBindResult(Result, frozen=True):
     session_id: str | None
     """None: a new session is opened at the first tool call."""

@@ -209,6 +209,56 @@ async def test_every_tool(shared_daemon: DaemonProcess, sid: str) -> None:
                    f"{compacted['after_tokens']} tokens")]
 
 
+async def test_a_call_names_its_session_in_meta(shared_daemon: DaemonProcess,
+                                                sid: str) -> None:
+    """One MCP server for many conversations (OpenCode's): each call names its session
+    and project in ``_meta`` (the params', or its arguments' when the client can change
+    only those), and acts there; a call that names none acts on the connection's own."""
+    other = sid + "-other"
+    with shared_daemon.client() as client:
+        for session_id in (sid, other):
+            client.call("session.open", {"session_id": session_id})
+            client.call("message.append", {"session_id": session_id, "messages": [
+                {"role": "tool", "name": "bash", "tool_call_id": "c1",
+                 "content": f"{session_id}\n{OUTPUT}"}]})
+        refs = {session_id: next(m["ref_id"] for m in client.call(
+            "message.list", {"session_id": session_id})["messages"] if m.get("ref_id"))
+                for session_id in (sid, other)}
+        async with mcp_session(shared_daemon) as session:
+            schemas = {tool.name: tool.output_schema
+                       for tool in (await session.list_tools()).tools}
+            read = await structured(session, "read_result", {
+                "ref_id": refs[sid], "limit": 40,
+                "_meta": {"ctxd/session_id": sid, "ctxd/project": "/p/routed"}}, schemas)
+            assert (read["content"], read["context_state"]["session_id"]) == (
+                f"{sid}\n{OUTPUT}"[:40], sid)
+            read = await structured(session, "read_result", {"ref_id": refs[other]},
+                                    schemas, meta={"ctxd/session_id": other})
+            assert read["content"].startswith(f"{other}\nline 0\n")
+            assert read["context_state"]["session_id"] == other
+            recorded = await structured(session, "memory_record", {
+                "title": "Routed", "content": "Saved in the calling conversation's project.",
+                "_meta": {"ctxd/session_id": sid, "ctxd/project": "/p/routed"}}, schemas)
+            assert recorded["memory"]["scope"] == "project:/p/routed"
+            assert client.call("session.get", {"session_id": sid})["session"]["project"] == \
+                "/p/routed"
+            # No session named: the connection's own, which is neither.
+            unrouted = await session.call_tool("read_result", {"ref_id": refs[sid]})
+            assert unrouted.is_error is True
+            assert unrouted.structured_content is None
+            bad = await session.call_tool("read_result", {
+                "ref_id": refs[sid], "_meta": {"ctxd/session_id": "no spaces allowed"}})
+            assert bad.is_error is True
+            [block] = bad.content
+            assert block.text.startswith(  # type: ignore[union-attr]
+                "invalid _meta: Expected `str` matching regex")
+            not_object = await session.call_tool("read_result", {"ref_id": refs[sid],
+                                                                 "_meta": "ses_x"})
+            [block] = not_object.content
+            assert block.text == ("invalid arguments: `_meta` is not an object\n"  # type: ignore[union-attr]
+                                  "fix: send _meta as a JSON object")
+
+
 async def test_bad_arguments_and_errors_are_tool_errors(shared_daemon: DaemonProcess,
                                                         sid: str) -> None:
     from mcp.shared.exceptions import MCPError

@@ -360,7 +360,8 @@ SESSION_ID_REASON = "Expected `str` matching regex '^[A-Za-z0-9][A-Za-z0-9._:-]{
         {"role": "user", "content": "x"}, {"role": "bob", "content": "y"}]},
      None, "$.messages[1].role", "Invalid enum value 'bob'"),
     ("message.append", {"session_id": "s", "messages": [{"role": "user"}]}, 5,
-     "$.messages[0]", "Object missing required field `content`"),
+     "$.messages[0].content", "a message needs content (a string or a list of parts); only "
+     "an assistant message with tool_calls may leave it null"),
     ("message.append", {"session_id": "s", "messages": [
         {"role": "user", "content": "x", "rol": "y"}]}, 6,
      "$.messages[0]", "Object contains unknown field `rol`"),
