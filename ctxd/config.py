@@ -466,9 +466,16 @@ def _from_file(path: Path, explicit: str | None) -> dict[tuple[str, ...], tuple[
     return settings
 
 
-NOT_DAEMON_KEYS = frozenset({"CTXD_CONFIG", "CTXD_CALL_TRANSPORT"})
-"""CTXD_* variables that are not daemon settings: the config file's path, and the shell
-client's transport (clients/shell/ctxd-call)."""
+CLIENT_VARIABLES = {
+    "CTXD_CALL_TRANSPORT": "the shell client's transport (clients/shell/ctxd-call)",
+    "CTXD_PLUGIN_TIMEOUT_MS": "the OpenCode plugin's time limit a call (clients/opencode)",
+}
+"""CTXD_* variables that configure a client, not the daemon: the daemon knows and ignores
+them, so a shell that sets one for its clients still starts ctxd (docs/decisions.md,
+"Agents end to end")."""
+NOT_DAEMON_KEYS = frozenset({"CTXD_CONFIG", *CLIENT_VARIABLES})
+"""CTXD_* variables that are not daemon settings: the config file's path, and the
+clients' own (`CLIENT_VARIABLES`). Any other unknown CTXD_* name stops start-up (a typo)."""
 
 
 def _from_env(environ: Mapping[str, str]) -> dict[tuple[str, ...], tuple[Any, Source]]:
@@ -638,7 +645,9 @@ def to_toml(config: Config) -> str:
 
 
 __all__ = [
+    "CLIENT_VARIABLES",
     "FILE_ONLY",
+    "NOT_DAEMON_KEYS",
     "TABLES",
     "Config",
     "GatewayConfig",

@@ -145,7 +145,19 @@ def matching(kind: str, annotated: Any) -> Callable[[str], str]:
     return convert
 
 
-session_id = matching("session id", wire.SessionId)
+new_session_id = matching("session id", wire.SessionId)
+SHORTENED = "…"
+"""What ends an id a table shortened (`ctxclient._output.ID_SHOWN`)."""
+
+
+def session_id(text: str) -> str:
+    """An argparse type: a session id, or one as a table shows it shortened (its first
+    characters and ``…``), which the command finds among the sessions (`cli.main`)."""
+    new_session_id(text.removesuffix(SHORTENED) if text.endswith(SHORTENED) else text)
+    return text
+
+
+session_id.__name__ = "session id"
 branch_id = matching("branch id", wire.BranchId)
 scope = matching("scope", wire.Scope)
 

@@ -29,7 +29,17 @@ from ctxclient._cli_args import (
 from ctxclient._cli_sessions import live_branches_listing, sessions_listing, usage_listing
 from ctxclient._cli_values import compact_json, duration, size
 from ctxclient._errors import BadSocketPath, DaemonUnavailable, RpcError
-from ctxclient._output import Column, Lines, Listing, Output, Stderr, cell, table
+from ctxclient._output import (
+    IDS_SHORTENED,
+    Column,
+    Lines,
+    Listing,
+    Output,
+    Stderr,
+    cell,
+    ids_shortened,
+    table,
+)
 from ctxclient._sync import Client
 from ctxd.errors import ErrorCode
 from ctxd.wire import types as wire
@@ -52,7 +62,8 @@ def daemon_line(status: dict[str, Any]) -> Text:
         (f"socket {status['socket']}  data {status['data_dir']}", "dim"))
 
 
-GATEWAY_COLUMNS = (Column("session"), Column("model", keep=20), Column("sent", right=True),
+GATEWAY_COLUMNS = (Column("session", ident=True), Column("model", keep=20),
+                   Column("sent", right=True),
                    Column("removed", keep=60, right=True), Column("input", keep=50, right=True),
                    Column("cache read", keep=45, right=True),
                    Column("cache write", keep=30, right=True), Column("cost", keep=55, right=True))
@@ -143,7 +154,7 @@ def waiting_injections(client: Client, sessions: list[dict[str, Any]]) -> None:
             session["injections"] = {}
 
 
-INJECTION_COLUMNS = (Column("session"), Column("pending", right=True),
+INJECTION_COLUMNS = (Column("session", ident=True), Column("pending", right=True),
                      Column("delivered, not acknowledged", right=True))
 
 
@@ -209,13 +220,16 @@ class Status:
 
     def view(self, width: int) -> Group:
         """The tables of a terminal ``width`` cells wide."""
-        calls, sessions, injections, branches, usage = self.listings()
+        listings = self.listings()
+        calls, sessions, injections, branches, usage = listings
+        shortened = any(ids_shortened(listing) for listing in listings)
         return Group(daemon_line(self.snapshot["daemon"]),
                      Text(gateway_line(self.snapshot["daemon"].get("gateway"))),
                      *([table(calls, width)] if calls.rows else []), table(sessions, width),
                      *([table(injections, width)] if injections.rows else []),
                      table(branches, width) if branches.rows else Text("no live branches"),
-                     *([table(usage, width)] if usage.rows else []))
+                     *([table(usage, width)] if usage.rows else []),
+                     *([Text(IDS_SHORTENED, style="dim")] if shortened else []))
 
     def show(self, out: Output) -> None:
         if out.format == "table":
@@ -462,7 +476,7 @@ def add_call_cancel_doctor(commands: Commands, common: Parser) -> None:
                            "them from standard input")
     call.add_argument("--id", metavar="ID",
                       help="the request's id (default: a new UUID), for ctxctl cancel ID")
-    call.set_defaults(run=cmd_call)
+    call.set_defaults(method_hints=True, run=cmd_call)
     cancel = commands.add_parser(
         "cancel", parents=[common],
         help="cancel the requests in flight with this JSON-RPC id (request.cancel)")

@@ -123,11 +123,23 @@ MCP_TOOLS_HELP = ("the MCP tools offered: default (read_result, context_branch, 
                   "by commas; each tool offered is in every model request")
 
 
+HOOK_DESCRIPTION = """\
+Answer one Claude Code hook event: read its JSON on standard input, record it in the
+session of the conversation, and write Claude Code's answer (memories to add, a tool
+call denied) on standard output. Claude Code runs it; `ctxctl install claude-code`
+wires it into its settings. It fails open: with no daemon, a slow one or any error it
+prints nothing and exits 0, and Claude Code goes on as without ctxd.
+
+example:
+  echo '{"hook_event_name":"SessionStart","session_id":"s1"}' | ctxctl hook"""
+
+
 def add_hook_install(commands: Commands, common: Parser) -> None:
     """``hook``, ``install`` and ``uninstall``."""
     hook = commands.add_parser(
         "hook", parents=[common],
-        help="answer one Claude Code hook event (JSON on stdin); always exits 0")
+        help="answer one Claude Code hook event (JSON on stdin); always exits 0",
+        description=HOOK_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     hook.set_defaults(run=cmd_hook, offline=True)
     for action, summary in INSTALL_HELP.items():
         wire_cmd = commands.add_parser(

@@ -1,4 +1,4 @@
-"""ctxctl's session commands: ``sessions``, ``session show|close|delete|render|resume|
+"""ctxctl's session commands: ``sessions``, ``session open|show|close|delete|render|resume|
 messages``, ``branches``, ``usage``, ``tools`` and ``inject``, and the listings of
 sessions, branches, messages, usage and tool calls (``status`` shows some of them too)."""
 
@@ -15,6 +15,7 @@ from ctxclient._cli_args import (
     branch_id,
     group,
     length_problem,
+    new_session_id,
     number_in,
     read_stdin,
     session_id,
@@ -45,10 +46,10 @@ if TYPE_CHECKING:
 
 # ---- listings --------------------------------------------------------------------------
 
-SESSION_COLUMNS = (
-    Column("session"), Column("project", keep=50, wrap=True, min_width=8),
+SESSION_COLUMNS = (  # at 80 columns: the id, its state, tokens, usage and health
+    Column("session", ident=True), Column("project", keep=50, wrap=True, min_width=8),
     Column("title", keep=40, wrap=True), Column("state"), Column("msgs", keep=20, right=True),
-    Column("tokens", keep=30, right=True), Column("usage", keep=10),
+    Column("tokens", keep=70, right=True), Column("usage", keep=65),
     Column("health", keep=60))
 
 
@@ -68,7 +69,8 @@ def _branch_budget(branch: dict[str, Any]) -> str:
 
 
 LIVE_BRANCH_COLUMNS = (
-    Column("session"), Column("branch"), Column("depth", keep=20, right=True),
+    Column("session", ident=True), Column("branch", ident=True),
+    Column("depth", keep=20, right=True),
     Column("description", keep=50, wrap=True), Column("budget", keep=40, right=True),
     Column("usage", keep=10), Column("time left", keep=30, right=True))
 
@@ -86,7 +88,8 @@ def live_branches_listing(branches: list[dict[str, Any]],
 
 
 BRANCH_COLUMNS = (
-    Column("branch"), Column("parent", keep=60), Column("depth", keep=30, right=True),
+    Column("branch", ident=True), Column("parent", keep=60, ident=True),
+    Column("depth", keep=30, right=True),
     Column("status"), Column("budget", keep=40, right=True),
     Column("left/returned", keep=20), Column("folded/saved", keep=10, right=True),
     Column("description", keep=70, wrap=True))
@@ -140,7 +143,7 @@ def usage_listing(key: str, rows: list[tuple[str, dict[str, Any], dict[str, Any]
                   title: str, priced: bool, empty: str = "") -> Listing:
     """One row per (key, totals, cost): its calls and counters, and its cost when any call
     was priced."""
-    columns = [Column(key), Column("calls", right=True),
+    columns = [Column(key, ident=key == "session"), Column("calls", right=True),
                *(Column(header, keep=40, right=True) for _, header in USAGE_COUNTER_HEADERS)]
     if priced:
         columns.append(Column("cost", right=True))
@@ -154,7 +157,8 @@ def usage_listing(key: str, rows: list[tuple[str, dict[str, Any], dict[str, Any]
 
 
 def tool_calls_listing(calls: list[dict[str, Any]], title: str, empty: str) -> Listing:
-    listing = Listing((Column("tool call"), Column("tool", keep=50), Column("state"),
+    listing = Listing((Column("tool call", ident=True), Column("tool", keep=50),
+                       Column("state"),
                        Column("in state", keep=40, right=True),
                        Column("history", keep=30, wrap=True)), title=title, empty=empty)
     for call in calls:
@@ -194,6 +198,16 @@ def cmd_sessions(client: Client, args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
+def _live_branch_tokens(client: Client, session: dict[str, Any]) -> int:
+    """The tokens of a session's live branches' own messages (what ``total_tokens`` adds
+    to the main thread's messages); no call when it has none."""
+    if not session["live_branches"]:
+        return 0
+    listed = client.call("branch.list", {"session_id": session["session_id"],
+                                         "status": "active"})
+    return sum(branch["budget_used"] for branch in listed["branches"])
+
+
 def cmd_session_show(client: Client, args: argparse.Namespace, out: Output) -> int:
     result = client.call("session.get", {"session_id": args.session})
     s, state = result["session"], result["context_state"]
@@ -202,8 +216,9 @@ def cmd_session_show(client: Client, args: argparse.Namespace, out: Output) -> i
         ("session", s["session_id"]), ("project", s["project"] or ""),
         ("title", s["title"] or ""), ("state", s["state"]),
         ("messages", f"{s['message_count']:,}"),
-        ("tokens", f"{state['main_thread_tokens']:,} main thread, "
-                   f"{state['total_tokens']:,} in all, {state['folded_tokens']:,} folded"),
+        ("tokens", f"{state['main_thread_tokens']:,} in the main thread as sent, "
+                   f"{_live_branch_tokens(client, s):,} in live branches, "
+                   f"{state['folded_tokens']:,} folded away"),
         ("window", f"{state['effective_window']:,} ({budget['context_window']:,} less "
                    f"{budget['max_output_tokens']:,} for the reply)"),
         ("usage", f"{percent(state['usage'])} ({state['health']})"),
@@ -215,6 +230,20 @@ def cmd_session_show(client: Client, args: argparse.Namespace, out: Output) -> i
         ("live branches", str(s["live_branches"])),
         ("created", timestamp(s["created_at"])), ("updated", timestamp(s["updated_at"])),
         ("closed", timestamp(s["closed_at"]) if s["closed_at"] is not None else "")]))
+    return 0
+
+
+def cmd_session_open(client: Client, args: argparse.Namespace, out: Output) -> int:
+    params: dict[str, Any] = {"session_id": args.session}
+    if args.project is not None:
+        params["project"] = args.project
+    if args.title is not None:
+        params["title"] = args.title
+    result = client.call("session.open", params)
+    count = result["session"]["message_count"]
+    out.emit(result, Lines([f"session {args.session} opened" if result["created"] else
+                            f"session {args.session} is open ({count} message"
+                            f"{'' if count == 1 else 's'})"]))
     return 0
 
 
@@ -387,7 +416,20 @@ def add_sessions(commands: Commands, common: Parser) -> None:
                           default=100, metavar="N", help="sessions shown (default 100)")
     sessions.set_defaults(run=cmd_sessions)
     actions = group(commands, "session", common,
-                    "show, close, delete, render, resume a session or list its messages")
+                    "open, show, close, delete, render, resume a session or list its "
+                    "messages")
+    opening = actions.add_parser(
+        "open", parents=[common],
+        help="open a session: a new one, or an existing one again (session.open)")
+    opening.add_argument("session", metavar="ID", type=new_session_id,
+                         help="the session's id")
+    opening.add_argument("--project", metavar="NAME",
+                         type=text_of(wire.SessionOpenParams, "project", "NAME"),
+                         help="the project it belongs to (its memories are found by it)")
+    opening.add_argument("--title", metavar="TEXT",
+                         type=text_of(wire.SessionOpenParams, "title", "TEXT"),
+                         help="a title to show in listings")
+    opening.set_defaults(run=cmd_session_open)
     for name, run, help_text in (
             ("show", cmd_session_show, "a session's state, tokens and budget"),
             ("close", cmd_session_close, "close a session (it can no longer grow)"),

@@ -481,7 +481,8 @@ def _log(conn: Connection | None, socket_arg: str | None, message: str) -> None:
 
 
 def parse(argv: list[str]) -> str | None:
-    """``hook [--socket PATH]``: the socket, or None for the default."""
+    """``hook [--socket PATH]``: the socket, or None for the default; other arguments
+    are ignored (a hook fails open)."""
     socket_arg = None
     rest = argv[1:]
     while rest:
@@ -493,8 +494,14 @@ def parse(argv: list[str]) -> str | None:
     return socket_arg or os.environ.get("CTXD_SOCKET") or None
 
 
+def takes(argv: list[str]) -> bool:
+    """Whether the hook answers ``argv``, not the CLI: anything but a request for help
+    (``hook --help`` reads no event; it prints what the command does)."""
+    return not {"-h", "--help"} & set(argv[1:])
+
+
 def main(argv: list[str]) -> int:
-    """The hook's entry: ``argv`` starts with ``hook``. Always exits 0."""
+    """The hook's entry: ``argv`` starts with ``hook`` (`takes`). Always exits 0."""
     out = run(parse(argv), sys.stdin.read())
     if out:
         sys.stdout.write(out + "\n")

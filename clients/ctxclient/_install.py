@@ -10,7 +10,7 @@ the value it replaced is kept in ctxd's state directory, and uninstall puts it b
 (docs/decisions.md, "Gateway"). Settings files
 are JSON objects read whole and written atomically (a temporary file renamed over the
 original, with its mode kept); a file that is not a JSON object is refused, never
-overwritten.
+overwritten. OpenCode's are JSONC, edited in place: comments and layout are kept.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+from ctxclient import _jsonc
 
 SCOPES = ("project", "user")
 
@@ -75,20 +77,26 @@ class Target(Protocol):
 
 # ---- settings files ----------------------------------------------------------------------
 
-def load(path: Path) -> dict[str, Any]:
-    """A settings file's object; ``{}`` when the file does not exist."""
+def read(path: Path) -> str:
+    """A settings file's text; ``""`` when the file does not exist."""
     try:
-        raw = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        return {}
+        return ""
     except OSError as exc:
         raise SettingsError(f"{path}: cannot read it ({exc.strerror})") from exc
+
+
+def parse(path: Path, raw: str, jsonc: bool = False) -> dict[str, Any]:
+    """A settings file's object from its text ``raw``; ``{}`` for an empty one. ``jsonc``:
+    comments and trailing commas allowed (OpenCode's files, `ctxclient._jsonc`)."""
     if not raw.strip():
         return {}
     try:
-        data = json.loads(raw)
+        data = _jsonc.loads(raw) if jsonc else json.loads(raw)
     except ValueError as exc:
-        raise SettingsError(f"{path}: not valid JSON ({exc}); fix or move the file, then "
+        kind = "JSON (comments and trailing commas allowed)" if jsonc else "JSON"
+        raise SettingsError(f"{path}: not valid {kind} ({exc}); fix or move the file, then "
                             "run the command again") from exc
     if not isinstance(data, dict):
         raise SettingsError(f"{path}: holds a JSON {type(data).__name__}, not an object; fix "
@@ -96,13 +104,24 @@ def load(path: Path) -> dict[str, Any]:
     return data
 
 
-def save(path: Path, data: dict[str, Any]) -> None:
+def load(path: Path, jsonc: bool = False) -> dict[str, Any]:
+    """A settings file's object; ``{}`` when the file does not exist."""
+    return parse(path, read(path), jsonc)
+
+
+def save(path: Path, data: dict[str, Any], original: str = "") -> None:
     """Write ``data`` atomically, keeping the file's mode (0600 for a new ``.claude.json``
     would be Claude Code's own; new files get the umask's mode); an empty object removes
-    the file."""
-    if not data:
+    the file. ``original``: the file's JSONC text as it was read, whose comments and layout
+    are kept where ``data`` did not change (`ctxclient._jsonc.patch`); it is also kept,
+    as ``{}`` and its comments, when ``data`` is empty."""
+    if not data and not (original.strip() and _jsonc.has_comments(original)):
         path.unlink(missing_ok=True)
         return
+    if original.strip():
+        text = _jsonc.patch(original, data)
+    else:
+        text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         mode: int | None = path.stat().st_mode & 0o7777
@@ -111,8 +130,7 @@ def save(path: Path, data: dict[str, Any]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(data, out, indent=2, ensure_ascii=False)
-            out.write("\n")
+            out.write(text)
             out.flush()
             os.fsync(out.fileno())
         if mode is None:
@@ -499,7 +517,8 @@ def _is_ours_local_server(entry: object) -> bool:
 class OpenCode:
     """OpenCode 1.18: the plugin file in ``.opencode/plugin/`` (project) or
     ``$XDG_CONFIG_HOME/opencode/plugin/`` (user), the MCP server under ``mcp`` in the
-    same scope's ``opencode.json``."""
+    same scope's ``opencode.json``, or its ``opencode.jsonc`` when only that exists. OpenCode
+    reads both as JSONC: comments and trailing commas are allowed, and kept."""
 
     name = "opencode"
 
@@ -511,7 +530,11 @@ class OpenCode:
         return Path(config_home) / "opencode"
 
     def config_path(self, scope: str, root: Path) -> Path:
-        return self.base(scope, root) / "opencode.json"
+        """The scope's ``opencode.json``; its ``opencode.jsonc`` when only that one exists
+        (a second file beside it would split the settings)."""
+        base = self.base(scope, root)
+        json_path, jsonc_path = base / "opencode.json", base / "opencode.jsonc"
+        return jsonc_path if jsonc_path.exists() and not json_path.exists() else json_path
 
     def plugin_path(self, scope: str, root: Path) -> Path:
         plugin_dir = ".opencode/plugin" if scope == "project" else "plugin"
@@ -520,7 +543,8 @@ class OpenCode:
     def install(self, scope: str, root: Path, command: str, socket: str | None,
                 gateway: str | None = None, tools: str | None = None) -> list[Change]:
         config_path, plugin = self.config_path(scope, root), self.plugin_path(scope, root)
-        config = load(config_path)  # read (and refused when malformed) before any write
+        original = read(config_path)
+        config = parse(config_path, original, jsonc=True)  # refused when malformed, first
         servers = _object(config, "mcp", config_path)
         current = servers.get(MCP_NAME)
         if current is not None and not _is_ours_local_server(current):
@@ -551,14 +575,15 @@ class OpenCode:
                                openai_url(gateway), saved)
             changes += [change] if change else []
         if any(c.file == str(config_path) for c in changes):
-            save(config_path, config)
+            save(config_path, config, original)
         if gateway is not None:
             saved.save()
         return changes
 
     def uninstall(self, scope: str, root: Path, command: str) -> list[Change]:
         config_path, plugin = self.config_path(scope, root), self.plugin_path(scope, root)
-        config = load(config_path)
+        original = read(config_path)
+        config = parse(config_path, original, jsonc=True)
         changes: list[Change] = []
         if plugin.is_file() and plugin.read_text(encoding="utf-8", errors="replace") \
                 .startswith(PLUGIN_MARKER):
@@ -580,7 +605,7 @@ class OpenCode:
             change = restore_entry(config, config_path, OPENCODE_GATEWAY_KEYS, saved)
             changes += [change] if change else []
         if any(c.file == str(config_path) for c in changes):
-            save(config_path, config)
+            save(config_path, config, original)
         if scope == "user":
             saved.save()
         return changes
@@ -589,7 +614,7 @@ class OpenCode:
         if self.plugin_path(scope, root).is_file():
             return True
         try:
-            servers = load(self.config_path(scope, root)).get("mcp")
+            servers = load(self.config_path(scope, root), jsonc=True).get("mcp")
         except SettingsError:
             return True  # a broken file where ctxd may be installed: check() says why
         return isinstance(servers, dict) and _is_ours_local_server(servers.get(MCP_NAME))
@@ -598,7 +623,7 @@ class OpenCode:
         fix = f"ctxctl install opencode --scope {scope}"
         config_path, plugin = self.config_path(scope, root), self.plugin_path(scope, root)
         try:
-            servers = load(config_path).get("mcp")
+            servers = load(config_path, jsonc=True).get("mcp")
         except SettingsError as exc:
             return [Problem(str(config_path), str(exc).partition(": ")[2], "fix the file's JSON")]
         problems: list[Problem] = []
@@ -726,7 +751,7 @@ def gateway_problems(name: str, gateway: str | None) -> list[Problem]:
 
     path_of, keys, suffix = GATEWAY_ENTRIES[name]
     path = path_of()
-    value: Any = load(path)
+    value: Any = load(path, jsonc=name == "opencode")
     for key in keys:
         value = value.get(key) if isinstance(value, dict) else None
     if not is_gateway_url(value) or value == (gateway and gateway.rstrip("/") + suffix):

@@ -2,10 +2,11 @@
 notes) as a rich table fitted to the terminal, plain rows, or TSV.
 
 A command hands its result and its parts to `Output.emit`, which prints the one or the
-others by ``--format``. A table never cuts an id or a state: when the terminal is too narrow
-for every column, the columns that matter least are left out, and text columns wrap. Plain
-output (the default when standard output is not a terminal) is one row per line, columns
-aligned with spaces, no box drawing, so ``grep``, ``awk`` and ``wc -l`` work on it.
+others by ``--format``. A table never cuts a state or one of ctxd's ids (a longer id, an
+agent's, is shortened: `ID_SHOWN`): when the terminal is too narrow for every column, the
+columns that matter least are left out, and text columns wrap. Plain output (the default
+when standard output is not a terminal) is one row per line, columns aligned with spaces,
+no box drawing, so ``grep``, ``awk`` and ``wc -l`` work on it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ from rich.text import Text
 FORMATS = ("table", "plain", "tsv", "json")
 ESSENTIAL = 100
 """A column's `keep` that is never left out (ids, states)."""
+ID_SHOWN = 20
+"""The widest an id is shown in a table: ctxd's own (``ses_`` and 16 hex digits). A longer
+one (Claude Code's UUIDs, OpenCode's ids) is cut to its first 19 characters and ``…``, as
+docker and git shorten theirs, so a table fits 80 columns; plain, TSV and JSON output
+keep it whole. A session's command takes the id as shown (`cli.whole_session_id`)."""
+IDS_SHORTENED = "(ids shortened: commands take them as shown; --format plain shows them whole)"
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,7 @@ class Column:
             other columns are shown whole on one line.
         right: right-justified (numbers).
         min_width: the narrowest a wrapping column is made before columns are left out.
+        ident: its values are ids, shown at most `ID_SHOWN` wide in a table.
     """
 
     header: str
@@ -45,6 +53,7 @@ class Column:
     wrap: bool = False
     right: bool = False
     min_width: int = 12
+    ident: bool = False
 
 
 class Cell(NamedTuple):
@@ -154,6 +163,24 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def _long_id(column: Column, value: Cell) -> bool:
+    return column.ident and cell_len(value.shown.plain) > ID_SHOWN
+
+
+def _in_table(listing: Listing, row: list[Cell], index: int) -> Text:
+    """A cell as a table shows it: an id longer than `ID_SHOWN` shortened."""
+    value = row[index]
+    if not _long_id(listing.columns[index], value):
+        return value.shown
+    return Text(value.shown.plain[:ID_SHOWN - 1] + "…", style=value.shown.style)
+
+
+def ids_shortened(listing: Listing) -> bool:
+    """Whether a table of ``listing`` shortens an id."""
+    return any(_long_id(column, row[index]) for row in listing.rows
+               for index, column in enumerate(listing.columns))
+
+
 def fitted_columns(listing: Listing, width: int) -> list[int]:
     """The columns (indices) a table ``width`` cells wide shows: all of them when they fit,
     else without the least kept ones, one at a time, until they fit."""
@@ -170,8 +197,8 @@ def fitted_columns(listing: Listing, width: int) -> list[int]:
 def _needs(listing: Listing, index: int) -> tuple[int, int]:
     """The least and the most width a column's content takes."""
     column = listing.columns[index]
-    longest = max([cell_len(_one_line(row[index].shown.plain)) for row in listing.rows]
-                  + [cell_len(column.header)])
+    longest = max([cell_len(_one_line(_in_table(listing, row, index).plain))
+                   for row in listing.rows] + [cell_len(column.header)])
     if not column.wrap:
         return longest, longest
     return min(longest, column.min_width), longest
@@ -198,7 +225,7 @@ def table(listing: Listing, width: int) -> Table:
                             no_wrap=not column.wrap, width=widths.get(index),
                             overflow="fold")
     for row in listing.rows:
-        rendered.add_row(*(row[index].shown for index in shown))
+        rendered.add_row(*(_in_table(listing, row, index) for index in shown))
     return rendered
 
 
@@ -290,6 +317,8 @@ class Output:
             self.note(empty, style="")
         elif self.format == "table":
             self.console.print(table(listing, self.console.width))
+            if ids_shortened(listing):
+                self.note(IDS_SHORTENED)
         else:
             self.lines(plain_lines(listing, self.headers) if self.format == "plain"
                        else tsv_lines(listing, self.headers))

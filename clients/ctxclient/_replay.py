@@ -74,6 +74,20 @@ class ReplayError(Exception):
     that did not start)."""
 
 
+FORMATS_READ = ("ctxctl replay reads (--from):\n"
+                "  claude-code  a Claude Code transcript, ~/.claude/projects/PROJECT/"
+                "SESSION.jsonl (JSONL, or a JSON array of its records)\n"
+                "  opencode     an OpenCode export, `opencode export SESSION > FILE` (a JSON "
+                "object with info and messages)")
+"""The formats replay reads, listed under an error about a file it cannot read."""
+
+
+def unsupported(path: Path, why: str) -> ReplayError:
+    """The error for a file replay cannot read as a transcript: ``why``, then the formats
+    it reads (`FORMATS_READ`)."""
+    return ReplayError(f"{path} {why}\n{FORMATS_READ}")
+
+
 @dataclass
 class Transcript:
     """A transcript split into turns: the records of each turn, as written to the file the
@@ -108,9 +122,7 @@ def guess_format(path: Path) -> str:
         if isinstance(document, dict) and "messages" in document and "info" in document:
             return "opencode"
         return "claude-code"
-    raise ReplayError(f"{path} is neither a Claude Code transcript (JSONL, or a JSON array "
-                      "of its records) nor an OpenCode export (a JSON object with info and "
-                      "messages); name the format with --from")
+    raise unsupported(path, "is neither a Claude Code transcript nor an OpenCode export")
 
 
 def _is_prompt(record: Any) -> bool:
@@ -140,6 +152,12 @@ def _opencode_prompt(message: Any) -> bool:
     types = {part.get("type") for part in parts if isinstance(part, dict)}
     return (message["info"].get("role") == "user" and "text" in types
             and "compaction" not in types)
+
+
+def _is_message(record: Any) -> bool:
+    """A Claude Code record that holds a message: a user or assistant record with one."""
+    return (isinstance(record, dict) and record.get("type") in ("user", "assistant")
+            and isinstance(record.get("message"), dict))
 
 
 def _response_id(record: Any) -> str | None:
@@ -195,12 +213,16 @@ def load(path: Path, fmt: str | None = None) -> Transcript:
         try:
             document = json.loads(data)
         except ValueError as exc:
-            raise ReplayError(f"{path} is not an OpenCode export: not JSON ({exc})") from None
+            raise unsupported(path, f"is not an OpenCode export: not JSON ({exc})") from None
         if not isinstance(document, dict) or not isinstance(document.get("messages"), list):
-            raise ReplayError(f"{path} is not an OpenCode export: it is not an object "
-                              "{info, messages: [...]}")
+            raise unsupported(path, "is not an OpenCode export: it is not an object "
+                                    "{info, messages: [...]}")
         info: dict[str, Any] = document["info"] if isinstance(document.get("info"), dict) \
             else {}
+        if not any(isinstance(message, dict) and isinstance(message.get("info"), dict)
+                   and message["info"].get("role") in ("user", "assistant")
+                   for message in document["messages"]):
+            raise unsupported(path, "holds no message to replay as an OpenCode export")
         turns = _split(document["messages"], _opencode_prompt, _opencode_response)
         transcript = Transcript("opencode", turns, info)
     else:
@@ -212,8 +234,8 @@ def load(path: Path, fmt: str | None = None) -> Transcript:
             try:
                 elements = json.loads(data)
             except ValueError as exc:
-                raise ReplayError(f"{path} is not a Claude Code transcript: a JSON array "
-                                  f"that does not parse ({exc})") from None
+                raise unsupported(path, "is not a Claude Code transcript: a JSON array "
+                                        f"that does not parse ({exc})") from None
             records = [(record, record) for record in elements] \
                 if isinstance(elements, list) else []
         else:
@@ -225,14 +247,17 @@ def load(path: Path, fmt: str | None = None) -> Transcript:
                 except ValueError:
                     records.append((line, None))
         if not any(isinstance(record, dict) for _, record in records):
-            raise ReplayError(f"{path} is not a Claude Code transcript: no "
-                              f"{'element' if array else 'line'} is a JSON record")
+            raise unsupported(path, "is not a Claude Code transcript: no "
+                                    f"{'element' if array else 'line'} is a JSON record")
+        if not any(_is_message(record) for _, record in records):
+            raise unsupported(path, "is not a Claude Code transcript: no record is a user "
+                                    "or assistant message")
         split = _split(records, lambda pair: _is_prompt(pair[1]),
                        lambda pair: _response_id(pair[1]))
         transcript = Transcript("claude-code", [[raw for raw, _ in turn] for turn in split],
                                 array=array)
     if not transcript.turns:
-        raise ReplayError(f"{path} holds no message to replay")
+        raise unsupported(path, "holds no message to replay")
     return transcript
 
 

@@ -6,7 +6,9 @@ The daemon runs as ``python -P -m ctxd``: ``-P`` keeps the current directory (an
 wrapper script's folder) off ``sys.path``, so a folder named ``ctxd`` where the user
 stands is never imported in place of the installed package. ``-I`` and ``-s`` would also
 drop the user's site-packages (where ``pip install --user`` puts ctxd), and ``-I``/``-E``
-``PYTHONPATH``, which runs another checkout's code (``code=``).
+``PYTHONPATH``, which runs another checkout's code (``code=``). An empty or relative entry
+of ``PYTHONPATH`` (``export PYTHONPATH=$PYTHONPATH:/x`` with none before leaves one) puts
+the current directory back even with ``-P``: the daemon gets the absolute entries only.
 """
 
 from __future__ import annotations
@@ -51,6 +53,13 @@ def private_environment(overrides: Mapping[str, str] | None = None,
     return env
 
 
+def absolute_entries(pythonpath: str) -> str:
+    """``pythonpath`` without its empty and relative entries, which Python takes from the
+    current directory (where a folder named ``ctxd`` would shadow the package)."""
+    return os.pathsep.join(entry for entry in pythonpath.split(os.pathsep)
+                           if os.path.isabs(entry))
+
+
 def _die_with_parent() -> None:
     """In the daemon's child, before exec: SIGTERM when its starter dies, even of SIGKILL
     (Linux's PR_SET_PDEATHSIG); a detached daemon gets no signal of the terminal's."""
@@ -88,6 +97,11 @@ def spawn_daemon(args: Sequence[str] = (), *, log: Path,
         OSError: the log cannot be opened or the interpreter cannot be run.
     """
     environment = dict(os.environ if env is None else env)
+    kept = absolute_entries(environment.get("PYTHONPATH", ""))
+    if kept:
+        environment["PYTHONPATH"] = kept
+    else:
+        environment.pop("PYTHONPATH", None)
     if code is not None:
         environment["PYTHONPATH"] = os.pathsep.join(
             [str(code), *filter(None, [environment.get("PYTHONPATH")])])

@@ -143,7 +143,7 @@ ROUTES: tuple[Route, ...] = (
     Route("daemon.shutdown", Empty, On.DAEMON, daemon_ops.shutdown, ctxctl=("stop",)),
     # sessions
     Route("session.open", SessionOpenParams, On.SUPERVISOR, sessions.session_open,
-          mcp=("context_fork",), ctxctl=("hook",)),
+          mcp=("context_fork",), ctxctl=("session open", "hook")),
     Route("session.get", SessionIdParams, On.SESSION, sessions.session_get,
           ctxctl=("session show",)),
     Route("session.close", SessionIdParams, On.SESSION, sessions.session_close,

@@ -78,6 +78,7 @@ def recover(path: Path) -> Recovery:
         with new:
             for table in _tables(new):
                 rows[table], unreadable[table] = _copy_table(old, new, table)
+            _copy_sequences(old, new)
             orphans = _drop_orphans(new)
             if "memory_index_state" in rows:
                 # The memory index file no longer matches: make it rebuild.
@@ -107,6 +108,25 @@ def _tables(conn: apsw.Connection) -> list[str]:
     virtual = [str(name) for name, sql in schema if str(sql).upper().startswith("CREATE VIRTUAL")]
     return [str(name) for name, _ in schema if name not in virtual
             and not any(str(name).startswith(v + "_") for v in virtual)]
+
+
+def _copy_sequences(old: apsw.Connection, new: apsw.Connection) -> None:
+    """The highest id ever given by each ``AUTOINCREMENT`` table (a deleted memory's id is
+    never given again, even after a recovery), where the old file still reads it."""
+    try:
+        sequences = old.execute("SELECT name, seq FROM sqlite_sequence").fetchall()
+        autoincrement = {str(row[0]) for row in new.execute(
+            "SELECT name FROM sqlite_schema WHERE type = 'table' AND sql LIKE '%AUTOINCREMENT%'")}
+    except _UNREADABLE:  # unreadable, or no such table (SQLError): none to keep
+        return
+    for name, seq in sequences:
+        if name not in autoincrement:
+            continue
+        if new.execute("SELECT 1 FROM sqlite_sequence WHERE name = ?", (name,)).fetchall():
+            new.execute("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = ?",
+                        (seq, name))
+        else:
+            new.execute("INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (name, seq))
 
 
 def _columns(conn: apsw.Connection, table: str) -> list[str]:

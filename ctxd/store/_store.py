@@ -111,11 +111,37 @@ def migrate(conn: apsw.Connection, target: int | None = None) -> int:
         raise RuntimeError(f"database schema version {current} is newer than this ctxd "
                            f"({len(steps)}); upgrade ctxd")
     for version, module in steps[current:target]:
-        with conn:
-            conn.execute(module.SQL)
-            conn.execute(f"PRAGMA user_version = {version:d}")
+        if getattr(module, "FOREIGN_KEYS_OFF", False):
+            _migrate_without_foreign_keys(conn, version, module.SQL)
+        else:
+            with conn:
+                conn.execute(module.SQL)
+                conn.execute(f"PRAGMA user_version = {version:d}")
         log.info("database migrated to schema version %d", version)
     return schema_version(conn)
+
+
+def _migrate_without_foreign_keys(conn: apsw.Connection, version: int, sql: str) -> None:
+    """A step that rebuilds a table others reference (its module sets
+    ``FOREIGN_KEYS_OFF``), as SQLite's documentation says to: foreign keys off outside the
+    transaction (dropping the old table would run its cascades), checked before commit,
+    then as they were.
+
+    Raises:
+        RuntimeError: the step left a row whose key points nowhere (nothing is committed).
+    """
+    enforced = scalar_int(conn, "PRAGMA foreign_keys")
+    conn.execute("PRAGMA foreign_keys = OFF")
+    try:
+        with conn:
+            conn.execute(sql)
+            broken = conn.execute("PRAGMA foreign_key_check").fetchall()
+            if broken:
+                raise RuntimeError(f"migration to schema version {version} would leave rows "
+                                   f"whose foreign key points nowhere: {broken[:5]}")
+            conn.execute(f"PRAGMA user_version = {version:d}")
+    finally:
+        conn.execute(f"PRAGMA foreign_keys = {enforced:d}")
 
 
 def _size(path: str) -> int:

@@ -15,6 +15,7 @@ import sys
 import termios
 import textwrap
 import threading
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +26,7 @@ from conftest import DaemonProcess
 from tests_support import COUNTER, hello_text, needs, placed_by_others
 
 from ctxclient import Client
+from ctxclient._output import IDS_SHORTENED
 
 
 def ctxctl(socket: Path, *args: str, stdin: str = "",
@@ -487,6 +489,9 @@ def test_memory_add_list_search_rate_rm(daemon: DaemonProcess) -> None:
     # Plain output (piped) stays empty: the remark goes to standard error.
     plain = ctxctl(daemon.socket, "memory", "list")
     assert (plain.returncode, plain.stdout, plain.stderr) == (0, "", "no memories\n")
+    # Ids are never given again: after 2, the newest, was removed, the next memory is 3.
+    again = ctxctl(daemon.socket, "memory", "add", "flaky network", "retry twice", "--json")
+    assert json.loads(again.stdout)["memory"]["id"] == 3
 
 
 def test_memory_list_pages_and_scopes(daemon: DaemonProcess) -> None:
@@ -643,11 +648,18 @@ def test_piped_sessions_are_plain_rows(shared_daemon: DaemonProcess, sid: str) -
 
 def test_tables_fit_80_columns_and_never_cut_ids_or_states(shared_daemon: DaemonProcess,
                                                            sid: str) -> None:
+    """At 80 columns a session shows its id, state, tokens, usage and health; an agent's
+    id longer than ctxd's own (Claude Code's UUID) is shortened in the table only."""
     project = "wide-" + sid
+    claude = str(uuid.uuid4())
     with shared_daemon.client() as client:
         opened = [client.call("session.open", {
             "project": project, "title": "a title long enough to need wrapping " * 2})[
             "session"]["session_id"] for _ in range(2)]
+        client.call("session.open", {"session_id": claude, "project": project})
+        client.call("message.append", {"session_id": claude, "messages": [
+            {"role": "user", "content": "hello " * 100}]})
+        claude_state = client.call("session.get", {"session_id": claude})["context_state"]
         client.call("session.open", {"session_id": sid})
         outer = client.call("branch.create", {"session_id": sid, "description": "outer " * 20,
                                               "prompt": "go"})
@@ -661,9 +673,27 @@ def test_tables_fit_80_columns_and_never_cut_ids_or_states(shared_daemon: Daemon
     assert [row.split("│")[1].strip() for row in rows] == opened
     header = next(line for line in sessions.stdout.splitlines() if "┃" in line)
     assert [cell.strip() for cell in header.split("┃")[1:-1]] == [
-        "session", "project", "title", "state", "tokens", "health"]
+        "session", "state", "tokens", "usage", "health"]
     for row in rows:
-        assert [cell.strip() for cell in row.split("│")[4:5]] == ["open"]
+        assert [cell.strip() for cell in row.split("│")[2:3]] == ["open"]
+    [long_row] = [line for line in sessions.stdout.splitlines() if claude[:19] in line]
+    assert [cell.strip() for cell in long_row.split("│")[1:4]] == [
+        claude[:19] + "…", "open",
+        f"{claude_state['main_thread_tokens']:,}/{claude_state['effective_window']:,}"]
+    assert long_row.split("│")[4].strip().endswith(f"{claude_state['usage'] * 100:.1f}%")
+    assert sessions.stdout.splitlines()[-1] == (
+        IDS_SHORTENED)
+    status = in_terminal(shared_daemon.socket, "status", "--limit", "1000")
+    assert max(len(line) for line in status.stdout.splitlines()) <= 80
+    assert claude[:19] + "…" in status.stdout
+    assert status.stdout.splitlines()[-1] == (
+        IDS_SHORTENED)
+    plain = ctxctl(shared_daemon.socket, "sessions", "--project", project)
+    assert sorted(line.split()[0] for line in plain.stdout.splitlines()[1:]) == sorted(
+        [*opened, claude])
+    # The id as the table shows it is taken by the commands, as docker takes a short id.
+    shown = ctxctl(shared_daemon.socket, "session", "show", claude[:19] + "…")
+    assert (shown.returncode, shown.stdout.splitlines()[0].split()) == (0, ["session", claude])
     branches = in_terminal(shared_daemon.socket, "branches", sid)
     assert branches.returncode == 0, branches.stderr
     assert max(len(line) for line in branches.stdout.splitlines()) <= 80
@@ -757,7 +787,8 @@ def test_completion_scripts(tmp_path: Path) -> None:
     # Sourced by bash, the script completes ctxctl's commands and a command's own commands.
     probe = bash.stdout + textwrap.dedent("""
         complete -p ctxctl
-        for line in "ctxctl mem" "ctxctl memory re" "ctxctl sessions --st"; do
+        for line in "ctxctl mem" "ctxctl memory re" "ctxctl sessions --st" \
+                    "ctxctl session o" "ctxctl session open --pro"; do
             read -ra COMP_WORDS <<< "$line"
             COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))
             COMP_LINE=$line COMP_POINT=${#line}
@@ -771,7 +802,7 @@ def test_completion_scripts(tmp_path: Path) -> None:
     lines = completed.stdout.splitlines()
     assert lines[0].startswith("complete ")
     assert lines[0].endswith(" ctxctl")
-    assert lines[1:] == ["memory", "reindex", "--state"]
+    assert lines[1:] == ["memory", "reindex", "--state", "open", "--project"]
     unknown = ctxctl(tmp_path / "none.sock", "completion", "tcsh")
     assert unknown.returncode == 2
     assert "invalid choice: 'tcsh' (choose from bash, zsh, fish)" in unknown.stderr
@@ -797,6 +828,63 @@ def utc(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def test_session_open_and_the_hints_name_ctxctl_commands(shared_daemon: DaemonProcess,
+                                                         sid: str) -> None:
+    """A hint names what to type at ctxctl, not the daemon's method (`session.open`), and
+    what it names exists: ``ctxctl session open``."""
+    unknown = ctxctl(shared_daemon.socket, "session", "show", sid)
+    assert (unknown.returncode, unknown.stdout, unknown.stderr) == (
+        1, "", f"ctxctl: error -32004: unknown session '{sid}'\n"
+               f"ctxctl: fix: open it first with `ctxctl session open {sid}`\n")
+    opened = ctxctl(shared_daemon.socket, "session", "open", sid, "--project", "demo",
+                    "--title", "a try")
+    assert (opened.returncode, opened.stdout, opened.stderr) == (
+        0, f"session {sid} opened\n", "")
+    with shared_daemon.client() as client:
+        session = client.call("session.get", {"session_id": sid})["session"]
+        assert (session["project"], session["title"], session["state"]) == (
+            "demo", "a try", "open")
+        client.call("message.append", {"session_id": sid, "messages": [
+            {"role": "user", "content": "hello"}]})
+    assert ctxctl(shared_daemon.socket, "session", "close", sid).returncode == 0
+    closed = ctxctl(shared_daemon.socket, "inject", sid, "hello")
+    assert (closed.returncode, closed.stderr) == (
+        1, f"ctxctl: error -32003: session '{sid}' is closed\n"
+           f"ctxctl: fix: reopen it with `ctxctl session open {sid}` or start a new session\n")
+    again = ctxctl(shared_daemon.socket, "session", "open", sid, "--json")
+    assert json.loads(again.stdout)["created"] is False
+    assert json.loads(again.stdout)["session"]["state"] == "open"
+    assert ctxctl(shared_daemon.socket, "session", "open", sid).stdout == (
+        f"session {sid} is open (1 message)\n")
+    missing = ctxctl(shared_daemon.socket, "memory", "rm", "987654")
+    assert missing.stderr.splitlines()[-1] == (
+        "ctxctl: fix: list memories with `ctxctl memory list` or find them with "
+        "`ctxctl memory search QUERY`")
+    as_json = ctxctl(shared_daemon.socket, "memory", "rm", "987654", "--json")
+    assert json.loads(as_json.stdout)["error"]["data"]["fix"] == (  # the daemon's, as it is
+        "list memories with memory.list or find them with memory.search")
+
+
+def test_a_shortened_id_that_names_no_session_or_several_is_refused(
+        shared_daemon: DaemonProcess, sid: str) -> None:
+    with shared_daemon.client() as client:
+        for suffix in ("a", "b"):
+            client.call("session.open", {"session_id": f"{sid}-{suffix}"})
+    several = ctxctl(shared_daemon.socket, "branches", sid + "…")
+    assert (several.returncode, several.stdout, several.stderr) == (
+        1, "", f"ctxctl: 2 sessions' ids start with '{sid}' ({sid}-a, {sid}-b); give more of "
+               "the id\n")
+    none = ctxctl(shared_daemon.socket, "tools", sid + "-c…")
+    assert (none.returncode, none.stderr) == (
+        1, f"ctxctl: no session's id starts with '{sid}-c'\n")
+    one = ctxctl(shared_daemon.socket, "session", "close", sid + "-b…")
+    assert (one.returncode, one.stdout) == (0, f"session {sid}-b closed\n")
+    refused = ctxctl(shared_daemon.socket, "session", "open", sid + "-c…")
+    assert refused.returncode == 2
+    assert refused.stderr.endswith(f"invalid session id '{sid}-c…': use 1-128 of A-Z a-z 0-9 "
+                                   ". _ : - (first alphanumeric)\n")
+
+
 def test_session_show_render_messages_close_delete(shared_daemon: DaemonProcess,
                                                    sid: str) -> None:
     with shared_daemon.client() as client:
@@ -814,8 +902,8 @@ def test_session_show_render_messages_close_delete(shared_daemon: DaemonProcess,
     assert [line.split(None, 1) for line in shown.stdout.splitlines()] == [
         ["session", sid], ["project", "demo"], ["title", "-"], ["state", "open"],
         ["messages", "2"],
-        ["tokens", f"{state['main_thread_tokens']} main thread, {state['total_tokens']} in all, "
-                   "0 folded"],
+        ["tokens", f"{state['main_thread_tokens']} in the main thread as sent, 0 in live "
+                   "branches, 0 folded away"],
         ["window", "1,500 (2,000 less 500 for the reply)"],
         ["usage", f"{state['usage'] * 100:.1f}% ({state['health']})"],
         ["thresholds", "warn 50.0%, caution 60.0%, compact 95.0%, hard block 98.0%"],
@@ -845,10 +933,31 @@ def test_session_show_render_messages_close_delete(shared_daemon: DaemonProcess,
         ["1", "system", stored[0]["component"], str(stored[0]["tokens"]), "main", "Be",
          "brief."], "(more: --all, or --limit larger than 1)\n")
 
+    with shared_daemon.client() as client:  # a live branch's own tokens are counted apart
+        branch = client.call("branch.create", {"session_id": sid, "description": "look",
+                                               "prompt": "look around", "budget": 900})
+        client.call("message.append", {"session_id": sid, "branch_id": branch["branch_id"],
+                                       "messages": [{"role": "user", "content": "x " * 30}]})
+        live = client.call("branch.status", {"branch_id": branch["branch_id"]})["branch"]
+        state = client.call("session.get", {"session_id": sid})["context_state"]
+        during = ctxctl(shared_daemon.socket, "session", "show", sid)
+        client.call("branch.return", {"branch_id": branch["branch_id"], "message": "ok"})
+        after = client.call("session.get", {"session_id": sid})["context_state"]
+    assert live["budget_used"] > 0
+    assert state["total_tokens"] == state["main_thread_tokens"] - 3 + live["budget_used"]
+    assert during.stdout.splitlines()[5].split(None, 1) == [
+        "tokens", f"{state['main_thread_tokens']} in the main thread as sent, "
+                  f"{live['budget_used']} in live branches, 0 folded away"]
+    assert after["folded_tokens"] > 0
+    assert ctxctl(shared_daemon.socket, "session", "show", sid).stdout.splitlines()[5].split(
+        None, 1) == ["tokens", f"{after['main_thread_tokens']} in the main thread as sent, 0 in "
+                               f"live branches, {after['folded_tokens']} folded away"]
+
     closed = ctxctl(shared_daemon.socket, "session", "close", sid)
     assert (closed.returncode, closed.stdout) == (0, f"session {sid} closed\n")
     deleted = ctxctl(shared_daemon.socket, "session", "delete", sid)
-    assert (deleted.returncode, deleted.stdout) == (0, f"session {sid} deleted (2 messages)\n")
+    assert (deleted.returncode, deleted.stdout) == (  # the branch's 3 and the return's note
+        0, f"session {sid} deleted (6 messages)\n")
     gone = ctxctl(shared_daemon.socket, "session", "show", sid)
     assert (gone.returncode, gone.stderr.splitlines()[0]) == (
         1, f"ctxctl: error -32004: unknown session '{sid}'")

@@ -34,6 +34,29 @@ def event(name: str, session_id: str, cwd: str, **fields: Any) -> dict[str, Any]
             "hook_event_name": name, **fields}
 
 
+def test_hook_help_says_what_it_does_and_reads_no_event() -> None:
+    """``ctxctl hook --help`` printed nothing: the console script's fast path took it for
+    an event (an empty one, standard input being closed)."""
+    helped = subprocess.run([str(CTXCTL), "hook", "--help"], stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, timeout=30, check=False)
+    assert (helped.returncode, helped.stderr) == (0, "")
+    assert helped.stdout.startswith("usage: ctxctl hook [-h] [--socket PATH]")
+    assert "Answer one Claude Code hook event: read its JSON on standard input" in (
+        " ".join(helped.stdout.split()))
+    assert "  echo '{\"hook_event_name\":\"SessionStart\",\"session_id\":\"s1\"}' | ctxctl hook" \
+        in helped.stdout.splitlines()
+
+
+def test_hook_ignores_arguments_it_does_not_know(tmp_path: Path) -> None:
+    """A hook fails open: an argument it does not know is no usage error (exit 2 would
+    block the tool call in Claude Code)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTXD_")}
+    done = subprocess.run([str(CTXCTL), "hook", "--socket", str(tmp_path / "none.sock"),
+                           "--bogus"], input="{}", capture_output=True, text=True, env=env,
+                          timeout=30, check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
 @pytest.fixture
 def claude_sid() -> str:
     return str(uuid.uuid4())

@@ -191,3 +191,77 @@ def test_doctor_checks_the_claude_code_settings(home: Path, project: Path,
     down = ctxctl(home, project, "--socket", str(project / "none.sock"), "doctor")
     assert down.returncode == 2
     assert down.stdout.splitlines() == moved
+
+
+# ---- OpenCode's settings are JSONC ------------------------------------------------------
+
+OPENCODE_JSONC = """{
+  // my settings: the theme is for the dark terminal
+  "$schema": "https://opencode.ai/config.json",
+  "theme": "dark", /* keep */
+  "mcp": {
+    "github": {"type": "local", "command": ["gh-mcp"]}, // theirs
+  },
+}
+"""
+
+
+def test_opencode_settings_with_comments_are_edited_in_place(home: Path,
+                                                             project: Path) -> None:
+    """OpenCode reads opencode.json as JSONC: one with comments and trailing commas is
+    merged into, its comments and layout kept, and uninstall gives back its text."""
+    config = project / "opencode.json"
+    config.write_text(OPENCODE_JSONC)
+    installed = ctxctl(home, project, "install", "opencode", "--scope", "project")
+    assert (installed.returncode, installed.stderr) == (0, "")
+    assert installed.stdout.splitlines() == [
+        f"added the plugin in {project}/.opencode/plugin/ctxd.js",
+        f"added MCP server ctxd in {config}"]
+    text = config.read_text()
+    assert text.startswith(OPENCODE_JSONC[:OPENCODE_JSONC.index('    "github"')])
+    assert '    "github": {"type": "local", "command": ["gh-mcp"]}, // theirs\n' \
+           '    "ctxd": {\n' in text
+    assert text.endswith("    },\n  },\n}\n")
+    from ctxclient._jsonc import loads
+
+    assert loads(text)["mcp"]["ctxd"] == {"type": "local", "command": [str(CTXCTL), "mcp"],
+                                          "enabled": True}
+    again = ctxctl(home, project, "install", "opencode", "--scope", "project")
+    assert again.stdout == "opencode (project): already installed, nothing changed\n"
+    removed = ctxctl(home, project, "uninstall", "opencode", "--scope", "project")
+    assert removed.returncode == 0, removed.stderr
+    assert config.read_text() == OPENCODE_JSONC
+
+
+def test_opencode_jsonc_alone_is_the_file_edited(home: Path, project: Path) -> None:
+    """With only opencode.jsonc, install edits it and writes no opencode.json beside it;
+    OpenCode itself then reads ctxd's MCP server from it (`opencode debug config`)."""
+    jsonc = project / "opencode.jsonc"
+    jsonc.write_text(OPENCODE_JSONC)
+    installed = ctxctl(home, project, "install", "opencode", "--scope", "project")
+    assert installed.returncode == 0, installed.stderr
+    assert installed.stdout.splitlines()[-1] == f"added MCP server ctxd in {jsonc}"
+    assert not (project / "opencode.json").exists()
+    assert "// my settings: the theme is for the dark terminal\n" in jsonc.read_text()
+    broken = project.parent / "broken"
+    broken.mkdir()
+    (broken / "opencode.jsonc").write_text('{"mcp": {/* no end\n')
+    refused = ctxctl(home, broken, "install", "opencode", "--scope", "project")
+    assert (refused.returncode, refused.stdout) == (3, "")
+    assert refused.stderr == (
+        f"ctxctl: {broken}/opencode.jsonc: not valid JSON (comments and trailing commas "
+        "allowed) (a /* comment that never ends (line 1)); fix or move the file, then run "
+        "the command again\n")
+    from opencode_runs import OPENCODE, hermetic_env, plugin_sdk_installed
+
+    if OPENCODE is None:
+        pytest.skip("opencode not installed (npm install opencode-ai; .ci/run does)")
+    plugin_sdk_installed(project / ".opencode")
+    env = hermetic_env(project.parent, project.parent / "none.sock")
+    shown = subprocess.run([OPENCODE, "debug", "config"], cwd=project, env=env,
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert shown.returncode == 0, shown.stderr
+    resolved = json.loads(shown.stdout)
+    assert resolved["mcp"]["github"] == {"type": "local", "command": ["gh-mcp"]}
+    assert resolved["mcp"]["ctxd"] == {"type": "local", "command": [str(CTXCTL), "mcp"],
+                                       "enabled": True}

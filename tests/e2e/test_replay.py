@@ -183,21 +183,46 @@ def test_ctxctl_replay_json(tmp_path: Path) -> None:
     assert [point["turn"] for point in report["series"]] == [1, 2, 3, 4]
 
 
+FORMATS_READ = (
+    "ctxctl replay reads (--from):\n"
+    "  claude-code  a Claude Code transcript, ~/.claude/projects/PROJECT/SESSION.jsonl (JSONL, "
+    "or a JSON array of its records)\n"
+    "  opencode     an OpenCode export, `opencode export SESSION > FILE` (a JSON object with "
+    "info and messages)\n")
+
+
 def test_ctxctl_replay_bad_files(tmp_path: Path) -> None:
+    """A file replay cannot read is named with why, then the formats it reads."""
     missing = ctxctl("replay", str(tmp_path / "none.jsonl"))
     assert missing.returncode == 2
     assert "does not exist" in missing.stderr
     bad = tmp_path / "bad.txt"
     bad.write_text("hello\n")
     refused = ctxctl("replay", str(bad))
-    assert refused.returncode == 1
-    assert refused.stderr == (f"ctxctl: {bad} is neither a Claude Code transcript (JSONL, or "
-                              "a JSON array of its records) nor an OpenCode export (a JSON "
-                              "object with info and messages); name the format with --from\n")
+    assert (refused.returncode, refused.stdout) == (1, "")
+    assert refused.stderr == (f"ctxctl: {bad} is neither a Claude Code transcript nor an "
+                              f"OpenCode export\n{FORMATS_READ}")
     lines = tmp_path / "bad.jsonl"
     lines.write_text("not json\n")
     assert ctxctl("replay", str(lines)).stderr == (
-        f"ctxctl: {lines} is not a Claude Code transcript: no line is a JSON record\n")
+        f"ctxctl: {lines} is not a Claude Code transcript: no line is a JSON record\n"
+        f"{FORMATS_READ}")
+    other_tool = tmp_path / "rollout.jsonl"  # another agent's JSONL: records, no prompt
+    other_tool.write_text('{"type":"session_meta","payload":{"id":"x"}}\n')
+    assert ctxctl("replay", str(other_tool)).stderr == (
+        f"ctxctl: {other_tool} is not a Claude Code transcript: no record is a user or "
+        f"assistant message\n"
+        f"{FORMATS_READ}")
+    not_export = tmp_path / "other.json"
+    not_export.write_text('{"info": {}}')
+    assert ctxctl("replay", str(not_export), "--from", "opencode").stderr == (
+        f"ctxctl: {not_export} is not an OpenCode export: it is not an object "
+        f"{{info, messages: [...]}}\n{FORMATS_READ}")
+    no_messages = tmp_path / "empty.json"
+    no_messages.write_text('{"info": {}, "messages": [{"info": {"role": "system"}}]}')
+    assert ctxctl("replay", str(no_messages)).stderr == (
+        f"ctxctl: {no_messages} holds no message to replay as an OpenCode export\n"
+        f"{FORMATS_READ}")
 
 
 def test_ctxctl_replay_offers_no_socket(tmp_path: Path) -> None:

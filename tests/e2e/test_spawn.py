@@ -1,7 +1,9 @@
 """One way to start a daemon (``ctxclient.spawn_daemon``, docs/decisions.md): a folder named
 ``ctxd`` where the user stands is never imported in place of the installed package, by
 each path that starts one: the tests' and benchmarks' `DaemonProcess`, ``ctxctl replay``'s
-private daemons and ``ctxctl mcp``'s start of a missing daemon."""
+private daemons, and the start of a missing daemon by ``ctxctl mcp`` and ``ctxctl run``,
+which also works with a client's own variable (``CTXD_PLUGIN_TIMEOUT_MS``) set; each with
+an empty ``PYTHONPATH`` entry, which would put the current directory back on the path."""
 
 from __future__ import annotations
 
@@ -30,12 +32,23 @@ def standing_in(tmp_path: Path) -> Path:
     return folder
 
 
+def _with_an_empty_entry(environ: dict[str, str]) -> dict[str, str]:
+    """``PYTHONPATH`` as ``export PYTHONPATH=$PYTHONPATH:/x`` leaves it with none before:
+    an empty first entry, which Python reads as the current directory."""
+    return {**environ, "PYTHONPATH": os.pathsep.join(["", *filter(None, [
+        environ.get("PYTHONPATH")])]) + os.pathsep + "/nonexistent"}
+
+
 def test_the_folder_is_imported_by_python_m_ctxd(standing_in: Path) -> None:
-    """What the starters avoid: ``python -m ctxd`` puts the current directory first."""
-    done = subprocess.run([sys.executable, "-m", "ctxd", "--version"], cwd=standing_in,
-                          capture_output=True, text=True, timeout=60, check=False)
-    assert (done.returncode, done.stdout, done.stderr) == (
-        1, "", "imported the ctxd folder where the user stands\n")
+    """What the starters avoid: ``python -m ctxd`` puts the current directory first, and
+    so does ``-P`` with an empty ``PYTHONPATH`` entry."""
+    for flags, env in (([], dict(os.environ)), (["-P"], _with_an_empty_entry(
+            dict(os.environ)))):
+        done = subprocess.run([sys.executable, *flags, "-m", "ctxd", "--version"],
+                              cwd=standing_in, env=env, capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert (done.returncode, done.stdout, done.stderr) == (
+            1, "", "imported the ctxd folder where the user stands\n")
 
 
 def test_a_daemon_process_ignores_it(daemon_root: Path, standing_in: Path) -> None:
@@ -55,19 +68,35 @@ def test_ctxctl_replay_ignores_it(tmp_path: Path, standing_in: Path) -> None:
         "message": {"role": role, "content": f"{role} {turn}"}}) + "\n"
         for turn in (1, 2) for role in ("user", "assistant")))
     done = subprocess.run([CTXCTL, "replay", str(path), "--json"], cwd=standing_in,
-                          capture_output=True, text=True, timeout=300, check=False)
+                          env=_with_an_empty_entry(dict(os.environ)), capture_output=True,
+                          text=True, timeout=300, check=False)
     assert (done.returncode, done.stderr) == (0, "")
     assert [point["turn"] for point in json.loads(done.stdout)["series"]] == [1, 2]
+
+
+def _user_environment(root: Path) -> dict[str, str]:
+    """A user's environment whose ctxd lives under ``root``, with the OpenCode plugin's
+    time limit set as README shows (a client's variable, not a daemon setting)."""
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("CTXD_", "CLAUDE_", "ANTHROPIC_", "OPENAI_"))}
+    env.update(HOME=str(root), XDG_CONFIG_HOME=str(root / "config"),
+               XDG_STATE_HOME=str(root / "state"), CTXD_SOCKET=str(root / "run" / "ctxd.sock"),
+               CTXD_DATA_DIR=str(root / "data"), CTXD_GATEWAY_LISTEN="127.0.0.1:0",
+               CTXD_PLUGIN_TIMEOUT_MS="5000")
+    return _with_an_empty_entry(env)
+
+
+def _shut_down(sock: Path) -> None:
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as client:
+        client.connect(str(sock))
+        client.sendall(b'{"jsonrpc":"2.0","id":1,"method":"daemon.shutdown"}\n')
+        client.recv(1024)
 
 
 def test_ctxctl_mcp_starts_a_daemon_that_ignores_it(daemon_root: Path,
                                                     standing_in: Path) -> None:
     sock = daemon_root / "run" / "ctxd.sock"
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("CTXD_", "CLAUDE_"))}
-    env.update(HOME=str(daemon_root), XDG_CONFIG_HOME=str(daemon_root / "config"),
-               XDG_STATE_HOME=str(daemon_root / "state"), CTXD_SOCKET=str(sock),
-               CTXD_DATA_DIR=str(daemon_root / "data"))
+    env = _user_environment(daemon_root)
     initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {},
         "clientInfo": {"name": "t", "version": "1"}}}
@@ -82,9 +111,32 @@ def test_ctxctl_mcp_starts_a_daemon_that_ignores_it(daemon_root: Path,
         finally:
             process.stdin.close()
             process.wait(30)
-            with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as client:
-                client.connect(str(sock))
-                client.sendall(b'{"jsonrpc":"2.0","id":1,"method":"daemon.shutdown"}\n')
-                client.recv(1024)
+            _shut_down(sock)
     assert process.returncode == 0
     assert answer["result"]["serverInfo"]["name"] == "ctxd"
+
+
+def test_ctxctl_run_starts_a_daemon_that_ignores_it(daemon_root: Path,
+                                                   standing_in: Path) -> None:
+    sock = daemon_root / "run" / "ctxd.sock"
+    agent = "import os; print(os.environ['ANTHROPIC_BASE_URL'].startswith('http://127.0.0.1:'))"
+    try:
+        ran = subprocess.run([CTXCTL, "run", "--", sys.executable, "-c", agent],
+                             cwd=standing_in, env=_user_environment(daemon_root),
+                             capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        _shut_down(sock)
+    log = daemon_root / "state" / "ctxd" / "ctxd.log"
+    assert (ran.returncode, ran.stdout, ran.stderr) == (
+        0, "True\n", f"ctxctl run: no daemon on {sock}; starting ctxd (log: {log})\n")
+
+
+def test_ctxctl_hook_ignores_it(tmp_path: Path, standing_in: Path) -> None:
+    """Claude Code runs the hook in the project: it fails open there too (exit 0, nothing
+    said), rather than exiting 1 from the folder's ``ctxd``."""
+    env = _with_an_empty_entry({key: value for key, value in os.environ.items()
+                                if not key.startswith("CTXD_")})
+    done = subprocess.run([CTXCTL, "hook", "--socket", str(tmp_path / "none.sock")],
+                          cwd=standing_in, env=env, input="{}", capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")

@@ -3,6 +3,7 @@
 import contextlib
 import io
 import os
+import re
 import subprocess
 import tomllib
 from pathlib import Path
@@ -165,9 +166,36 @@ def test_an_unknown_encoding_is_named_with_its_source(tmp_path: Path) -> None:
     assert caught.value.message.startswith("CTXD_ENCODING: unknown encoding 'nope'; known: ")
 
 
-def test_the_shell_clients_variable_is_not_a_daemon_key(tmp_path: Path) -> None:
-    cfg = _load(tmp_path, CTXD_CALL_TRANSPORT="python")
-    assert cfg.max_connections == 256
+def test_the_clients_variables_are_not_daemon_keys(tmp_path: Path) -> None:
+    """A shell that configures its clients still starts ctxd (the plugin's time limit is
+    documented in README), and what the variables say is not taken as a setting."""
+    cfg = _load(tmp_path, CTXD_CALL_TRANSPORT="python", CTXD_PLUGIN_TIMEOUT_MS="5000")
+    assert cfg == _load(tmp_path)
+
+
+def test_every_ctxd_variable_a_client_reads_is_known_to_the_daemon() -> None:
+    """Each CTXD_* name in the clients' code (Python, the OpenCode plugin, the shell client)
+    is a daemon setting the client shares (CTXD_SOCKET) or one the daemon knows it must
+    ignore: a new client variable cannot stop ctxd from starting."""
+    clients = Path(__file__).resolve().parents[2] / "clients"
+    read = {name for path in clients.rglob("*") if path.is_file()
+            and path.suffix in (".py", ".js", "")
+            for name in re.findall(r"\bCTXD_[A-Z_]*[A-Z]\b", path.read_text())}
+    settings = {config.env_name(path) for path in config._keys()}
+    assert {"CTXD_SOCKET", "CTXD_CALL_TRANSPORT", "CTXD_PLUGIN_TIMEOUT_MS"} <= read
+    assert read - settings - config.NOT_DAEMON_KEYS == set()
+    assert set(config.CLIENT_VARIABLES) & settings == set()
+
+
+def test_ctxd_starts_with_a_client_variable_set(tmp_path: Path) -> None:
+    shown = _run_ctxd(tmp_path, "--print-config", CTXD_PLUGIN_TIMEOUT_MS="5000",
+                      CTXD_LOG_LEVEL="debug")
+    assert (shown.returncode, shown.stderr) == (0, "")
+    assert tomllib.loads(shown.stdout)["log_level"] == "debug"
+    assert "5000" not in shown.stdout
+    typo = _run_ctxd(tmp_path, "--print-config", CTXD_PLUGIN_TIMEOUT="5000")
+    assert typo.returncode == 2
+    assert typo.stderr.startswith("ctxd: CTXD_PLUGIN_TIMEOUT: unknown environment variable")
 
 
 def test_a_bad_encoding_is_a_clean_start_up_error(tmp_path: Path) -> None:

@@ -340,14 +340,18 @@ def test_the_gateway_line_and_its_calls_as_plain_rows() -> None:
         "    80,100          250       0"]
 
 
-def test_the_gateway_table_fits_80_columns_and_keeps_the_session_whole() -> None:
+def test_the_gateway_table_fits_80_columns_and_shortens_a_long_session_id() -> None:
+    """Claude Code's 36-character session id is shown as ctxd's own are at most (20
+    characters), which leaves room for the cache reads."""
     console = Console(width=80, record=True, color_system=None)
     console.print(table(gateway_listing(GATEWAY), 80))
     shown = console.export_text().splitlines()
     assert max(len(line) for line in shown) <= 80
-    assert any(CALL["session_id"] in line for line in shown)
+    rows = [line.split("│")[1].strip() for line in shown if line.startswith("│")]
+    assert rows == [CALL["session_id"][:19] + "…", "s2"]
     header = next(line for line in shown if line.startswith("┃ session"))
-    assert header.replace("┃", " ").split() == ["session", "sent", "removed", "input", "cost"]
+    assert header.replace("┃", " ").split() == [
+        "session", "sent", "removed", "input", "cache", "read", "cost"]
     wide = Console(width=160, record=True, color_system=None)
     wide.print(table(gateway_listing(GATEWAY), 160))
     header = next(line for line in wide.export_text().splitlines()

@@ -145,3 +145,43 @@ def test_version_and_exit_codes_in_help(ctxctl: Ctxctl, tmp_path: Path) -> None:
         "  3  install/uninstall refused a settings file (nothing written)\n"
         "run exits with its command's status, or 125 (it could not run it: no daemon, the\n"
         "gateway disabled), 126 (not executable) or 127 (not found)\n")
+
+
+def test_every_hint_method_is_a_daemon_method_and_every_command_parses() -> None:
+    """The daemon's hints name methods; ctxctl prints the command that does the same
+    (`ctxclient.cli.COMMAND_OF_METHOD`): each method is one of the daemon's, each command
+    one ctxctl takes, and every namespace of the daemon's methods is recognised."""
+    from ctxclient.cli import COMMAND_OF_METHOD, METHOD_NAME, parser
+    from ctxd.daemon._routes import ROUTES
+
+    methods = {route.method for route in ROUTES if "." in route.method}
+    assert set(COMMAND_OF_METHOD) <= methods
+    typed = {route.method: route.ctxctl for route in ROUTES
+             if set(route.ctxctl) - {"hook", "mcp"}}  # commands a user types for it
+    assert set(COMMAND_OF_METHOD) == set(typed)
+    for method, template in COMMAND_OF_METHOD.items():
+        words = " ".join(word for word in template.split()[1:]
+                         if word.islower() and not word.startswith(("{", "-")))
+        assert words in typed[method], (method, template)
+    assert all(METHOD_NAME.fullmatch(method) for method in methods)
+    placeholders = {"SESSION": "s1", "TEXT": "hi", "REF": "res_0123456789abcdef",
+                    "REQUEST_ID": "7", "QUERY": "q", "TITLE": "t", "CONTENT": "c", "ID": "3"}
+    for template in COMMAND_OF_METHOD.values():
+        words = template.format(session="SESSION").split()[1:]
+        args = parser().parse_args([placeholders.get(word, word) for word in words]
+                                   + (["claude-code", "f.jsonl"] if words == ["import"]
+                                      else []))
+        assert args.run is not None, template
+
+
+def test_a_hint_names_the_ctxctl_command() -> None:
+    from ctxclient.cli import ctxctl_hint
+
+    assert ctxctl_hint("open it first with session.open", {"session_id": "s1"}) == (
+        "open it first with `ctxctl session open s1`")
+    assert ctxctl_hint("return them first (branch.return), or compact one of them with its "
+                       "branch_id", {}) == (
+        "return them first (`ctxctl call branch.return`), or compact one of them with its "
+        "branch_id")
+    assert ctxctl_hint("list a session's branches with branch.list; see config.toml", {}) == (
+        "list a session's branches with `ctxctl branches SESSION`; see config.toml")

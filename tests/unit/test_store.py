@@ -7,7 +7,15 @@ import pytest
 import trio
 
 from ctxd.errors import CtxdError, ErrorCode
-from ctxd.store import DatabaseError, Store, Transaction, migrate, scalar_int, schema_version
+from ctxd.store import (
+    DatabaseError,
+    Store,
+    Transaction,
+    migrate,
+    recover,
+    scalar_int,
+    schema_version,
+)
 from ctxd.store.migrations import load_all
 
 LATEST = len(load_all())
@@ -66,7 +74,61 @@ def test_version_14_keeps_the_events_and_their_high_water_seq(tmp_path: Path) ->
     assert migrate(conn) == LATEST
     assert conn.execute("SELECT seq FROM events ORDER BY seq").fetchall() == [(1,), (2,)]
     assert conn.execute("SELECT seq FROM events_high_water").fetchall() == [(3,)]
-    assert conn.execute("SELECT name FROM sqlite_sequence").fetchall() == []
+    assert conn.execute("SELECT name FROM sqlite_sequence WHERE name = 'events'"
+                        ).fetchall() == []
+
+
+def test_version_17_keeps_memories_their_signals_and_index_and_never_reuses_an_id(
+        tmp_path: Path) -> None:
+    conn = apsw.Connection(str(tmp_path / "db"))
+    conn.execute("PRAGMA foreign_keys = ON")
+    with conn:
+        for _, module in load_all()[:16]:
+            conn.execute(module.SQL)
+        conn.execute("PRAGMA user_version = 16")
+        conn.executemany(
+            "INSERT INTO memories (scope, title, content, outcome, alpha, beta, created_at, "
+            "updated_at, content_tokens) VALUES ('global', ?, ?, 'success', 1, 1, 1.0, 1.0, 3)",
+            [("one", "alpha words"), ("two", "bravo words"), ("three", "charlie words")])
+        conn.execute("INSERT INTO memory_signals (memory_id, kind, positive, weight, "
+                     "created_at) VALUES (2, 'feedback', 1, 1.0, 1.0)")
+    assert migrate(conn) == LATEST
+    assert conn.execute("PRAGMA foreign_keys").fetchall() == [(1,)]
+    assert conn.execute("SELECT id, title, content_tokens FROM memories ORDER BY id"
+                        ).fetchall() == [(1, "one", 3), (2, "two", 3), (3, "three", 3)]
+    assert conn.execute("SELECT memory_id FROM memory_signals").fetchall() == [(2,)]
+    assert conn.execute("SELECT rowid FROM memories_fts WHERE memories_fts MATCH 'bravo'"
+                        ).fetchall() == [(2,)]
+    with conn:  # the newest removed, the next memory gets an id never given before
+        conn.execute("DELETE FROM memories WHERE id IN (2, 3)")
+        assert conn.execute("SELECT count(*) FROM memory_signals").fetchall() == [(0,)]
+        conn.execute("INSERT INTO memories (scope, title, content, outcome, alpha, beta, "
+                     "created_at, updated_at) VALUES ('global', 'four', 'delta words', "
+                     "'success', 1, 1, 1.0, 1.0)")
+    assert conn.execute("SELECT id FROM memories ORDER BY id").fetchall() == [(1,), (4,)]
+    assert conn.execute("SELECT rowid FROM memories_fts WHERE memories_fts MATCH 'delta'"
+                        ).fetchall() == [(4,)]
+    assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+
+
+def test_a_recovery_keeps_the_highest_memory_id_ever_given(tmp_path: Path) -> None:
+    path = tmp_path / "ctxd.db"
+    conn = apsw.Connection(str(path))
+    migrate(conn)
+    with conn:
+        conn.executemany("INSERT INTO memories (scope, title, content, outcome, alpha, beta, "
+                         "created_at, updated_at) VALUES ('global', ?, 'c', 'success', 1, 1, "
+                         "1.0, 1.0)", [("one",), ("two",), ("three",)])
+        conn.execute("DELETE FROM memories WHERE id > 1")
+    conn.close()
+    assert recover(path).rows["memories"] == 1
+    recovered = apsw.Connection(str(path))
+    with recovered:
+        recovered.execute("INSERT INTO memories (scope, title, content, outcome, alpha, beta, "
+                          "created_at, updated_at) VALUES ('global', 'four', 'c', 'success', "
+                          "1, 1, 1.0, 1.0)")
+    assert recovered.execute("SELECT id, title FROM memories ORDER BY id").fetchall() == [
+        (1, "one"), (4, "four")]
 
 
 def test_refuses_a_newer_database(tmp_path: Path) -> None:
