@@ -97,8 +97,10 @@ def test_kept_content_tokens_are_forgotten_when_the_encoding_changes(tmp_path: P
 
 
 def test_a_use_is_recorded_only_for_the_memory_that_was_shown(tmp_path: Path) -> None:
-    # A memory injected, then deleted before the branch's write, may leave its id to a
-    # new memory: the use is not the new memory's.
+    # A memory injected, then deleted before the branch's write: its id is never given
+    # again, but a database from before schema version 17 may have given it to a new
+    # memory (the row moved to that id here, as such a database holds it): the use is not
+    # the new memory's.
     conn = apsw.Connection(str(tmp_path / "ctxd.db"))
     migrate(conn)
     mirror = LexicalIndex()
@@ -112,8 +114,10 @@ def test_a_use_is_recorded_only_for_the_memory_that_was_shown(tmp_path: Path) ->
     with conn:
         kept, shown = new("bump user_version"), new("run the tests with the venv")
         q.delete(conn, mirror, shown)
-        reused = new("an unrelated lesson")
-    assert reused == shown
+        fresh = new("an unrelated lesson")
+        assert fresh == shown + 1
+        conn.execute("UPDATE memories SET id = ? WHERE id = ?", (shown, fresh))
+        reused = shown
     with conn:
         q.record_use(conn, mirror, {kept: "bump user_version",
                                     shown: "run the tests with the venv"}, "branch-1", 1.0)

@@ -86,7 +86,7 @@ def test_uninstall_leaves_a_ctxd_entry_and_plugin_it_did_not_write(tmp_path: Pat
 
 
 @pytest.mark.parametrize(("text", "reason"), [
-    ('{"model": "x",}', "not valid JSON"),
+    ('{"model": "x"', r"not valid JSON \(comments and trailing commas allowed\)"),
     ("[1, 2]", "holds a JSON list, not an object"),
     ('{"mcp": []}', "mcp is not a JSON object"),
 ])

@@ -90,11 +90,12 @@ def test_scores_and_ranks_as_fts5_through_inserts_deletes_and_signals(tmp_path: 
         for memory_id in rng.sample(sorted(r[0] for r in conn.execute(
                 "SELECT id FROM memories")), 40):
             q.signal(conn, mirror, memory_id, "feedback", False, None, 0.0)
-        # The highest id deleted and inserted again: SQLite reuses the rowid.
+        # The highest id deleted, then a memory inserted: it gets an id never given
+        # before (AUTOINCREMENT), not the deleted one's.
         top = conn.execute("SELECT max(id) FROM memories").fetchall()[0][0]
         q.delete(conn, mirror, top)
-        reused, _ = q.insert(conn, mirror, _memory(rng))
-        assert reused.id == top
+        fresh, _ = q.insert(conn, mirror, _memory(rng))
+        assert fresh.id == 301
     queries = [_words(rng, rng.randint(1, 12)) for _ in range(60)]
     queries += ["tests", "running w1", "the of and"]  # stems; stop words alone
     hits = 0
