@@ -435,7 +435,7 @@ async def _record_new(actor: SessionActor, shape: Shape, messages: list[dict[str
         sent = bares[position]
         for k, result in enumerate(shape.results(sent)):
             message = recorded[k] if k < len(recorded) else None
-            if (result.text is None or result.is_error or message is None
+            if (result.text is None or message is None
                     or message.tool_call_id != result.call_id[:256]):
                 continue
             offloaded = offload(msgspec.structs.replace(message, content=result.text),

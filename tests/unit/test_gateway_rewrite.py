@@ -137,7 +137,7 @@ async def test_a_large_result_is_sent_as_its_stub_and_reads_back_whole(
                answer("t1", BIG, cache_control={"type": "ephemeral"})]
     first = await prepare(supervisor, anthropic(history))
     ref_id = ref_id_for("s1", 3)
-    stub = stub_text(len(BIG), "Bash", BIG[:200], ref_id)
+    stub = stub_text(len(BIG), "Bash", BIG, ref_id)
     assert sent(first.body) == [history[0], history[1],
                                 answer("t1", stub, cache_control={"type": "ephemeral"})]
     assert await read_all(supervisor, ref_id) == BIG
