@@ -244,8 +244,8 @@ def restore_entry(data: dict[str, Any], file: Path, keys: tuple[str, ...],
 
 # ---- Claude Code -------------------------------------------------------------------------
 
-HOOK_EVENTS = ("SessionStart", "UserPromptSubmit", "PostToolUse", "PreCompact", "Stop",
-               "SubagentStop", "SessionEnd")
+HOOK_EVENTS = ("SessionStart", "UserPromptSubmit", "PostToolUse", "PostToolUseFailure",
+               "PreCompact", "Stop", "SubagentStop", "SessionEnd")
 HOOK_TIMEOUT_S = 10
 """Claude Code's limit for one hook run; ``ctxctl hook`` gives up on the daemon sooner."""
 MCP_NAME = "ctxd"

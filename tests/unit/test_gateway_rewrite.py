@@ -279,6 +279,24 @@ async def test_nested_branches_fold_inner_then_outer(supervisor: Supervisor) -> 
     assert sent(outer.body) == [*FOLD[:3], *FOLD[5:]]
 
 
+async def test_an_error_is_sent_as_its_stub_beyond_four_thresholds_and_ctxds_answers_never(
+        supervisor: Supervisor) -> None:
+    inline_error = "E" * 16_384  # four times the 4,096 threshold: stays inline
+    error = "Traceback (most recent call last):\n" + "  frame\n" * 2100 + "ValueError: bad"
+    page = "page of a result\n" * 1000  # 17,000 bytes read back by ctxd's own tool
+    history = [{"role": "user", "content": "go"},
+               call("t1", "Bash"), answer("t1", inline_error, is_error=True),
+               call("t2", "Bash"), answer("t2", error, is_error=True),
+               call("t3", "mcp__ctxd__read_result", ref_id="res_0"), answer("t3", page)]
+    prepared = await prepare(supervisor, anthropic(history))
+    ref_id = ref_id_for("s1", 5)
+    stub = stub_text(len(error), "Bash", error, ref_id)
+    assert sent(prepared.body) == [*history[:4], answer("t2", stub, is_error=True),
+                                   *history[5:]]
+    assert stub.split("\n")[-2] == "ValueError: bad"
+    assert await read_all(supervisor, ref_id) == error
+
+
 async def test_a_failed_return_folds_nothing(supervisor: Supervisor) -> None:
     failed = [*FOLD[:5], call("x1", "mcp__ctxd__context_return", message="m"),
               answer("x1", "no active branch", is_error=True)]
