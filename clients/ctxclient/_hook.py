@@ -313,7 +313,7 @@ class Hook:
             return None
         text = output_text(response)
         whole = persisted_output(response, claude_dirs(self.event)) if text else None
-        if whole is not None:
+        if whole is not None and isinstance(response, dict):
             stderr = response.get("stderr")
             text = whole + (f"\n{stderr}" if isinstance(stderr, str) and stderr else "")
         interrupted = isinstance(response, dict) and response.get("interrupted") is True
