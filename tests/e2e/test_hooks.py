@@ -200,6 +200,49 @@ def test_read_persisted_output_failures_and_ctxds_own_answers(
         assert rendered["toolu_own"] == page
 
 
+def test_an_import_keeps_the_output_claude_code_saved_inside_the_transcripts_folder(
+        tmp_path: Path, shared_daemon: DaemonProcess, claude_sid: str) -> None:
+    """A result the hooks did not record (here: no PostToolUse at all) is imported from the
+    transcript: Claude Code's ``<persisted-output>`` preview gives way to the file its
+    ``toolUseResult`` names, when that file is inside the transcript's folder."""
+    cwd = str(tmp_path)
+    transcript = tmp_path / "projects" / "-p" / f"{claude_sid}.jsonl"
+    saved = transcript.parent / claude_sid / "tool-results" / "b1.txt"
+    saved.parent.mkdir(parents=True)
+    whole = "".join(f"otter-{i:05d} " + "y" * 40 + "\n" for i in range(2000))
+    saved.write_text(whole)
+    outside = tmp_path / "outside.txt"
+    outside.write_text(whole)
+    base = {"sessionId": claude_sid, "cwd": cwd, "isSidechain": False}
+
+    def preview(path: Path) -> str:
+        return (f"<persisted-output>\nOutput too large (105.5KB). Full output saved to: {path}"
+                f"\n\nPreview (first 2KB):\n{whole[:2000]}\n...\n</persisted-output>")
+
+    records = [{**base, "type": "user", "uuid": "u1", "parentUuid": None,
+                "message": {"role": "user", "content": "print the logs"}}]
+    for n, path in enumerate((saved, outside), 1):
+        records += [
+            {**base, "type": "assistant", "uuid": f"a{n}", "parentUuid": records[-1]["uuid"],
+             "message": {"id": f"msg_{n}", "role": "assistant", "model": "claude-x",
+                         "content": [{"type": "tool_use", "id": f"toolu_{n}", "name": "Bash",
+                                      "input": {"command": "cat log"}}]}},
+            {**base, "type": "user", "uuid": f"r{n}", "parentUuid": f"a{n}",
+             "toolUseResult": {"stdout": whole[:30_000], "stderr": "", "interrupted": False,
+                               "isImage": False, "persistedOutputPath": str(path),
+                               "persistedOutputSize": len(whole)},
+             "message": {"role": "user", "content": [{"type": "tool_result",
+                                                      "tool_use_id": f"toolu_{n}",
+                                                      "content": preview(path)}]}}]
+    transcript.write_text("".join(map(_line, records)))
+    assert hook(shared_daemon.socket, event("Stop", claude_sid, cwd, stop_hook_active=False,
+                                            transcript_path=str(transcript))) == (0, "", "")
+    with Client(shared_daemon.socket) as client:
+        results = {m["tool_call_id"]: m["content"] for m in client.call(
+            "message.list", {"session_id": claude_sid})["messages"] if m["role"] == "tool"}
+    assert results == {"toolu_1": whole, "toolu_2": preview(outside)}
+
+
 def test_pre_compact_snapshots_and_session_start_compact_returns_the_summary(
         shared_daemon: DaemonProcess, claude_sid: str) -> None:
     cwd = "/home/u/src/long"
