@@ -3,6 +3,7 @@ budgets, render; the route table (ctxd/daemon/_routes.py) runs the operations.""
 
 from ctxd.sessions._actor import SessionActor
 from ctxd.sessions._branch_ops import create_branch, list_branches, return_branch, rollback
+from ctxd.sessions._files import read_inside
 from ctxd.sessions._fork import context_fork
 from ctxd.sessions._hygiene_ops import (
     Search,
@@ -49,7 +50,8 @@ from ctxd.sessions._usage_tools import set_state as tool_state
 __all__ = ["Search", "Services", "SessionActor", "SessionCounts", "SessionRecord", "Supervisor",
            "append", "branch_status", "compact", "compaction_key", "context_fork", "create_branch",
            "get_session", "inject_ack", "inject_list", "inject_pull", "inject_push",
-           "list_branches", "list_messages", "measure", "open_session", "read_result",
+           "list_branches", "list_messages", "measure", "open_session", "read_inside",
+           "read_result",
            "record_sent_usage",
            "register_tools", "render", "resolve_budget", "return_branch", "rollback",
            "search_tools", "session_close", "session_delete", "session_get", "session_list",

@@ -4,10 +4,17 @@ Pure: they read the bytes given to them and nothing else (no files, no store); t
 importer (``transcript.import``, docs/protocol.md) feeds them and appends what they yield.
 """
 
-from ctxd.transcripts._claude_code import ClaudeCodeParser, decode_record, is_array
+from ctxd.transcripts._claude_code import (
+    PERSISTED_OUTPUT,
+    ClaudeCodeParser,
+    decode_record,
+    is_array,
+    saved_output,
+)
 from ctxd.transcripts._model import Entry, Usage
 from ctxd.transcripts._opencode import NOT_AN_EXPORT, locate_messages, parse_message
 from ctxd.transcripts._split import ArraySplitter, LineSplitter, Piece
 
-__all__ = ["NOT_AN_EXPORT", "ArraySplitter", "ClaudeCodeParser", "Entry", "LineSplitter",
-           "Piece", "Usage", "decode_record", "is_array", "locate_messages", "parse_message"]
+__all__ = ["NOT_AN_EXPORT", "PERSISTED_OUTPUT", "ArraySplitter", "ClaudeCodeParser", "Entry",
+           "LineSplitter", "Piece", "Usage", "decode_record", "is_array", "locate_messages",
+           "parse_message", "saved_output"]

@@ -22,6 +22,7 @@ entry and the records after it are read as usual.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,9 @@ from ctxd.wire.types import MessageIn
 PERSISTED_OUTPUT = "<persisted-output>"
 """How the result starts when Claude Code saved a large output to a file and shows the
 model a preview of it (its ``toolUseResult.persistedOutputPath`` names the file)."""
+_SAVED_TO = re.compile(r"Full output saved to: (/[^\n]+)\n")
+_PREVIEW = "Preview (first 2KB):\n"
+_PREVIEW_ENDS = ("\n...\n</persisted-output>", "\n</persisted-output>")
 TOOL_USE_RESULT_MAX = 4096
 """A ``toolUseResult`` up to this many bytes of JSON is kept whole in the tool message's
 meta; a larger one (it mostly repeats the result's content) is kept as its size."""
@@ -268,6 +272,22 @@ class ClaudeCodeParser:
             return None
         stderr = result.get("stderr")
         return whole + (f"\n{stderr}" if isinstance(stderr, str) and stderr else "")
+
+
+def saved_output(text: str, read: Callable[[str], str | None]) -> str | None:
+    """The whole output behind Claude Code's ``<persisted-output>`` preview ``text``: the
+    file it names (``Full output saved to: PATH``), as ``read`` reads it, when that file
+    begins with the preview; None otherwise (not a preview, or not that file)."""
+    if not text.startswith(PERSISTED_OUTPUT):
+        return None
+    found = _SAVED_TO.search(text, 0, 4096)
+    at = text.find(_PREVIEW)
+    end = next((end for end in _PREVIEW_ENDS if text.endswith(end)), None)
+    if found is None or at < 0 or end is None:
+        return None
+    preview = text[at + len(_PREVIEW):len(text) - len(end)]
+    whole = read(found[1])
+    return whole if preview and whole is not None and whole.startswith(preview) else None
 
 
 def is_array(head: bytes) -> bool:

@@ -297,6 +297,35 @@ async def test_an_error_is_sent_as_its_stub_beyond_four_thresholds_and_ctxds_ans
     assert await read_all(supervisor, ref_id) == error
 
 
+async def test_claude_codes_saved_output_is_kept_whole_from_its_own_file_only(
+        supervisor: Supervisor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Claude Code shows the model a 2 KB preview of an output it saved to a file; the
+    gateway sends the stub of the whole file, when the file is Claude Code's own, of this
+    session, and begins with the preview."""
+    claude = tmp_path / "claude"
+    monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(claude))
+    whole = "".join(f"walrus-{i:05d} " + "x" * 40 + "\n" for i in range(2000))
+    mine = claude / "projects" / "-p" / "s1" / "tool-results" / "b1.txt"
+    other = claude / "projects" / "-p" / "s2" / "tool-results" / "b2.txt"
+    for path in (mine, other):
+        path.parent.mkdir(parents=True)
+        path.write_text(whole)
+
+    def preview(path: Path) -> str:
+        return (f"<persisted-output>\nOutput too large (105.5KB). Full output saved to: "
+                f"{path}\n\nPreview (first 2KB):\n{whole[:1998]}\n...\n</persisted-output>")
+
+    history = [{"role": "user", "content": "go"},
+               call("t1", "Bash"), answer("t1", preview(mine)),
+               call("t2", "Bash"), answer("t2", preview(other)),
+               call("t3", "Bash"), answer("t3", preview(mine).replace("walrus-00000", "x"))]
+    prepared = await prepare(supervisor, anthropic(history))
+    ref_id = ref_id_for("s1", 3)
+    assert sent(prepared.body) == [
+        *history[:2], answer("t1", stub_text(108_000, "Bash", whole, ref_id)), *history[3:]]
+    assert await read_all(supervisor, ref_id) == whole
+
+
 async def test_a_failed_return_folds_nothing(supervisor: Supervisor) -> None:
     failed = [*FOLD[:5], call("x1", "mcp__ctxd__context_return", message="m"),
               answer("x1", "no active branch", is_error=True)]
