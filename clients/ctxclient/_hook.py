@@ -176,15 +176,16 @@ def claude_dirs(event: dict[str, Any]) -> list[str]:
     return [os.path.realpath(d) for d in dirs if os.path.isabs(d)]
 
 
-def persisted_output(response: Any, dirs: list[str]) -> str | None:
+def persisted_output(response: Any, event: dict[str, Any]) -> str | None:
     """The whole output Claude Code saved to its persisted-output file, when the file is a
-    regular file inside one of ``dirs`` (never another path a tool's output could name)
-    of at most `PERSISTED_MAX_BYTES`, in UTF-8; None otherwise."""
+    regular file inside one of its own directories (`claude_dirs`; never another path a
+    tool's output could name) of at most `PERSISTED_MAX_BYTES`, in UTF-8; None otherwise."""
     if not isinstance(response, dict):
         return None
     path = response.get("persistedOutputPath")
     if not isinstance(path, str) or not os.path.isabs(path):
         return None
+    dirs = claude_dirs(event)
     real = os.path.realpath(path)
     if not any(os.path.commonpath([real, d]) == d for d in dirs):
         return None
@@ -312,7 +313,7 @@ class Hook:
                 or self.through_gateway()):
             return None
         text = output_text(response)
-        whole = persisted_output(response, claude_dirs(self.event)) if text else None
+        whole = persisted_output(response, self.event) if text else None
         if whole is not None and isinstance(response, dict):
             stderr = response.get("stderr")
             text = whole + (f"\n{stderr}" if isinstance(stderr, str) and stderr else "")
