@@ -405,7 +405,7 @@ def inject(caller: Caller, writer: Writer, run: InjectRun, count: int, tag: str)
                 status = created["injection"]["status"]
                 run.statuses[status] = run.statuses.get(status, 0) + 1
                 run.items.append(len(created["injected_context"]))
-                run.injected_ids.append([item["memory_id"]
+                run.injected_ids.append([item["id"]
                                          for item in created["injected_context"]])
                 run.tokens.append(created["injection"]["tokens"])
             else:

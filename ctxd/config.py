@@ -175,6 +175,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     max_live_branches: Positive = 10_000
     max_fold_tokens: Annotated[int, Meta(ge=16, le=32_768)] = 1_000
     inject_redeliver_s: Annotated[float, Meta(gt=0, le=86_400)] = 60.0
+    cancel_timeout_s: Annotated[float, Meta(gt=0, le=3_600)] = 10.0
     budget: Budget = Budget()
     memory: MemoryConfig = MemoryConfig()
     hygiene: HygieneConfig = HygieneConfig()
@@ -217,6 +218,9 @@ _HELP = {
                        "tail kept",
     "inject_redeliver_s": "seconds an injection handed out by inject.pull may wait for its "
                           "inject.ack; then the next inject.pull hands it out again",
+    "cancel_timeout_s": "seconds an agent has to answer turn.cancel with turn.end; then "
+                        "ctxd ends the turn itself (terminated), stops the session's model "
+                        "calls in flight and logs it",
     "offload_threshold_bytes": "a tool result longer than this (UTF-8 bytes) is stored aside "
                                "and rendered as a stub that result.read reads back",
     "tool_deferral_threshold": "share of the effective window a session's registered tool "

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from local_http import LocalServer, ScriptedHandler, SeenRequest
 
-__all__ = ["USAGE", "ChatServer", "SeenRequest", "ToolCall"]
+__all__ = ["USAGE", "ChatServer", "SeenRequest", "ToolCall", "Turn"]
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -23,6 +24,10 @@ class ToolCall:
     """The usage this answer reports (default `USAGE`)."""
 
 
+Turn = str | ToolCall | Callable[[dict[str, Any]], str | ToolCall]
+"""A scripted answer, or what makes it from the request's body (a call whose arguments
+come from what the model was sent: a ref_id in a stub)."""
+
 USAGE = {"prompt_tokens": 1200, "completion_tokens": 34, "total_tokens": 1234}
 """The usage every streamed answer reports."""
 
@@ -34,9 +39,10 @@ class ChatServer(LocalServer):
     ``failure``, HTTP 500 (``"status"``), a body that is not JSON (``"bad-json"``), JSON
     without choices (``"no-choices"``); ``delay_s`` delays every answer.
 
-    A streamed request (``"stream": true``) is answered as server-sent events: one that
-    offers tools gets the next of ``turns`` (a text, or a `ToolCall`; ``"done"`` once they
-    run out), one without tools (an agent's title or summary request) gets ``summary``.
+    A request that offers tools gets the next of ``turns`` (a text, a `ToolCall`, or a
+    function of the request's body that returns one; ``"done"`` once they run out), as
+    server-sent events when it is streamed (``"stream": true``); a streamed one without
+    tools (an agent's title or summary request) gets ``summary``.
     Every streamed answer ends with `USAGE` (a `ToolCall`'s own ``usage`` when it has one).
     """
 
@@ -45,7 +51,7 @@ class ChatServer(LocalServer):
         self.failure: str | None = None
         self.delay_s = 0.0
         self.requests: list[SeenRequest] = []
-        self.turns: list[str | ToolCall] = []
+        self.turns: list[Turn] = []
         server = self
 
         class Handler(ScriptedHandler):
@@ -63,13 +69,34 @@ class ChatServer(LocalServer):
                 elif body.get("stream"):
                     turn = (server.turns.pop(0) if server.turns else "done") \
                         if body.get("tools") else server.summary.strip()
+                    if callable(turn):
+                        turn = turn(body)
                     self.stream(body["model"], turn)
+                elif body.get("tools"):
+                    turn = server.turns.pop(0) if server.turns else "done"
+                    self.complete(body["model"], turn(body) if callable(turn) else turn)
                 else:
                     self.answer(200, json.dumps({
                         "id": "chatcmpl-1", "object": "chat.completion",
                         "model": body["model"],
                         "choices": [{"index": 0, "finish_reason": "stop", "message": {
                             "role": "assistant", "content": server.summary}}]}).encode())
+
+            def complete(self, model: str, turn: str | ToolCall) -> None:
+                """A plain answer (not streamed) to a request that offers tools."""
+                message: dict[str, Any] = {"role": "assistant", "content": turn}
+                finish, usage = "stop", USAGE
+                if isinstance(turn, ToolCall):
+                    message = {"role": "assistant", "content": None, "tool_calls": [{
+                        "id": turn.call_id, "type": "function",
+                        "function": {"name": turn.name,
+                                     "arguments": json.dumps(turn.arguments)}}]}
+                    finish, usage = "tool_calls", turn.usage or USAGE
+                self.answer(200, json.dumps({
+                    "id": f"chatcmpl-{len(server.requests)}", "object": "chat.completion",
+                    "created": 1, "model": model, "usage": usage,
+                    "choices": [{"index": 0, "finish_reason": finish,
+                                 "message": message}]}).encode())
 
             def stream(self, model: str, turn: str | ToolCall) -> None:
                 self.send_response(200)

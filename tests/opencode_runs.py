@@ -42,16 +42,19 @@ def plugin_sdk_installed(folder: Path) -> None:
 
 
 def opencode_project(root: Path, model_url: str, *, model_limit: dict[str, int] | None = None,
-                     mcp: dict[str, Any] | None = None, ctxd: bool = True) -> Path:
-    """``root/project``: ctxd installed (project scope) unless ``ctxd`` is false, the mock
-    model at ``model_url`` as its only model (with ``model_limit``, default `MODEL_LIMIT`)
-    and the MCP servers of ``mcp`` beside ctxd's."""
+                     mcp: dict[str, Any] | None = None, ctxd: bool = True,
+                     ctxd_tools: str | None = None) -> Path:
+    """``root/project``: ctxd installed (project scope) unless ``ctxd`` is false (its MCP
+    server offering ``ctxd_tools``: ``ctxctl install --tools``; None, its default set), the
+    mock model at ``model_url`` as its only model (with ``model_limit``, default
+    `MODEL_LIMIT`) and the MCP servers of ``mcp`` beside ctxd's."""
     project = root / "project"
     project.mkdir(parents=True)
     config: dict[str, Any] = {}
     if ctxd:
         installed = subprocess.run(
-            [sys.executable, "-m", "ctxclient.cli", "install", "opencode", "--scope", "project"],
+            [sys.executable, "-m", "ctxclient.cli", "install", "opencode", "--scope", "project",
+             *(["--tools", ctxd_tools] if ctxd_tools else [])],
             cwd=project, capture_output=True, text=True, timeout=60, check=True)
         assert installed.stdout.splitlines()[0] == \
             f"added the plugin in {project}/.opencode/plugin/ctxd.js"

@@ -31,7 +31,7 @@ def cmd_install(args: argparse.Namespace, out: Output) -> int:
             problem = str(exc)
     return _install.run("install", args.target, args.scope, Path(args.dir).absolute(),
                         args.socket, out.json, gateway, problem,
-                        _mcp.user_socket_unit(os.environ))
+                        _mcp.user_socket_unit(os.environ), args.tools)
 
 
 def cmd_uninstall(args: argparse.Namespace, out: Output) -> int:
@@ -70,7 +70,7 @@ def cmd_hook(args: argparse.Namespace, out: Output) -> int:
 def cmd_mcp(args: argparse.Namespace, out: Output) -> int:
     from ctxclient import _mcp
 
-    return _mcp.run(getattr(args, "socket", None), args.session)
+    return _mcp.run(getattr(args, "socket", None), args.session, tools=args.tools)
 
 
 def _replay_window(text: str) -> int:
@@ -118,6 +118,11 @@ plugin, MCP server), and at user scope the gateway's base URL, with the value it
 put back (or none, as before). Anything else in the files is left as it is."""}
 
 
+MCP_TOOLS_HELP = ("the MCP tools offered: default (read_result, context_branch, "
+                  "context_return, compact_context, memory_search), all, or names separated "
+                  "by commas; each tool offered is in every model request")
+
+
 def add_hook_install(commands: Commands, common: Parser) -> None:
     """``hook``, ``install`` and ``uninstall``."""
     hook = commands.add_parser(
@@ -140,6 +145,9 @@ def add_hook_install(commands: Commands, common: Parser) -> None:
             wire_cmd.add_argument("--no-gateway", dest="gateway", action="store_false",
                                   help="leave the tool's model calls alone: hooks, plugin "
                                        "and MCP server only")
+            wire_cmd.add_argument("--tools", metavar="SET",
+                                  help="the MCP server's tools (ctxctl mcp --tools): "
+                                       + MCP_TOOLS_HELP.partition(": ")[2])
         wire_cmd.set_defaults(run=cmd_install if action == "install" else cmd_uninstall,
                               offline=True)
 
@@ -187,6 +195,7 @@ def add_mcp_import(commands: Commands, common: Parser) -> None:
     mcp.add_argument("--session", metavar="ID",
                      help="the session its tools work on (default: $CLAUDE_CODE_SESSION_ID, "
                           "else a new one)")
+    mcp.add_argument("--tools", metavar="SET", help=MCP_TOOLS_HELP)
     mcp.set_defaults(run=cmd_mcp, offline=True)
     _import.register(commands, common, session_id, Parser)
 

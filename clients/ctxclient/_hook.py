@@ -13,6 +13,8 @@ most of its cost.
 from __future__ import annotations
 
 import _socket  # not `socket`: its enums and selectors cost the hook milliseconds
+import contextlib
+import fcntl
 import json
 import os
 import stat
@@ -23,6 +25,7 @@ from ctxd.paths import UntrustedSocket, check_peer, check_socket_directory, defa
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from typing import Any
 
 DEADLINE_S = 3.0
@@ -31,6 +34,9 @@ MAX_QUERY_CHARS = 8_192
 """The longest query memory.context takes."""
 SOURCE = "ctxctl-hook"
 NOT_FOUND = -32004
+BUDGET_EXHAUSTED_CODE = -32002
+INVALID_STATE_CODE = -32003
+TIMEOUT_CODE = -32009
 SUMMARY_PREFIX = "[Summary of "
 PERSISTED_MAX_BYTES = 4 << 20
 """The largest output the hook reads back from Claude Code's persisted-output file (a
@@ -39,6 +45,10 @@ larger one is recorded as Claude Code cut it): its append must stay under the da
 PERSISTED_KEYS = ("persistedOutputPath", "persistedOutputSize")
 """Where Claude Code's Bash output names the file it saved a large output to (it then shows
 the model a 2 KB preview, and the hook ``stdout`` cut at 30,000 characters)."""
+AGENT_TOOLS = ("Agent", "Task")
+"""Claude Code's tool that starts a sub-agent (``Task`` before version 2)."""
+BUDGET_EXHAUSTED = "budget exhausted: return your result now"
+TIME_UP = "time is up: return your result now"
 LIVE = "live"
 """The meta key that marks a message recorded as it happened: transcript.import does not
 append it again (docs/protocol.md, "transcript.import")."""
@@ -56,6 +66,7 @@ class Connection:
     """One blocking connection: a request, then its answer line (no pipelining)."""
 
     def __init__(self, path: str, deadline: float):
+        self.path = path
         self.deadline = deadline
         check_socket_directory(path)
         self.sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
@@ -209,6 +220,31 @@ def persisted_output(response: Any, event: dict[str, Any]) -> str | None:
         return None
 
 
+@contextlib.contextmanager
+def sub_agents(socket_path: str, session_id: str) -> Iterator[dict[str, Any]]:
+    """A session's sub-agents and their branches, ``{"pending": [[tool_use_id, branch_id,
+    subagent_type], ...], "agents": {agent_id: branch_id}}``, read and written back under
+    a lock (Claude Code runs hooks side by side). Each hook is a process of its own: the
+    map lives in a file beside the socket, in ctxd's private runtime folder (gone with a
+    reboot, as the sub-agents are)."""
+    folder = os.path.join(os.path.dirname(socket_path), "claude-code")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in session_id)[:128]
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(folder, f"{safe}.json"), os.O_RDWR | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "r+") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)
+        text = file.read()
+        state: dict[str, Any] = json.loads(text) if text else {}
+        state.setdefault("pending", [])
+        state.setdefault("agents", {})
+        before = json.dumps(state)
+        yield state
+        if json.dumps(state) != before:
+            file.seek(0)
+            file.truncate()
+            file.write(json.dumps(state))
+
+
 class Hook:
     """One event's handling: the calls it makes and the answer it gives."""
 
@@ -218,6 +254,19 @@ class Hook:
         self.session_id: str = event["session_id"]
         self.project = project_of(event)
         self._through_gateway: bool | None = None
+
+    def sub_agents(self) -> contextlib.AbstractContextManager[dict[str, Any]]:
+        return sub_agents(self.conn.path, self.session_id)
+
+    def agent_branch(self) -> str | None:
+        """The branch of the sub-agent the event comes from (None: the main agent, or a
+        sub-agent started before the hooks were installed)."""
+        agent_id = self.event.get("agent_id")
+        if not isinstance(agent_id, str) or not agent_id:
+            return None
+        with self.sub_agents() as state:
+            branch_id = state["agents"].get(agent_id)
+        return branch_id if isinstance(branch_id, str) else None
 
     def through_gateway(self) -> bool:
         """Whether Claude Code sends its model calls through this ctxd's gateway (its
@@ -250,12 +299,21 @@ class Hook:
         self.open()
         return self.conn.call(method, params)
 
-    def memories(self, query: str) -> str | None:
+    def memories(self, query: str, compacted: bool = False,
+                 main_context: bool = True) -> str | None:
+        """The memories that match. For the main context (``main_context``), those already
+        given to the session are left out (the daemon remembers them with it;
+        ``compacted``: Claude Code compacted its context, which held them, so they may
+        come again); a sub-agent's context starts empty, and is given them all."""
         query = query.strip()[:MAX_QUERY_CHARS]
         if not query:
             return None
-        result = self.conn.call("memory.context",
-                                {"query": query, "scope": scope_of(self.project)})
+        params: dict[str, Any] = {"query": query, "scope": scope_of(self.project)}
+        if main_context:
+            params["session_id"] = self.session_id
+        if compacted:
+            params["compacted"] = True
+        result = self.conn.call("memory.context", params)
         text: str | None = result["text"]
         return text
 
@@ -272,11 +330,12 @@ class Hook:
         if source not in ("startup", "resume", "compact"):
             return None
         parts: list[str | None] = []
-        if source == "compact":
-            parts.append(self.summary())
+        summary = self.summary() if source == "compact" else None
+        parts.append(summary)
         name = os.path.basename((self.project or "").rstrip("/"))
-        if name and not self.through_gateway():
-            parts.append(self.memories(name))
+        query = name or summary or ""
+        if query and not self.through_gateway():
+            parts.append(self.memories(query, compacted=source == "compact"))
         return self.context("SessionStart", parts)
 
     def summary(self) -> str | None:
@@ -304,6 +363,67 @@ class Hook:
                                           "accepted": True})
             injected.append(injection["content"])
         return self.context("UserPromptSubmit", [*injected, self.memories(prompt)])
+
+    def pre_tool_use(self) -> dict[str, Any] | None:
+        """A sub-agent's tool call is denied once its branch is spent (ctxd returned it:
+        budget or deadline), so that it returns its result; a sub-agent's start (the
+        Agent tool) opens its branch, under the branch of the agent that starts it."""
+        parent = self.agent_branch()
+        if parent is not None:
+            branch = self.conn.call("branch.status", {"branch_id": parent})["branch"]
+            reason = (BUDGET_EXHAUSTED if branch["status"] == "budget_exhausted"
+                      or branch["budget_remaining"] <= 0 else
+                      TIME_UP if branch["status"] == "timeout"
+                      or (branch.get("time_left_s") is not None and branch["time_left_s"] <= 0)
+                      else None)
+            if reason is not None:
+                return self.answer("PreToolUse", permissionDecision="deny",
+                                   permissionDecisionReason=reason)
+        tool_input = self.event.get("tool_input")
+        tool_use_id = self.event.get("tool_use_id")
+        if (self.event.get("tool_name") not in AGENT_TOOLS or not isinstance(tool_input, dict)
+                or not isinstance(tool_use_id, str)):
+            return None
+        prompt = tool_input.get("prompt")
+        if not isinstance(prompt, str) or not prompt:
+            return None
+        description = tool_input.get("description")
+        description = (description if isinstance(description, str) and description.strip()
+                       else prompt)[:500]
+        created = self.in_session("branch.create", {
+            "session_id": self.session_id, "description": description,
+            "prompt": prompt[:1_048_576], "parent_branch_id": parent,
+            "inject_memories": False})
+        kind = tool_input.get("subagent_type")
+        with self.sub_agents() as state:
+            state["pending"].append([tool_use_id, created["branch_id"],
+                                     kind if isinstance(kind, str) else None])
+        return None
+
+    def subagent_start(self) -> dict[str, Any] | None:
+        """The sub-agent takes the branch its Agent call opened (the oldest waiting one
+        of its type: the event does not name the call), and the memories of its task
+        join its first prompt; the branch records them, as the sub-agent was sent them."""
+        agent_id = self.event.get("agent_id")
+        if not isinstance(agent_id, str) or not agent_id:
+            return None
+        kind = self.event.get("agent_type")
+        with self.sub_agents() as state:
+            pending = state["pending"]
+            found = next((entry for entry in pending if entry[2] == kind),
+                         pending[0] if pending else None)
+            if found is None:
+                return None
+            pending.remove(found)
+            state["agents"][agent_id] = found[1]
+        branch = self.conn.call("branch.status", {"branch_id": found[1]})["branch"]
+        text = self.memories(branch["description"], main_context=False)
+        if not text:
+            return None
+        self.conn.call("message.append", {
+            "session_id": self.session_id, "branch_id": found[1], "messages": [
+                {"role": "user", "content": text, "meta": {LIVE: "SubagentStart"}}]})
+        return self.context("SubagentStart", [text])
 
     def post_tool_use(self) -> dict[str, Any] | None:
         tool_name = self.event.get("tool_name")
@@ -339,8 +459,9 @@ class Hook:
 
     def record(self, tool_name: str, tool_use_id: str, text: str, is_error: bool,
                live: str = "PostToolUse") -> str | None:
-        """The tool call and its result appended to the session; the stub the result is
-        stored as (None: it stays inline)."""
+        """The tool call and its result appended to the session (a sub-agent's: to its
+        branch); the stub the result is stored as (None: it stays inline, or the branch was
+        returned)."""
         call = {"role": "assistant", "content": [{
             "type": "tool_use", "id": tool_use_id, "name": tool_name,
             "input": self.event.get("tool_input") or {}}], "meta": {LIVE: live}}
@@ -349,26 +470,55 @@ class Hook:
             "content": text, "meta": {LIVE: live}}
         if is_error:
             result["meta"]["is_error"] = True
-        appended = self.in_session("message.append", {"session_id": self.session_id,
-                                                      "messages": [call, result]})
+        branch_id = self.agent_branch()
+        params: dict[str, Any] = {"session_id": self.session_id, "messages": [call, result]}
+        if branch_id is not None:
+            params["branch_id"] = branch_id
+        try:
+            appended = self.in_session("message.append", params)
+        except HookError as exc:
+            if branch_id is None or exc.code not in (BUDGET_EXHAUSTED_CODE, TIMEOUT_CODE,
+                                                    INVALID_STATE_CODE):
+                raise
+            return None  # ctxd returned the branch: the next call is denied
         stub: str | None = appended["appended"][-1].get("stub")
         return stub
 
     def ingest(self, path_field: str = "transcript_path") -> None:
         """Stop, SubagentStop, SessionEnd: the transcript from the last byte read (a
         sub-agent's own file becomes a branch); what the hooks recorded live is not
-        appended again, and each response's usage is recorded once."""
+        appended again, and each response's usage is recorded once. The sub-agents' files
+        are not: each is recorded live in its branch (`pre_tool_use`), or imported at its
+        SubagentStop."""
         path = self.event.get(path_field)
         if not isinstance(path, str) or not os.path.isabs(path) or self.through_gateway():
             return
         params: dict[str, Any] = {"format": "claude-code", "path": path,
-                                  "session_id": self.session_id}
+                                  "session_id": self.session_id, "subagents": False}
         if self.project:
             params["project"] = self.project
         self.conn.call("transcript.import", params)
 
     def subagent_stop(self) -> None:
-        self.ingest("agent_transcript_path")
+        """A sub-agent with a branch returns it with its last message (a branch ctxd
+        returned already keeps its fold); one without (started before the hooks) is
+        imported from its transcript."""
+        agent_id = self.event.get("agent_id")
+        branch_id = self.agent_branch()
+        if branch_id is None:
+            self.ingest("agent_transcript_path")
+            return
+        with self.sub_agents() as state:
+            state["agents"].pop(agent_id, None)
+        message = self.event.get("last_assistant_message")
+        if not isinstance(message, str) or not message.strip():
+            message = "(the sub-agent ended without a message)"
+        try:
+            self.conn.call("branch.return", {"branch_id": branch_id,
+                                             "message": message[:1_048_576]})
+        except HookError as exc:
+            if exc.code != INVALID_STATE_CODE:
+                raise
 
     def pre_compact(self) -> None:
         # ctxd compacts its copy too: the compacted thread becomes the session's snapshot,
@@ -379,6 +529,8 @@ class Hook:
 HANDLERS = {
     "SessionStart": Hook.session_start,
     "UserPromptSubmit": Hook.user_prompt_submit,
+    "PreToolUse": Hook.pre_tool_use,
+    "SubagentStart": Hook.subagent_start,
     "PostToolUse": Hook.post_tool_use,
     "PostToolUseFailure": Hook.post_tool_use_failure,
     "PreCompact": Hook.pre_compact,

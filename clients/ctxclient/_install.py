@@ -64,7 +64,7 @@ class Target(Protocol):
     name: str
 
     def install(self, scope: str, root: Path, command: str, socket: str | None,
-                gateway: str | None = None) -> list[Change]: ...
+                gateway: str | None = None, tools: str | None = None) -> list[Change]: ...
 
     def uninstall(self, scope: str, root: Path, command: str) -> list[Change]: ...
 
@@ -244,8 +244,9 @@ def restore_entry(data: dict[str, Any], file: Path, keys: tuple[str, ...],
 
 # ---- Claude Code -------------------------------------------------------------------------
 
-HOOK_EVENTS = ("SessionStart", "UserPromptSubmit", "PostToolUse", "PostToolUseFailure",
-               "PreCompact", "Stop", "SubagentStop", "SessionEnd")
+HOOK_EVENTS = ("SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse",
+               "PostToolUseFailure", "PreCompact", "Stop", "SubagentStart", "SubagentStop",
+               "SessionEnd")
 HOOK_TIMEOUT_S = 10
 """Claude Code's limit for one hook run; ``ctxctl hook`` gives up on the daemon sooner."""
 MCP_NAME = "ctxd"
@@ -295,7 +296,7 @@ class ClaudeCode:
         return Path(configured) / ".claude.json" if configured else Path.home() / ".claude.json"
 
     def install(self, scope: str, root: Path, command: str, socket: str | None,
-                gateway: str | None = None) -> list[Change]:
+                gateway: str | None = None, tools: str | None = None) -> list[Change]:
         settings_path, mcp_path = self.settings_path(scope, root), self.mcp_path(scope, root)
         settings, mcp = load(settings_path), load(mcp_path)  # both read before any write
         saved = Saved()
@@ -321,7 +322,8 @@ class ClaudeCode:
                 _drop_empty_groups(groups)
                 changes.append(Change(str(settings_path), "updated", f"hook {event}"))
         servers = _object(mcp, "mcpServers", mcp_path)
-        server = {"type": "stdio", "command": command, "args": ["mcp", *socket_args]}
+        server = {"type": "stdio", "command": command,
+                  "args": ["mcp", *socket_args, *(["--tools", tools] if tools else [])]}
         current = servers.get(MCP_NAME)
         if current is not None and not _is_ours_server(current):
             raise SettingsError(f"{mcp_path}: an MCP server named {MCP_NAME!r} that is not "
@@ -517,7 +519,7 @@ class OpenCode:
         return self.base(scope, root) / plugin_dir / PLUGIN_NAME
 
     def install(self, scope: str, root: Path, command: str, socket: str | None,
-                gateway: str | None = None) -> list[Change]:
+                gateway: str | None = None, tools: str | None = None) -> list[Change]:
         config_path, plugin = self.config_path(scope, root), self.plugin_path(scope, root)
         config = load(config_path)  # read (and refused when malformed) before any write
         servers = _object(config, "mcp", config_path)
@@ -533,7 +535,9 @@ class OpenCode:
             _save_bytes(plugin, source)
             changes.append(Change(str(plugin), action, "the plugin"))
         socket_args = ["--socket", socket] if socket else []
-        server = {"type": "local", "command": [command, "mcp", *socket_args], "enabled": True}
+        server = {"type": "local", "command": [
+            command, "mcp", *socket_args, *(["--tools", tools] if tools else [])],
+            "enabled": True}
         if current != server:
             servers[MCP_NAME] = server
             changes.append(Change(str(config_path), "added" if current is None else "updated",
@@ -654,7 +658,7 @@ def gateway_note(target_name: str, base_url: str, socket_unit: Path | None) -> s
 
 def run(action: str, target_name: str, scope: str, root: Path, socket: str | None,
         as_json: bool, gateway: str | None = None, gateway_problem: str | None = None,
-        socket_unit: Path | None = None) -> int:
+        socket_unit: Path | None = None, tools: str | None = None) -> int:
     """``install``/``uninstall``: apply, then print the changes (plain or JSON).
 
     Args:
@@ -662,6 +666,7 @@ def run(action: str, target_name: str, scope: str, root: Path, socket: str | Non
         gateway_problem: why there is none although install was asked for it: the rest
             is installed, this said, and the exit status is 1.
         socket_unit: ctxd's systemd socket unit, when installed (what install says).
+        tools: the MCP server's ``--tools`` (None: its default set).
     """
     target = TARGETS[target_name]()
     command = ctxctl_command()
@@ -669,7 +674,7 @@ def run(action: str, target_name: str, scope: str, root: Path, socket: str | Non
         if action == "install":
             changes = target.install(scope, root, command,
                                      str(Path(socket).absolute()) if socket else None,
-                                     gateway)
+                                     gateway, tools)
         else:
             changes = target.uninstall(scope, root, command)
     except SettingsError as exc:

@@ -140,7 +140,16 @@ def connect(socket_path: str | None, environ: Mapping[str, str],
     return start_daemon(path, socket_path is not None, environ, who)
 
 
-def bind(sock: socket.socket, session_id: str | None, project: str | None) -> bytes:
+def tools_param(tools: str | None) -> str | list[str] | None:
+    """``--tools``: ``default`` (None: the daemon's default set), ``all``, or tool names
+    separated by commas."""
+    if tools is None or tools in ("all", "default"):
+        return tools
+    return [name.strip() for name in tools.split(",") if name.strip()]
+
+
+def bind(sock: socket.socket, session_id: str | None, project: str | None,
+         tools: str | None = None) -> bytes:
     """Send ``mcp.bind`` and read its answer.
 
     Returns:
@@ -151,6 +160,8 @@ def bind(sock: socket.socket, session_id: str | None, project: str | None) -> by
             DaemonBusy when it closed the connection, did not answer, or was busy (-32007).
     """
     params: dict[str, Any] = {"session_id": session_id, "project": project}
+    if tools is not None:
+        params["tools"] = tools_param(tools)
     sock.sendall(encode({"jsonrpc": "2.0", "id": BIND_ID, "method": "mcp.bind",
                          "params": params}) + b"\n")
     received = b""
@@ -201,6 +212,31 @@ class _CancelledParams(msgspec.Struct):
     requestId: int | str | None = None
 
 
+class _Named(msgspec.Struct):
+    """A ``_meta`` that may name the session a call acts on (docs/protocol.md, "MCP")."""
+
+    session_id: Any = msgspec.field(default=None, name="ctxd/session_id")
+
+
+class _ArgumentsOfCall(msgspec.Struct):
+    meta: _Named | None = msgspec.field(default=None, name="_meta")
+
+
+class _CallParams(msgspec.Struct):
+    meta: _Named | None = msgspec.field(default=None, name="_meta")
+    arguments: _ArgumentsOfCall | None = None
+
+
+def _names_a_session(params: msgspec.Raw) -> bool:
+    """Whether a ``tools/call``'s params name the session it acts on in ``_meta`` (its own
+    or its arguments'): its answer's session is then not the connection's."""
+    call = _decode(params, _CallParams) if params else None
+    if call is None:
+        return False
+    return any(meta is not None and meta.session_id is not None for meta in (
+        call.meta, call.arguments.meta if call.arguments is not None else None))
+
+
 class _ContextState(msgspec.Struct):
     session_id: str | None = None
 
@@ -241,12 +277,16 @@ class Link:
         project: the project to bind.
     """
 
-    def __init__(self, path: str, session_id: str | None, project: str | None):
+    def __init__(self, path: str, session_id: str | None, project: str | None,
+                 tools: str | None = None):
         self.path = path
         self.session_id = session_id
         self.project = project
+        self.tools = tools
         self.in_flight: dict[int | str, str] = {}
         """Method of each request sent and not yet answered, by id, oldest first."""
+        self.named: set[int | str] = set()
+        """Ids of the calls in flight that name their own session (`_names_a_session`)."""
         self.initialize: dict[str, Any] | None = None
         """The client's initialize request, sent again on a new connection."""
         self.initialized = False
@@ -259,6 +299,8 @@ class Link:
             return
         if message.id is not None:
             self.in_flight[message.id] = message.method
+            if message.method == "tools/call" and _names_a_session(message.params):
+                self.named.add(message.id)
             if message.method == "initialize":
                 self.initialize = msgspec.json.decode(line)
         elif message.method == "notifications/initialized":
@@ -267,6 +309,7 @@ class Link:
             cancelled = _decode(message.params, _CancelledParams)
             if cancelled is not None and cancelled.requestId is not None:
                 self.in_flight.pop(cancelled.requestId, None)
+                self.named.discard(cancelled.requestId)
 
     def from_daemon(self, line: bytes) -> bool:
         """Note an answer from the daemon; whether to pass the line on to the client (the
@@ -277,6 +320,9 @@ class Link:
         if message.id == REINITIALIZE_ID:
             return False
         method = self.in_flight.pop(message.id, None)
+        if message.id in self.named:
+            self.named.discard(message.id)
+            return True  # its session is the one it named, not the connection's
         if method == "tools/call" and self.session_id is None and message.result:
             result = _decode(message.result, _ToolResult)
             if result is not None and result.structuredContent is not None \
@@ -289,6 +335,7 @@ class Link:
         answers = b"".join(stopped_answer(request_id, method)
                            for request_id, method in self.in_flight.items())
         self.in_flight.clear()
+        self.named.clear()
         return answers
 
     def reconnect(self) -> tuple[socket.socket, bytes] | None:
@@ -304,7 +351,7 @@ class Link:
         if sock is None:
             return None
         try:
-            rest = bind(sock, self.session_id, self.project)
+            rest = bind(sock, self.session_id, self.project, self.tools)
             handshake = b""
             if self.initialize is not None:
                 handshake += msgspec.json.encode({**self.initialize,
@@ -450,8 +497,9 @@ def pump(link: Link, sock: socket.socket, stdin: int, stdout: int,
 
 
 def run(socket_path: str | None, session_id: str | None,
-        environ: Mapping[str, str] | None = None) -> int:
-    """``ctxctl mcp``: 0 when the client hung up, 1 (with why on stderr) otherwise."""
+        environ: Mapping[str, str] | None = None, tools: str | None = None) -> int:
+    """``ctxctl mcp``: 0 when the client hung up, 1 (with why on stderr) otherwise.
+    ``tools``: ``--tools`` (None: the default set)."""
     environ = os.environ if environ is None else environ
     session_id = session_id or environ.get("CLAUDE_CODE_SESSION_ID") or None
     project = environ.get("CLAUDE_PROJECT_DIR") or None
@@ -459,8 +507,8 @@ def run(socket_path: str | None, session_id: str | None,
     try:
         sock = connect(socket_path, environ)
         with sock:
-            rest = bind(sock, session_id, project)
-            pump(Link(path, session_id, project), sock, sys.stdin.fileno(),
+            rest = bind(sock, session_id, project, tools)
+            pump(Link(path, session_id, project, tools), sock, sys.stdin.fileno(),
                  sys.stdout.fileno(), rest)
     except PumpError as exc:
         print(f"ctxctl mcp: {exc}", file=sys.stderr)

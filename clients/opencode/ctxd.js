@@ -3,9 +3,20 @@
 // - tool.execute.after: every tool output is appended to the ctxd session as a `tool`
 //   message; ctxd offloads a large one (docs/protocol.md, "Offloaded tool results") and
 //   the model sees ctxd's stub instead, with the ref_id to read the rest with result.read.
+//   When OpenCode cut the output itself (over 2,000 lines or 50 KB: `...output
+//   truncated...`, `Full output saved to: PATH`), ctxd gets the whole output from the file
+//   OpenCode saved, read only inside OpenCode's own tool-output folder and up to
+//   FULL_OUTPUT_BYTES, so that reading it back returns what the command printed. The
+//   answers of ctxd's own tools are recorded but never replaced by a stub.
 // - experimental.chat.system.transform: the memories that match the user's last prompt
 //   and the session's pending injections (inject.pull, then inject.ack) join the system
 //   prompt.
+// - tool.execute.before: a call of ctxd's MCP tools (`ctxd_…`) names the OpenCode
+//   conversation's session and project in its arguments' `_meta`: OpenCode runs one MCP
+//   server for all its sessions, and this is how read_result, context_branch, memory_record
+//   and the others act on the session the plugin records (docs/decisions.md, "Agents end to
+//   end"; docs/protocol.md, "MCP"). OpenCode stores the call's arguments with it:
+//   experimental.chat.messages.transform takes it out of what the model is sent.
 // - experimental.session.compacting: ctxd compacts its copy of the session first, which
 //   saves its snapshot (docs/protocol.md, "Snapshots and session.resume").
 // - event: user and assistant text is recorded (message.append) and each finished
@@ -36,6 +47,8 @@ const MEMORY_CHARS = 4000 // about 1,000 tokens of memories a prompt
 const MEMORIES = 5
 const GATEWAY_PROVIDER = "anthropic" // the provider `ctxctl install opencode` points at the gateway
 const UNNAMED_AGENTS = new Set(["title", "summary"]) // side requests: a conversation of their own
+const MCP_TOOLS = "ctxd_" // OpenCode names an MCP tool `<server>_<tool>`; install names the server ctxd
+const FULL_OUTPUT_BYTES = 4 * 1024 * 1024 // a saved output larger than this is left as OpenCode cut it
 
 function socketPath(env = process.env) {
   if (env.CTXD_SOCKET) return env.CTXD_SOCKET
@@ -94,6 +107,29 @@ function call(method, params, timeoutMs = TIMEOUT_MS) {
       }
     })
   })
+}
+
+// OpenCode's folder for the whole outputs it cut: `$XDG_DATA_HOME/opencode/tool-output`.
+function toolOutputFolder(env = process.env) {
+  const data = env.XDG_DATA_HOME || path.join(os.homedir(), ".local", "share")
+  return path.join(data, "opencode", "tool-output")
+}
+
+// The whole output OpenCode saved at `where` when it cut a tool's output; undefined unless
+// `where` is a regular file inside OpenCode's tool-output folder (links resolved first:
+// never a file elsewhere, whatever the output says) of at most FULL_OUTPUT_BYTES.
+function savedOutput(where) {
+  if (typeof where !== "string" || !path.isAbsolute(where)) return undefined
+  try {
+    const folder = fs.realpathSync(toolOutputFolder())
+    const file = fs.realpathSync(where)
+    if (path.dirname(file) !== folder) return undefined
+    const stat = fs.statSync(file)
+    if (!stat.isFile() || stat.size > FULL_OUTPUT_BYTES) return undefined
+    return fs.readFileSync(file, "utf8")
+  } catch {
+    return undefined // gone (OpenCode deletes them after 7 days), unreadable
+  }
 }
 
 function textOf(output) {
@@ -283,21 +319,58 @@ export const CtxdPlugin = async ({ directory, client } = {}) => {
       }
     },
 
+    "tool.execute.before": async (input, output) => {
+      try {
+        const args = output?.args
+        if (!input?.sessionID || !input.tool?.startsWith(MCP_TOOLS)) return
+        if (typeof args !== "object" || args === null || Array.isArray(args)) return
+        args._meta = {
+          ...(typeof args._meta === "object" && args._meta !== null ? args._meta : {}),
+          "ctxd/session_id": input.sessionID,
+          ...(directory ? { "ctxd/project": directory } : {}),
+        }
+      } catch {
+        // fail open
+      }
+    },
+
+    // The model is sent its ctxd calls' arguments as it wrote them, without the `_meta`
+    // that tool.execute.before added (OpenCode stored the arguments with it).
+    "experimental.chat.messages.transform": async (input, output) => {
+      try {
+        for (const message of output?.messages ?? [])
+          for (const part of message?.parts ?? []) {
+            const args = part?.type === "tool" && part.tool?.startsWith(MCP_TOOLS)
+              ? part.state?.input : undefined
+            if (typeof args?._meta !== "object" || args._meta === null) continue
+            const { "ctxd/session_id": _session, "ctxd/project": _project, ...rest } = args._meta
+            if (Object.keys(rest).length) args._meta = rest
+            else delete args._meta
+          }
+      } catch {
+        // fail open
+      }
+    },
+
     "tool.execute.after": async (input, output) => {
       try {
         if (await standsBack(input.sessionID)) return
         let text
         let replace // how the model is shown the stub instead; none: never offloaded
         if (typeof output?.output === "string") {
-          // a built-in tool
-          text = output.output
+          // a built-in tool; one whose output OpenCode cut has the whole in a file
+          text = (output.metadata?.truncated === true &&
+            savedOutput(output.metadata.outputPath)) || output.output
           replace = (stub) => { output.output = stub }
         } else if (Array.isArray(output?.content)) {
           // an MCP tool: its content parts; only all-text results are recorded, and an
           // error is never offloaded
           if (!output.content.every((part) => part?.type === "text")) return
           text = textOf(output.content)
-          if (!output.isError) replace = (stub) => { output.content = [{ type: "text", text: stub }] }
+          // ctxd's own tools' answers are never replaced: a read_result answer is what the
+          // model asked to see
+          if (!output.isError && !input.tool?.startsWith(MCP_TOOLS))
+            replace = (stub) => { output.content = [{ type: "text", text: stub }] }
         } else return
         const recorded = await recordResult(
           input.sessionID, input.callID, input.tool, text, output.isError === true)

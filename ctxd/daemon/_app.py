@@ -174,11 +174,22 @@ class Daemon:
                                     Path(self.config.data_dir) / "memory.faiss",
                                     self.config.memory, self.bus, counter)
         self.supervisor = Supervisor(self.store, counter, self.bus, self.config, self.memory)
-        self.turns = hub.Turns(self.bus)
+        self.turns = hub.Turns(self.bus, cancel_timeout_s=self.config.cancel_timeout_s,
+                               terminated=self._stop_session_calls)
         self.dispatcher = Dispatcher()
         self.server = Server(self.dispatcher, self.bus, self.config, max_connections,
                              self.requests)
         register_routes(self.dispatcher, self)
+
+    def _stop_session_calls(self, session_id: str, turn_id: str) -> int:
+        """A turn was terminated (its cancel went unanswered): cancel the session's model
+        calls in flight through the gateway, as `request.cancel` would."""
+        if self.gateway is None:
+            return 0
+        reason = f"turn {turn_id!r} was terminated: its cancel had no answer"
+        return sum((self.requests.cancel(call.call_id, reason) or (0, 0))[0]
+                   for call in self.gateway.status().inflight
+                   if call.session_id == session_id)
 
     async def _serve(self, sock: socket.socket, gateway_sock: socket.socket | None,
                      counter: TokenCounter, activated: bool, max_connections: int) -> None:
@@ -191,6 +202,7 @@ class Daemon:
             root.start_soon(self._watch_signals)
             root.start_soon(self.store.keep_wal_small)
             await root.start(self.bus.run)
+            await root.start(self.turns.run)
             await root.start(self.memory.run)
             await root.start(self.supervisor.run)
             await root.start(self.server.run, sock)

@@ -58,6 +58,9 @@ PROTOCOL_VERSION = 1
 FEATURES = ["folding", "memory", "events", "usage", "tools", "inject", "cancel", "mcp"]
 """Protocol features this daemon implements (docs/protocol.md, daemon.hello); later
 capabilities add theirs."""
+FEATURE_ALIASES = {"token_usage": "usage", "tool_states": "tools", "injection": "inject",
+                   "cancellation": "cancel"}
+"""The fold protocol's names for ctxd's features: a client may send either."""
 
 
 def rss_bytes() -> int:
@@ -89,9 +92,14 @@ def ping(daemon: Daemon, call: Call, p: Empty) -> PingResult:
 
 
 def hello(daemon: Daemon, call: Call, p: HelloParams) -> HelloResult:
+    """daemon.hello: ``agreed_features`` are the client's features this daemon has, as the
+    client spelt them (ctxd's name or the fold protocol's), in the client's order."""
+    agreed: list[str] = []
+    for name in p.protocol_features:
+        if FEATURE_ALIASES.get(name, name) in FEATURES and name not in agreed:
+            agreed.append(name)
     return HelloResult(name="ctxd", version=__version__, protocol_version=PROTOCOL_VERSION,
-                       features=FEATURES,
-                       agreed_features=[f for f in FEATURES if f in p.protocol_features])
+                       features=FEATURES, agreed_features=agreed)
 
 
 def status(daemon: Daemon, call: Call, p: Empty) -> DaemonStatus:

@@ -30,6 +30,7 @@ from ctxd.mcp import (
 from ctxd.sessions import Search, Supervisor
 from ctxd.wire import Call, Dispatcher
 from ctxd.wire.types import (
+    AppendRequest,
     BranchCreateParams,
     BranchIdParams,
     BranchListParams,
@@ -54,7 +55,6 @@ from ctxd.wire.types import (
     MemoryOutcomeParams,
     MemoryRecordParams,
     MemorySearchParams,
-    MessageAppendParams,
     MessageListParams,
     PromptBuildParams,
     RenderParams,
@@ -154,10 +154,10 @@ ROUTES: tuple[Route, ...] = (
           ctxctl=("sessions", "status")),
     Route("session.resume", SessionIdParams, On.SESSION, sessions.session_resume,
           ctxctl=("session resume", "hook")),
-    Route("message.append", MessageAppendParams, On.SESSION, sessions.append),
+    Route("message.append", AppendRequest, On.SESSION, sessions.append_request),
     Route("message.list", MessageListParams, On.SESSION, sessions.list_messages,
           ctxctl=("session messages",)),
-    Route("ctxd.render", RenderParams, On.SESSION, sessions.render,
+    Route("ctxd.render", RenderParams, On.SESSION, sessions.render_request,
           ctxctl=("session render",)),
     Route("budget.measure", BudgetMeasureParams, On.SESSION, sessions.measure),
     Route("transcript.import", TranscriptImportParams, On.SUPERVISOR,

@@ -6,15 +6,17 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h11
-import httpx2
 import msgspec
 import trio
 
 from ctxd.gateway._upstream import response_headers
 from ctxd.gateway._usage import ProviderUsage, UsageReader
+
+if TYPE_CHECKING:
+    import httpx2
 
 log = logging.getLogger("ctxd.gateway")
 
@@ -51,6 +53,8 @@ class Relay:
     async def run(self, response: httpx2.Response) -> bool:
         """Stream ``response`` back as it arrives, reading its usage on the way; whether
         the answer was sent whole."""
+        import httpx2  # loaded already, by the client that got ``response``
+
         headers = response_headers(list(response.headers.raw))
         self.status = response.status_code
         self._event_stream = response.headers.get("content-type", "").startswith(

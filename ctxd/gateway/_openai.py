@@ -10,6 +10,7 @@ import msgspec
 
 from ctxd.errors import params_error
 from ctxd.gateway._blocks import ToolResult, bare, content_text, marked
+from ctxd.transcripts import call_part
 from ctxd.wire.types import MessageIn
 
 __all__ = ["ToolResult", "bare", "body_with", "calls", "counted", "is_system", "marked",
@@ -67,16 +68,6 @@ def calls(message: dict[str, Any]) -> list[tuple[str, str]]:
     return [(call["id"], call["function"]["name"]) for call in message.get("tool_calls") or ()]
 
 
-def _arguments(call: dict[str, Any]) -> Any:
-    arguments = call["function"].get("arguments")
-    if isinstance(arguments, str):
-        try:
-            return msgspec.json.decode(arguments)
-        except msgspec.DecodeError:
-            return arguments
-    return arguments
-
-
 def to_ctxd(messages: list[dict[str, Any]], start: int) -> list[list[MessageIn]]:
     """Each message from ``start`` on as ctxd records it: system and developer messages
     as system ones, an assistant's text and tool calls as parts (``tool_use``, as every
@@ -95,8 +86,8 @@ def to_ctxd(messages: list[dict[str, Any]], start: int) -> list[list[MessageIn]]
             parts = _parts(content)
             for call in message.get("tool_calls") or ():
                 names[call["id"]] = call["function"]["name"]
-                parts.append({"type": "tool_use", "id": call["id"],
-                              "name": call["function"]["name"], "input": _arguments(call)})
+                parts.append(call_part(call["id"], call["function"]["name"],
+                                       call["function"].get("arguments")))
             recorded.append([MessageIn(role="assistant", content=parts, meta=meta)])
         else:
             call_id = message["tool_call_id"]

@@ -27,7 +27,7 @@ import trio
 
 from ctxd.errors import internal_error, limit_reached
 from ctxd.gateway import _anthropic, _openai
-from ctxd.gateway._blocks import ToolResult, count_marks
+from ctxd.gateway._blocks import MARK, ToolResult, count_marks
 from ctxd.gateway._identity import session_of
 from ctxd.gateway._ledger import LedgerRow, load_ledger, save_ledger
 from ctxd.hub import ack_injection, list_injections, provider_ratio, pull_injections
@@ -35,13 +35,14 @@ from ctxd.hygiene import (
     ToolResultBlob,
     blob_refs,
     cleared_text,
+    is_tool_search,
     offload,
     ref_id_for,
     stage_blobs,
 )
 from ctxd.memory import Injected, Memory, project_scope
 from ctxd.scrub import scrub
-from ctxd.sessions import append, open_session, render
+from ctxd.sessions import append, offered_tools, open_session, render
 from ctxd.store import Transaction
 from ctxd.tokens import part_text
 from ctxd.transcripts import PERSISTED_OUTPUT
@@ -52,6 +53,7 @@ from ctxd.wire.types import (
     MessageIn,
     RenderParams,
     SessionOpenParams,
+    ToolDefinition,
 )
 
 if TYPE_CHECKING:
@@ -326,8 +328,9 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
     await _record_new(actor, shape, messages, bares, digests, plan)
     await _decide_compactions(actor, shape, messages, plan)
     counter = services.counter
+    sent_body = await _with_offered_tools(actor, request, shape, messages, recording)
     system_tokens, tool_tokens = await _fixed_counts.count(
-        counter, *shape.system_and_tools(request.body))
+        counter, *shape.system_and_tools(sent_body))
     model = request.body.get("model")
     ratio = await services.store.read(provider_ratio, model) if isinstance(model, str) else None
     await _clear_if_over(actor, shape, messages, plan, system_tokens + tool_tokens, ratio or 1.0)
@@ -335,7 +338,7 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
     view = shown(shape, messages, plan.rows, plan.points_of_history)
     plan.points.extend(point for point in view.points if point["end"] >= plan.keep)
     sent, marks_tokens = await _assemble(shape, messages, bares, plan, view, counter)
-    body = shape.body_with(request.body, _spliced(sent, plan.rows, view))
+    body = shape.body_with(sent_body, _spliced(sent, plan.rows, view))
     if recording:
         await _commit(actor, plan)
         rows = [plan.rows[p] for p in range(len(messages))]
@@ -355,6 +358,50 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
         removed_tokens=sum(max(0, plan.rows[p].agent_tokens - tokens)
                            for p, tokens in enumerate(view.tokens)),
         model=model if isinstance(model, str) else None)
+
+
+async def _with_offered_tools(actor: SessionActor, request: GatewayRequest, shape: Shape,
+                              messages: list[dict[str, Any]], recording: bool
+                              ) -> dict[str, Any]:
+    """The request's body with the tools the session defers left out of its ``tools``
+    (docs/protocol.md, "Model gateway"), or the body as it is.
+
+    Only an Anthropic request that offers ctxd's ``tool_search`` has tools deferred (its
+    model can find them again; promoted ones are offered from the next call on), and only
+    its MCP tools (``mcp__…``); ``tool_search`` itself, a tool the history calls, and a
+    server tool (no ``input_schema``) always stay. The agent's cache mark on a tool left
+    out moves to the last tool kept, so its tools stay cached as one prefix.
+    """
+    tools = request.body.get("tools")
+    if request.api != "anthropic" or not isinstance(tools, list) or not any(
+            isinstance(tool, dict) and isinstance(tool.get("name"), str)
+            and is_tool_search(tool["name"]) for tool in tools):
+        return request.body
+    definitions: dict[str, ToolDefinition] = {}
+    for tool in tools:
+        name = tool.get("name") if isinstance(tool, dict) else None
+        if not isinstance(name, str) or name in definitions \
+                or not isinstance(tool.get("input_schema"), dict):
+            continue
+        try:
+            definitions[name] = msgspec.convert({
+                "name": name, "description": tool.get("description") or "",
+                "input_schema": tool["input_schema"],
+                "source": "mcp" if name.startswith("mcp__") and not is_tool_search(name)
+                else "builtin"}, ToolDefinition)
+        except msgspec.ValidationError:
+            continue  # a tool ctxd cannot register stays offered
+    deferred = await offered_tools(actor, list(definitions.values()), recording)
+    deferred -= {name for message in messages for _, name in shape.calls(message)}
+    if not deferred:
+        return request.body
+    kept = [tool for tool in tools if not (isinstance(tool, dict)
+                                           and tool.get("name") in deferred)]
+    marked = [tool for tool in tools if isinstance(tool, dict) and MARK in tool]
+    if kept and marked and not any(isinstance(tool, dict) and MARK in tool for tool in kept) \
+            and isinstance(kept[-1], dict):
+        kept[-1] = {**kept[-1], MARK: marked[-1][MARK]}
+    return {**request.body, "tools": kept}
 
 
 def _digest(position: int, bares: list[dict[str, Any]], known: _Known | None) -> bytes:

@@ -12,10 +12,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h11
-import httpx2
 import msgspec
 import trio
 
@@ -35,6 +34,9 @@ from ctxd.hub import EventBus, Requests
 from ctxd.jobs import Request, cancellation_point, working_for
 from ctxd.sessions import Supervisor, record_sent_usage
 from ctxd.wire.types import GatewayCall, GatewayInflight, GatewayStatus, UsageRecordParams
+
+if TYPE_CHECKING:
+    import httpx2
 
 log = logging.getLogger("ctxd.gateway")
 
@@ -153,13 +155,17 @@ class Gateway:
         """Serve ``sock`` until `stop_accepting`, then until the connections end."""
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
         self.listen = listen_text(sock.getsockname())
-        async with new_client(self.config) as client, trio.open_nursery() as nursery:
-            self._client = client
-            task_status.started(self)
-            with self._accepting:
-                while True:
-                    stream = await listener.accept()
-                    nursery.start_soon(self._serve_connection, stream)
+        try:
+            async with trio.open_nursery() as nursery:
+                task_status.started(self)
+                with self._accepting:
+                    while True:
+                        stream = await listener.accept()
+                        nursery.start_soon(self._serve_connection, stream)
+        finally:
+            if self._client is not None:
+                with trio.CancelScope(shield=True):
+                    await self._client.aclose()
 
     def stop_accepting(self) -> None:
         self._accepting.cancel()
@@ -307,7 +313,10 @@ class Gateway:
 
     async def _call_upstream(self, method: bytes, url: str, headers: Headers, body: bytes,
                              relay: Relay) -> bool:
-        assert self._client is not None
+        import httpx2  # loaded by the first call's client (`new_client`)
+
+        if self._client is None:
+            self._client = new_client(self.config)
         async with self._upstream_slots:
             request = self._client.build_request(method.decode(), url, content=body,
                                                  headers=request_headers(headers))

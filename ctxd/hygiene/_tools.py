@@ -186,16 +186,33 @@ def _upsert(conn: apsw.Connection, session_id: str,
           tool.source, tokens, now) for tool, tokens in tools])
 
 
-def stage_use(transaction: Transaction, session_id: str, uses: Mapping[str, int]) -> None:
+def is_tool_search(name: str) -> bool:
+    """Whether a tool is ctxd's ``tool_search`` as an agent names it (``tool_search``,
+    ``mcp__ctxd__tool_search``, OpenCode's ``ctxd_tool_search``)."""
+    return name.endswith("tool_search")
+
+
+def ends_promotions(message: MessageIn) -> bool:
+    """Whether an appended message is the model's turn after a promotion: an assistant
+    message that does not call ``tool_search`` (the one that called it may be recorded
+    after the search, by a hook or the gateway; the promoted tools are for its next one)."""
+    return message.role == "assistant" and not any(
+        is_tool_search(name) for name in called_tools(message))
+
+
+def stage_use(transaction: Transaction, session_id: str, uses: Mapping[str, int],
+              end_promotions: bool = True) -> None:
     """Add to a transaction what appended assistant messages did: the tools they called
-    were used at their seq (``uses``), and the tools promoted by `tools.search` before them
-    go back to being ranked by use."""
-    transaction.add(_use, session_id, dict(uses))
+    were used at their seq (``uses``), and (``end_promotions``: see `ends_promotions`) the
+    tools promoted by `tools.search` before them go back to being ranked by use."""
+    transaction.add(_use, session_id, dict(uses), end_promotions)
 
 
-def _use(conn: apsw.Connection, session_id: str, uses: dict[str, int]) -> None:
-    conn.execute("UPDATE session_tools SET promoted = 0 WHERE session_id = ? AND promoted = 1",
-                 (session_id,))
+def _use(conn: apsw.Connection, session_id: str, uses: dict[str, int],
+         end_promotions: bool) -> None:
+    if end_promotions:
+        conn.execute("UPDATE session_tools SET promoted = 0 "
+                     "WHERE session_id = ? AND promoted = 1", (session_id,))
     if uses:  # most assistant messages call no tool
         conn.executemany("UPDATE session_tools SET last_used_seq = max(last_used_seq, ?) "
                          "WHERE session_id = ? AND name = ?",

@@ -50,3 +50,20 @@ def _ecmascript(pattern: str) -> str:
     if "\\Z" in pattern or "\\A" in pattern or "(?P" in pattern:
         raise ValueError(f"pattern {pattern!r} has Python-only syntax")
     return pattern
+
+
+def input_schema(struct: type[msgspec.Struct]) -> dict[str, Any]:
+    """A tool's input schema as a model is sent it in every request: `plain_schema`
+    without the type's title, and an optional argument that may be null shown as its
+    value's schema alone (leaving it out means the same). The arguments are still checked
+    against the type itself, so nothing the type refuses is accepted."""
+    schema = plain_schema(struct)
+    schema.pop("title", None)
+    properties: dict[str, Any] = schema.get("properties", {})
+    for name, prop in properties.items():
+        options = prop.get("anyOf")
+        if (prop.get("default", ...) is None and isinstance(options, list)
+                and len(options) == 2 and {"type": "null"} in options):
+            [value] = [option for option in options if option != {"type": "null"}]
+            properties[name] = value
+    return schema

@@ -3,6 +3,7 @@ it maps to the native methods it calls through the dispatcher."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -13,16 +14,21 @@ import trio
 
 from ctxd.errors import CtxdError, invalid_state, not_found
 from ctxd.mcp._types import (
+    DEFAULT_TOOLS,
+    BudgetWarning,
+    CallRoute,
     CompactContextArgs,
     ContextBranchArgs,
     ContextBranchStatusArgs,
     ContextBranchStatusResult,
     ContextForkArgs,
     ContextForkToolResult,
+    ContextHealth,
     ContextListBranchesArgs,
     ContextListBranchesResult,
     ContextReturnArgs,
     ContextRollbackArgs,
+    ForcedReturn,
     MemoryRecordArgs,
     MemoryRecordToolResult,
     MemorySearchArgs,
@@ -59,6 +65,11 @@ NO_REMOVAL_CHARS = 120_000
 
 A = TypeVar("A", bound=ToolArgs)
 EARLY_CANCELS_KEPT = 256
+FORCED = ("budget_exhausted", "timeout")
+"""The statuses of a branch ctxd returned by itself."""
+ROUTES_KEPT = 256
+"""Sessions named by calls' ``_meta`` whose opening a connection remembers (the oldest is
+forgotten first, and opened again by its next call)."""
 
 
 class McpConnection:
@@ -81,7 +92,14 @@ class McpConnection:
         """Ids cancelled before their call started (the reader reached the notification
         first); a call finds its id here and stops at once. MCP ids are never reused on a
         connection, so an id of a call already answered is only a little memory."""
+        self.routes: dict[str, str | None] = {}
+        """Sessions opened for calls that named them (`CallRoute`), with their project."""
         self._opening = trio.Lock()
+        self.tools: tuple[str, ...] = DEFAULT_TOOLS
+        """The tools tools/list offers (``mcp.bind``'s ``tools``)."""
+        self.started_at = time.time()
+        self.reported: set[tuple[str, str]] = set()
+        """(branch id, notice) of the `ContextHealth` notices already given."""
 
     def connection_lost(self) -> None:
         for request in list(self.calls.values()):
@@ -101,6 +119,22 @@ class McpConnection:
             self.opened = True
             return self.session_id
 
+    async def routed(self, context: ToolContext, route: CallRoute,
+                     project_path: str | None) -> str:
+        """The session a call named, opened once per connection (again when its project
+        changes): ``project_path``, else the call's ``ctxd/project``."""
+        project = project_path or route.project
+        async with self._opening:
+            known = route.session_id in self.routes
+            if not known or (project is not None and project != self.routes[route.session_id]):
+                opened: SessionOpenResult = await context.native("session.open", {
+                    "session_id": route.session_id, "project": project})
+                self.routes.pop(route.session_id, None)
+                if len(self.routes) >= ROUTES_KEPT:
+                    del self.routes[next(iter(self.routes))]
+                self.routes[route.session_id] = opened.session.project
+            return route.session_id
+
 
 @dataclass
 class ToolContext:
@@ -110,6 +144,8 @@ class ToolContext:
     call: Call
     connection: McpConnection
     progress_token: int | str | None
+    route: CallRoute | None = None
+    """The session the call named in its ``_meta``; None: the connection's."""
 
     async def native(self, method: str, params: dict[str, Any]) -> Any:
         """Call a native method (fields that are None are left out: their defaults)."""
@@ -117,7 +153,16 @@ class ToolContext:
         return await self.dispatcher.invoke(method, encode(given), self.call)
 
     async def session(self, args: ToolArgs) -> str:
+        if self.route is not None:
+            return await self.connection.routed(self, self.route, args.project_path)
         return await self.connection.session(self, args.project_path)
+
+    @property
+    def project(self) -> str | None:
+        """The project of the session the call works on (once `session` opened it)."""
+        if self.route is not None:
+            return self.connection.routes.get(self.route.session_id)
+        return self.connection.project
 
     async def context_state(self, session_id: str) -> ContextState:
         got: SessionResult = await self.native("session.get", {"session_id": session_id})
@@ -180,7 +225,8 @@ async def _return(context: ToolContext, args: ContextReturnArgs) -> BranchReturn
     else:
         await _own_branch(context, session_id, branch_id)
     returned: BranchReturnResult = await context.native("branch.return", {
-        "branch_id": branch_id, "message": args.message})
+        "branch_id": branch_id, "message": args.message,
+        "extract_memory": args.extract_memory or None})
     return returned
 
 
@@ -249,7 +295,7 @@ async def _search(context: ToolContext, args: MemorySearchArgs) -> MemorySearchT
 
 async def _record(context: ToolContext, args: MemoryRecordArgs) -> MemoryRecordToolResult:
     session_id = await context.session(args)
-    scope = args.scope or project_scope(context.connection.project)
+    scope = args.scope or project_scope(context.project)
     recorded: MemoryRecordResult = await context.native("memory.record", {
         **_fields(args, "title", "content", "description", "outcome", "tags"),
         "scope": scope})
@@ -274,7 +320,7 @@ async def _fork(context: ToolContext, args: ContextForkArgs) -> ContextForkToolR
     session_id = await context.session(args)
     source = {"session_id": session_id, "branch_id": args.branch_id}
     opened: SessionOpenResult = await context.native("session.open", {
-        **_fields(args, "session_id"), "project": context.connection.project,
+        **_fields(args, "session_id"), "project": context.project,
         "fork_from": source})
     seed = opened.fork
     assert isinstance(seed, ForkSeedInfo)
@@ -285,7 +331,8 @@ async def _fork(context: ToolContext, args: ContextForkArgs) -> ContextForkToolR
             "no_removal_chars": min(seed.char_budget, NO_REMOVAL_CHARS)})
         text = forked.context
     return ContextForkToolResult(session_id=opened.session.session_id, preamble=seed.preamble,
-                                 stats=seed.stats, tokens=seed.tokens, context=text)
+                                 stats=seed.stats, tokens=seed.tokens, context=text,
+                                 context_state=await context.context_state(session_id))
 
 
 async def _tool_search(context: ToolContext, args: ToolSearchArgs) -> ToolSearchToolResult:
@@ -298,13 +345,11 @@ async def _tool_search(context: ToolContext, args: ToolSearchArgs) -> ToolSearch
 
 TOOLS: tuple[Tool[Any], ...] = (
     Tool("context_branch", "Open a context branch",
-         "Start a sub-task in a branch of its own context. Its messages stay out of the "
-         "main thread; context_return folds them into one summary. Use it before work that "
-         "would fill the context (exploring, debugging, reading many files).",
+         "Do a sub-task in a branch of its own context; context_return folds it into a "
+         "summary. Use before work that would fill the context.",
          ContextBranchArgs, BranchCreateResult, _branch, False),
     Tool("context_return", "Fold a branch back",
-         "Finish the active branch (or branch_id): its work is folded into the parent as "
-         "`message`, a summary of what was found or done.",
+         "End the active branch: its work becomes `message`, a summary of what was found.",
          ContextReturnArgs, BranchReturnResult, _return, False),
     Tool("context_branch_status", "Where the context stands",
          "The active branch path (main first), each thread's tokens and what was folded "
@@ -318,23 +363,22 @@ TOOLS: tuple[Tool[Any], ...] = (
          "the branch was made.",
          ContextRollbackArgs, BranchRollbackResult, _rollback, False),
     Tool("read_result", "Read an offloaded tool result",
-         "A large tool output was replaced by a stub naming its ref_id: read a page of it "
-         "(offset, limit) or only the lines matching `pattern`.",
+         "Read a stubbed tool output by its ref_id: a page, or the lines matching pattern.",
          ReadResultArgs, ReadResultToolResult, _read, True),
     Tool("memory_search", "Search memories",
-         "Lessons recorded earlier (this project's and global ones) that match the query.",
+         "Find lessons recorded earlier that match the query.",
          MemorySearchArgs, MemorySearchToolResult, _search, True),
     Tool("memory_record", "Record a memory",
          "Keep a lesson for later sessions: what worked or failed and why. Scoped to this "
          "project unless `scope` says otherwise.",
          MemoryRecordArgs, MemoryRecordToolResult, _record, False),
     Tool("compact_context", "Compact the context",
-         "Shrink the main thread (or a branch): clear old tool results, summarize the "
-         "oldest span, truncate as a last resort.",
+         "Shrink the context: clear old tool results, summarize the oldest messages.",
          CompactContextArgs, ContextCompactResult, _compact, False),
     Tool("tool_search", "Find a deferred tool",
          "Tools left out of the context to save tokens: find those matching the query; "
-         "they are offered again from the next turn.",
+         "each match's input_schema says how to call it, and it is offered again from the "
+         "next model call.",
          ToolSearchArgs, ToolSearchToolResult, _tool_search, False),
     Tool("context_fork", "Fork the context into a session for a sub-agent",
          "Open a new session (session_id, or a new id) seeded with this session's context "
@@ -347,6 +391,41 @@ TOOLS: tuple[Tool[Any], ...] = (
 """In the order tools/list gives them (fixed: clients cache the prompt that holds them)."""
 
 TOOLS_BY_NAME: dict[str, Tool[Any]] = {tool.name: tool for tool in TOOLS}
+
+
+async def context_health(context: ToolContext) -> ContextHealth | None:
+    """The branches of the call's session (the one it named, else the connection's) that
+    passed 80 % of their budget or that ctxd returned by itself since this connection last
+    said so (and since it began: a client that connects
+    again is not told the session's history); None when there is nothing new."""
+    connection = context.connection
+    if context.route is not None:
+        session_id: str | None = (context.route.session_id
+                                  if context.route.session_id in connection.routes else None)
+    else:
+        session_id = connection.session_id if connection.opened else None
+    if session_id is None:
+        return None
+    listed: BranchListResult = await context.native("branch.list", {"session_id": session_id})
+    warnings: list[BudgetWarning] = []
+    forced: list[ForcedReturn] = []
+    for branch in listed.branches:
+        if branch.status in FORCED and (branch.returned_at or 0.0) >= connection.started_at \
+                and (branch.branch_id, "forced_return") not in connection.reported:
+            connection.reported.add((branch.branch_id, "forced_return"))
+            forced.append(ForcedReturn(
+                branch_id=branch.branch_id, description=branch.description,
+                status=branch.status, reason=branch.return_reason, result=branch.result))
+        elif branch.status == "active" and branch.budget_warned \
+                and (branch.branch_id, "budget_warning") not in connection.reported:
+            connection.reported.add((branch.branch_id, "budget_warning"))
+            warnings.append(BudgetWarning(
+                branch_id=branch.branch_id, description=branch.description,
+                budget_used=branch.budget_used, budget=branch.budget))
+    if not (warnings or forced):
+        return None
+    return ContextHealth(health=listed.context_state.health, budget_warnings=warnings,
+                         forced_returns=forced)
 
 
 def error_text(error: CtxdError) -> str:

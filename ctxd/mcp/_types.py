@@ -81,17 +81,41 @@ class McpCancelledParams(McpParams, frozen=True):
     reason: str | None = None
 
 
+ToolName = Literal["context_branch", "context_return", "context_branch_status",
+                   "context_list_branches", "context_rollback", "read_result", "memory_search",
+                   "memory_record", "compact_context", "tool_search", "context_fork"]
+"""Every MCP tool, in the order tools/list gives them."""
+DEFAULT_TOOLS: tuple[ToolName, ...] = ("context_branch", "context_return", "read_result",
+                                       "memory_search", "compact_context")
+"""The tools offered unless the client asks for others (``mcp.bind``'s ``tools``): each
+definition is in every model request (docs/performance.md, "MCP tool definitions")."""
+
+
 class McpBindParams(Params, frozen=True):
-    """``mcp.bind``: the session and project the connection's MCP tools work on."""
+    """``mcp.bind``: the session and project the connection's MCP tools work on, and the
+    tools it offers (None: `DEFAULT_TOOLS`; ``"all"``: every one)."""
 
     session_id: SessionId | None = None
     project: Text | None = None
+    tools: Literal["all", "default"] | Annotated[list[ToolName], Meta(min_length=1)] | None = None
+
+
+class CallRoute(msgspec.Struct, frozen=True, kw_only=True):
+    """A ``tools/call``'s ``_meta`` keys that name the session it acts on, for a client
+    whose one MCP server serves many conversations (OpenCode: its plugin stamps each call
+    with the conversation's session; docs/decisions.md, "Agents end to end"). Other keys of
+    ``_meta`` are left alone."""
+
+    session_id: SessionId = msgspec.field(name="ctxd/session_id")
+    project: Text | None = msgspec.field(default=None, name="ctxd/project")
 
 
 class McpBindResult(Result, frozen=True):
     session_id: str | None
     """None: a new session is opened at the first tool call."""
     project: str | None
+    tools: list[str]
+    """The tools tools/list offers on this connection."""
 
 
 ProjectPath = Annotated[str, Meta(min_length=1, max_length=256,
@@ -116,6 +140,8 @@ class ContextReturnArgs(ToolArgs, frozen=True):
     message: ReturnMessage
     branch_id: BranchId | None = None
     """None: the active branch."""
+    extract_memory: bool = False
+    """Also keep the branch's lesson as a memory (branch.return's ``extract_memory``)."""
 
 
 class ContextBranchStatusArgs(ToolArgs, frozen=True):
@@ -225,8 +251,7 @@ class ContextForkArgs(ToolArgs, frozen=True):
     """Also return the forked context's text (``context.fork`` at the seed's budget)."""
 
 
-
-class ContextForkToolResult(Result, frozen=True):
+class ContextForkToolResult(Result, frozen=True, kw_only=True):
     session_id: str
     """The new session, seeded: a sub-agent works on it."""
     preamble: str
@@ -234,3 +259,35 @@ class ContextForkToolResult(Result, frozen=True):
     tokens: int
     context: str | msgspec.UnsetType = msgspec.UNSET
     """With ``include_context`` only: the forked context's text."""
+    context_state: ContextState
+    """The calling session's, as every tool's result carries (the new session's is its
+    own: ``session.get``)."""
+
+
+class BudgetWarning(Result, frozen=True):
+    """A live branch that has used 80 % of its budget."""
+
+    branch_id: str
+    description: str
+    budget_used: int
+    budget: int
+
+
+class ForcedReturn(Result, frozen=True):
+    """A branch ctxd returned by itself: its budget was spent or its deadline passed."""
+
+    branch_id: str
+    description: str
+    status: str
+    reason: str | None
+    result: str | None
+    """What it was folded with: its last assistant message, or a summary of its work."""
+
+
+class ContextHealth(Result, frozen=True):
+    """What happened to the session's branches since the connection's last tool result:
+    added to the next one (docs/protocol.md, "MCP"), each notice once."""
+
+    health: str
+    budget_warnings: list[BudgetWarning]
+    forced_returns: list[ForcedReturn]

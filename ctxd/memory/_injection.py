@@ -101,8 +101,8 @@ def fit(candidates: list[Candidate], counter: TokenCounter, cap: int) -> Injecte
         if used + tokens > cap:
             continue
         blocks.append(text)
-        items.append(InjectedItem(memory_id=memory.memory_id, title=memory.title,
-                                  tokens=tokens))
+        items.append(InjectedItem(type="memory", id=memory.memory_id, title=memory.title,
+                                  content=memory.content, tokens=tokens))
         shown[memory.memory_id] = memory.content
         used += tokens
     if not items:

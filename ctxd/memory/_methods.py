@@ -4,6 +4,7 @@ own (``record``, ``search``, ``list``): memory.context, .get, .feedback, .outcom
 
 from __future__ import annotations
 
+from ctxd.errors import params_error
 from ctxd.memory._service import Memory
 from ctxd.wire.types import (
     Empty,
@@ -20,10 +21,16 @@ from ctxd.wire.types import (
 
 async def memory_context(memory: Memory, p: MemoryContextParams) -> MemoryContextResult:
     """Injection's retrieval and fitting, with a hook's budget (docs/protocol.md,
-    memory.context): nothing is recorded as a use, as nothing says it was shown."""
+    memory.context): nothing is recorded as a use, as nothing says it was shown. With a
+    session, a memory is given to it once until its agent compacts its context."""
+    if p.compacted and p.session_id is None:
+        raise params_error("$.compacted", "compacted needs the session_id it is about")
     cap = p.max_tokens or memory.config.hook_inject_tokens
     scope = p.scope or "global"
-    injected = await memory.inject(p.query, scope, cap)
+    if p.session_id is not None:
+        injected = await memory.inject_once(p.session_id, p.query, scope, cap, p.compacted)
+    else:
+        injected = await memory.inject(p.query, scope, cap)
     return MemoryContextResult(text=injected.text, tokens=injected.tokens,
                                items=injected.items, injection=injected.injection)
 

@@ -312,3 +312,23 @@ def promote_candidates(conn: apsw.Connection, mirror: LexicalIndex, limit: int =
         made.append((item, generation, session_id))
         conn.execute("DELETE FROM memory_candidates WHERE id = ?", (candidate_id,))
     return made
+
+
+def delivered(conn: apsw.Connection, session_id: str) -> set[int]:
+    """The memories given to a session whose context still holds them."""
+    return {row[0] for row in conn.execute(
+        "SELECT memory_id FROM memory_deliveries WHERE session_id = ?", (session_id,))}
+
+
+def forget_delivered(conn: apsw.Connection, session_id: str) -> None:
+    """The session's context was compacted: what it was given may be given again."""
+    conn.execute("DELETE FROM memory_deliveries WHERE session_id = ?", (session_id,))
+
+
+def record_delivered(conn: apsw.Connection, session_id: str, memory_ids: list[int],
+                     now: float) -> None:
+    """Remember the memories given to a session (in the caller's transaction)."""
+    conn.executemany(
+        "INSERT INTO memory_deliveries (session_id, memory_id, delivered_at) VALUES (?, ?, ?) "
+        "ON CONFLICT (session_id, memory_id) DO UPDATE SET delivered_at = excluded.delivered_at",
+        [(session_id, memory_id, now) for memory_id in memory_ids])

@@ -13,7 +13,7 @@ import apsw
 import trio
 
 from ctxd.config import MemoryConfig
-from ctxd.errors import CtxdError, ErrorCode, scrub_failed
+from ctxd.errors import CtxdError, ErrorCode, not_found, scrub_failed
 from ctxd.hub import EventBus
 from ctxd.memory import _queries as q
 from ctxd.memory._embedders import Embedder
@@ -199,15 +199,17 @@ class Memory:
                               mode="hybrid" if mode not in ("lexical", "dense") else
                               ("lexical" if mode == "lexical" else "dense"))
 
-    async def inject(self, query: str, scope: str, cap: int) -> Injected:
+    async def inject(self, query: str, scope: str, cap: int,
+                     leave_out: frozenset[int] = frozenset()) -> Injected:
         """The memories to inject into a new branch (docs/protocol.md, Injection into a new
         branch): retrieved with the branch's description and prompt, confidence ≥ 0.7, at
-        most 10, fitted into ``cap`` tokens. A failure never fails the branch: it comes back
-        as the reason."""
+        most 10, fitted into ``cap`` tokens; none of ``leave_out``. A failure never fails
+        the branch: it comes back as the reason."""
         if self.count == 0:
             return fit([], self.counter, cap)
         try:
-            found = await self.retrieve(query, scope=scope, k=INJECT_MAX_ITEMS,
+            found = await self.retrieve(query, scope=scope,
+                                        k=INJECT_MAX_ITEMS + len(leave_out),
                                         min_confidence=INJECT_MIN_CONFIDENCE)
         except Exception as exc:
             # Injection is optional: the branch is created without it, and says why.
@@ -215,12 +217,39 @@ class Memory:
             return Injected(None, 0, [], Injection(
                 status="failed", reason=f"retrieval failed: {exc}", tokens=0, budget=cap))
         candidates = [Candidate(r.item.id, r.item.title, r.item.content, r.item.confidence,
-                                r.item.outcome, r.content_tokens) for r in found.ranked]
+                                r.item.outcome, r.content_tokens) for r in found.ranked
+                      if r.item.id not in leave_out]
         uncounted = sum(len(c.content) for c in candidates if c.content_tokens is None)
         if uncounted < FIT_ON_LOOP_CHARS:
             return fit(candidates, self.counter, cap)
         # Counting tokens of long memories takes milliseconds: off the event loop.
         return await trio.to_thread.run_sync(fit, candidates, self.counter, cap)
+
+    async def inject_once(self, session_id: str, query: str, scope: str, cap: int,
+                          compacted: bool) -> Injected:
+        """`inject` for a session's context, leaving out the memories it was given
+        already (all of them may come again once ``compacted`` says its agent compacted its
+        context), and remembering those it is given now.
+
+        Raises:
+            CtxdError: -32004 when ctxd does not know the session.
+        """
+        if compacted:
+            await self.store.write(q.forget_delivered, session_id)
+        given = frozenset(await self.store.read(q.delivered, session_id))
+        injected = await self.inject(query, scope, cap, given)
+
+        def remember(conn: apsw.Connection) -> None:
+            try:
+                q.record_delivered(conn, session_id, [item.id for item in injected.items],
+                                   time.time())
+            except apsw.ConstraintError:
+                raise not_found("session", session_id,
+                                "open it with session.open first") from None
+
+        if injected.items:
+            await self.store.write(remember)
+        return injected
 
     def stage_use(self, transaction: Transaction, injected: Injected, source: str) -> None:
         """Add to a new branch's transaction a weak positive signal for each memory

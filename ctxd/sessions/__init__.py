@@ -8,6 +8,7 @@ from ctxd.sessions._fork import context_fork
 from ctxd.sessions._hygiene_ops import (
     Search,
     compact,
+    offered_tools,
     read_result,
     register_tools,
     search_tools,
@@ -32,11 +33,13 @@ from ctxd.sessions._methods import (
 from ctxd.sessions._services import Services, SessionCounts
 from ctxd.sessions._session_ops import (
     append,
+    append_request,
     get_session,
     list_messages,
     measure,
     open_session,
     render,
+    render_request,
 )
 from ctxd.sessions._state import SessionRecord, resolve_budget
 from ctxd.sessions._supervisor import Supervisor
@@ -48,12 +51,15 @@ from ctxd.sessions._usage_tools import record_usage as usage_record
 from ctxd.sessions._usage_tools import set_state as tool_state
 
 __all__ = ["Search", "Services", "SessionActor", "SessionCounts", "SessionRecord", "Supervisor",
-           "append", "branch_status", "compact", "compaction_key", "context_fork", "create_branch",
+           "append", "append_request", "branch_status", "compact", "compaction_key",
+           "context_fork", "create_branch",
            "get_session", "inject_ack", "inject_list", "inject_pull", "inject_push",
-           "list_branches", "list_messages", "measure", "open_session", "read_inside",
+           "list_branches", "list_messages", "measure", "offered_tools", "open_session",
+           "read_inside",
            "read_result",
            "record_sent_usage",
-           "register_tools", "render", "resolve_budget", "return_branch", "rollback",
+           "register_tools", "render", "render_request", "resolve_budget", "return_branch",
+           "rollback",
            "search_tools", "session_close", "session_delete", "session_get", "session_list",
            "session_of_injection", "session_of_result", "session_open", "session_resume",
            "tool_get", "tool_list",

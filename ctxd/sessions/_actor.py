@@ -81,6 +81,9 @@ class SessionActor:
         """When the request being processed arrived (trio's clock)."""
         self.tools_deferred: tuple[str, ...] = ()
         """The tools deferred when `tools.deferred` was last published."""
+        self.tools_offered: bytes | None = None
+        """The digest of the tool definitions a model request last registered
+        (`_hygiene_ops.offered_tools`): the same ones are not registered again."""
         self._expire = expire
         self._stale = True
         self._send, self._receive = trio.open_memory_channel[Queued](MAILBOX_SIZE)

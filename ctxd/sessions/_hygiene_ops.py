@@ -11,6 +11,7 @@ and the branches' operations, which compact after they grow a thread
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import math
 import time
@@ -60,6 +61,7 @@ from ctxd.wire.types import (
     ResultReadResult,
     SessionResumeResult,
     Strategy,
+    ToolDefinition,
     ToolMatch,
     ToolsRegisterParams,
     ToolsRegisterResult,
@@ -376,6 +378,29 @@ async def tool_view(actor: SessionActor) -> tuple[list[SessionTool], list[Sessio
     return active, deferred
 
 
+async def offered_tools(actor: SessionActor, tools: list[ToolDefinition],
+                        register: bool) -> frozenset[str]:
+    """Which of the tools an agent's model request offers (``tools``, each name once) the
+    session defers now: they are registered first (``register``, when they are not the
+    ones registered last), then deferred as tools.register's are, among themselves (a tool
+    registered before and no longer offered neither counts nor comes back)."""
+    actor.require_open()
+    store = actor.services.store
+    digest = hashlib.blake2b(msgspec.json.encode(tools), digest_size=16).digest()
+    if register and digest != actor.tools_offered:
+        counts = await actor.services.counter.count_texts([counted_form(t) for t in tools])
+        transaction = Transaction()
+        stage_register(transaction, actor.session_id, list(zip(tools, counts, strict=True)),
+                       time.time())
+        await store.commit(transaction)
+        actor.tools_offered = digest
+    names = {tool.name for tool in tools}
+    registered = [tool for tool in await store.read(load_tools, actor.session_id)
+                  if tool.name in names]
+    _, deferred = defer(registered, _tool_threshold(actor))
+    return frozenset(tool.name for tool in deferred)
+
+
 async def register_tools(actor: SessionActor, p: ToolsRegisterParams) -> ToolsRegisterResult:
     """tools.register: the tools counted and stored; which of them are deferred."""
     actor.require_open()
@@ -411,6 +436,7 @@ async def search_tools(actor: SessionActor, p: ToolsSearchParams) -> ToolsSearch
         _, deferred = await tool_view(actor)
     return ToolsSearchResult(
         matches=[ToolMatch(name=tool.name, source=tool.source,
-                           description=tool.description, score=score, tokens=tool.tokens)
+                           description=tool.description, input_schema=tool.input_schema,
+                           score=score, tokens=tool.tokens)
                  for tool, score in found],
         deferred=len(deferred))

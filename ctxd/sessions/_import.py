@@ -787,8 +787,8 @@ async def run_import(actor: SessionActor, p: TranscriptImportParams, path: Path,
     await finish_interrupted(actor)
     job, bytes_read, restarted = await _import_file(actor, p, path, size, array_at)
     jobs = [job]
-    subagents = [] if p.format != "claude-code" else await trio.to_thread.run_sync(
-        subagent_files, path)
+    subagents = [] if p.format != "claude-code" or not p.subagents else (
+        await trio.to_thread.run_sync(subagent_files, path))
     for found in subagents:
         try:
             found_size = (await trio.to_thread.run_sync(os.stat, found)).st_size

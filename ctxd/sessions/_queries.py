@@ -136,22 +136,28 @@ POSITION = "coalesce(at_seq, seq)"
 """Where a message sits in its thread (docs/protocol.md, "Compaction")."""
 
 
-def render_rows(conn: apsw.Connection, session_id: str,
-                branch_id: str | None) -> tuple[list[RenderedMessage], int]:
+def render_rows(conn: apsw.Connection, session_id: str, branch_id: str | None,
+                metas: list[dict[str, Any] | None] | None = None
+                ) -> tuple[list[RenderedMessage], int]:
     """The messages ``ctxd.render`` sends for a thread, and the sum of their tokens: for
     the main thread its kept messages; for a branch, its parent's rendered prefix (up to
-    the branch's fork) and then the branch's own messages, up to the main thread."""
+    the branch's fork) and then the branch's own messages, up to the main thread.
+    ``metas``, when given, gets each message's ``meta`` (a provider's shape renders
+    from it)."""
     messages: list[RenderedMessage] = []
     tokens = 0
+    meta_column = "meta" if metas is not None else "NULL"
     for thread, through in thread_chain(conn, branch_id):
-        for role, content, name, tool_call_id, count in conn.execute(
-                f"SELECT role, content, name, tool_call_id, tokens FROM messages "
-                f"WHERE session_id = ? AND branch_id IS ? AND {KEPT} "
+        for role, content, name, tool_call_id, count, meta in conn.execute(
+                f"SELECT role, content, name, tool_call_id, tokens, {meta_column} "
+                f"FROM messages WHERE session_id = ? AND branch_id IS ? AND {KEPT} "
                 f"AND {POSITION} <= ? ORDER BY {POSITION}, seq",
                 (session_id, thread, through)):
             messages.append(RenderedMessage(role=role, content=_decode_content(content),
                                             name=name, tool_call_id=tool_call_id))
             tokens += count
+            if metas is not None:
+                metas.append(None if meta is None else decode_meta(meta))
     return messages, tokens
 
 

@@ -24,6 +24,7 @@ from ctxd.hygiene import (
     ToolResultBlob,
     called_tools,
     deferred_note,
+    ends_promotions,
     offload,
     originals,
     stage_blobs,
@@ -41,9 +42,17 @@ from ctxd.sessions._state import (
 )
 from ctxd.store import Transaction
 from ctxd.tokens import REPLY_PRIMING
+from ctxd.transcripts import (
+    anthropic_messages,
+    anthropic_tools,
+    openai_messages,
+    openai_tools,
+    recorded,
+)
 from ctxd.wire.types import (
     COMPONENTS,
     AppendedMessage,
+    AppendRequest,
     Branch,
     BudgetMeasureParams,
     BudgetMeasureResult,
@@ -55,6 +64,7 @@ from ctxd.wire.types import (
     MessageIn,
     MessageListParams,
     MessageListResult,
+    ProviderRenderResult,
     RenderParams,
     RenderResult,
     RenderStats,
@@ -249,6 +259,14 @@ def text_at_rest(actor: SessionActor, text: str, consequence: str) -> str:
         raise scrub_failed("a message", exc, consequence) from exc
 
 
+async def append_request(actor: SessionActor, params: AppendRequest) -> MessageAppendResult:
+    """message.append as a client sends it: its messages in ctxd's form or a provider's,
+    recorded in ctxd's (docs/protocol.md, "Provider shapes")."""
+    return await append(actor, MessageAppendParams(
+        session_id=params.session_id, messages=recorded(params.messages),
+        branch_id=params.branch_id, allow_over=params.allow_over))
+
+
 async def append(actor: SessionActor, params: MessageAppendParams,
                  stage: Callable[[Transaction], None] | None = None) -> MessageAppendResult:
     """message.append; ``stage`` adds a caller's steps to the append's transaction (the
@@ -337,7 +355,8 @@ async def append_prepared(actor: SessionActor, params: MessageAppendParams,
     if any(m.role == "assistant" for m in messages):
         stage_use(transaction, actor.session_id,
                   {name: seq for seq, m in enumerate(messages, record.last_seq + 1)
-                   for name in called_tools(m)})
+                   for name in called_tools(m)},
+                  end_promotions=any(ends_promotions(m) for m in messages))
     grown = None
     if branch is None:
         updated.message_count += len(messages)
@@ -440,9 +459,32 @@ def _whole_messages(conn: Any, session_id: str, branch_id: str | None, after: in
                 m, content=whole[m.seq][1], ref_id=whole[m.seq][0]) for m in messages]
 
 
-async def render(actor: SessionActor, params: RenderParams) -> RenderResult:
+async def render_request(actor: SessionActor, params: RenderParams
+                         ) -> RenderResult | ProviderRenderResult:
+    """ctxd.render: `render`, in ctxd's form or (``format``) a provider's
+    (docs/protocol.md, "Provider shapes")."""
+    if params.format == "ctxd":
+        return await render(actor, params)
+    metas: list[dict[str, Any] | None] = []
+    done = await render(actor, params, metas)
+    rows = list(zip(done.messages, metas, strict=True))
+    if params.format == "openai":
+        system, messages = None, openai_messages(rows)
+        tools = openai_tools(done.tools)
+    else:
+        system, messages = anthropic_messages(rows)
+        tools = anthropic_tools(done.tools)
+    return ProviderRenderResult(
+        format=params.format, branch_id=done.branch_id, messages=messages, system=system,
+        tokens=done.tokens, context_state=done.context_state, stats=done.stats, tools=tools,
+        tool_tokens=done.tool_tokens, tools_note=done.tools_note,
+        context_note=done.context_note)
+
+
+async def render(actor: SessionActor, params: RenderParams,
+                 metas: list[dict[str, Any] | None] | None = None) -> RenderResult:
     """ctxd.render: the active thread (or the one asked for) as the model is to see it,
-    with the tools that are not deferred."""
+    with the tools that are not deferred; ``metas`` gets each message's ``meta``."""
     if params.branch_id is msgspec.UNSET:
         await enforce_all(actor)
         active = actor.branches.active
@@ -457,7 +499,7 @@ async def render(actor: SessionActor, params: RenderParams) -> RenderResult:
                 await actor.branches.stored(branch_id)
     record = actor.require()
     messages, message_tokens = await actor.services.store.read(
-        q.render_rows, actor.session_id, branch_id)
+        q.render_rows, actor.session_id, branch_id, metas)
     tokens = thread_tokens(message_tokens, len(messages))
     shown, deferred = await tool_view(actor)
     usage = tokens / record.budget.effective_window

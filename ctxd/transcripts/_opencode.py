@@ -66,6 +66,21 @@ def _kept(part: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
+ROUTE_KEYS = ("ctxd/session_id", "ctxd/project")
+"""What ctxd's OpenCode plugin adds to the ``_meta`` of a call of ctxd's MCP tools, which
+OpenCode stores with the call (docs/decisions.md, "Agents end to end")."""
+
+
+def _as_called(tool_input: Any) -> Any:
+    """A call's input as the model made it: without the keys of `ROUTE_KEYS`."""
+    meta = tool_input.get("_meta") if isinstance(tool_input, dict) else None
+    if not isinstance(meta, dict) or not any(key in meta for key in ROUTE_KEYS):
+        return tool_input
+    rest = {key: value for key, value in meta.items() if key not in ROUTE_KEYS}
+    called = {key: value for key, value in tool_input.items() if key != "_meta"}
+    return {**called, "_meta": rest} if rest else called
+
+
 def _tool(part: dict[str, Any], source: dict[str, Any]) -> tuple[dict[str, Any], MessageIn]:
     state = _dict(part.get("state"))
     call_id, name = str(part.get("callID") or part.get("id")), str(part.get("tool"))
@@ -82,7 +97,8 @@ def _tool(part: dict[str, Any], source: dict[str, Any]) -> tuple[dict[str, Any],
             meta[field] = state[field]
     text = output if isinstance(output, str) else (
         "" if output is None else json.dumps(output, ensure_ascii=False))
-    call = {"type": "tool_use", "id": call_id, "name": name, "input": state.get("input")}
+    call = {"type": "tool_use", "id": call_id, "name": name,
+            "input": _as_called(state.get("input"))}
     return call, MessageIn(role="tool", content=text, tool_call_id=call_id[:256],
                            name=name[:256], meta=meta)
 

@@ -322,8 +322,53 @@ class MessageIn(Params, frozen=True):
 
 
 class MessageAppendParams(Params, frozen=True):
+    """An append as the session makes it: messages in ctxd's own form (`AppendRequest`'s
+    are brought to it first)."""
+
     session_id: SessionId
     messages: Annotated[list[MessageIn], Meta(min_length=1, max_length=10_000)]
+    branch_id: BranchId | None = None
+    allow_over: bool = False
+
+
+CallId = Annotated[str, Meta(min_length=1, max_length=256)]
+
+
+class FunctionCallIn(Params, frozen=True):
+    name: Annotated[str, Meta(min_length=1, max_length=256)]
+    arguments: str
+    """The call's arguments as the model wrote them: JSON text (an object)."""
+
+
+class ToolCallIn(Params, frozen=True):
+    """A tool call of an assistant message in OpenAI Chat Completions' shape."""
+
+    id: CallId
+    type: Literal["function"]
+    function: FunctionCallIn
+
+
+class AppendMessage(Params, frozen=True):
+    """A message as ``message.append`` takes it: ctxd's form (`MessageIn`), an OpenAI Chat
+    Completions message (an assistant's ``tool_calls``, its ``content`` null), or an
+    Anthropic Messages one (``tool_use`` and ``tool_result`` blocks) (docs/protocol.md,
+    "Provider shapes")."""
+
+    role: Role
+    content: Content | msgspec.UnsetType | None = msgspec.UNSET
+    """Required, but for an assistant message with ``tool_calls`` (null or left out)."""
+    name: Annotated[str, Meta(max_length=256)] | None = None
+    tool_call_id: Annotated[str, Meta(max_length=256)] | None = None
+    component: Component | None = None
+    meta: dict[str, Any] | None = None
+    tool_calls: Annotated[list[ToolCallIn], Meta(max_length=1_000)] | None = None
+
+
+class AppendRequest(Params, frozen=True):
+    """``message.append``'s params."""
+
+    session_id: SessionId
+    messages: Annotated[list[AppendMessage], Meta(min_length=1, max_length=10_000)]
     branch_id: BranchId | None = None
     allow_over: bool = False
 
@@ -451,10 +496,16 @@ class ResultReadResult(Result, frozen=True):
 
 # ---- ctxd.render / budget.measure ---------------------------------------------------
 
+RenderFormat = Literal["ctxd", "openai", "anthropic"]
+
+
 class RenderParams(Params, frozen=True):
     session_id: SessionId
     branch_id: BranchId | msgspec.UnsetType | None = msgspec.UNSET
     """Unset: the active thread (what to send now); null: the main thread."""
+    format: RenderFormat = "ctxd"
+    """``openai`` / ``anthropic``: the messages in that provider's shape, as its API takes
+    them (docs/protocol.md, "Provider shapes")."""
 
 
 class RenderedMessage(Result, frozen=True, omit_defaults=True):
@@ -488,6 +539,25 @@ class RenderResult(Result, frozen=True):
     context_note: str | None = None
     """``[Context: 83% used. …]`` above the session's ``warn`` threshold (``[hygiene]
     context_note``): not a message, so that a cached prefix stays as it is."""
+
+
+class ProviderRenderResult(Result, frozen=True):
+    """``ctxd.render`` with ``format`` ``openai`` or ``anthropic``: what `RenderResult`
+    says, the messages and tools in the provider's shape."""
+
+    format: RenderFormat
+    branch_id: str | None
+    messages: list[dict[str, Any]]
+    system: str | None
+    """Anthropic: the system messages' text, for the request's ``system`` (null: none);
+    always null for OpenAI, whose system messages stay among the messages."""
+    tokens: int
+    context_state: ContextState
+    stats: RenderStats
+    tools: list[dict[str, Any]]
+    tool_tokens: int
+    tools_note: str | None
+    context_note: str | None
 
 
 # ---- context.compact, session.resume (docs/protocol.md, "Compaction") ------------------
@@ -580,9 +650,16 @@ class BranchCreateParams(Params, frozen=True):
 
 
 class InjectedItem(Result, frozen=True):
-    memory_id: int
+    """A memory put in a model's context: its text itself, so that whoever reads the
+    answer (an MCP agent, a hook) has what was counted as shown."""
+
+    type: Literal["memory"]
+    id: int
+    """The memory's id (memory.get)."""
     title: str
+    content: str
     tokens: int
+    """Its block's tokens in the injected text (its head and its content)."""
 
 
 class Injection(Result, frozen=True):
@@ -943,6 +1020,8 @@ class ToolMatch(Result, frozen=True):
     name: str
     source: ToolSource
     description: str
+    input_schema: dict[str, Any]
+    """The tool's input schema as registered: what a model needs to call it."""
     score: float
     tokens: int
 
@@ -1284,7 +1363,10 @@ class Turn(Result, frozen=True):
     cancel_reason: str | None
     ended_at: float | None
     cancelled: bool | None
-    """The agent's answer at turn.end: whether it stopped the turn (None while running)."""
+    """The agent's answer at turn.end: whether it stopped the turn (None while running, or
+    when it never answered)."""
+    terminated: bool = False
+    """ctxd ended it: its cancel had no turn.end within ``cancel_timeout_s``."""
 
 
 class TurnListResult(Result, frozen=True):
@@ -1300,6 +1382,12 @@ class MemoryContextParams(Params, frozen=True):
     query: MemoryQuery
     scope: Scope | None = None
     max_tokens: Annotated[int, Meta(ge=1, le=100_000)] | None = None
+    session_id: SessionId | None = None
+    """The session the text goes to: a memory it was given already is left out, and those
+    given are remembered with it (docs/protocol.md, "Claude Code hooks")."""
+    compacted: bool = False
+    """The session's agent compacted its context since the last call: what was given
+    before is gone from it, and may be given again."""
 
 
 class MemoryContextResult(Result, frozen=True):
@@ -1342,6 +1430,9 @@ class TranscriptImportParams(Params, frozen=True):
     project: Annotated[str, Meta(max_length=256)] | None = None
     restart: bool = False
     """Import a replaced or truncated file from its start (what was imported stays)."""
+    subagents: bool = True
+    """Claude Code: import the sub-agent files beside the transcript too (false: the
+    transcript alone; the hooks record each sub-agent as it runs)."""
 
 
 class MalformedLine(Result, frozen=True, omit_defaults=True):

@@ -210,11 +210,13 @@ def test_a_turn_cancelled_reaches_the_agent_which_records_its_answer(
     assert (requested["state"], requested["cancel_reason"]) == ("cancel_requested", "stop")
     assert again == requested  # asked once: one event
     assert (event["type"], event["session_id"], event["data"]) == (
-        "turn.cancel_requested", sid, {"turn_id": "turn-1", "reason": "stop"})
+        "turn.cancel_requested", sid, {"turn_id": "turn-1", "reason": "stop",
+                                       "timeout_s": 10.0})
     assert (ended["state"], ended["cancelled"]) == ("ended", True)
     assert ended["ended_at"] >= ended["cancel_requested_at"] >= ended["started_at"]
     assert (ended_event["type"], ended_event["data"]) == (
-        "turn.ended", {"turn_id": "turn-1", "cancelled": True, "cancel_requested": True})
+        "turn.ended", {"turn_id": "turn-1", "cancelled": True, "cancel_requested": True,
+                       "terminated": False})
     assert listed == {"turns": [ended]}
     assert (twice.code, twice.message) == (-32003, "turn 'turn-1' has ended")
     assert restarted.code == -32003

@@ -8,12 +8,13 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import DaemonProcess
-from mock_anthropic import MockAnthropic, tool_results, tool_use
+from mock_anthropic import Block, MockAnthropic, text, tool_results, tool_use
 from tests_support import bundled_claude
 
 from ctxclient import Client
@@ -31,7 +32,8 @@ BIG_COMMAND = ("python3 -c \"print('\\n'.join(f'zebra-{i:05d} the quick brown fo
 BIG_OUTPUT = "\n".join(f"zebra-{i:05d} the quick brown fox jumps" for i in range(LINES))
 
 
-def claude(project: Path, home: Path, mock: MockAnthropic, prompt: str) -> dict[str, Any]:
+def claude(project: Path, home: Path, mock: MockAnthropic, prompt: str,
+           tools: tuple[str, ...] = ("Bash", "mcp__ctxd__memory_record")) -> dict[str, Any]:
     """One ``claude -p`` run in ``project``, hermetic: its own HOME, the mock model."""
     assert CLAUDE is not None
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "ANTHROPIC_BASE_URL": mock.url,
@@ -39,7 +41,7 @@ def claude(project: Path, home: Path, mock: MockAnthropic, prompt: str) -> dict[
            "ENABLE_TOOL_SEARCH": "false"}
     # Claude Code refuses --dangerously-skip-permissions as root: allow Bash by name.
     done = subprocess.run([str(CLAUDE), "-p", prompt, "--output-format", "json",
-                           "--allowedTools", "Bash", "mcp__ctxd__memory_record"],
+                           "--allowedTools", *tools],
                           cwd=project, env=env,
                           capture_output=True, text=True, timeout=180, check=False)
     assert done.returncode == 0, (done.stdout, done.stderr)
@@ -53,10 +55,12 @@ def test_a_claude_code_session_is_managed_by_ctxd(tmp_path: Path,
     home, project = tmp_path / "home", tmp_path / "otterbay"
     home.mkdir()
     project.mkdir()
+    # memory_record is not in the default set of tools: asked for by name.
     installed = subprocess.run([str(CTXCTL), "install", "claude-code", "--scope", "project",
-                                "--socket", str(shared_daemon.socket)], cwd=project,
+                                "--socket", str(shared_daemon.socket),
+                                "--tools", "read_result,memory_record"], cwd=project,
                                capture_output=True, text=True, timeout=60, check=True)
-    assert installed.stdout.count("added ") == 10
+    assert installed.stdout.count("added ") == 12
     with Client(shared_daemon.socket) as client:
         client.call("memory.record", {
             "title": "otterbay releases", "content": "otterbay ships with make release-zebra.",
@@ -71,6 +75,11 @@ def test_a_claude_code_session_is_managed_by_ctxd(tmp_path: Path,
     requests = mock.main_requests()
     assert len(requests) == 3
     first, second, third = requests
+
+    # The model is offered the ctxd tools the install asked for, and no others.
+    assert sorted(tool["name"] for tool in first["tools"]
+                  if tool["name"].startswith("mcp__ctxd__")) == [
+        "mcp__ctxd__memory_record", "mcp__ctxd__read_result"]
 
     # (b) SessionStart's additionalContext carries the project's memory to the model.
     memory_line = "- otterbay releases (confidence 0.80): otterbay ships with make release-zebra."
@@ -235,3 +244,99 @@ def test_claude_codes_reads_failures_saved_outputs_and_ctxds_own_answers(
         [page] = tool_results(last, "toolu_page")
         assert json.loads(page)["content"] == WALRUS[100_000:]
         assert results["toolu_page"].get("ref_id") is None
+
+
+SUB_LOG_LINES = 300
+SUB_LOG = "\n".join(f"heron-{i:04d} nested in the reeds by the river" for i in range(SUB_LOG_LINES))
+SUB_LOG_COMMAND = ("python3 -c \"print('\\n'.join(f'heron-{i:04d} nested in the reeds by the "
+                   f"river' for i in range({SUB_LOG_LINES})))\"")
+SUB_BRANCH_BUDGET = 600
+"""Tokens a sub-agent's branch may add: the first sub-agent's work fits, the heron log (over
+2,000 tokens) does not."""
+
+
+def agent_call(call_id: str, description: str, prompt: str) -> Block:
+    return tool_use(call_id, "Agent", {"description": description, "prompt": prompt,
+                                       "subagent_type": "general-purpose",
+                                       "run_in_background": False})
+
+
+@pytest.fixture
+def small_branches(daemon_root: Path) -> Iterator[DaemonProcess]:
+    process = DaemonProcess(daemon_root, env={
+        "CTXD_BRANCH_BUDGET": str(SUB_BRANCH_BUDGET),
+        "CTXD_HYGIENE_OFFLOAD_THRESHOLD_BYTES": "1000000"}).start()
+    yield process
+    process.stop()
+
+
+def test_claude_codes_sub_agents_are_branches(tmp_path: Path,
+                                              small_branches: DaemonProcess) -> None:
+    """Two sub-agents, one after the other: the first works within its branch's budget,
+    gets the memory of its task through SubagentStart and returns its branch with its last
+    message; the second spends its budget on one output, and its next tool call is denied
+    with the reason, which its model reads; then it ends too."""
+    home, project = tmp_path / "home", tmp_path / "ospreyworks"
+    home.mkdir()
+    project.mkdir()
+    subprocess.run([str(CTXCTL), "install", "claude-code", "--scope", "project", "--socket",
+                    str(small_branches.socket)], cwd=project, capture_output=True, text=True,
+                   timeout=60, check=True)
+    with Client(small_branches.socket) as client:
+        client.call("memory.record", {
+            "title": "osprey nests", "content": "Osprey nests are counted from the east tower.",
+            "scope": f"project:{project}"})
+    turns = [[agent_call("toolu_agent1", "Count osprey nests",
+                         "Count the osprey nests and report the number.")],
+             [tool_use("toolu_sub1a", "Bash", {"command": "echo nests: 4",
+                                                "description": "Count"})],
+             [text("There are 4 osprey nests.")],
+             [agent_call("toolu_agent2", "Read the heron log",
+                         "Print the heron log and sum it up.")],
+             [tool_use("toolu_sub2a", "Bash", {"command": SUB_LOG_COMMAND,
+                                                "description": "Print the log"})],
+             [tool_use("toolu_sub2b", "Bash", {"command": "echo more",
+                                                "description": "Look further"})],
+             [text("The herons nest in the reeds.")]]
+    with MockAnthropic(turns, final="Both reports are in.") as mock:
+        result = claude(project, home, mock, "Survey the birds, please",
+                        tools=("Bash", "Agent"))
+    assert result["result"] == "Both reports are in."
+    assert mock.turns == []
+    requests = mock.main_requests()
+    assert len(requests) == 8
+    # The first sub-agent's first request holds the memory of its task (SubagentStart).
+    memory_line = ("- osprey nests (confidence 0.80): Osprey nests are counted from the "
+                   "east tower.")
+    first_sub = json.dumps(requests[1], ensure_ascii=False).replace("\\n", "\n")
+    assert memory_line in first_sub
+    assert "Count the osprey nests and report the number." in first_sub
+    # The second sub-agent's second call was denied with the reason, and its model read it
+    # (Claude Code words a denial "PreToolUse:Bash hook error: REASON").
+    [denied] = tool_results(requests[6], "toolu_sub2b")
+    assert denied.endswith(": budget exhausted: return your result now")
+    assert tool_results(requests[6], "toolu_sub2a") == [SUB_LOG]
+
+    session_id = result["session_id"]
+    with Client(small_branches.socket) as client:
+        branches = client.call("branch.list", {"session_id": session_id})["branches"]
+        osprey, heron = sorted(branches, key=lambda b: b["created_at"])
+        assert (osprey["description"], osprey["status"], osprey["result"]) == (
+            "Count osprey nests", "completed", "There are 4 osprey nests.")
+        assert (heron["description"], heron["status"]) == (
+            "Read the heron log", "budget_exhausted")
+        assert heron["budget_used"] > SUB_BRANCH_BUDGET
+        assert (osprey["parent_branch_id"], heron["parent_branch_id"]) == (None, None)
+        # The sub-agents' tool calls were charged to their branches, not the main thread.
+        own = client.call("message.list", {"session_id": session_id,
+                                           "branch_id": osprey["branch_id"]})["messages"]
+        assert [m["tool_call_id"] for m in own if m["role"] == "tool"] == ["toolu_sub1a"]
+        assert [m["content"] for m in own if m["role"] == "tool"] == ["nests: 4"]
+        assert memory_line in [m["content"] for m in own if m["role"] == "user"][-1]
+        heron_own = client.call("message.list", {"session_id": session_id,
+                                                 "branch_id": heron["branch_id"]})["messages"]
+        assert [m["tool_call_id"] for m in heron_own if m["role"] == "tool"] == [
+            "toolu_sub2a"]
+        main = client.call("message.list", {"session_id": session_id})["messages"]
+        assert [m["tool_call_id"] for m in main if m["role"] == "tool"
+                and m.get("branch_id") is None] == ["toolu_agent1", "toolu_agent2"]

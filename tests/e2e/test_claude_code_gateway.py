@@ -134,6 +134,11 @@ def test_what_claude_codes_model_receives_through_the_gateway(
     session_id = outcome["session_id"]
     requests = mock.main_requests()
     assert len(requests) == 23
+    # ctxd's lean default set is what the model is offered (ctxctl mcp --tools: the rest).
+    assert sorted(tool["name"] for tool in requests[0]["tools"]
+                  if tool["name"].startswith("mcp__ctxd__")) == [
+        "mcp__ctxd__compact_context", "mcp__ctxd__context_branch",
+        "mcp__ctxd__context_return", "mcp__ctxd__memory_search", "mcp__ctxd__read_result"]
     by_call: dict[str, int] = {}
     for index, body in enumerate(requests):
         for message in body["messages"]:

@@ -53,7 +53,10 @@ def gateway_daemon(upstream: ModelUpstream) -> Iterator[DaemonProcess]:
     process = DaemonProcess(root, env={
         "CTXD_GATEWAY_ANTHROPIC_UPSTREAM": upstream.origin,
         "CTXD_GATEWAY_OPENAI_UPSTREAM": upstream.origin,
-        "CTXD_GATEWAY_MAX_BODY_BYTES": str(MAX_BODY_BYTES)}).start()
+        "CTXD_GATEWAY_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
+        # A turn cancel the agent does not answer ends after half a second
+        # (test_an_unanswered_turn_cancel_terminates_the_turn_and_its_model_call).
+        "CTXD_CANCEL_TIMEOUT_S": "0.5"}).start()
     yield process
     process.stop()
     kill_leftovers(root)
@@ -666,3 +669,118 @@ def test_the_gateway_port_is_taken_from_systemd(daemon_root: Path) -> None:
     assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["ok"] is True
     assert status["listen"] == f"127.0.0.1:{port}"
     assert "systemd-activated" in process.log()
+
+
+def test_an_unanswered_turn_cancel_terminates_the_turn_and_its_model_call(
+        sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str) -> None:
+    """An agent asked to stop a turn that never says it did (no turn.end): after
+    ``cancel_timeout_s`` ctxd ends the turn itself, stops the session's model call in
+    flight and logs it (docs/protocol.md, "Cancellation")."""
+    import anthropic
+    hold = script.script.hold = threading.Event()
+    outcome: list[BaseException | list[str]] = []
+    client = sdk.claude(sid)
+
+    def one_stream() -> None:
+        try:
+            with client.messages.stream(model="claude-test", max_tokens=10,
+                                        messages=USER) as stream:
+                outcome.append(list(stream.text_stream))
+        except anthropic.APIError as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=one_stream)
+    try:
+        with gateway_daemon.client() as agent, gateway_daemon.client() as ui:
+            agent.call("session.open", {"session_id": sid})
+            agent.call("events.subscribe", {"session_id": sid, "types": ["turn.ended"]})
+            agent.call("turn.start", {"session_id": sid, "turn_id": "t1"})
+            worker.start()
+            # The semaphore may hold releases of earlier tests' streams: wait for this one.
+            deadline = time.monotonic() + 60
+            while not (mine := [call for call in gateway_status(gateway_daemon)["inflight"]
+                                if call["session_id"] == sid]):
+                assert time.monotonic() < deadline, "the model call never started"
+                script.script.holding.acquire(timeout=1)
+            [inflight] = mine
+            ui.call("turn.cancel", {"session_id": sid, "turn_id": "t1", "reason": "stop"})
+            ended = next_event(agent, timeout=60)  # the agent never answers
+            turn = ui.call("turn.get", {"session_id": sid, "turn_id": "t1"})
+            late = agent.call("turn.list", {"session_id": sid})
+        worker.join(60)
+    finally:
+        hold.set()
+        script.script.hold = None
+        worker.join(60)
+    assert (ended["type"], ended["data"]) == ("turn.ended", {
+        "turn_id": "t1", "cancelled": None, "cancel_requested": True, "terminated": True,
+        "calls_stopped": 1})
+    assert (turn["state"], turn["terminated"], turn["cancelled"]) == ("ended", True, None)
+    assert late == {"turns": [turn]}
+    [error] = outcome
+    assert isinstance(error, anthropic.APIStatusError)
+    assert error.body == {"type": "error", "error": {"type": "cancelled", "message": (
+        f"ctxd gateway: request {inflight['call_id']!r} was cancelled: turn 't1' was "
+        "terminated: its cancel had no answer")}}
+    assert (f"turn 't1' of session '{sid}': no turn.end within 0.5 s of its cancel; "
+            "terminated (1 model call(s) in flight stopped)") in gateway_daemon.log()
+
+
+def test_a_tool_found_by_tool_search_is_offered_on_the_next_model_call(
+        sdk: Clients, gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str) -> None:
+    """An agent that offers ctxd's tool_search has its MCP tools deferred past the
+    session's threshold (left out of what the model is sent); tool_search over MCP finds
+    one, with its input schema, and the next model call offers it."""
+    from e2e.test_mcp import initialize, raw
+    from tests_support import hello_text
+
+    def tool(name: str, words: str) -> dict[str, Any]:
+        return {"name": name, "description": f"{words}. {hello_text(400)}",
+                "input_schema": {"type": "object", "properties": {"text": {"type": "string"}},
+                                 "required": ["text"]}}
+
+    tools = [{"name": "Bash", "description": "Run a shell command.",
+              "input_schema": {"type": "object", "properties": {
+                  "command": {"type": "string"}}}},
+             {"name": "mcp__ctxd__tool_search", "description": "Find deferred tools.",
+              "input_schema": {"type": "object", "properties": {"query": {"type": "string"}},
+                               "required": ["query"]}},
+             {**tool("mcp__alpha__send", "Send an alpha signal"),
+              "cache_control": {"type": "ephemeral"}},
+             tool("mcp__beta__post", "Post a beta note"),
+             tool("mcp__gamma__file", "File a gamma report")]
+    searched = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [{
+                    "type": "tool_use", "id": "toolu_search", "name": "mcp__ctxd__tool_search",
+                    "input": {"query": "alpha signal"}}]},
+                {"role": "user", "content": [{"type": "tool_result",
+                                              "tool_use_id": "toolu_search",
+                                              "content": "found mcp__alpha__send"}]}]
+    client = sdk.claude(sid)
+    with gateway_daemon.client() as native:
+        # An effective window of 10,000 tokens: the tools may take 1,000 of it.
+        native.call("session.open", {"session_id": sid, "budget": {
+            "context_window": 12_000, "max_output_tokens": 2_000}})
+        client.messages.create(model="claude-test", max_tokens=10, tools=tools,  # type: ignore[arg-type]
+                               messages=USER)
+        with raw(gateway_daemon) as line:
+            line.ask("mcp.bind", {"session_id": sid, "tools": ["tool_search"]})
+            line.ask("initialize", initialize("2025-06-18"))
+            found = line.ask("tools/call", {"name": "tool_search", "arguments": {
+                "query": "alpha signal"}}, 2)["result"]["structuredContent"]
+        client.messages.create(model="claude-test", max_tokens=10, tools=tools,  # type: ignore[arg-type]
+                               messages=searched)
+        registered = {tool["name"]: tool for tool in native.call(
+            "ctxd.render", {"session_id": sid})["tools"]}
+    first, second = (received.json()["tools"] for received in script.received)
+    # 29 + 39 + 3 x 439 tokens of definitions, 1,000 allowed: alpha (the least recently
+    # used MCP tool; never used: by name) is left out, and its cache mark moves to the
+    # last tool kept, so the agent's tools stay one cached prefix.
+    assert first == [tools[0], tools[1], tools[3], {**tools[4], "cache_control": {
+        "type": "ephemeral"}}]
+    assert [match["name"] for match in found["matches"]] == ["mcp__alpha__send"]
+    assert found["matches"][0]["input_schema"] == tools[2]["input_schema"]
+    # Promoted, alpha is offered (with its own mark); beta makes room for it.
+    assert second == [tools[0], tools[1], tools[2], tools[4]]
+    assert sorted(registered) == ["Bash", "mcp__alpha__send", "mcp__ctxd__tool_search",
+                                  "mcp__gamma__file"]

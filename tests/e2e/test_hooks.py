@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 from conftest import DaemonProcess
 
+import ctxclient
 from ctxclient import Client
 
 CTXCTL = Path(sys.executable).with_name("ctxctl")
@@ -402,3 +404,98 @@ def test_stop_ingests_the_transcript_without_what_the_hooks_recorded_live(
         assert listed["branches"][0]["description"] == "sub-agent a1b2"
         totals = client.call("usage.get", {"session_id": claude_sid})["totals"]
         assert (totals["input_tokens"], totals["output_tokens"]) == (480, 120)
+
+
+def test_a_sub_agent_nests_its_own_and_is_denied_past_its_deadline(
+        daemon_root: Path, claude_sid: str) -> None:
+    """The hooks of one sub-agent's life as Claude Code fires them: its Agent call opens a
+    branch, SubagentStart binds it to the sub-agent, whose own Agent call opens a branch
+    under it; once ctxd returned the branch at its deadline, the sub-agent's next tool call
+    is denied with the reason; SubagentStop of a returned branch leaves its fold as it is."""
+    process = DaemonProcess(daemon_root, env={"CTXD_BRANCH_TIMEOUT_S": "1"}).start()
+    try:
+        cwd = "/home/u/src/grebe"
+        socket = process.socket
+
+        def fire(name: str, **fields: Any) -> str:
+            code, out, err = hook(socket, event(name, claude_sid, cwd, **fields))
+            assert (code, err) == (0, "")
+            return out
+
+        agent = {"description": "Map the grebes", "prompt": "Find every grebe nest.",
+                 "subagent_type": "general-purpose"}
+        assert fire("PreToolUse", tool_name="Agent", tool_input=agent,
+                    tool_use_id="toolu_a1") == ""
+        assert fire("SubagentStart", agent_id="a-grebe", agent_type="general-purpose") == ""
+        nested = {"description": "Count eggs", "prompt": "Count the eggs.",
+                  "subagent_type": "Explore"}
+        assert fire("PreToolUse", tool_name="Agent", tool_input=nested,
+                    tool_use_id="toolu_a2", agent_id="a-grebe",
+                    agent_type="general-purpose") == ""
+        with Client(socket) as client:
+            branches = client.call("branch.list", {"session_id": claude_sid})["branches"]
+            outer, inner = sorted(branches, key=lambda b: b["depth"])
+            assert (outer["description"], outer["parent_branch_id"]) == ("Map the grebes", None)
+            assert (inner["description"], inner["parent_branch_id"]) == (
+                "Count eggs", outer["branch_id"])
+            while client.call("branch.status", {"branch_id": outer["branch_id"]}
+                              )["branch"]["status"] == "active":
+                time.sleep(0.05)  # until ctxd returns it at its deadline
+            status = client.call("branch.status", {"branch_id": outer["branch_id"]})["branch"]
+            assert (status["status"], status["return_reason"]) == ("timeout", "timeout")
+        denied = json.loads(fire("PreToolUse", tool_name="Bash",
+                                 tool_input={"command": "ls"}, tool_use_id="toolu_b1",
+                                 agent_id="a-grebe", agent_type="general-purpose"))
+        assert denied == {"hookSpecificOutput": {
+            "hookEventName": "PreToolUse", "permissionDecision": "deny",
+            "permissionDecisionReason": "time is up: return your result now"}}
+        # The main agent's calls are never denied.
+        assert fire("PreToolUse", tool_name="Bash", tool_input={"command": "ls"},
+                    tool_use_id="toolu_b2") == ""
+        assert fire("SubagentStop", agent_id="a-grebe", agent_type="general-purpose",
+                    agent_transcript_path=f"{cwd}/agent.jsonl", stop_hook_active=False,
+                    last_assistant_message="Three nests.") == ""
+        with Client(socket) as client:
+            after = client.call("branch.status", {"branch_id": outer["branch_id"]})["branch"]
+        assert after == status
+    finally:
+        process.stop()
+
+def test_a_memory_reaches_a_session_once_until_its_context_is_compacted(
+        shared_daemon: DaemonProcess, claude_sid: str) -> None:
+    """SessionStart and every UserPromptSubmit ask for memories: the session gets each one
+    once, even after a restart of the daemon, and again after Claude Code compacted the
+    context that held it (docs/protocol.md, "Claude Code hooks")."""
+    cwd = "/home/u/src/heronry"
+    block = ("Memories from earlier work that may help with this sub-task:\n"
+             "- heronry deploys with rsync (confidence 0.80): Deploy heronry with rsync -a.\n")
+    with Client(shared_daemon.socket) as client:
+        client.call("memory.record", {
+            "title": "heronry deploys with rsync", "content": "Deploy heronry with rsync -a.",
+            "scope": "project:/home/u/src/heronry"})
+    prompt = "deploy heronry with rsync now"
+
+    def context(name: str, **fields: Any) -> str | None:
+        code, out, err = hook(shared_daemon.socket, event(name, claude_sid, cwd, **fields))
+        assert (code, err) == (0, "")
+        return json.loads(out)["hookSpecificOutput"]["additionalContext"] if out else None
+
+    started = context("SessionStart", source="startup")
+    first = context("UserPromptSubmit", prompt=prompt)
+    second = context("UserPromptSubmit", prompt=prompt)
+    shared_daemon.stop()
+    shared_daemon.start()
+    after_restart = context("UserPromptSubmit", prompt=prompt)
+    assert context("PreCompact", trigger="manual") is None
+    compacted = context("SessionStart", source="compact")
+    after_compaction = context("UserPromptSubmit", prompt=prompt)
+    with Client(shared_daemon.socket) as client:
+        other = client.call("memory.context", {"query": prompt,
+                                               "scope": "project:/home/u/src/heronry"})
+        with pytest.raises(ctxclient.InvalidParams) as bad:
+            client.call("memory.context", {"query": prompt, "compacted": True})
+    assert (started, first, second, after_restart) == (block, None, None, None)
+    assert (compacted, after_compaction) == (block, None)
+    # Without a session nothing is left out (and nothing remembered).
+    assert other["text"] == block
+    assert bad.value.data["path"] == "$.compacted"

@@ -24,6 +24,7 @@ from conftest import DaemonProcess
 from e2e.test_cancel import WINDOW, Gated, chat, gated_daemon, snapshot
 
 import ctxclient
+from ctxd.tokens import TokenCounter
 
 if TYPE_CHECKING:
     # The MCP SDK is imported where used: a second of CPU that every pytest-xdist worker
@@ -34,6 +35,8 @@ CTXCTL = str(Path(sys.executable).parent / "ctxctl")
 TOOL_NAMES = ["context_branch", "context_return", "context_branch_status",
               "context_list_branches", "context_rollback", "read_result", "memory_search",
               "memory_record", "compact_context", "tool_search", "context_fork"]
+DEFAULT_TOOLS = ["context_branch", "context_return", "read_result", "memory_search",
+                 "compact_context"]
 OUTPUT = "\n".join(f"line {i}" for i in range(600))
 """A tool output over the 4,096-byte offload threshold."""
 
@@ -84,10 +87,34 @@ async def test_tools_list_and_schemas(shared_daemon: DaemonProcess) -> None:
         assert session.initialize_result is not None
         assert session.initialize_result.protocol_version == "2025-11-25"
         assert session.initialize_result.server_info.name == "ctxd"
+        lean = await session.list_tools()
+        # The instructions name only tools the connection offers.
+        assert "memory_record" not in (session.initialize_result.instructions or "")
+    async with mcp_session(shared_daemon, "--tools", "memory_record,read_result") as session:
+        chosen = await session.list_tools()
+        assert session.initialize_result is not None
+        assert "record them with memory_record" in (
+            session.initialize_result.instructions or "")
+    async with mcp_session(shared_daemon, "--tools", "all") as session:
         listed = await session.list_tools()
         again = await session.list_tools()
+    # The default set, in the fixed order; the others on request.
+    assert [tool.name for tool in lean.tools] == DEFAULT_TOOLS
+    assert [tool.name for tool in chosen.tools] == ["read_result", "memory_record"]
     assert [tool.name for tool in listed.tools] == TOOL_NAMES
     assert again == listed
+    assert lean.tools == [tool for tool in listed.tools if tool.name in DEFAULT_TOOLS]
+    # What the default set costs in every model request (as Claude Code sends a tool:
+    # name, description, input schema), counted as the gateway counts tool definitions.
+    counter = TokenCounter()
+    costs = [counter.count(json.dumps({"name": "mcp__ctxd__" + tool.name,
+                                       "description": tool.description,
+                                       "input_schema": tool.input_schema},
+                                      separators=(",", ":")))
+             for tool in listed.tools]
+    assert sum(costs) < 1_800
+    assert sum(cost for tool, cost in zip(listed.tools, costs, strict=True)
+               if tool.name in DEFAULT_TOOLS) < 850
     for tool in listed.tools:
         for schema in (tool.input_schema, tool.output_schema):
             jsonschema.Draft202012Validator.check_schema(schema)
@@ -96,8 +123,10 @@ async def test_tools_list_and_schemas(shared_daemon: DaemonProcess) -> None:
             assert "\\\\Z" not in text, tool.name
             assert schema["type"] == "object"
     branch = next(tool for tool in listed.tools if tool.name == "context_return")
-    assert branch.input_schema["properties"]["branch_id"]["anyOf"][0]["pattern"] == \
-        "^br_[0-9a-f]{12}$"
+    # An optional argument is its value's schema (leaving it out is null's meaning).
+    assert branch.input_schema["properties"]["branch_id"] == {
+        "description": '"br_" and 12 lower-case hex digits', "type": "string",
+        "pattern": "^br_[0-9a-f]{12}$"}
     assert branch.input_schema["required"] == ["message"]
     assert branch.input_schema["additionalProperties"] is False
 
@@ -115,7 +144,7 @@ async def test_every_tool(shared_daemon: DaemonProcess, sid: str) -> None:
         async def on_progress(value: float, total: float | None, message: str | None) -> None:
             progress.append((value, total, message))
 
-        async with mcp_session(shared_daemon, "--session", sid) as session:
+        async with mcp_session(shared_daemon, "--session", sid, "--tools", "all") as session:
             schemas = {tool.name: tool.output_schema
                        for tool in (await session.list_tools()).tools}
 
@@ -196,7 +225,8 @@ async def test_every_tool(shared_daemon: DaemonProcess, sid: str) -> None:
             child = client.call("session.get", {"session_id": sid + "-sub"})
             assert forked == {"session_id": sid + "-sub", "preamble": native["preamble"],
                               "stats": native["stats"],
-                              "tokens": child["context_state"]["total_tokens"]}
+                              "tokens": child["context_state"]["total_tokens"],
+                              "context_state": native["context_state"]}
             listed = client.call("message.list", {"session_id": sid + "-sub"})["messages"]
             assert listed[0]["content"] == native["preamble"]
             assert len(listed) == native["stats"]["final_count"] + 1
@@ -207,6 +237,56 @@ async def test_every_tool(shared_daemon: DaemonProcess, sid: str) -> None:
         (0.0, 1.0, "compacting the main thread"),
         (1.0, 1.0, f"compacted the main thread: {compacted['before_tokens']} → "
                    f"{compacted['after_tokens']} tokens")]
+
+
+async def test_a_call_names_its_session_in_meta(shared_daemon: DaemonProcess,
+                                                sid: str) -> None:
+    """One MCP server for many conversations (OpenCode's): each call names its session
+    and project in ``_meta`` (the params', or its arguments' when the client can change
+    only those), and acts there; a call that names none acts on the connection's own."""
+    other = sid + "-other"
+    with shared_daemon.client() as client:
+        for session_id in (sid, other):
+            client.call("session.open", {"session_id": session_id})
+            client.call("message.append", {"session_id": session_id, "messages": [
+                {"role": "tool", "name": "bash", "tool_call_id": "c1",
+                 "content": f"{session_id}\n{OUTPUT}"}]})
+        refs = {session_id: next(m["ref_id"] for m in client.call(
+            "message.list", {"session_id": session_id})["messages"] if m.get("ref_id"))
+                for session_id in (sid, other)}
+        async with mcp_session(shared_daemon, "--tools", "all") as session:
+            schemas = {tool.name: tool.output_schema
+                       for tool in (await session.list_tools()).tools}
+            read = await structured(session, "read_result", {
+                "ref_id": refs[sid], "limit": 40,
+                "_meta": {"ctxd/session_id": sid, "ctxd/project": "/p/routed"}}, schemas)
+            assert (read["content"], read["context_state"]["session_id"]) == (
+                f"{sid}\n{OUTPUT}"[:40], sid)
+            read = await structured(session, "read_result", {"ref_id": refs[other]},
+                                    schemas, meta={"ctxd/session_id": other})
+            assert read["content"].startswith(f"{other}\nline 0\n")
+            assert read["context_state"]["session_id"] == other
+            recorded = await structured(session, "memory_record", {
+                "title": "Routed", "content": "Saved in the calling conversation's project.",
+                "_meta": {"ctxd/session_id": sid, "ctxd/project": "/p/routed"}}, schemas)
+            assert recorded["memory"]["scope"] == "project:/p/routed"
+            assert client.call("session.get", {"session_id": sid})["session"]["project"] == \
+                "/p/routed"
+            # No session named: the connection's own, which is neither.
+            unrouted = await session.call_tool("read_result", {"ref_id": refs[sid]})
+            assert unrouted.is_error is True
+            assert unrouted.structured_content is None
+            bad = await session.call_tool("read_result", {
+                "ref_id": refs[sid], "_meta": {"ctxd/session_id": "no spaces allowed"}})
+            assert bad.is_error is True
+            [block] = bad.content
+            assert block.text.startswith(  # type: ignore[union-attr]
+                "invalid _meta: Expected `str` matching regex")
+            not_object = await session.call_tool("read_result", {"ref_id": refs[sid],
+                                                                 "_meta": "ses_x"})
+            [block] = not_object.content
+            assert block.text == ("invalid arguments: `_meta` is not an object\n"  # type: ignore[union-attr]
+                                  "fix: send _meta as a JSON object")
 
 
 async def test_bad_arguments_and_errors_are_tool_errors(shared_daemon: DaemonProcess,
@@ -254,7 +334,7 @@ async def test_a_cancelled_call_stops_in_the_daemon(gated: Gated, sid: str) -> N
         client.call("session.open", {"session_id": sid, "budget": WINDOW})
         client.call("message.append", {"session_id": sid, "messages": chat(10, 450)})
         before = snapshot(client, sid)
-        async with mcp_session(gated.process, "--session", sid) as session:
+        async with mcp_session(gated.process, "--session", sid, "--tools", "all") as session:
             with trio.move_on_after(60) as scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(session.call_tool, "compact_context",
@@ -525,3 +605,112 @@ def test_after_a_restart_the_pump_binds_the_session_the_daemon_made(
     assert stopped == {"jsonrpc": "2.0", "id": 3,
                        "error": {"code": -32007, "message": "ctxd stopped; retrying"}}
     assert pinged == {"jsonrpc": "2.0", "id": 5, "result": {}}
+
+
+async def test_the_fold_protocol_s_shapes(shared_daemon: DaemonProcess, sid: str) -> None:
+    """What the fold protocol's agents expect of ctxd's tools and hello (docs/protocol.md,
+    "MCP"): memories injected with their text, a return that extracts a lesson, a tool
+    search that says how to call what it found, a fork that answers context_state, the
+    protocol's feature names."""
+    from e2e.test_tools import BUDGET, TOOLS
+
+    with shared_daemon.client() as client:
+        hello = client.call("daemon.hello", {"client": "fold-agent", "protocol_features": [
+            "token_usage", "tool_states", "injection", "cancellation", "folding", "x"]})
+        client.call("session.open", {"session_id": sid, "project": "/p/cobalt",
+                                     "budget": BUDGET})
+        lesson = client.call("memory.record", {
+            "title": "cobalt builds need ninja", "scope": "project:/p/cobalt",
+            "content": "Install ninja before building cobalt, or cmake stops."})["memory"]
+        client.call("tools.register", {"session_id": sid, "tools": TOOLS})
+        async with mcp_session(shared_daemon, "--session", sid, "--tools", "all") as session:
+            schemas = {tool.name: tool.output_schema
+                       for tool in (await session.list_tools()).tools}
+
+            async def call(name: str, **arguments: Any) -> Any:
+                return await structured(session, name, arguments, schemas)
+
+            created = await call("context_branch", description="build cobalt with cmake",
+                                 prompt="Build cobalt: cmake, ninja.", budget=4000)
+            used = client.call("memory.get", {"id": lesson["id"]})["memory"]["usage_count"]
+            returned = await call("context_return", message="Built after installing ninja.",
+                                  extract_memory=True)
+            found = await call("tool_search", query="slack message")
+            forked = await call("context_fork")
+            after_fork = client.call("session.get", {"session_id": sid})["context_state"]
+    assert hello["agreed_features"] == ["token_usage", "tool_states", "injection",
+                                        "cancellation", "folding"]
+    [item] = created["injected_context"]
+    block = (f"- {lesson['title']} (confidence 0.80): {lesson['content']}\n")
+    assert item == {"type": "memory", "id": lesson["id"], "title": lesson["title"],
+                    "content": lesson["content"], "tokens": TokenCounter().count(block)}
+    assert used == 1  # its text was in the answer: counted as used once
+    assert (returned["success"], returned["memory_queued"]) == (True, True)
+    slack = next(tool for tool in TOOLS if tool["name"] == "slack_post_message")
+    assert [(match["name"], match["input_schema"]) for match in found["matches"]] == [
+        ("slack_post_message", slack["input_schema"])]
+    assert forked["context_state"] == after_fork
+    assert forked["session_id"] != sid
+
+
+async def test_budget_warnings_and_forced_returns_reach_the_agent(
+        shared_daemon: DaemonProcess, sid: str) -> None:
+    """A branch's budget warning and its forced return come with the next tool result the
+    MCP agent gets, each once, even when that result is an error."""
+    from tests_support import hello_text
+
+    with shared_daemon.client() as client:
+        async with mcp_session(shared_daemon, "--session", sid, "--tools", "all") as session:
+            schemas = {tool.name: tool.output_schema
+                       for tool in (await session.list_tools()).tools}
+
+            async def call(name: str, **arguments: Any) -> Any:
+                return await structured(session, name, arguments, schemas)
+
+            created = await call("context_branch", description="read the logs",
+                                 prompt="Find the failure.", budget=1000,
+                                 inject_memories=False)
+            branch_id = created["branch_id"]
+            quiet = await call("memory_search", query="anything")
+            # The agent's work, recorded into the branch by its hooks or the gateway.
+            left = 1000 - created["budget_used"]
+            client.call("message.append", {"session_id": sid, "branch_id": branch_id,
+                                           "messages": [{"role": "assistant",
+                                                         "content": hello_text(left - 150)}]})
+            warned = await call("memory_search", query="anything")
+            again = await call("memory_search", query="anything")
+            client.call("message.append", {"session_id": sid, "branch_id": branch_id,
+                                           "messages": [{"role": "assistant",
+                                                         "content": hello_text(300)}]})
+            late = await session.call_tool("context_return", {"message": "done"})
+            after = await call("memory_search", query="anything")
+        branch = client.call("branch.status", {"branch_id": branch_id})["branch"]
+    assert "context_health" not in quiet
+    assert "context_health" not in again
+    assert "context_health" not in after
+    assert warned["context_health"] == {
+        "health": warned["context_state"]["health"], "forced_returns": [],
+        "budget_warnings": [{"branch_id": branch_id, "description": "read the logs",
+                             "budget_used": warned["context_state"]["current_branch_tokens"],
+                             "budget": 1000}]}
+    assert warned["context_state"]["health"] == "caution"
+    assert branch["status"] == "budget_exhausted"
+    assert late.is_error is True
+    [error, health] = late.content
+    assert error.text.startswith("no branch is active")  # type: ignore[union-attr]
+    assert json.loads(health.text.removeprefix("context_health: ")) == {  # type: ignore[union-attr]
+        "health": "ok", "budget_warnings": [],
+        "forced_returns": [{"branch_id": branch_id, "description": "read the logs",
+                            "status": "budget_exhausted",
+                            "reason": branch["return_reason"], "result": branch["result"]}]}
+
+
+def test_ctxctl_mcp_refuses_a_tool_that_does_not_exist(shared_daemon: DaemonProcess) -> None:
+    result = subprocess.run([CTXCTL, "mcp", "--socket", str(shared_daemon.socket),
+                             "--tools", "read_result,context_fold"], input=b"",
+                            capture_output=True, env=pump_environment(), check=False,
+                            timeout=30)
+    assert (result.returncode, result.stdout) == (1, b"")
+    assert result.stderr.decode() == (
+        "ctxctl mcp: ctxd refused the MCP session binding: invalid params: Invalid enum "
+        "value 'context_fold' (at $.tools[1])\n")

@@ -251,13 +251,19 @@ def test_injection_fits_twenty_percent_of_the_budget_exactly(
         header = COUNTER.message_tokens(
             "user", "Memories from earlier work that may help with this sub-task:\n")
         assert header + sum(item["tokens"] for item in items) == tokens
-        assert low not in [item["memory_id"] for item in items]
+        # Each item carries its memory's text, which the branch's opening shows.
+        for item in items:
+            memory = client.call("memory.get", {"id": item["id"]})["memory"]
+            assert (item["type"], item["title"], item["content"]) == (
+                "memory", memory["title"], memory["content"])
+            assert f"{item['title']} (confidence" in message["content"]
+        assert low not in [item["id"] for item in items]
         # One more item would not have fitted: each costs about the same.
         assert tokens + min(item["tokens"] for item in items) > 400
         opening = client.call("message.list", {"session_id": "inject1",
                                                "branch_id": created["branch_id"]})["messages"]
         assert created["budget_used"] == sum(m["tokens"] for m in opening)
-        used = client.call("memory.get", {"id": items[0]["memory_id"]})["memory"]
+        used = client.call("memory.get", {"id": items[0]["id"]})["memory"]
         assert used["usage_count"] == 1
         without = client.call("branch.create", {
             "session_id": "inject1", "description": "fix the failing migration test",
@@ -295,7 +301,7 @@ def test_a_memory_s_content_tokens_are_counted_once_and_kept(daemon: DaemonProce
         created = client.call("branch.create", {
             "session_id": "counted1", "description": "fix the failing migration test",
             "prompt": "The migration test fails: user_version, venv?"})
-        items = {item["memory_id"]: item["tokens"] for item in created["injected_context"]}
+        items = {item["id"]: item["tokens"] for item in created["injected_context"]}
         assert sorted(items) == sorted([recorded_id, extracted_id])
         message = injected_message(client, "counted1", created["branch_id"])
         assert created["injection"]["tokens"] == COUNTER.message_tokens(
@@ -313,7 +319,7 @@ def test_a_memory_s_content_tokens_are_counted_once_and_kept(daemon: DaemonProce
             "session_id": "counted1", "description": "fix the failing migration test",
             "prompt": "The migration test fails: user_version, venv?",
             "parent_branch_id": None})
-        assert {i["memory_id"] for i in again["injected_context"]} == set(kept)
+        assert {i["id"] for i in again["injected_context"]} == set(kept)
         message = injected_message(client, "counted1", again["branch_id"])
         assert again["injection"]["tokens"] == COUNTER.message_tokens(
             "user", message["content"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from chat_server import USAGE, ChatServer, ToolCall
@@ -32,6 +33,39 @@ SCRIPT = f"for i in range({LOG_LINES}): print(f'line {{i:04d}} of the build log:
 TURNS = [ToolCall("bash", {"command": f'python3 -c "{SCRIPT}"', "description": "Print the log"}),
          "Deploy it with make ship."]
 """The model's turns: it runs a command that prints `BUILD_LOG`, then answers."""
+COUNT = "".join(f"{i}\n" for i in range(1, 20001))
+"""``seq 1 20000``: 108,894 bytes, over OpenCode's own cut (50 KB): OpenCode saves it whole
+in its tool-output folder and shows the model its tail."""
+READ_CHARS = 5000
+"""A read_result page over the offload threshold: ctxd's own tools' answers stay whole."""
+
+
+def ref_in_last_result(body: dict[str, Any]) -> str:
+    """The ref_id of the stub in the last tool result the model was sent."""
+    content = tool_messages(body)[-1]["content"]
+    return str(content).split('ref_id="')[1].split('"')[0]
+
+
+def answer(request: dict[str, Any], call_id: str) -> dict[str, Any]:
+    """What one of ctxd's MCP tools answered the call ``call_id``, as the model got it."""
+    [content] = [m["content"] for m in tool_messages(request) if m["tool_call_id"] == call_id]
+    decoded: dict[str, Any] = json.loads(content)
+    return decoded
+
+
+READ_BACK_TURNS = [
+    ToolCall("bash", {"command": "seq 1 20000", "description": "Count"}, call_id="call_seq"),
+    lambda body: ToolCall("ctxd_read_result", {"ref_id": ref_in_last_result(body), "offset": 0,
+                                               "limit": READ_CHARS}, call_id="call_read"),
+    ToolCall("ctxd_memory_record", {"title": "Counting", "content": "seq 1 20000 counts."},
+             call_id="call_memory"),
+    ToolCall("ctxd_context_branch", {"description": "Check the count", "prompt": "Count again",
+                                     "inject_memories": False}, call_id="call_branch"),
+    ToolCall("ctxd_context_return", {"message": "The count is right."}, call_id="call_return"),
+    ToolCall("ctxd_compact_context", {}, call_id="call_compact"),
+]
+"""After the build log: a command whose output OpenCode cuts, then ctxd's MCP tools, each
+on the session of the conversation (the plugin names it to them)."""
 SHORT_LOG = "".join(f"line {i:04d} of the build log: ok\n" for i in range(100))
 """3,100 bytes (1,100 tokens): under the offload threshold, so it stays inline."""
 OVERFLOW = {"prompt_tokens": 3500, "completion_tokens": 34, "total_tokens": 3534}
@@ -42,17 +76,21 @@ MEMORY = {"title": "Deploying the service",
 
 
 def test_opencode_offloads_remembers_and_records(tmp_path: Path, daemon: DaemonProcess) -> None:
+    """The plugin records and offloads; the model reads back, through ctxd's MCP tools, what
+    ctxd removed, and those tools act on the conversation's own session."""
     with daemon.client() as ctxd:
         ctxd.call("memory.record", MEMORY)
     with ChatServer() as model:
         model.summary = "Deploying"
-        model.turns = list(TURNS)
-        project = opencode_project(tmp_path, model.url)
+        model.turns = [TURNS[0], *READ_BACK_TURNS, TURNS[1]]
+        # memory_record is not in ctxd's default set of tools: asked for with the rest.
+        project = opencode_project(tmp_path, model.url, ctxd_tools=(
+            "read_result,memory_record,context_branch,context_return,compact_context"))
         session_id = OpenCode(project, hermetic_env(tmp_path, daemon.socket)).run(PROMPT)
         turns = model_turns(model.requests)
 
     # The model asked for the log and got ctxd's stub in its place.
-    assert len(turns) == 2
+    assert len(turns) == 8
     assert [m["role"] for m in turns[1]["messages"]][-2:] == ["assistant", "tool"]
     [stub] = [m["content"] for m in tool_messages(turns[1])]
     assert isinstance(stub, str)
@@ -70,6 +108,41 @@ def test_opencode_offloads_remembers_and_records(tmp_path: Path, daemon: DaemonP
     for turn in turns:
         assert f"- {MEMORY['title']}: {MEMORY['content']}" in system_text(turn)
 
+    # OpenCode cut seq's output itself; ctxd stored it whole from OpenCode's file, and the
+    # model read it back from offset 0: the numbers, not OpenCode's notice, in one answer
+    # over the offload threshold that is no stub.
+    # (OpenCode 1.18 itself may lose the output's last chunk, 8 KB, when the command exits
+    # before OpenCode has read all of it: seen under load. ctxd stores what OpenCode saved.)
+    [saved_file] = (tmp_path / "home/.local/share/opencode/tool-output").iterdir()
+    saved = saved_file.read_text()
+    assert COUNT.startswith(saved)
+    assert len(saved.encode()) > 51_200
+    count_ref = ref_in_last_result(turns[2])
+    assert "output truncated" not in json.dumps(turns[2])
+    read = answer(turns[3], "call_read")
+    assert (read["ref_id"], read["tool_name"], read["size_bytes"], read["offset"],
+            read["content"], read["next_offset"]) == (
+        count_ref, "bash", len(saved.encode()), 0, COUNT[:READ_CHARS], READ_CHARS)
+    assert read["context_state"]["session_id"] == session_id
+    # The model is sent its calls as it made them (the session the plugin named to ctxd's
+    # server is not among their arguments).
+    [read_call] = turns[3]["messages"][-2]["tool_calls"]
+    assert json.loads(read_call["function"]["arguments"]) == {
+        "ref_id": count_ref, "offset": 0, "limit": READ_CHARS}
+    remembered = answer(turns[4], "call_memory")
+    assert (remembered["memory"]["scope"], remembered["memory"]["title"]) == (
+        f"project:{project}", "Counting")
+    branched = answer(turns[5], "call_branch")
+    assert branched["context_state"]["session_id"] == session_id
+    assert branched["context_state"]["branch_path"] == [branched["branch_id"]]
+    returned = answer(turns[6], "call_return")
+    assert (returned["success"], returned["branch_id"],
+            returned["context_state"]["session_id"],
+            returned["context_state"]["active_branch_id"]) == (
+        True, branched["branch_id"], session_id, None)
+    compacted = answer(turns[7], "call_compact")
+    assert compacted["context_state"]["session_id"] == session_id
+
     with daemon.client() as ctxd:
         [session] = ctxd.call("session.list", {"project": str(project)})["sessions"]
         assert session["session_id"] == session_id
@@ -82,14 +155,29 @@ def test_opencode_offloads_remembers_and_records(tmp_path: Path, daemon: DaemonP
                                           "pattern": "^line 0799"})
         assert [m["text"] for m in found["matches"]] == ["line 0799 of the build log: ok"]
         messages = ctxd.call("message.list", {"session_id": session_id})["messages"]
-        assert [(m["role"], m.get("ref_id") is not None) for m in messages] == [
-            ("user", False), ("tool", True), ("assistant", False)]
+        main = [m for m in messages if m.get("branch_id") is None]
+        assert [(m["role"], m.get("name")) for m in main] == [
+            ("user", None), ("tool", "bash"), ("tool", "bash"), ("tool", "ctxd_read_result"),
+            ("tool", "ctxd_memory_record"), ("tool", "ctxd_context_branch"), ("user", None),
+            ("tool", "ctxd_context_return"), ("tool", "ctxd_compact_context"),
+            ("assistant", None)]
+        assert [m.get("ref_id") is not None for m in main[:3]] == [False, True, True]
+        assert main[2]["ref_id"] == count_ref
+        counted = ctxd.call("result.read", {"session_id": session_id, "ref_id": count_ref,
+                                            "limit": 1_000_000})
+        assert (counted["content"], counted["next_offset"]) == (saved, None)
         # `opencode run` quotes an argument with spaces in the text it sends.
-        assert messages[0]["content"] == turns[0]["messages"][-1]["content"] == f'"{PROMPT}"'
-        assert messages[2]["content"] == "Deploy it with make ship."
+        assert main[0]["content"] == turns[0]["messages"][-1]["content"] == f'"{PROMPT}"'
+        assert main[6]["content"] == 'Branch "Check the count" returned: The count is right.'
+        assert main[-1]["content"] == "Deploy it with make ship."
+        [branch] = ctxd.call("branch.list", {"session_id": session_id})["branches"]
+        assert (branch["branch_id"], branch["status"]) == (branched["branch_id"], "completed")
+        # ctxd's MCP server opened no session of its own: every call named OpenCode's.
+        assert [s["session_id"] for s in ctxd.call("session.list", {})["sessions"]] == [
+            session_id]
         totals = ctxd.call("usage.get", {"session_id": session_id})["totals"]
         assert (totals["input_tokens"], totals["output_tokens"]) == (
-            2 * USAGE["prompt_tokens"], 2 * USAGE["completion_tokens"])
+            len(turns) * USAGE["prompt_tokens"], len(turns) * USAGE["completion_tokens"])
 
 
 def test_without_a_daemon_opencode_works_as_before(tmp_path: Path,

@@ -30,11 +30,37 @@ BIG_OUTPUT = "".join(f"walrus-{i:05d} served in {i % 97} ms\n" for i in range(LI
 PROMPT = "Show me the service log, then check the disk."
 
 
+def read_back(body: dict[str, Any]) -> list[Any]:
+    """The model reads the log's last line back with ctxd's MCP tool, by the ref_id of the
+    stub it was sent."""
+    [stub] = tool_results(body, "toolu_big1")
+    ref = re.search(r'ref_id="(res_[0-9a-f]+)"', stub)
+    assert ref is not None, stub
+    return [tool_use("toolu_read1", "ctxd_read_result",
+                     {"ref_id": ref[1], "pattern": "^walrus-00599 "})]
+
+
 def script() -> list[Any]:
     return [[text("Reading the log."), tool_use("toolu_big1", "bash", {
                 "command": BIG_COMMAND, "description": "Show the log"})],
             [tool_use("toolu_small1", "bash", {"command": "echo disk-ok",
-                                               "description": "Check the disk"})]]
+                                               "description": "Check the disk"})],
+            read_back]
+
+
+LAST_LINE = [{"line": LINES, "text": f"walrus-{LINES - 1:05d} served in 17 ms",
+              "truncated": False}]
+"""What the model's read_result finds: the log's last line."""
+
+
+def read_answer(request: dict[str, Any], session_id: str) -> list[Any]:
+    """The matches of the read_result answer the model received, checked to be of
+    ``session_id`` (the conversation's: the plugin named it to ctxd's MCP server)."""
+    [content] = tool_results(request, "toolu_read1")
+    answer = json.loads(content)
+    assert answer["context_state"]["session_id"] == session_id
+    matches: list[Any] = answer["matches"]
+    return matches
 
 
 @pytest.fixture
@@ -67,12 +93,12 @@ def test_what_opencodes_model_receives_through_the_gateway(
     assert installed["provider"] == {"anthropic": {"options": {"baseURL": base_url + "/v1"}}}
     session_id = agent.run(PROMPT)
 
-    # Three model calls (the command, the second command, the answer) and OpenCode's title
-    # request, which offers no tools.
+    # Four model calls (the command, the second command, the read back, the answer) and
+    # OpenCode's title request, which offers no tools.
     calls = [body for path, body in mock.requests if path == "/v1/messages"]
     requests = mock.main_requests()
-    assert len(requests) == 3
-    assert len(calls) == 4
+    assert len(requests) == 4
+    assert len(calls) == 5
     [title] = [body for body in calls if not body.get("tools")]
     assert mock.turns == []
 
@@ -90,6 +116,8 @@ def test_what_opencodes_model_receives_through_the_gateway(
     assert tool_results(requests[2], "toolu_big1") == [stub]
     assert "walrus-00300" not in json.dumps(requests)  # the middle of the log was left out
     assert tool_results(requests[2], "toolu_small1") == ["disk-ok\n"]
+    # The model read the end of the log back, from the session the gateway records.
+    assert read_answer(requests[3], session_id) == LAST_LINE
 
     with daemon.client() as client:
         read = client.call("result.read", {"session_id": session_id, "ref_id": ref[1],
@@ -115,12 +143,13 @@ def test_what_opencodes_model_receives_through_the_gateway(
     assert [(m["role"], (m.get("meta") or {}).get("source", {}).get("format"))
             for m in archive] == [("user", "gateway"), ("assistant", "gateway"),
                                   ("tool", "gateway"), ("assistant", "gateway"),
+                                  ("tool", "gateway"), ("assistant", "gateway"),
                                   ("tool", "gateway")]
     assert archive[0]["content"] == f'"{PROMPT}"'
     assert [m.get("tool_call_id") for m in archive].count("toolu_big1") == 1
     # Every model call's usage in the ledger once.
-    assert (totals["calls"], title_totals["calls"], status["calls"]) == (3, 1, 4)
-    assert totals["output_tokens"] == 3 * 10
+    assert (totals["calls"], title_totals["calls"], status["calls"]) == (4, 1, 5)
+    assert totals["output_tokens"] == 4 * 10
 
 
 def test_with_the_plugin_only_opencode_sends_the_plugins_stub(
@@ -131,7 +160,8 @@ def test_with_the_plugin_only_opencode_sends_the_plugins_stub(
     point_anthropic_at(agent.project, mock.url + "/v1")
     session_id = agent.run(PROMPT)
     requests = mock.main_requests()
-    assert len(requests) == 3
+    assert len(requests) == 4
+    assert read_answer(requests[3], session_id) == LAST_LINE
     [stub] = tool_results(requests[1], "toolu_big1")
     ref = re.search(r'ref_id="(res_[0-9a-f]+)"', stub)
     assert ref is not None, stub
@@ -147,5 +177,5 @@ def test_with_the_plugin_only_opencode_sends_the_plugins_stub(
     # The plugin's own record: text parts and tool outputs (no tool calls).
     assert [(m["role"], m.get("tool_call_id")) for m in archive] == [
         ("user", None), ("assistant", None), ("tool", "toolu_big1"), ("tool", "toolu_small1"),
-        ("assistant", None)]
+        ("tool", "toolu_read1"), ("assistant", None)]
     assert status["calls"] == 0

@@ -115,10 +115,12 @@ def test_deferral_order_use_search_promotion_and_budget(shared_daemon: DaemonPro
         # a word of the other two deferred tools' descriptions, and the tie goes by name.
         assert found == {"matches": [{
             "name": "github_create_issue", "source": "mcp",
-            "description": BY_NAME["github_create_issue"]["description"], "score": 13.0,
+            "description": BY_NAME["github_create_issue"]["description"],
+            "input_schema": SCHEMA, "score": 13.0,
             "tokens": counts["github_create_issue"]}, {
             "name": "skill_pdf_extract", "source": "skill",
-            "description": BY_NAME["skill_pdf_extract"]["description"], "score": 1.0,
+            "description": BY_NAME["skill_pdf_extract"]["description"],
+            "input_schema": SCHEMA, "score": 1.0,
             "tokens": counts["skill_pdf_extract"]}], "deferred": 3}
         # The promoted tools are in the next render; to stay under the threshold, the
         # other tools that can be deferred make room (MCP first, then skills by last use).

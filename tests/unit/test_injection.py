@@ -54,7 +54,7 @@ def test_items_that_do_not_fit_are_skipped_and_later_ones_still_tried() -> None:
                   Candidate(2, "short", "run the tests with the venv", 0.8, "failure", None),
                   Candidate(3, "also short", "bump user_version", 0.75, "success", 4)]
     injected = fit(candidates, COUNTER, 60)
-    assert [item.memory_id for item in injected.items] == [2, 3]
+    assert [item.id for item in injected.items] == [2, 3]
     assert injected.text == (HEADER + "- short (confidence 0.80, learned from a failure): "
                              "run the tests with the venv\n- also short (confidence 0.75): "
                              "bump user_version\n")

@@ -58,6 +58,28 @@ def test_the_session_the_daemon_made_is_learnt_and_the_repeated_handshake_is_not
     assert link.from_daemon(b"not json")
 
 
+def test_a_call_that_names_its_session_does_not_teach_the_connections() -> None:
+    """OpenCode's calls name their conversation's session (`_meta`, in the params or the
+    arguments): their answers' session is not the one the pump binds again."""
+    link = Link("/run/ctxd.sock", None, None)
+    named = [{"name": "read_result", "arguments": {
+                 "ref_id": "res_1", "_meta": {"ctxd/session_id": "ses_a"}}},
+             {"name": "read_result", "_meta": {"ctxd/session_id": "ses_b"},
+              "arguments": {"ref_id": "res_1"}}]
+    for request_id, params in enumerate(named):
+        link.from_client(line({"id": request_id, "method": "tools/call", "params": params}))
+    link.from_client(line({"id": 9, "method": "tools/call", "params": {
+        "name": "read_result", "arguments": {"ref_id": "res_1", "_meta": {"other": 1}}}}))
+    assert link.named == {0, 1}
+    for request_id, session in ((0, "ses_a"), (1, "ses_b")):
+        assert link.from_daemon(line({"id": request_id, "result": {"structuredContent": {
+            "context_state": {"session_id": session}}}}))
+    assert (link.session_id, link.named, link.in_flight) == (None, set(), {9: "tools/call"})
+    assert link.from_daemon(line({"id": 9, "result": {"structuredContent": {
+        "context_state": {"session_id": "ses_own"}}}}))
+    assert link.session_id == "ses_own"
+
+
 @pytest.mark.parametrize(("answer", "retried"), [
     (None, True),  # accepted, then closed before answering (a daemon going down)
     ({"id": None, "error": {"code": -32007, "message": "overloaded: too many connections; "

@@ -360,7 +360,8 @@ SESSION_ID_REASON = "Expected `str` matching regex '^[A-Za-z0-9][A-Za-z0-9._:-]{
         {"role": "user", "content": "x"}, {"role": "bob", "content": "y"}]},
      None, "$.messages[1].role", "Invalid enum value 'bob'"),
     ("message.append", {"session_id": "s", "messages": [{"role": "user"}]}, 5,
-     "$.messages[0]", "Object missing required field `content`"),
+     "$.messages[0].content", "a message needs content (a string or a list of parts); only "
+     "an assistant message with tool_calls may leave it null"),
     ("message.append", {"session_id": "s", "messages": [
         {"role": "user", "content": "x", "rol": "y"}]}, 6,
      "$.messages[0]", "Object contains unknown field `rol`"),
@@ -502,6 +503,11 @@ async def test_hello_negotiates_features(door: Door) -> None:
     assert hello["features"] == ["folding", "memory", "events", "usage", "tools", "inject",
                                  "cancel", "mcp"]
     assert hello["agreed_features"] == ["events", "tools"]
+    # The fold protocol's names for the same features, as the client spelt them.
+    seed = await door.result("daemon.hello", {"client": "seed", "protocol_features": [
+        "cancellation", "token_usage", "tool_states", "injection", "token_usage", "offload"]})
+    assert seed["agreed_features"] == ["cancellation", "token_usage", "tool_states",
+                                       "injection"]
     assert (await door.failure("daemon.hello", {"client": 5})).data["path"] == "$.client"
 
 
@@ -593,12 +599,18 @@ async def test_discover_ping_and_notifications(door: Door) -> None:
 async def test_mcp_bind_validates_like_a_native_method(door: Door) -> None:
     typo = await door.call(request("mcp.bind", {"sesion_id": "s"}))
     bad = await door.call(request("mcp.bind", {"session_id": "no spaces"}))
+    no_tool = await door.call(request("mcp.bind", {"tools": ["read_result", "context_fold"]}))
+    no_set = await door.call(request("mcp.bind", {"tools": "most"}))
     bound = await door.call(request("mcp.bind", {"session_id": "s-1", "project": "/p"}))
     listed = await door.call(request("tools/call", {"name": "context_list_branches"}))
     late = await door.call(request("mcp.bind", {"session_id": "s-2"}))
     assert (typo["error"]["code"], typo["error"]["data"]["path"]) == (-32602, "$")
     assert (bad["error"]["code"], bad["error"]["data"]["path"]) == (-32602, "$.session_id")
-    assert bound["result"] == {"session_id": "s-1", "project": "/p"}
+    assert (no_tool["error"]["code"], no_tool["error"]["data"]["path"]) == (
+        -32602, "$.tools[1]")
+    assert (no_set["error"]["code"], no_set["error"]["data"]["path"]) == (-32602, "$.tools")
+    assert bound["result"] == {"session_id": "s-1", "project": "/p", "tools": [
+        "context_branch", "context_return", "read_result", "memory_search", "compact_context"]}
     assert listed["result"]["structuredContent"]["context_state"]["session_id"] == "s-1"
     assert late["error"] == {"code": -32003,
                              "message": "this connection's MCP session is already open",

@@ -331,6 +331,24 @@ def test_opencode_tool_parts_completed_error_and_compacted() -> None:
     assert entry.usage is None  # no tokens in its info
 
 
+def test_opencode_calls_of_ctxds_tools_without_the_session_the_plugin_named() -> None:
+    """ctxd's OpenCode plugin names the conversation's session in a ctxd tool call's
+    ``_meta``, and OpenCode stores it with the call: the import keeps the call as the model
+    made it (other ``_meta`` keys stay)."""
+    route = {"ctxd/session_id": "ses_x", "ctxd/project": "/p"}
+    inputs = [{"ref_id": "res_1", "_meta": route},
+              {"query": "q", "_meta": {**route, "progressToken": 3}},
+              {"query": "q", "_meta": {"other": 1}}, {"_meta": "not an object"}, ["a list"]]
+    parts = [{"type": "tool", "callID": f"c{i}", "tool": "ctxd_read_result",
+              "state": {"status": "completed", "input": tool_input, "output": "{}"}}
+             for i, tool_input in enumerate(inputs)]
+    _, [entry], _ = parse_opencode(export({"info": {"id": "m1", "role": "assistant"},
+                                           "parts": parts}))
+    assert [m.content[0]["input"] for m in entry.messages if m.role == "assistant"] == [
+        {"ref_id": "res_1"}, {"query": "q", "_meta": {"progressToken": 3}},
+        {"query": "q", "_meta": {"other": 1}}, {"_meta": "not an object"}, ["a list"]]
+
+
 def test_opencode_summary_skip_unknown_role_and_malformed() -> None:
     data = export({"info": {"id": "u1", "role": "user"}, "parts": [{"type": "text",
                                                                      "text": "hi"}]},
