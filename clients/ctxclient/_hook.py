@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 import sys
 import time
 
@@ -37,6 +38,13 @@ BUDGET_EXHAUSTED_CODE = -32002
 INVALID_STATE_CODE = -32003
 TIMEOUT_CODE = -32009
 SUMMARY_PREFIX = "[Summary of "
+PERSISTED_MAX_BYTES = 4 << 20
+"""The largest output the hook reads back from Claude Code's persisted-output file (a
+larger one is recorded as Claude Code cut it): its append must stay under the daemon's
+``max_request_bytes``."""
+PERSISTED_KEYS = ("persistedOutputPath", "persistedOutputSize")
+"""Where Claude Code's Bash output names the file it saved a large output to (it then shows
+the model a 2 KB preview, and the hook ``stdout`` cut at 30,000 characters)."""
 AGENT_TOOLS = ("Agent", "Task")
 """Claude Code's tool that starts a sub-agent (``Task`` before version 2)."""
 BUDGET_EXHAUSTED = "budget exhausted: return your result now"
@@ -126,13 +134,16 @@ def scope_of(project: str | None) -> str:
 
 def output_text(response: Any) -> str | None:
     """The text a tool result shows the model: a string; Bash's ``stdout`` and
-    ``stderr``; an MCP tool's text content parts. None for any other shape (kept whole)."""
+    ``stderr``; Read's text file ``content``; an MCP tool's text content parts. None for
+    any other shape (kept whole)."""
     if isinstance(response, str):
         return response
     if isinstance(response, dict) and isinstance(response.get("stdout"), str):
         stderr = response.get("stderr")
         return str(response["stdout"]) + (f"\n{stderr}" if isinstance(stderr, str) and stderr
                                      else "")
+    if _read_file(response) is not None:
+        return str(response["file"]["content"])
     if isinstance(response, list) and response and all(
             isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
             for p in response):
@@ -140,14 +151,73 @@ def output_text(response: Any) -> str | None:
     return None
 
 
+def _read_file(response: Any) -> dict[str, Any] | None:
+    """Read's answer for a text file (``{"type": "text", "file": {"content": ...}}``)."""
+    if isinstance(response, dict) and response.get("type") == "text":
+        file = response.get("file")
+        if isinstance(file, dict) and isinstance(file.get("content"), str):
+            return file
+    return None
+
+
 def stubbed(response: Any, stub: str) -> Any:
     """The tool's output in its own shape (Claude Code rejects another shape), with the
-    stub in place of its text."""
+    stub in place of its text; without the persisted-output file Claude Code named, or
+    it would show its preview of that file again."""
     if isinstance(response, str):
         return stub
+    file = _read_file(response)
+    if file is not None:
+        return {**response, "file": {**file, "content": stub}}
     if isinstance(response, dict):
-        return {**response, "stdout": stub, "stderr": ""}
+        return {**{k: v for k, v in response.items() if k not in PERSISTED_KEYS},
+                "stdout": stub, "stderr": ""}
     return [{"type": "text", "text": stub}]
+
+
+def claude_dirs(event: dict[str, Any]) -> list[str]:
+    """Claude Code's own directories, whose files the hook may read: its configuration
+    directory (``CLAUDE_CONFIG_DIR``, else ``~/.claude``) and the folder of the session's
+    transcript."""
+    dirs = [os.environ.get("CLAUDE_CONFIG_DIR") or os.path.join(os.path.expanduser("~"),
+                                                                ".claude")]
+    transcript = event.get("transcript_path")
+    if isinstance(transcript, str) and os.path.isabs(transcript):
+        dirs.append(os.path.dirname(transcript))
+    return [os.path.realpath(d) for d in dirs if os.path.isabs(d)]
+
+
+def persisted_output(response: Any, event: dict[str, Any]) -> str | None:
+    """The whole output Claude Code saved to its persisted-output file, when the file is a
+    regular file inside one of its own directories (`claude_dirs`; never another path a
+    tool's output could name) of at most `PERSISTED_MAX_BYTES`, in UTF-8; None otherwise."""
+    if not isinstance(response, dict):
+        return None
+    path = response.get("persistedOutputPath")
+    if not isinstance(path, str) or not os.path.isabs(path):
+        return None
+    dirs = claude_dirs(event)
+    real = os.path.realpath(path)
+    if not any(os.path.commonpath([real, d]) == d for d in dirs):
+        return None
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > PERSISTED_MAX_BYTES:
+            return None
+        with os.fdopen(os.dup(fd), "rb") as file:
+            data = file.read(PERSISTED_MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > PERSISTED_MAX_BYTES:
+        return None
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return None
 
 
 @contextlib.contextmanager
@@ -362,17 +432,45 @@ class Hook:
         if (not isinstance(tool_name, str) or not isinstance(tool_use_id, str)
                 or self.through_gateway()):
             return None
-        branch_id = self.agent_branch()
         text = output_text(response)
+        whole = persisted_output(response, self.event) if text else None
+        if whole is not None and isinstance(response, dict):
+            stderr = response.get("stderr")
+            text = whole + (f"\n{stderr}" if isinstance(stderr, str) and stderr else "")
+        interrupted = isinstance(response, dict) and response.get("interrupted") is True
+        stub = self.record(tool_name, tool_use_id,
+                           text if text is not None else json.dumps(response), interrupted)
+        if stub is None or text is None:
+            return None
+        return self.answer("PostToolUse", updatedToolOutput=stubbed(response, stub))
+
+    def post_tool_use_failure(self) -> None:
+        """A tool that failed (a command's non-zero exit, an interrupt): its error is
+        recorded as an error result. Claude Code takes no other output for it from a hook:
+        the model sees Claude Code's text; ctxd's copy is offloaded only beyond the larger
+        bound of an error (docs/protocol.md, "Offloaded tool results")."""
+        tool_name = self.event.get("tool_name")
+        tool_use_id = self.event.get("tool_use_id")
+        error = self.event.get("error")
+        if (not isinstance(tool_name, str) or not isinstance(tool_use_id, str)
+                or not isinstance(error, str) or self.through_gateway()):
+            return
+        self.record(tool_name, tool_use_id, error, True, "PostToolUseFailure")
+
+    def record(self, tool_name: str, tool_use_id: str, text: str, is_error: bool,
+               live: str = "PostToolUse") -> str | None:
+        """The tool call and its result appended to the session (a sub-agent's: to its
+        branch); the stub the result is stored as (None: it stays inline, or the branch was
+        returned)."""
         call = {"role": "assistant", "content": [{
             "type": "tool_use", "id": tool_use_id, "name": tool_name,
-            "input": self.event.get("tool_input") or {}}], "meta": {LIVE: "PostToolUse"}}
+            "input": self.event.get("tool_input") or {}}], "meta": {LIVE: live}}
         result: dict[str, Any] = {
             "role": "tool", "name": tool_name[:256], "tool_call_id": tool_use_id[:256],
-            "content": text if text is not None else json.dumps(response),
-            "meta": {LIVE: "PostToolUse"}}
-        if isinstance(response, dict) and response.get("interrupted") is True:
+            "content": text, "meta": {LIVE: live}}
+        if is_error:
             result["meta"]["is_error"] = True
+        branch_id = self.agent_branch()
         params: dict[str, Any] = {"session_id": self.session_id, "messages": [call, result]}
         if branch_id is not None:
             params["branch_id"] = branch_id
@@ -383,10 +481,8 @@ class Hook:
                                                     INVALID_STATE_CODE):
                 raise
             return None  # ctxd returned the branch: the next call is denied
-        stub = appended["appended"][-1].get("stub")
-        if stub is None or text is None:
-            return None
-        return self.answer("PostToolUse", updatedToolOutput=stubbed(response, stub))
+        stub: str | None = appended["appended"][-1].get("stub")
+        return stub
 
     def ingest(self, path_field: str = "transcript_path") -> None:
         """Stop, SubagentStop, SessionEnd: the transcript from the last byte read (a
@@ -436,6 +532,7 @@ HANDLERS = {
     "PreToolUse": Hook.pre_tool_use,
     "SubagentStart": Hook.subagent_start,
     "PostToolUse": Hook.post_tool_use,
+    "PostToolUseFailure": Hook.post_tool_use_failure,
     "PreCompact": Hook.pre_compact,
     "Stop": Hook.ingest,
     "SubagentStop": Hook.subagent_stop,

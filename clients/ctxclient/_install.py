@@ -262,8 +262,9 @@ def restore_entry(data: dict[str, Any], file: Path, keys: tuple[str, ...],
 
 # ---- Claude Code -------------------------------------------------------------------------
 
-HOOK_EVENTS = ("SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "PreCompact",
-               "Stop", "SubagentStart", "SubagentStop", "SessionEnd")
+HOOK_EVENTS = ("SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse",
+               "PostToolUseFailure", "PreCompact", "Stop", "SubagentStart", "SubagentStop",
+               "SessionEnd")
 HOOK_TIMEOUT_S = 10
 """Claude Code's limit for one hook run; ``ctxctl hook`` gives up on the daemon sooner."""
 MCP_NAME = "ctxd"

@@ -9,13 +9,15 @@ as the agent gave them.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import msgspec
 
 from ctxd.errors import params_error
 from ctxd.gateway._blocks import ToolResult, bare, marked
-from ctxd.transcripts import ClaudeCodeParser
+from ctxd.sessions import read_inside
+from ctxd.transcripts import ClaudeCodeParser, saved_output
 from ctxd.wire.types import MessageIn
 
 __all__ = ["ToolResult", "bare", "body_with", "calls", "counted", "is_system", "marked",
@@ -186,3 +188,27 @@ def body_with(body: dict[str, Any], messages: list[dict[str, Any]] | msgspec.Raw
               ) -> bytes:
     """The request's JSON with these messages."""
     return _encode({**body, "messages": messages})
+
+
+SAVED_OUTPUT_MAX_BYTES = 4 << 20
+"""The largest output read back from the file Claude Code saved it to (as the hook's)."""
+
+
+def saved_output_of(text: str, session_id: str) -> str | None:
+    """The whole output behind a ``<persisted-output>`` preview in a tool result of Claude
+    Code's session ``session_id``: the file it names, read only when it is Claude Code's
+    own file of that session (``<session_id>/tool-results/`` inside ``$CLAUDE_CONFIG_DIR``,
+    else ``~/.claude``), a regular file of at most `SAVED_OUTPUT_MAX_BYTES` that begins with
+    the preview. A tool's output that imitates the preview cannot name another file.
+    Blocking: run it in a thread."""
+    root = os.environ.get("CLAUDE_CONFIG_DIR") or os.path.join(os.path.expanduser("~"),
+                                                               ".claude")
+
+    def read(path: str) -> str | None:
+        folder = os.path.dirname(path)
+        if (os.path.basename(folder) != "tool-results"
+                or os.path.basename(os.path.dirname(folder)) != session_id):
+            return None
+        return read_inside(path, root, SAVED_OUTPUT_MAX_BYTES)
+
+    return saved_output(text, read)

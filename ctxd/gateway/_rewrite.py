@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
+import trio
 
 from ctxd.errors import internal_error, limit_reached
 from ctxd.gateway import _anthropic, _openai
@@ -44,6 +45,7 @@ from ctxd.scrub import scrub
 from ctxd.sessions import append, offered_tools, open_session, render
 from ctxd.store import Transaction
 from ctxd.tokens import part_text
+from ctxd.transcripts import PERSISTED_OUTPUT
 from ctxd.wire.types import (
     INJECT_PRIORITIES,
     InjectionInfo,
@@ -482,10 +484,15 @@ async def _record_new(actor: SessionActor, shape: Shape, messages: list[dict[str
         sent = bares[position]
         for k, result in enumerate(shape.results(sent)):
             message = recorded[k] if k < len(recorded) else None
-            if (result.text is None or result.is_error or message is None
+            if (result.text is None or message is None
                     or message.tool_call_id != result.call_id[:256]):
                 continue
-            offloaded = offload(msgspec.structs.replace(message, content=result.text),
+            text = result.text
+            if text.startswith(PERSISTED_OUTPUT):  # Claude Code's preview of a saved output
+                whole: str | None = await trio.to_thread.run_sync(
+                    _anthropic.saved_output_of, text, actor.session_id)
+                text = whole or text
+            offloaded = offload(msgspec.structs.replace(message, content=text),
                                 threshold, actor.session_id, next_seq + k)
             if offloaded is None:
                 continue

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from ctxd.hygiene._compact import COMPACTION_META
-from ctxd.hygiene._offload import STUB_PREFIX
+from ctxd.hygiene._offload import ERROR_WORDS, STUB_PREFIX
 from ctxd.scrub import scrub_value
 from ctxd.wire.types import Content, ForkStats, Role, StoredMessage, TierDistribution
 
@@ -31,8 +31,6 @@ HEAD_SHARE = 0.8
 HEAD_TAIL_TOOLS = ("bash", "pty", "exec")
 """A tool whose name contains one of these (any case) is cut head+tail: a command's
 outcome is at its end."""
-ERROR_WORDS = ("error", "Error", "ERROR", "failed", "FAILED", "exception", "traceback")
-"""Words (case-sensitive) that make a text cut head+tail: its cause is often at the end."""
 CLEARED_MARKER = "[Old tool result content cleared]"
 """What Claude Code and OpenCode show for a cleared result (OpenCode: a tool part with
 ``state.time.compacted``, imported with ``meta.compacted``)."""

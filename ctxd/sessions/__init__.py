@@ -3,6 +3,7 @@ budgets, render; the route table (ctxd/daemon/_routes.py) runs the operations.""
 
 from ctxd.sessions._actor import SessionActor
 from ctxd.sessions._branch_ops import create_branch, list_branches, return_branch, rollback
+from ctxd.sessions._files import read_inside
 from ctxd.sessions._fork import context_fork
 from ctxd.sessions._hygiene_ops import (
     Search,
@@ -54,6 +55,7 @@ __all__ = ["Search", "Services", "SessionActor", "SessionCounts", "SessionRecord
            "context_fork", "create_branch",
            "get_session", "inject_ack", "inject_list", "inject_pull", "inject_push",
            "list_branches", "list_messages", "measure", "offered_tools", "open_session",
+           "read_inside",
            "read_result",
            "record_sent_usage",
            "register_tools", "render", "render_request", "resolve_budget", "return_branch",

@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-from ctxd.errors import params_error
+from ctxd.errors import CtxdError, params_error
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISDIR, "a directory"),
@@ -53,3 +53,21 @@ def open_regular(path: Path, field: str = "$.path") -> BinaryIO:
         os.close(fd)
         raise
 
+
+
+def read_inside(path: str, root: str, max_bytes: int) -> str | None:
+    """The UTF-8 text of the file at ``path`` when it is a regular file inside the folder
+    ``root`` (both resolved: a link out of it is outside) of at most ``max_bytes``; None
+    otherwise. For a path another file names (Claude Code's transcript names the file it
+    saved a large output to): it reads nothing outside the folder the client gave."""
+    if not os.path.isabs(path):
+        return None
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    if os.path.commonpath([real, top]) != top:
+        return None
+    try:
+        with open_regular(Path(real)) as file:
+            data = file.read(max_bytes + 1)
+        return data.decode() if len(data) <= max_bytes else None
+    except (CtxdError, OSError, UnicodeDecodeError):
+        return None

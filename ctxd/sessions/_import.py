@@ -30,7 +30,7 @@ from ctxd.errors import CtxdError, ErrorCode, invalid_state, params_error
 from ctxd.hub import find_usage, insert_usage
 from ctxd.sessions._actor import SessionActor
 from ctxd.sessions._branch_ops import create_branch, return_branch
-from ctxd.sessions._files import open_regular
+from ctxd.sessions._files import open_regular, read_inside
 from ctxd.sessions._queries import decode_meta, list_messages, scalar_rowid
 from ctxd.sessions._session_ops import append, open_session
 from ctxd.sessions._supervisor import Supervisor
@@ -85,6 +85,9 @@ AGENT_TIMEOUT_S = 600.0
 AGENT_DESCRIPTION = "sub-agent "
 """A sub-agent branch's description: this and the sub-agent's id. With `AGENT_BUDGET` and
 `AGENT_TIMEOUT_S` it tells a branch an import opened."""
+PERSISTED_MAX_BYTES = 4 << 20
+"""The largest output an import reads from the file Claude Code saved it to (a larger one
+is imported as the preview Claude Code showed the model)."""
 SESSION_ID_SCAN_BYTES = 1 << 20
 RESUME_TOOL_CALLS = 1000
 """The session's latest assistant messages whose tool calls name the results an import
@@ -624,12 +627,22 @@ class _Records:
         return [self._parse(piece) for piece in pieces]
 
 
+def claude_code_parser(transcript: str) -> ClaudeCodeParser:
+    """A parser of a transcript that reads the outputs Claude Code saved to files inside the
+    transcript's folder (where it keeps them: ``<session>/tool-results/``), never a file
+    elsewhere that a record names."""
+    parser = ClaudeCodeParser()
+    folder = os.path.dirname(transcript)
+    parser.persisted = lambda path: read_inside(path, folder, PERSISTED_MAX_BYTES)
+    return parser
+
+
 async def _import_claude_code(job: _Import, path: Path, limit: int, seen: int) -> int:
     """Read from the committed offset to the last complete line; the bytes read (up to its
     newline). A line longer than ``limit`` is skipped, reported with its size; ``seen`` is
     how much of such a line, the file's unterminated last one, an earlier import read (it
     is not read again)."""
-    parser = ClaudeCodeParser()
+    parser = claude_code_parser(job.params.path)
     start = job.state.offset
     if start:
         # The calls read before this position name their results read after it.
@@ -754,7 +767,7 @@ async def _import_file(actor: SessionActor, p: TranscriptImportParams, path: Pat
         if state.offset + seen < size:
             bytes_read = await _import_claude_code(job, path, limit, seen)
     else:
-        parser = ClaudeCodeParser()
+        parser = claude_code_parser(p.path)
         await _import_elements(job, path, array_at, (
             lambda piece: parse_message(piece, limit)) if p.format == "opencode" else (
             lambda piece: parser.parse_piece(piece, limit, piece.line)))

@@ -6,7 +6,13 @@ Pure: they read the bytes given to them and nothing else (no files, no store); t
 importer (``transcript.import``, docs/protocol.md) feeds them and appends what they yield.
 """
 
-from ctxd.transcripts._claude_code import ClaudeCodeParser, decode_record, is_array
+from ctxd.transcripts._claude_code import (
+    PERSISTED_OUTPUT,
+    ClaudeCodeParser,
+    decode_record,
+    is_array,
+    saved_output,
+)
 from ctxd.transcripts._model import Entry, Usage
 from ctxd.transcripts._opencode import NOT_AN_EXPORT, locate_messages, parse_message
 from ctxd.transcripts._providers import (
@@ -21,7 +27,7 @@ from ctxd.transcripts._providers import (
 )
 from ctxd.transcripts._split import ArraySplitter, LineSplitter, Piece
 
-__all__ = ["NOT_AN_EXPORT", "SHAPE", "ArraySplitter", "ClaudeCodeParser", "Entry",
-           "LineSplitter", "Piece", "Usage", "anthropic_messages", "anthropic_tools",
+__all__ = ["NOT_AN_EXPORT", "PERSISTED_OUTPUT", "SHAPE", "ArraySplitter", "ClaudeCodeParser",
+           "Entry", "LineSplitter", "Piece", "Usage", "anthropic_messages", "anthropic_tools",
            "call_part", "decode_record", "decoded_arguments", "is_array", "locate_messages",
-           "openai_messages", "openai_tools", "parse_message", "recorded"]
+           "openai_messages", "openai_tools", "parse_message", "recorded", "saved_output"]

@@ -22,6 +22,8 @@ entry and the records after it are read as usual.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -31,6 +33,12 @@ from ctxd.transcripts._split import Piece
 from ctxd.wire import replace_lone_surrogates
 from ctxd.wire.types import MessageIn
 
+PERSISTED_OUTPUT = "<persisted-output>"
+"""How the result starts when Claude Code saved a large output to a file and shows the
+model a preview of it (its ``toolUseResult.persistedOutputPath`` names the file)."""
+_SAVED_TO = re.compile(r"Full output saved to: (/[^\n]+)\n")
+_PREVIEW = "Preview (first 2KB):\n"
+_PREVIEW_ENDS = ("\n...\n</persisted-output>", "\n</persisted-output>")
 TOOL_USE_RESULT_MAX = 4096
 """A ``toolUseResult`` up to this many bytes of JSON is kept whole in the tool message's
 meta; a larger one (it mostly repeats the result's content) is kept as its size."""
@@ -75,6 +83,9 @@ class ClaudeCodeParser:
         self.agent_of: dict[str, str] = {}
         self.usage_seen: set[str] = set()
         self._boundary: dict[str, Any] | None = None
+        self.persisted: Callable[[str], str | None] | None = None
+        """Reads the file Claude Code saved a large output to (None: no file is read; the
+        preview is the result)."""
 
     def feed(self, data: bytes, base: int, first_line: int) -> tuple[list[Entry], int]:
         """Parse the complete lines of ``data`` (the file's bytes from offset ``base``,
@@ -230,6 +241,9 @@ class ClaudeCodeParser:
                 tool_meta: dict[str, Any] = {"source": source}
                 if block.get("is_error"):
                     tool_meta["is_error"] = True
+                text = _text(block.get("content"))
+                if result is not None and text.startswith(PERSISTED_OUTPUT):
+                    text = self._whole(result) or text
                 if result is not None:
                     encoded = json.dumps(result, ensure_ascii=False)
                     tool_meta["tool_use_result"] = (
@@ -237,7 +251,7 @@ class ClaudeCodeParser:
                         else {"omitted_bytes": len(encoded.encode())})
                     result = None
                 entry.messages.append(MessageIn(
-                    role="tool", content=_text(block.get("content")), tool_call_id=call_id,
+                    role="tool", content=text, tool_call_id=call_id,
                     name=self.tool_names.get(call_id, "tool")[:256], meta=tool_meta))
             elif block.get("type") == "text" and isinstance(block.get("text"), str):
                 texts.append(block["text"])
@@ -245,6 +259,35 @@ class ClaudeCodeParser:
                 texts.append(f"[{block['type']}]")
         if texts:
             entry.messages.append(MessageIn(role="user", content="\n".join(texts), meta=meta))
+
+
+    def _whole(self, result: Any) -> str | None:
+        """The whole output of a Bash result Claude Code saved to its file, with its
+        stderr (None: no file, or `persisted` could not read it)."""
+        if self.persisted is None or not isinstance(result, dict):
+            return None
+        path = result.get("persistedOutputPath")
+        whole = self.persisted(path) if isinstance(path, str) else None
+        if whole is None:
+            return None
+        stderr = result.get("stderr")
+        return whole + (f"\n{stderr}" if isinstance(stderr, str) and stderr else "")
+
+
+def saved_output(text: str, read: Callable[[str], str | None]) -> str | None:
+    """The whole output behind Claude Code's ``<persisted-output>`` preview ``text``: the
+    file it names (``Full output saved to: PATH``), as ``read`` reads it, when that file
+    begins with the preview; None otherwise (not a preview, or not that file)."""
+    if not text.startswith(PERSISTED_OUTPUT):
+        return None
+    found = _SAVED_TO.search(text, 0, 4096)
+    at = text.find(_PREVIEW)
+    end = next((end for end in _PREVIEW_ENDS if text.endswith(end)), None)
+    if found is None or at < 0 or end is None:
+        return None
+    preview = text[at + len(_PREVIEW):len(text) - len(end)]
+    whole = read(found[1])
+    return whole if preview and whole is not None and whole.startswith(preview) else None
 
 
 def is_array(head: bytes) -> bool:

@@ -60,7 +60,7 @@ def test_a_claude_code_session_is_managed_by_ctxd(tmp_path: Path,
                                 "--socket", str(shared_daemon.socket),
                                 "--tools", "read_result,memory_record"], cwd=project,
                                capture_output=True, text=True, timeout=60, check=True)
-    assert installed.stdout.count("added ") == 11
+    assert installed.stdout.count("added ") == 12
     with Client(shared_daemon.socket) as client:
         client.call("memory.record", {
             "title": "otterbay releases", "content": "otterbay ships with make release-zebra.",
@@ -88,7 +88,7 @@ def test_a_claude_code_session_is_managed_by_ctxd(tmp_path: Path,
     # (a) The model's next request holds ctxd's stub in place of the 20 KB output.
     sent = json.dumps(second, ensure_ascii=False)
     assert BIG_OUTPUT[-2_000:] not in sent
-    assert "zebra-00539" not in sent
+    assert "zebra-00270" not in sent  # the middle of the output was left out
     results = [block for message in second["messages"] if message["role"] == "user"
                and isinstance(message["content"], list) for block in message["content"]
                if block.get("type") == "tool_result" and block["tool_use_id"] == "toolu_big01"]
@@ -106,9 +106,13 @@ def test_a_claude_code_session_is_managed_by_ctxd(tmp_path: Path,
         assert messages[0]["content"] == "Print the big log, please"
         assert messages[2]["tool_call_id"] == "toolu_big01"
         ref_id = messages[2]["ref_id"]
-        assert shown == (f'[Tool result stored — {len(BIG_OUTPUT):,} bytes from "Bash". '
-                         f"First 200 chars: {BIG_OUTPUT[:200]}] Use read_result with "
-                         f'ref_id="{ref_id}" (or run: ctxctl result {ref_id}) to read more.')
+        # 37 characters a line: four lines of each end fit in 180.
+        lines = BIG_OUTPUT.split("\n")
+        assert shown == (f'[Tool result stored — {len(BIG_OUTPUT):,} bytes, 540 lines from '
+                         '"Bash". First and last lines, and lines with errors:\n'
+                         + "\n".join([*lines[:4], "[… 532 lines …]", *lines[-4:]])
+                         + f'\n] Use read_result with ref_id="{ref_id}" (or run: ctxctl '
+                         f"result {ref_id}) to read more.")
         read = client.call("result.read", {"session_id": session_id, "ref_id": ref_id,
                                            "limit": 1_000_000})
         assert read["content"] == BIG_OUTPUT
@@ -142,6 +146,104 @@ def test_a_claude_code_session_is_managed_by_ctxd(tmp_path: Path,
         assert usage["totals"]["calls"] == 3
         assert usage["totals"]["input_tokens"] == sum(
             max(1, len(json.dumps(body)) // 4) for body in requests)
+
+
+WALRUS_COMMAND = ("python3 -c \"print('\\n'.join(f'walrus-{i:05d} ' + 'x' * 40 "
+                  "for i in range(2000)))\"")
+WALRUS = "".join(f"walrus-{i:05d} " + "x" * 40 + "\n" for i in range(2000))
+"""108,000 bytes: Claude Code saves it to a file and hands the hook 30,000 characters."""
+FAILING_SUITE = ("import sys\nprint('FAIL: test_parser (tests.test_parser.ParserTest)')\n"
+                 "print('SyntaxError: invalid syntax')\nsys.exit(1)\n")
+
+
+def test_claude_codes_reads_failures_saved_outputs_and_ctxds_own_answers(
+        tmp_path: Path, shared_daemon: DaemonProcess) -> None:
+    home, project = tmp_path / "home", tmp_path / "walrusbay"
+    home.mkdir()
+    project.mkdir()
+    subprocess.run([str(CTXCTL), "install", "claude-code", "--scope", "project",
+                    "--socket", str(shared_daemon.socket)], cwd=project,
+                   capture_output=True, text=True, timeout=60, check=True)
+    lines = [f"line {i:06d} of a big file with words" for i in range(4000)]
+    (project / "big.txt").write_text("".join(line + "\n" for line in lines))
+    (project / "test_suite.py").write_text(FAILING_SUITE)
+
+    def read_back(body: dict[str, Any]) -> list[dict[str, Any]]:
+        [stub] = tool_results(body, "toolu_walrus")
+        ref_id = stub.split('ref_id="')[1].split('"')[0]
+        return [tool_use("toolu_page", "mcp__ctxd__read_result",
+                         {"ref_id": ref_id, "offset": 100_000, "limit": 8_000})]
+
+    turns: list[Any] = [
+        [tool_use("toolu_walrus", "Bash", {"command": WALRUS_COMMAND, "description": "Log"})],
+        [tool_use("toolu_read", "Read", {"file_path": str(project / "big.txt")})],
+        [tool_use("toolu_fail", "Bash", {"command": "python3 test_suite.py",
+                                         "description": "Run the tests"})],
+        read_back]
+    assert CLAUDE is not None
+    with MockAnthropic(turns, final="Seen.") as mock:
+        env = {"PATH": os.environ["PATH"], "HOME": str(home), "ANTHROPIC_BASE_URL": mock.url,
+               "ANTHROPIC_API_KEY": "sk-ant-dummy",
+               "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "ENABLE_TOOL_SEARCH": "false"}
+        done = subprocess.run([str(CLAUDE), "-p", "Look at the log, the file and the tests",
+                               "--output-format", "json", "--allowedTools", "Bash", "Read",
+                               "mcp__ctxd__read_result"], cwd=project, env=env,
+                              capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    outcome = json.loads(done.stdout)
+    assert (outcome["is_error"], outcome["result"]) == (False, "Seen.")
+    session_id = outcome["session_id"]
+    requests = mock.main_requests()
+    assert len(requests) == 5
+    last = requests[-1]
+
+    with Client(shared_daemon.socket) as client:
+        listed = client.call("message.list", {"session_id": session_id})["messages"]
+        results = {m["tool_call_id"]: m for m in listed if m["role"] == "tool"}
+        rendered = {m["tool_call_id"]: m["content"] for m in client.call(
+            "ctxd.render", {"session_id": session_id})["messages"] if m["role"] == "tool"}
+
+        def whole(call_id: str) -> str:
+            return str(client.call("result.read", {
+                "session_id": session_id, "ref_id": results[call_id]["ref_id"],
+                "limit": 1_000_000})["content"])
+
+        # Each result once: the transcript's import (Stop) did not add those the hooks
+        # recorded, the failure among them.
+        assert sorted(results) == ["toolu_fail", "toolu_page", "toolu_read", "toolu_walrus"]
+
+        # The 108,000-byte output, kept whole from Claude Code's own file (it handed the
+        # hook 30,000 characters); the model received ctxd's stub, with the output's end.
+        assert whole("toolu_walrus") == WALRUS
+        assert tool_results(last, "toolu_walrus") == [rendered["toolu_walrus"]]
+        assert rendered["toolu_walrus"].startswith(
+            '[Tool result stored — 108,000 bytes, 2,000 lines from "Bash".')
+        assert f"walrus-01999 {'x' * 40}\n]" in rendered["toolu_walrus"]
+        assert "<persisted-output>" not in json.dumps(last)
+
+        # Read: offloaded (what Claude Code read: the file's first lines, whole); Claude
+        # Code numbers the lines of the stub it is handed.
+        read = whole("toolu_read")
+        count = read.count("\n") + 1  # the last line read has no newline
+        assert 100 < count < 4000
+        assert read == "\n".join(lines[:count])
+        assert tool_results(last, "toolu_read") == ["\n".join(
+            f"{n}\t{line}" for n, line in enumerate(rendered["toolu_read"].split("\n"), 1))]
+
+        # The failed run: recorded as an error, inline, its FAIL and SyntaxError lines
+        # in what the model received.
+        failed = results["toolu_fail"]
+        assert failed["meta"] == {"live": "PostToolUseFailure", "is_error": True}
+        assert failed["content"] == ("Exit code 1\nFAIL: test_parser (tests.test_parser."
+                                     "ParserTest)\nSyntaxError: invalid syntax")
+        [received] = tool_results(last, "toolu_fail")
+        assert received == failed["content"]
+
+        # read_result's 8,000-character page reached the model whole: ctxd's own
+        # tools' answers are never offloaded.
+        [page] = tool_results(last, "toolu_page")
+        assert json.loads(page)["content"] == WALRUS[100_000:]
+        assert results["toolu_page"].get("ref_id") is None
 
 
 SUB_LOG_LINES = 300

@@ -159,7 +159,7 @@ def test_what_claude_codes_model_receives_through_the_gateway(
         assert len(stub) < 1_000
         assert all(tool_results(later, call_id) in ([stub], []) for later in
                    requests[by_call[call_id]:])
-    assert "walrus-00599" not in json.dumps(requests)
+    assert "walrus-00300" not in json.dumps(requests)  # the middle of the output was left out
     # The failing run stays inline: the model sees what failed.
     [failed] = tool_results(after("toolu_fail1"), "toolu_fail1")
     assert "FAIL: test_parser (AssertionError: 3 != 4)" in failed

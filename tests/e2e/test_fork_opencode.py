@@ -31,7 +31,7 @@ from ctxd.tokens import TokenCounter
 pytestmark = pytest.mark.skipif(
     OPENCODE is None, reason="opencode not installed (npm install opencode-ai; .ci/run does)")
 
-ERROR_WORDS = ("error", "Error", "ERROR", "failed", "FAILED", "exception", "traceback")
+ERROR_WORDS = ("error", "Error", "ERROR", "failed", "FAIL", "exception", "traceback")
 
 
 def tool_text(part: dict[str, Any]) -> str:

@@ -27,21 +27,24 @@ def test_fork_from_fits_the_seed_to_the_child_and_offloads_its_results(
         # An effective window of 8,192 tokens, a compaction target of 60%: 4,915 tokens.
         # The first fork (180,000 + 26,890 characters) is far over; the next, at a smaller
         # character budget, cuts both messages that must stay, and fits.
+        # (The result's stub shows its first and last lines: 80 tokens more than the first
+        # 200 characters it showed before.)
         state = opened["context_state"]
         assert (state["health"], state["effective_window"], state["total_tokens"],
-                state["main_thread_tokens"]) == ("ok", 8_192, 3_141, 3_144)
+                state["main_thread_tokens"]) == ("ok", 8_192, 3_221, 3_224)
         assert opened["session"]["message_count"] == 4
-        assert (opened["fork"]["tokens"], opened["fork"]["char_budget"]) == (3_141, 16_946)
-        again = client.call("context.fork", {"session_id": sid, "char_budget": 16_946,
-                                             "no_removal_chars": 16_946})
+        assert (opened["fork"]["tokens"], opened["fork"]["char_budget"]) == (3_221, 16_920)
+        again = client.call("context.fork", {"session_id": sid, "char_budget": 16_920,
+                                             "no_removal_chars": 16_920})
         assert (again["preamble"], again["stats"]) == (opened["fork"]["preamble"],
                                                        opened["fork"]["stats"])
         listed = client.call("message.list", {"session_id": child})["messages"]
         assert listed[0]["content"].splitlines()[3] == (
             "Messages removed to fit the character budget: 0; 2 messages that must stay (the "
             "newest, the latest user request) cut to fit it.")
-        assert len(listed[1]["content"]) == 8_437
-        kept = log[:6_724] + "…[truncated 18484 chars]…" + log[-1_682:]
+        # 26 characters less of budget than with the shorter stub: 13 less for each.
+        assert len(listed[1]["content"]) == 8_424
+        kept = log[:6_714] + "…[truncated 18497 chars]…" + log[-1_679:]
         assert listed[3]["content"] == kept
         # The seeded result is offloaded in the child, as an append would: its stub is in
         # the context, its text one result.read away on the child.
@@ -52,7 +55,7 @@ def test_fork_from_fits_the_seed_to_the_child_and_offloads_its_results(
         read = client.call("result.read", {"session_id": child, "ref_id": ref_id,
                                            "limit": 10_000})
         assert (read["tool_name"], read["total_chars"], read["content"]) == (
-            "bash", 8_431, kept)
+            "bash", 8_418, kept)
         more = client.call("message.append", {"session_id": child, "messages": [
             {"role": "user", "content": "next"}]})
         assert more["context_state"]["health"] == "ok"

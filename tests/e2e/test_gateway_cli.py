@@ -23,8 +23,9 @@ GATEWAY = "gateway" in {field.name for field in msgspec.structs.fields(Config)}
 """Whether this ctxd has the model gateway (ctxd/gateway/)."""
 needs_gateway = pytest.mark.skipif(not GATEWAY, reason="this ctxd has no model gateway")
 CTXCTL = Path(sys.executable).with_name("ctxctl")
-EVENTS = ["SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "PreCompact",
-          "Stop", "SubagentStart", "SubagentStop", "SessionEnd"]
+EVENTS = ["SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse",
+          "PostToolUseFailure", "PreCompact", "Stop", "SubagentStart", "SubagentStop",
+          "SessionEnd"]
 ENABLE_FIX = ("set `enabled = true` under [gateway] in ctxd's config (ctxd.toml(5)), then "
               "restart ctxd: `ctxctl stop`, then `ctxd`")
 AGENT = ("import os, sys; print(os.environ['ANTHROPIC_BASE_URL'], "

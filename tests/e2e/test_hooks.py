@@ -113,10 +113,14 @@ def test_a_large_bash_output_is_offloaded_and_answered_with_the_stub(
         messages = client.call("message.list", {"session_id": claude_sid})["messages"]
         assert [m["role"] for m in messages] == ["assistant", "tool"]
         ref_id = messages[1]["ref_id"]
+        # 28 characters a line with its newline: six lines of each end fit in 180.
+        lines = output.splitlines()
         assert updated == {
-            "stdout": f'[Tool result stored — {len(output):,} bytes from "Bash". First 200 '
-                      f'chars: {output[:200]}] Use read_result with ref_id="{ref_id}" (or run: '
-                      f"ctxctl result {ref_id}) to read more.",
+            "stdout": '[Tool result stored — 28,000 bytes, 1,000 lines from "Bash". First and '
+                      "last lines, and lines with errors:\n" + "\n".join(
+                          [*lines[:6], "[… 988 lines …]", *lines[-6:]])
+                      + f'\n] Use read_result with ref_id="{ref_id}" (or run: ctxctl result '
+                      f"{ref_id}) to read more.",
             "stderr": "", "interrupted": False, "isImage": False}
         read = client.call("result.read", {"session_id": claude_sid, "ref_id": ref_id,
                                            "limit": 1_000_000})
@@ -130,6 +134,138 @@ def test_a_large_bash_output_is_offloaded_and_answered_with_the_stub(
         messages = client.call("message.list", {"session_id": claude_sid})["messages"]
         assert (messages[-1]["content"], messages[-1]["tool_call_id"]) == ("a\nb\n",
                                                                             "toolu_02")
+
+
+def test_read_persisted_output_failures_and_ctxds_own_answers(
+        tmp_path: Path, shared_daemon: DaemonProcess, claude_sid: str) -> None:
+    """The shapes Claude Code 2.1 sends (recorded from the bundled CLI): Read's text file;
+    a Bash output it cut at 30,000 characters and saved whole beside its transcript;
+    PostToolUseFailure's ``error``; an MCP tool of ctxd's own."""
+    cwd = str(tmp_path / "proj")
+    transcript = tmp_path / "claude" / "projects" / "-proj" / f"{claude_sid}.jsonl"
+    saved = transcript.parent / claude_sid / "tool-results" / "b1.txt"
+    saved.parent.mkdir(parents=True)
+    whole = "".join(f"walrus-{i:05d} " + "x" * 40 + "\n" for i in range(2000))  # 108,000
+    saved.write_text(whole)
+    outside = tmp_path / "elsewhere.txt"
+    outside.write_text("not Claude Code's: " + whole)
+    (transcript.parent / claude_sid / "tool-results" / "link.txt").symlink_to(outside)
+    socket = shared_daemon.socket
+
+    def post(call_id: str, name: str, response: Any, **fields: Any) -> str:
+        code, out, _ = hook(socket, event(
+            fields.pop("hook_event_name", "PostToolUse"), claude_sid, cwd, tool_name=name,
+            tool_input=fields.pop("tool_input", {}), tool_use_id=call_id,
+            transcript_path=str(transcript), **({"tool_response": response}
+                                                if response is not None else {}), **fields))
+        assert code == 0
+        return out
+
+    bash = {"stdout": whole[:30_000], "stderr": "", "interrupted": False, "isImage": False,
+            "noOutputExpected": False, "persistedOutputPath": str(saved),
+            "persistedOutputSize": 108_000}
+    out_saved = post("toolu_saved", "Bash", bash)
+    out_link = post("toolu_link", "Bash", {**bash, "persistedOutputPath": str(
+        transcript.parent / claude_sid / "tool-results" / "link.txt")})
+    out_outside = post("toolu_outside", "Bash", {**bash, "persistedOutputPath": str(outside)})
+    content = "".join(f"line {i:06d} of a big file with words\n" for i in range(2236))
+    read = {"type": "text", "file": {"filePath": f"{cwd}/big.txt", "content": content,
+                                     "numLines": 2236, "startLine": 1, "totalLines": 4001,
+                                     "truncatedByTokenCap": True}}
+    out_read = post("toolu_read", "Read", read, tool_input={"file_path": f"{cwd}/big.txt"})
+    small_error = "Exit code 3\nsmall-err"
+    big_error = "Exit code 1\n" + "".join(f"ok-{i:05d}\n" for i in range(2000)) + (
+        "FAIL: test_parser")  # 18,029 characters: over four times the threshold
+    out_failures = [post(call_id, "Bash", None, hook_event_name="PostToolUseFailure",
+                         error=error, is_interrupt=False)
+                    for call_id, error in (("toolu_fail1", small_error),
+                                           ("toolu_fail2", big_error))]
+    page = "".join(f"page line {i:05d}\n" for i in range(1500))  # 24,000 bytes
+    out_own = post("toolu_own", "mcp__ctxd__read_result", [{"type": "text", "text": page}])
+
+    with Client(socket) as client:
+        results = {m["tool_call_id"]: m for m in client.call(
+            "message.list", {"session_id": claude_sid})["messages"] if m["role"] == "tool"}
+        rendered = {m["tool_call_id"]: m["content"] for m in client.call(
+            "ctxd.render", {"session_id": claude_sid})["messages"] if m["role"] == "tool"}
+
+        def read_back(call_id: str) -> str:
+            answer = client.call("result.read", {"session_id": claude_sid, "limit": 1_000_000,
+                                                 "ref_id": results[call_id]["ref_id"]})
+            return str(answer["content"])
+
+        # The whole output from Claude Code's file; the stub in Bash's shape, without the
+        # file (Claude Code would show its preview of it again).
+        assert read_back("toolu_saved") == whole
+        assert json.loads(out_saved)["hookSpecificOutput"]["updatedToolOutput"] == {
+            "stdout": rendered["toolu_saved"], "stderr": "", "interrupted": False,
+            "isImage": False, "noOutputExpected": False}
+        assert rendered["toolu_saved"].startswith(
+            '[Tool result stored — 108,000 bytes, 2,000 lines from "Bash".')
+        # A file outside Claude Code's folders (directly or through a link): what it cut.
+        assert read_back("toolu_link") == read_back("toolu_outside") == whole[:30_000]
+        assert all(json.loads(out)["hookSpecificOutput"]["updatedToolOutput"]["stdout"]
+                   .startswith("[Tool result stored — 30,000 bytes, 556 lines from \"Bash\".")
+                   for out in (out_link, out_outside))
+        # Read: its file's content, the stub in Read's own shape.
+        assert read_back("toolu_read") == content
+        assert json.loads(out_read)["hookSpecificOutput"]["updatedToolOutput"] == {
+            **read, "file": {**read["file"], "content": rendered["toolu_read"]}}
+        # Failures: recorded as errors, the small one inline, the large one as its stub
+        # (with its FAIL line); Claude Code takes no replacement for them.
+        assert out_failures == ["", ""]
+        assert (results["toolu_fail1"]["content"], results["toolu_fail1"]["meta"]) == (
+            small_error, {"live": "PostToolUseFailure", "is_error": True})
+        assert rendered["toolu_fail1"] == small_error
+        assert read_back("toolu_fail2") == big_error
+        assert rendered["toolu_fail2"].split("\n")[-2] == "FAIL: test_parser"
+        # ctxd's own tool's answer is never offloaded: the model gets the page it asked for.
+        assert out_own == ""
+        assert results["toolu_own"].get("ref_id") is None
+        assert rendered["toolu_own"] == page
+
+
+def test_an_import_keeps_the_output_claude_code_saved_inside_the_transcripts_folder(
+        tmp_path: Path, shared_daemon: DaemonProcess, claude_sid: str) -> None:
+    """A result the hooks did not record (here: no PostToolUse at all) is imported from the
+    transcript: Claude Code's ``<persisted-output>`` preview gives way to the file its
+    ``toolUseResult`` names, when that file is inside the transcript's folder."""
+    cwd = str(tmp_path)
+    transcript = tmp_path / "projects" / "-p" / f"{claude_sid}.jsonl"
+    saved = transcript.parent / claude_sid / "tool-results" / "b1.txt"
+    saved.parent.mkdir(parents=True)
+    whole = "".join(f"otter-{i:05d} " + "y" * 40 + "\n" for i in range(2000))
+    saved.write_text(whole)
+    outside = tmp_path / "outside.txt"
+    outside.write_text(whole)
+    base = {"sessionId": claude_sid, "cwd": cwd, "isSidechain": False}
+
+    def preview(path: Path) -> str:
+        return (f"<persisted-output>\nOutput too large (105.5KB). Full output saved to: {path}"
+                f"\n\nPreview (first 2KB):\n{whole[:2000]}\n...\n</persisted-output>")
+
+    records = [{**base, "type": "user", "uuid": "u1", "parentUuid": None,
+                "message": {"role": "user", "content": "print the logs"}}]
+    for n, path in enumerate((saved, outside), 1):
+        records += [
+            {**base, "type": "assistant", "uuid": f"a{n}", "parentUuid": records[-1]["uuid"],
+             "message": {"id": f"msg_{n}", "role": "assistant", "model": "claude-x",
+                         "content": [{"type": "tool_use", "id": f"toolu_{n}", "name": "Bash",
+                                      "input": {"command": "cat log"}}]}},
+            {**base, "type": "user", "uuid": f"r{n}", "parentUuid": f"a{n}",
+             "toolUseResult": {"stdout": whole[:30_000], "stderr": "", "interrupted": False,
+                               "isImage": False, "persistedOutputPath": str(path),
+                               "persistedOutputSize": len(whole)},
+             "message": {"role": "user", "content": [{"type": "tool_result",
+                                                      "tool_use_id": f"toolu_{n}",
+                                                      "content": preview(path)}]}}]
+    transcript.write_text("".join(map(_line, records)))
+    assert hook(shared_daemon.socket, event("Stop", claude_sid, cwd, stop_hook_active=False,
+                                            transcript_path=str(transcript))) == (0, "", "")
+    with Client(shared_daemon.socket) as client:
+        results = {m["tool_call_id"]: m["content"] for m in client.call(
+            "message.list", {"session_id": claude_sid})["messages"] if m["role"] == "tool"}
+    assert results == {"toolu_1": whole, "toolu_2": preview(outside)}
 
 
 def test_pre_compact_snapshots_and_session_start_compact_returns_the_summary(

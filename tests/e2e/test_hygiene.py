@@ -15,6 +15,7 @@ from daemon_process import entry_with
 from tests_support import COUNTER, next_event, rpc_error
 
 from ctxclient import Client, RpcError
+from ctxd.hygiene import stub_text
 
 SYSTEM = {"role": "system", "content": "You are a careful coding agent."}
 TASK = {"role": "user", "content": "Run the test suite and fix what fails."}
@@ -36,10 +37,9 @@ def tool(content: Any, name: str | None = "bash", **extra: Any) -> dict[str, Any
 
 
 def stub(size: int, name: str | None, text: str, ref_id: str) -> str:
-    source = f' from "{name}"' if name else ""
-    return (f"[Tool result stored — {size:,} bytes{source}. First 200 chars: {text[:200]}] "
-            f'Use read_result with ref_id="{ref_id}" (or run: ctxctl result {ref_id}) to read '
-            "more.")
+    """The stub of ``text`` (its exact text is the unit tests', tests/unit/test_offload_stub.py;
+    here, that the daemon stores, counts and renders it)."""
+    return stub_text(size, name, text, ref_id)
 
 
 def tokens_of(message: dict[str, Any]) -> int:
@@ -72,6 +72,18 @@ def test_a_large_tool_result_renders_as_its_stub_and_counts_as_it(
         assert re.fullmatch(r"res_[0-9a-f]{16}", ref_id)
         assert whole["content"] == text
         shown = tool(stub(8_892, "bash", text, ref_id))
+        # Its first 5 lines and last 5 (180 characters each at most), and the failures
+        # between them that fit in 600 characters: lines 7, 14, 21 and 28 (559 with the
+        # markers; line 35 would make 608).
+        lines = text.splitlines()
+        assert shown["content"] == (
+            '[Tool result stored — 8,892 bytes, 250 lines from "bash". First and last lines, '
+            "and lines with errors:\n" + "\n".join([
+                *lines[0:5], "[… 1 line …]", lines[6], "[… 6 lines …]", lines[13],
+                "[… 6 lines …]", lines[20], "[… 6 lines …]", lines[27], "[… 217 lines …]",
+                *lines[245:250]]) + f'\n] Use read_result with ref_id="{ref_id}" (or run: '
+            f"ctxctl result {ref_id}) to read more.")
+        assert lines[27] == "tests/test_28.py::test_case FAILED"
         assert whole["tokens"] == tokens_of(shown)
         assert appended["appended"][0]["tokens"] == tokens_of(shown)
         state = appended["context_state"]

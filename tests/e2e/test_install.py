@@ -16,8 +16,9 @@ from conftest import DaemonProcess
 from tests_support import doctor_gateway_line
 
 CTXCTL = Path(sys.executable).with_name("ctxctl")
-EVENTS = ["SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "PreCompact",
-          "Stop", "SubagentStart", "SubagentStop", "SessionEnd"]
+EVENTS = ["SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse",
+          "PostToolUseFailure", "PreCompact", "Stop", "SubagentStart", "SubagentStop",
+          "SessionEnd"]
 
 
 def ctxctl(home: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

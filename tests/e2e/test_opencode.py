@@ -94,9 +94,14 @@ def test_opencode_offloads_remembers_and_records(tmp_path: Path, daemon: DaemonP
     assert [m["role"] for m in turns[1]["messages"]][-2:] == ["assistant", "tool"]
     [stub] = [m["content"] for m in tool_messages(turns[1])]
     assert isinstance(stub, str)
-    assert stub.startswith(f"[Tool result stored — {len(BUILD_LOG.encode()):,} bytes from "
-                           f'"bash". First 200 chars: {BUILD_LOG[:200]}')
-    assert "line 0799" not in json.dumps(turns[1])
+    # 30 characters a line: five lines of each end fit in 180.
+    lines = BUILD_LOG.splitlines()
+    assert stub.startswith(f"[Tool result stored — {len(BUILD_LOG.encode()):,} bytes, "
+                           f'{LOG_LINES} lines from "bash". First and last lines, and lines '
+                           "with errors:\n" + "\n".join(
+                               [*lines[:5], f"[… {LOG_LINES - 10} lines …]", *lines[-5:]])
+                           + '\n] Use read_result with ref_id="')
+    assert "line 0400" not in json.dumps(turns[1])  # the middle of the log was left out
     ref_id = stub.split('ref_id="')[1].split('"')[0]
 
     # Each model turn's system prompt carried the memory recorded beforehand.
@@ -210,11 +215,14 @@ def test_an_mcp_tools_large_output_reaches_the_model_as_a_stub(
     [stub] = [m["content"] for m in tool_messages(turns[1])]
     assert isinstance(stub, str)
     ref_id = stub.split('ref_id="')[1].split('"')[0]
-    assert stub == (f"[Tool result stored — {len(INVENTORY.encode()):,} bytes from "
-                    f'"warehouse_inventory". First 200 chars: {INVENTORY[:200]}] Use '
-                    f'read_result with ref_id="{ref_id}" (or run: ctxctl result {ref_id}) to '
-                    "read more.")
-    assert "item 0399" not in json.dumps(turns[1])
+    # 50 characters a line: three lines of each end fit in 180.
+    items = INVENTORY.splitlines()
+    assert stub == (f"[Tool result stored — {len(INVENTORY.encode()):,} bytes, 400 lines from "
+                    '"warehouse_inventory". First and last lines, and lines with errors:\n'
+                    + "\n".join([*items[:3], "[… 394 lines …]", *items[-3:]])
+                    + f'\n] Use read_result with ref_id="{ref_id}" (or run: ctxctl result '
+                    f"{ref_id}) to read more.")
+    assert "item 0200" not in json.dumps(turns[1])
     with daemon.client() as ctxd:
         whole = ctxd.call("result.read", {"session_id": session_id, "ref_id": ref_id,
                                           "limit": 1_000_000})

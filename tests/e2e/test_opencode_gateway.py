@@ -104,14 +104,17 @@ def test_what_opencodes_model_receives_through_the_gateway(
 
     # The big output reaches the model as ctxd's stub, the same bytes in the next request.
     [stub] = tool_results(requests[1], "toolu_big1")
-    assert stub.startswith(f"[Tool result stored — {len(BIG_OUTPUT.encode()):,} bytes from "
-                           f'"bash". First 200 chars: {BIG_OUTPUT[:200]}')
+    # Lines of 27 characters at the head (6 fit in 180), of 28 at the tail (6 fit).
+    lines = BIG_OUTPUT.splitlines()
+    assert stub.startswith(f"[Tool result stored — {len(BIG_OUTPUT.encode()):,} bytes, 600 "
+                           'lines from "bash". First and last lines, and lines with errors:\n'
+                           + "\n".join([*lines[:6], "[… 588 lines …]", *lines[-6:]]) + "\n]")
     ref = re.search(r'ref_id="(res_[0-9a-f]+)"', stub)
     assert ref is not None, stub
     assert stub.endswith(f'Use read_result with ref_id="{ref[1]}" (or run: ctxctl result '
                          f"{ref[1]}) to read more.")
     assert tool_results(requests[2], "toolu_big1") == [stub]
-    assert "walrus-00599" not in json.dumps(requests[:3])  # until the model reads it back
+    assert "walrus-00300" not in json.dumps(requests)  # the middle of the log was left out
     assert tool_results(requests[2], "toolu_small1") == ["disk-ok\n"]
     # The model read the end of the log back, from the session the gateway records.
     assert read_answer(requests[3], session_id) == LAST_LINE

@@ -154,8 +154,10 @@ def test_bash_parameters_cut_head_and_tail() -> None:
 def test_cleared_results_pass_through() -> None:
     ctxd_cleared = ('[Old tool result content cleared — read it with read_result '
                     'ref_id="res_0123456789abcdef"]')
-    stub = ('[Tool result stored — 48,231 bytes from "bash". First 200 chars: ' + "s" * 600
-            + '] Use read_result with ref_id="res_0123456789abcdef" to read more.')
+    stub = ('[Tool result stored — 48,231 bytes, 120 lines from "bash". First and last lines, '
+            'and lines with errors:\n' + "s" * 600 + '\n] Use read_result with '
+            'ref_id="res_0123456789abcdef" (or run: ctxctl result res_0123456789abcdef) to '
+            'read more.')
     messages = [result("a", "[Old tool result content cleared]"), result("b", ctxd_cleared),
                 result("c", stub), result("d", "o" * 800, meta={"compacted": 1700000000000})] + \
         [result(f"n{i}", "ok") for i in range(15)]

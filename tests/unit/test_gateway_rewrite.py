@@ -137,7 +137,7 @@ async def test_a_large_result_is_sent_as_its_stub_and_reads_back_whole(
                answer("t1", BIG, cache_control={"type": "ephemeral"})]
     first = await prepare(supervisor, anthropic(history))
     ref_id = ref_id_for("s1", 3)
-    stub = stub_text(len(BIG), "Bash", BIG[:200], ref_id)
+    stub = stub_text(len(BIG), "Bash", BIG, ref_id)
     assert sent(first.body) == [history[0], history[1],
                                 answer("t1", stub, cache_control={"type": "ephemeral"})]
     assert await read_all(supervisor, ref_id) == BIG
@@ -277,6 +277,53 @@ async def test_nested_branches_fold_inner_then_outer(supervisor: Supervisor) -> 
     assert sent(inner.body) == [*nested[:5], *nested[7:9]]
     outer = await prepare(supervisor, anthropic(nested))
     assert sent(outer.body) == [*FOLD[:3], *FOLD[5:]]
+
+
+async def test_an_error_is_sent_as_its_stub_beyond_four_thresholds_and_ctxds_answers_never(
+        supervisor: Supervisor) -> None:
+    inline_error = "E" * 16_384  # four times the 4,096 threshold: stays inline
+    error = "Traceback (most recent call last):\n" + "  frame\n" * 2100 + "ValueError: bad"
+    page = "page of a result\n" * 1000  # 17,000 bytes read back by ctxd's own tool
+    history = [{"role": "user", "content": "go"},
+               call("t1", "Bash"), answer("t1", inline_error, is_error=True),
+               call("t2", "Bash"), answer("t2", error, is_error=True),
+               call("t3", "mcp__ctxd__read_result", ref_id="res_0"), answer("t3", page)]
+    prepared = await prepare(supervisor, anthropic(history))
+    ref_id = ref_id_for("s1", 5)
+    stub = stub_text(len(error), "Bash", error, ref_id)
+    assert sent(prepared.body) == [*history[:4], answer("t2", stub, is_error=True),
+                                   *history[5:]]
+    assert stub.split("\n")[-2] == "ValueError: bad"
+    assert await read_all(supervisor, ref_id) == error
+
+
+async def test_claude_codes_saved_output_is_kept_whole_from_its_own_file_only(
+        supervisor: Supervisor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Claude Code shows the model a 2 KB preview of an output it saved to a file; the
+    gateway sends the stub of the whole file, when the file is Claude Code's own, of this
+    session, and begins with the preview."""
+    claude = tmp_path / "claude"
+    monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(claude))
+    whole = "".join(f"walrus-{i:05d} " + "x" * 40 + "\n" for i in range(2000))
+    mine = claude / "projects" / "-p" / "s1" / "tool-results" / "b1.txt"
+    other = claude / "projects" / "-p" / "s2" / "tool-results" / "b2.txt"
+    for path in (mine, other):
+        path.parent.mkdir(parents=True)
+        path.write_text(whole)
+
+    def preview(path: Path) -> str:
+        return (f"<persisted-output>\nOutput too large (105.5KB). Full output saved to: "
+                f"{path}\n\nPreview (first 2KB):\n{whole[:1998]}\n...\n</persisted-output>")
+
+    history = [{"role": "user", "content": "go"},
+               call("t1", "Bash"), answer("t1", preview(mine)),
+               call("t2", "Bash"), answer("t2", preview(other)),
+               call("t3", "Bash"), answer("t3", preview(mine).replace("walrus-00000", "x"))]
+    prepared = await prepare(supervisor, anthropic(history))
+    ref_id = ref_id_for("s1", 3)
+    assert sent(prepared.body) == [
+        *history[:2], answer("t1", stub_text(108_000, "Bash", whole, ref_id)), *history[3:]]
+    assert await read_all(supervisor, ref_id) == whole
 
 
 async def test_a_failed_return_folds_nothing(supervisor: Supervisor) -> None:
