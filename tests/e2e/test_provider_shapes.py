@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import anthropic
 import pytest
 from conftest import DaemonProcess
 from mock_anthropic import MockAnthropic, text
@@ -134,6 +133,8 @@ def test_anthropic_messages_round_trip_exactly_and_the_sdk_sends_them(
             {"role": "tool", "tool_call_id": "toolu_2",
              "content": [{"type": "text", "text": "exit status 1"}]},
             {"role": "user", "content": [{"type": "text", "text": "Why did the second fail?"}]}]
+
+    import anthropic  # 1 s of CPU to import: only for the test that sends with it
 
     with MockAnthropic([[text("Glad to help.")]]) as server:
         reply = anthropic.Anthropic(base_url=server.origin, api_key="test").messages.create(
