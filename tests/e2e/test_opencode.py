@@ -113,9 +113,10 @@ def test_opencode_offloads_remembers_and_records(tmp_path: Path, daemon: DaemonP
     # (OpenCode 1.18 itself may lose a chunk of the output, 8 KB, when the command exits
     # before OpenCode has read all of it: seen under load. ctxd stores what OpenCode saved,
     # so the test compares with that file, not with seq's whole output.)
-    [saved_file] = (tmp_path / "home/.local/share/opencode/tool-output").iterdir()
-    saved = saved_file.read_text()
-    assert saved.startswith("1\n2\n3\n4\n5\n")
+    # (OpenCode saves other long outputs there too: seq's is the one of numbers.)
+    folder = tmp_path / "home/.local/share/opencode/tool-output"
+    [saved] = [text for text in (f.read_text() for f in sorted(folder.iterdir()))
+               if text.startswith("1\n2\n3\n4\n5\n")]
     assert len(saved.encode()) > 51_200  # over OpenCode's own cut
     count_ref = ref_in_last_result(turns[2])
     assert "output truncated" not in json.dumps(turns[2])

@@ -18,6 +18,7 @@ from pathlib import Path
 import msgspec
 import pytest
 from conftest import DaemonProcess
+from e2e.test_cancel import WINDOW, chat, gated_daemon
 from tests_support import installed_prefix, needs
 
 from ctxd.config import Config, default_socket_path
@@ -165,15 +166,24 @@ def test_listen_fds_for_another_process_are_ignored(daemon_root: Path) -> None:
 
 
 def test_second_signal_exits_at_once(daemon_root: Path) -> None:
-    process = DaemonProcess(daemon_root).start()
+    # A compaction held in flight by its summarizer (whose gate never opens): the graceful
+    # shutdown the first signal starts cannot end before the second arrives (with nothing
+    # in flight it could, and exit 0 first).
+    gated = gated_daemon(daemon_root, "--hygiene-auto-compact", "false")
+    process = gated.process.start()
     assert process.proc is not None
-    # Stopped, the daemon gets both signals at the same moment when it continues: the
-    # first starts a graceful shutdown, the second ends the process at once (exit 1).
-    process.proc.send_signal(signal.SIGSTOP)
-    process.proc.send_signal(signal.SIGTERM)
-    process.proc.send_signal(signal.SIGINT)
-    process.proc.send_signal(signal.SIGCONT)
-    assert process.proc.wait(WAIT_S) == 1
+    with process.client() as client:
+        client.call("session.open", {"session_id": "s", "budget": WINDOW})
+        client.call("message.append", {"session_id": "s", "messages": chat(10, 450)})
+        client.submit("context.compact", {"session_id": "s", "strategies": ["summarize"]})
+        gated.wait_started()
+        # Stopped, the daemon gets both signals at the same moment when it continues: the
+        # first starts a graceful shutdown, the second ends the process at once (exit 1).
+        process.proc.send_signal(signal.SIGSTOP)
+        process.proc.send_signal(signal.SIGTERM)
+        process.proc.send_signal(signal.SIGINT)
+        process.proc.send_signal(signal.SIGCONT)
+        assert process.proc.wait(WAIT_S) == 1
     assert "shutting down gracefully" in process.log()
     assert ": exiting at once" in process.log()
 
