@@ -20,6 +20,10 @@ def _keep_the_working_directory_off_the_path() -> None:
         sys.path[:] = [entry for entry in sys.path if entry not in relative - absolute]
 
 
+EXIT_BROKEN_PIPE = 128 + 13
+"""The exit status of a program that SIGPIPE ended, as a shell reports it."""
+
+
 def main() -> int:
     """Dispatch to the hook's fast path or to the CLI."""
     if os.environ.get("PYTHONPATH"):
@@ -32,4 +36,12 @@ def main() -> int:
             return _hook.main(argv)
     from ctxclient.cli import main as cli
 
-    return cli()
+    try:
+        code = cli()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`ctxctl status | head -1`): stop quietly, as a program that
+        # SIGPIPE ends (Python ignores it, so the write raised), not with a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    return code

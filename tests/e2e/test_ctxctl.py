@@ -1287,3 +1287,20 @@ def test_a_socket_others_could_have_placed_is_refused_naming_the_fix(
             result = ctxctl(path, *command)
             assert (result.returncode, result.stdout, result.stderr) == (
                 2, "", f"ctxctl: {reason}\n")
+
+
+def test_a_reader_that_goes_away_ends_ctxctl_quietly(shared_daemon: DaemonProcess) -> None:
+    """``ctxctl status | head -1``: the pipe's reader closed before ctxctl writes, ctxctl
+    exits as SIGPIPE would end it (141), with no traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    environ = {**os.environ, "NO_COLOR": "1", "COLUMNS": "160"}
+    environ.pop("CTXD_SOCKET", None)
+    try:
+        done = subprocess.run([str(Path(sys.executable).with_name("ctxctl")), "--socket",
+                               str(shared_daemon.socket), "status"], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, env=environ, timeout=60,
+                              check=False)
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (141, "")
