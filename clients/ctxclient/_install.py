@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from ctxclient import _jsonc
 
@@ -109,12 +110,15 @@ def load(path: Path, jsonc: bool = False) -> dict[str, Any]:
     return parse(path, read(path), jsonc)
 
 
-def save(path: Path, data: dict[str, Any], original: str = "") -> None:
+def save(path: Path, data: dict[str, Any], original: str = "", private: bool = False
+         ) -> None:
     """Write ``data`` atomically, keeping the file's mode (0600 for a new ``.claude.json``
-    would be Claude Code's own; new files get the umask's mode); an empty object removes
-    the file. ``original``: the file's JSONC text as it was read, whose comments and layout
-    are kept where ``data`` did not change (`ctxclient._jsonc.patch`); it is also kept,
-    as ``{}`` and its comments, when ``data`` is empty."""
+    would be Claude Code's own; new files get the umask's mode), or with ``private`` (the
+    file holds the gateway's URL, whose path is the user's secret) readable by its owner
+    only; an empty object removes the file. ``original``: the file's JSONC text as it was
+    read, whose comments and layout are kept where ``data`` did not change
+    (`ctxclient._jsonc.patch`); it is also kept, as ``{}`` and its comments, when ``data``
+    is empty."""
     if not data and not (original.strip() and _jsonc.has_comments(original)):
         path.unlink(missing_ok=True)
         return
@@ -137,7 +141,7 @@ def save(path: Path, data: dict[str, Any], original: str = "") -> None:
             umask = os.umask(0)
             os.umask(umask)
             mode = 0o666 & ~umask
-        os.chmod(tmp, mode)
+        os.chmod(tmp, mode & ~0o077 if private else mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -364,7 +368,7 @@ class ClaudeCode:
             change = set_entry(settings, settings_path, GATEWAY_KEYS, gateway, saved)
             changes += [change] if change else []
         if any(c.file == str(settings_path) for c in changes):
-            save(settings_path, settings)
+            save(settings_path, settings, private=gateway is not None)
         if any(c.file == str(mcp_path) for c in changes):
             save(mcp_path, mcp)
         if gateway is not None:
@@ -576,7 +580,7 @@ class OpenCode:
                                openai_url(gateway), saved)
             changes += [change] if change else []
         if any(c.file == str(config_path) for c in changes):
-            save(config_path, config, original)
+            save(config_path, config, original, private=gateway is not None)
         if gateway is not None:
             saved.save()
         return changes
@@ -755,7 +759,11 @@ def gateway_problems(name: str, gateway: str | None) -> list[Problem]:
     value: Any = load(path, jsonc=name == "opencode")
     for key in keys:
         value = value.get(key) if isinstance(value, dict) else None
-    if not is_gateway_url(value) or value == (gateway and gateway.rstrip("/") + suffix):
+    if value == (gateway and gateway.rstrip("/") + suffix):
+        return []
+    at_gateway = (isinstance(value, str) and gateway is not None
+                  and urlsplit(value).netloc == urlsplit(gateway).netloc)
+    if not (is_gateway_url(value) or at_gateway):  # another proxy of the user's: theirs
         return []
     what = ".".join(keys)
     if gateway is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -133,8 +134,11 @@ def test_install_at_user_scope_wires_the_gateway_and_uninstall_restores_the_valu
     settings.parent.mkdir()
     original = {"env": {"ANTHROPIC_BASE_URL": "http://proxy.example:8080"}, "model": "opus"}
     settings.write_text(json.dumps(original))
+    settings.chmod(0o644)
     done = ctxctl(home, daemon.socket, "install", "claude-code")
     assert (done.returncode, done.stderr) == (0, "")
+    # The URL holds the user's secret: the file is the user's alone from now on.
+    assert stat.S_IMODE(settings.stat().st_mode) == 0o600
     assert done.stdout.splitlines()[-2:] == [
         f"updated env.ANTHROPIC_BASE_URL in {settings}",
         f"Claude Code's model calls now go through ctxd's gateway (http://"
@@ -145,6 +149,14 @@ def test_install_at_user_scope_wires_the_gateway_and_uninstall_restores_the_valu
     doctor = ctxctl(home, daemon.socket, "doctor")
     assert (doctor.returncode, doctor.stdout.splitlines()[1]) == (
         0, f"gateway {gateway_of(daemon)['listen']}: ok (/_ctxd/health answered)")
+    # A URL at the gateway's address with another token (mistyped, an old one) is found.
+    wrong = f"http://{gateway_of(daemon)['listen']}/WRONGTOKEN"
+    settings.write_text(json.dumps({**original, "env": {"ANTHROPIC_BASE_URL": wrong}}))
+    doctor = ctxctl(home, daemon.socket, "doctor")
+    assert doctor.returncode == 1
+    assert (f"claude-code (user): {settings}: env.ANTHROPIC_BASE_URL is not the running "
+            "gateway's URL") in doctor.stdout
+    settings.write_text(json.dumps({**original, "env": {"ANTHROPIC_BASE_URL": base_url}}))
     gone = ctxctl(home, daemon.socket, "uninstall", "claude-code")
     assert gone.stdout.splitlines()[-1] == f"restored env.ANTHROPIC_BASE_URL in {settings}"
     assert json.loads(settings.read_text()) == original
