@@ -680,9 +680,10 @@ def gateway_note(target_name: str, base_url: str, socket_unit: Path | None) -> s
     if socket_unit is not None:
         return head + (f"The systemd socket unit ({socket_unit}) starts ctxd when a call "
                        "finds it stopped.")
-    return head + (f"Without systemd's socket unit nothing starts ctxd for {agent}: while "
-                   f"ctxd is stopped its model calls fail. Keep `ctxd` running, or install "
-                   f"the units (README, \"Running it as a service\").")
+    return head + (f"Without systemd's socket unit only ctxd's MCP server starts it, when "
+                   f"{agent} starts: stopped while {agent} runs, ctxd fails its model calls "
+                   f"until it is started again. Keep `ctxd` running, or install the units "
+                   f"(README, \"Running it as a service\").")
 
 
 def run(action: str, target_name: str, scope: str, root: Path, socket: str | None,

@@ -142,9 +142,10 @@ def test_install_at_user_scope_wires_the_gateway_and_uninstall_restores_the_valu
     assert done.stdout.splitlines()[-2:] == [
         f"updated env.ANTHROPIC_BASE_URL in {settings}",
         f"Claude Code's model calls now go through ctxd's gateway (http://"
-        f"{gateway_of(daemon)['listen']}/<token>). Without systemd's socket unit nothing "
-        "starts ctxd for Claude Code: while ctxd is stopped its model calls fail. Keep `ctxd` "
-        "running, or install the units (README, \"Running it as a service\")."]
+        f"{gateway_of(daemon)['listen']}/<token>). Without systemd's socket unit only ctxd's "
+        "MCP server starts it, when Claude Code starts: stopped while Claude Code runs, ctxd "
+        "fails its model calls until it is started again. Keep `ctxd` running, or install "
+        "the units (README, \"Running it as a service\")."]
     assert json.loads(settings.read_text())["env"] == {"ANTHROPIC_BASE_URL": base_url}
     doctor = ctxctl(home, daemon.socket, "doctor")
     assert (doctor.returncode, doctor.stdout.splitlines()[1]) == (
