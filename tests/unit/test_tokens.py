@@ -102,9 +102,11 @@ async def count_with_the_loop_watched(counter: TokenCounter, texts: list[str]) -
 
 
 @pytest.mark.parametrize(("count", "size", "text"), [
-    (240, 64 * 1024, SKILL),  # 240 skill prompts of 64 KiB: 3.1 s on the loop before
-    (80, 64 * 1024, CJK),     # CJK costs about twice as much per character
-    (600, 4 * 1024, SKILL),   # many medium items
+    # 48 skill prompts of 64 KiB, 192 times OFF_LOOP_BYTES (240 of them took 3.1 s on the
+    # loop before it was counted off it).
+    (48, 64 * 1024, SKILL),
+    (16, 64 * 1024, CJK),     # CJK costs about twice as much per character
+    (160, 4 * 1024, SKILL),   # many medium items
 ])
 async def test_counting_a_large_request_leaves_the_loop_free(
         counter: TokenCounter, count: int, size: int, text: str) -> None:
