@@ -281,6 +281,13 @@ class Hook:
                                      and url == str(gateway["base_url"]).rstrip("/"))
         return self._through_gateway
 
+    def gateway_records(self) -> bool:
+        """Whether the gateway records the event's tool call (from what the model is sent):
+        the main agent's, through the gateway. A sub-agent's model calls go as sent (their
+        ``x-claude-code-agent-id`` header names the agent), so its hooks record its calls,
+        in its branch (docs/decisions.md, Agents end to end)."""
+        return self.agent_branch() is None and self.through_gateway()
+
     def open(self) -> dict[str, Any]:
         params: dict[str, Any] = {"session_id": self.session_id}
         if self.project:
@@ -430,7 +437,7 @@ class Hook:
         tool_use_id = self.event.get("tool_use_id")
         response = self.event.get("tool_response")
         if (not isinstance(tool_name, str) or not isinstance(tool_use_id, str)
-                or self.through_gateway()):
+                or self.gateway_records()):
             return None
         text = output_text(response)
         whole = persisted_output(response, self.event) if text else None
@@ -453,7 +460,7 @@ class Hook:
         tool_use_id = self.event.get("tool_use_id")
         error = self.event.get("error")
         if (not isinstance(tool_name, str) or not isinstance(tool_use_id, str)
-                or not isinstance(error, str) or self.through_gateway()):
+                or not isinstance(error, str) or self.gateway_records()):
             return
         self.record(tool_name, tool_use_id, error, True, "PostToolUseFailure")
 

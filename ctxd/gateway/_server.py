@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     import httpx2
 
 log = logging.getLogger("ctxd.gateway")
+SUB_AGENT_HEADER = b"x-claude-code-agent-id"
+"""What Claude Code adds to a sub-agent's model calls (its ``agent_id``, as its hooks see
+it)."""
 
 REWRITTEN: dict[str, tuple[Api, Endpoint]] = {
     "/v1/messages": ("anthropic", "messages"),
@@ -374,6 +377,10 @@ class Gateway:
             api=api, endpoint=endpoint, body=parsed, raw=body,
             session_header=session_header.decode("utf-8", "replace") if session_header
             else None)
+        if any(name == SUB_AGENT_HEADER for name, _ in headers):
+            # A Claude Code sub-agent's call: its hooks record it, in the sub-agent's branch
+            # (docs/decisions.md, Agents end to end); it goes as sent, its usage counted.
+            return _Call(request, None), body
         try:
             prepared = await self._prepare(self._supervisor, request)
         except Exception as exc:  # the rewrite's boundary: the agent's body goes instead

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +32,13 @@ BIG_OUTPUT = "\n".join(f"zebra-{i:05d} the quick brown fox jumps" for i in range
 
 
 def claude(project: Path, home: Path, mock: MockAnthropic, prompt: str,
-           tools: tuple[str, ...] = ("Bash", "mcp__ctxd__memory_record")) -> dict[str, Any]:
-    """One ``claude -p`` run in ``project``, hermetic: its own HOME, the mock model."""
+           tools: tuple[str, ...] = ("Bash", "mcp__ctxd__memory_record"),
+           base_url: str | None = None) -> dict[str, Any]:
+    """One ``claude -p`` run in ``project``, hermetic: its own HOME, the mock model (at
+    ``base_url`` when given: a gateway in front of it)."""
     assert CLAUDE is not None
-    env = {"PATH": os.environ["PATH"], "HOME": str(home), "ANTHROPIC_BASE_URL": mock.url,
+    env = {"PATH": os.environ["PATH"], "HOME": str(home),
+           "ANTHROPIC_BASE_URL": base_url or mock.url,
            "ANTHROPIC_API_KEY": "sk-ant-dummy", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
            "ENABLE_TOOL_SEARCH": "false"}
     # Claude Code refuses --dangerously-skip-permissions as root: allow Bash by name.
@@ -261,31 +263,17 @@ def agent_call(call_id: str, description: str, prompt: str) -> Block:
                                        "run_in_background": False})
 
 
-@pytest.fixture
-def small_branches(daemon_root: Path) -> Iterator[DaemonProcess]:
-    process = DaemonProcess(daemon_root, env={
-        "CTXD_BRANCH_BUDGET": str(SUB_BRANCH_BUDGET),
-        "CTXD_HYGIENE_OFFLOAD_THRESHOLD_BYTES": "1000000"}).start()
-    yield process
-    process.stop()
-
-
-def test_claude_codes_sub_agents_are_branches(tmp_path: Path,
-                                              small_branches: DaemonProcess) -> None:
+@pytest.mark.parametrize("through", ["hooks", "gateway"])
+def test_claude_codes_sub_agents_are_branches(tmp_path: Path, daemon_root: Path,
+                                              through: str) -> None:
     """Two sub-agents, one after the other: the first works within its branch's budget,
     gets the memory of its task through SubagentStart and returns its branch with its last
     message; the second spends its budget on one output, and its next tool call is denied
-    with the reason, which its model reads; then it ends too."""
+    with the reason, which its model reads; then it ends too. With the model calls through
+    ctxd's gateway as well: a sub-agent's calls go as sent, its hooks record it."""
     home, project = tmp_path / "home", tmp_path / "ospreyworks"
     home.mkdir()
     project.mkdir()
-    subprocess.run([str(CTXCTL), "install", "claude-code", "--scope", "project", "--socket",
-                    str(small_branches.socket)], cwd=project, capture_output=True, text=True,
-                   timeout=60, check=True)
-    with Client(small_branches.socket) as client:
-        client.call("memory.record", {
-            "title": "osprey nests", "content": "Osprey nests are counted from the east tower.",
-            "scope": f"project:{project}"})
     turns = [[agent_call("toolu_agent1", "Count osprey nests",
                          "Count the osprey nests and report the number.")],
              [tool_use("toolu_sub1a", "Bash", {"command": "echo nests: 4",
@@ -299,8 +287,36 @@ def test_claude_codes_sub_agents_are_branches(tmp_path: Path,
                                                 "description": "Look further"})],
              [text("The herons nest in the reeds.")]]
     with MockAnthropic(turns, final="Both reports are in.") as mock:
-        result = claude(project, home, mock, "Survey the birds, please",
-                        tools=("Bash", "Agent"))
+        small_branches = DaemonProcess(daemon_root, env={
+            "CTXD_BRANCH_BUDGET": str(SUB_BRANCH_BUDGET),
+            "CTXD_HYGIENE_OFFLOAD_THRESHOLD_BYTES": "1000000",
+            "CTXD_GATEWAY_ANTHROPIC_UPSTREAM": mock.url}).start()
+        try:
+            subprocess.run([str(CTXCTL), "install", "claude-code", "--scope", "project",
+                            "--socket", str(small_branches.socket)], cwd=project,
+                           capture_output=True, text=True, timeout=60, check=True)
+            with Client(small_branches.socket) as client:
+                client.call("memory.record", {
+                    "title": "osprey nests",
+                    "content": "Osprey nests are counted from the east tower.",
+                    "scope": f"project:{project}"})
+                gateway = client.call("daemon.status", {})["gateway"]["base_url"]
+            result = claude(project, home, mock, "Survey the birds, please",
+                            tools=("Bash", "Agent"),
+                            base_url=gateway if through == "gateway" else None)
+            check_sub_agents(small_branches, mock, result)
+            with Client(small_branches.socket) as client:
+                calls = client.call("daemon.status", {})["gateway"]["calls"]
+            # Through the gateway: every model call of the run went through it.
+            assert calls == (len([path for path, _ in mock.requests
+                                  if path.startswith("/v1/messages")])
+                             if through == "gateway" else 0)
+        finally:
+            small_branches.stop()
+
+
+def check_sub_agents(small_branches: DaemonProcess, mock: MockAnthropic,
+                     result: dict[str, Any]) -> None:
     assert result["result"] == "Both reports are in."
     assert mock.turns == []
     requests = mock.main_requests()
