@@ -320,7 +320,9 @@ class ClaudeCode:
     def install(self, scope: str, root: Path, command: str, socket: str | None,
                 gateway: str | None = None, tools: str | None = None) -> list[Change]:
         settings_path, mcp_path = self.settings_path(scope, root), self.mcp_path(scope, root)
-        settings, mcp = load(settings_path), load(mcp_path)  # both read before any write
+        settings_text, mcp_text = read(settings_path), read(mcp_path)
+        # Both read before any write; written back with their layout (`save`'s original).
+        settings, mcp = parse(settings_path, settings_text), parse(mcp_path, mcp_text)
         saved = Saved()
         socket_args = ["--socket", socket] if socket else []
         hook_command = shlex.join([command, "hook", *socket_args])
@@ -368,16 +370,17 @@ class ClaudeCode:
             change = set_entry(settings, settings_path, GATEWAY_KEYS, gateway, saved)
             changes += [change] if change else []
         if any(c.file == str(settings_path) for c in changes):
-            save(settings_path, settings, private=gateway is not None)
+            save(settings_path, settings, settings_text, private=gateway is not None)
         if any(c.file == str(mcp_path) for c in changes):
-            save(mcp_path, mcp)
+            save(mcp_path, mcp, mcp_text)
         if gateway is not None:
             saved.save()
         return changes
 
     def uninstall(self, scope: str, root: Path, command: str) -> list[Change]:
         settings_path, mcp_path = self.settings_path(scope, root), self.mcp_path(scope, root)
-        settings, mcp = load(settings_path), load(mcp_path)
+        settings_text, mcp_text = read(settings_path), read(mcp_path)
+        settings, mcp = parse(settings_path, settings_text), parse(mcp_path, mcp_text)
         changes: list[Change] = []
         hooks = settings.get("hooks")
         if isinstance(hooks, dict):
@@ -417,9 +420,9 @@ class ClaudeCode:
             change = restore_entry(settings, settings_path, GATEWAY_KEYS, saved)
             changes += [change] if change else []
         if any(c.file == str(settings_path) for c in changes):
-            save(settings_path, settings)
+            save(settings_path, settings, settings_text)
         if any(c.file == str(mcp_path) for c in changes):
-            save(mcp_path, mcp)
+            save(mcp_path, mcp, mcp_text)
         if scope == "user":
             saved.save()
         return changes

@@ -56,9 +56,13 @@ USER_CLAUDE_JSON = {"numStartups": 3, "mcpServers": {"github": {
 def test_user_scope_merges_and_uninstall_restores_exactly(home: Path, project: Path) -> None:
     settings, claude_json = home / ".claude" / "settings.json", home / ".claude.json"
     settings.parent.mkdir()
-    settings.write_text(json.dumps(USER_SETTINGS))
+    # The user's own layout: four-space indents, an array on one line, no final newline.
+    settings.write_text(json.dumps(USER_SETTINGS, indent=4).replace(
+        '[\n            "Bash(ls:*)"\n        ]', '["Bash(ls:*)"]'))
     claude_json.write_text(json.dumps(USER_CLAUDE_JSON))
     claude_json.chmod(0o600)
+    originals = (settings.read_bytes(), claude_json.read_bytes())
+    assert b'["Bash(ls:*)"]' in originals[0]
     done = ctxctl(home, project, "install", "claude-code", "--no-gateway")
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.splitlines() == [
@@ -90,6 +94,11 @@ def test_user_scope_merges_and_uninstall_restores_exactly(home: Path, project: P
     assert [(c["action"], c["what"]) for c in json.loads(gone.stdout)["changes"]] == [
         *(("removed", f"hook {e}") for e in EVENTS), ("removed", "MCP server ctxd")]
     assert (read(settings), read(claude_json)) == (USER_SETTINGS, USER_CLAUDE_JSON)
+    # What install did not touch keeps the user's layout (a list it added to and took from
+    # again is written anew); the file it only added a key to comes back byte for byte.
+    assert b'\n    "permissions": {\n        "allow": ["Bash(ls:*)"]\n    },' in (
+        settings.read_bytes())
+    assert claude_json.read_bytes() == originals[1]
     assert ctxctl(home, project, "uninstall", "claude-code").stdout == (
         "claude-code (user): ctxd is not installed there, nothing changed\n")
 
