@@ -388,8 +388,9 @@ def cmd_doctor(client: Client, args: argparse.Namespace, out: Output) -> int:
 def doctor_without_daemon(exc: DaemonUnavailable, out: Output) -> int | None:
     """`doctor` with no daemon: say what checks the files instead, and check the agent
     tools' settings; then no daemon is reported as for any command."""
-    print("ctxctl: doctor asks the running daemon; with none running, check its files with "
-          "`ctxd --check`", file=sys.stderr)
+    print("ctxctl: doctor asks the running daemon; start it (`ctxd`, or `systemctl --user "
+          "start ctxd.socket` with the units), or check its files with `ctxd --check`",
+          file=sys.stderr)
     from ctxclient import _install
 
     out.text(Lines(_install.doctor_lines(_install.doctor(Path.cwd())[0])))

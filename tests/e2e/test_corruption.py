@@ -320,8 +320,9 @@ def test_doctor_asks_the_running_daemon(copied: DaemonProcess) -> None:
 def test_doctor_without_a_daemon_points_to_ctxd_check(daemon_root: Path) -> None:
     result = ctxctl(daemon_root / "none.sock", "doctor")
     assert result.returncode == 2
-    assert result.stderr.startswith("ctxctl: doctor asks the running daemon; with none "
-                                    "running, check its files with `ctxd --check`\n")
+    assert result.stderr.startswith(
+        "ctxctl: doctor asks the running daemon; start it (`ctxd`, or `systemctl --user start "
+        "ctxd.socket` with the units), or check its files with `ctxd --check`\n")
 
 
 def test_an_unclean_shutdown_is_known_by_its_wal(daemon_root: Path) -> None:
