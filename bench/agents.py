@@ -182,7 +182,10 @@ def configuration(name: str, claude: Path, calls: int) -> Outcome:
             config.parent.mkdir(parents=True)
             config.write_text(f'[gateway]\nlisten = "127.0.0.1:0"\n'
                               f'anthropic_upstream = "{mock.url}"\n')
-            daemon = stack.enter_context(DaemonProcess(root / "daemon").running())
+            # The daemon in Claude Code's home, as a user runs both: the gateway reads
+            # Claude Code's saved outputs under that home's ~/.claude.
+            daemon = stack.enter_context(
+                DaemonProcess(root / "daemon", env={"HOME": str(home)}).running())
             install = [CTXCTL, "install", "claude-code", "--scope", "project",
                        "--socket", str(daemon.socket)]
             subprocess.run(install, cwd=project, env={**os.environ, "HOME": str(home)},
