@@ -22,6 +22,15 @@ _NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
 _LITERALS = {"true": True, "false": False, "null": None}
 
 
+def _after_string(text: str, index: int) -> int:
+    """Where the string that starts at ``index`` (its opening quote) ends: past its
+    closing quote (the text's length when it has none)."""
+    index += 1
+    while index < len(text) and text[index] != '"':
+        index += 2 if text[index] == "\\" else 1
+    return min(index + 1, len(text))
+
+
 def blank_comments(text: str) -> str:
     """``text`` with each comment replaced by spaces (newlines kept); strings untouched.
 
@@ -33,10 +42,7 @@ def blank_comments(text: str) -> str:
     while index < length:
         char = text[index]
         if char == '"':
-            index += 1
-            while index < length and text[index] != '"':
-                index += 2 if text[index] == "\\" else 1
-            index += 1
+            index = _after_string(text, index)
         elif text.startswith("//", index):
             end = text.find("\n", index)
             end = length if end < 0 else end
@@ -62,9 +68,7 @@ def _blank_trailing_commas(text: str) -> str:
     while index < length:
         char = text[index]
         if char == '"':
-            index += 1
-            while index < length and text[index] != '"':
-                index += 2 if text[index] == "\\" else 1
+            index = _after_string(text, index) - 1
         elif char == ",":
             after = index + 1
             while after < length and text[after] in _SPACE:

@@ -182,17 +182,9 @@ def test_claude_codes_reads_failures_saved_outputs_and_ctxds_own_answers(
         [tool_use("toolu_fail", "Bash", {"command": "python3 test_suite.py",
                                          "description": "Run the tests"})],
         read_back]
-    assert CLAUDE is not None
     with MockAnthropic(turns, final="Seen.") as mock:
-        env = {"PATH": os.environ["PATH"], "HOME": str(home), "ANTHROPIC_BASE_URL": mock.url,
-               "ANTHROPIC_API_KEY": "sk-ant-dummy",
-               "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "ENABLE_TOOL_SEARCH": "false"}
-        done = subprocess.run([str(CLAUDE), "-p", "Look at the log, the file and the tests",
-                               "--output-format", "json", "--allowedTools", "Bash", "Read",
-                               "mcp__ctxd__read_result"], cwd=project, env=env,
-                              capture_output=True, text=True, timeout=180, check=False)
-    assert done.returncode == 0, (done.stdout, done.stderr)
-    outcome = json.loads(done.stdout)
+        outcome = claude(project, home, mock, "Look at the log, the file and the tests",
+                         tools=("Bash", "Read", "mcp__ctxd__read_result"))
     assert (outcome["is_error"], outcome["result"]) == (False, "Seen.")
     session_id = outcome["session_id"]
     requests = mock.main_requests()

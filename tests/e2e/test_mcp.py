@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +73,17 @@ async def structured(session: ClientSession, name: str, arguments: dict[str, Any
     assert json.loads(block.text) == result.structured_content  # type: ignore[union-attr]
     jsonschema.Draft202012Validator(schemas[name]).validate(result.structured_content)
     return result.structured_content
+
+
+async def caller(session: ClientSession) -> Callable[..., Awaitable[Any]]:
+    """A tool call on ``session`` by name and keyword arguments: its structured content,
+    checked as `structured` checks it."""
+    schemas = {tool.name: tool.output_schema for tool in (await session.list_tools()).tools}
+
+    async def call(name: str, **arguments: Any) -> Any:
+        return await structured(session, name, arguments, schemas)
+
+    return call
 
 
 @pytest.fixture
@@ -624,11 +635,7 @@ async def test_the_fold_protocol_s_shapes(shared_daemon: DaemonProcess, sid: str
             "content": "Install ninja before building cobalt, or cmake stops."})["memory"]
         client.call("tools.register", {"session_id": sid, "tools": TOOLS})
         async with mcp_session(shared_daemon, "--session", sid, "--tools", "all") as session:
-            schemas = {tool.name: tool.output_schema
-                       for tool in (await session.list_tools()).tools}
-
-            async def call(name: str, **arguments: Any) -> Any:
-                return await structured(session, name, arguments, schemas)
+            call = await caller(session)
 
             created = await call("context_branch", description="build cobalt with cmake",
                                  prompt="Build cobalt: cmake, ninja.", budget=4000)
@@ -661,11 +668,7 @@ async def test_budget_warnings_and_forced_returns_reach_the_agent(
 
     with shared_daemon.client() as client:
         async with mcp_session(shared_daemon, "--session", sid, "--tools", "all") as session:
-            schemas = {tool.name: tool.output_schema
-                       for tool in (await session.list_tools()).tools}
-
-            async def call(name: str, **arguments: Any) -> Any:
-                return await structured(session, name, arguments, schemas)
+            call = await caller(session)
 
             created = await call("context_branch", description="read the logs",
                                  prompt="Find the failure.", budget=1000,
