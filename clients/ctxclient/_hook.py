@@ -254,19 +254,22 @@ class Hook:
         self.session_id: str = event["session_id"]
         self.project = project_of(event)
         self._through_gateway: bool | None = None
+        self._agent_branch: tuple[str | None] | None = None
 
     def sub_agents(self) -> contextlib.AbstractContextManager[dict[str, Any]]:
         return sub_agents(self.conn.path, self.session_id)
 
     def agent_branch(self) -> str | None:
         """The branch of the sub-agent the event comes from (None: the main agent, or a
-        sub-agent started before the hooks were installed)."""
-        agent_id = self.event.get("agent_id")
-        if not isinstance(agent_id, str) or not agent_id:
-            return None
-        with self.sub_agents() as state:
-            branch_id = state["agents"].get(agent_id)
-        return branch_id if isinstance(branch_id, str) else None
+        sub-agent started before the hooks were installed). Read once an event."""
+        if self._agent_branch is None:
+            agent_id = self.event.get("agent_id")
+            branch_id = None
+            if isinstance(agent_id, str) and agent_id:
+                with self.sub_agents() as state:
+                    branch_id = state["agents"].get(agent_id)
+            self._agent_branch = (branch_id if isinstance(branch_id, str) else None,)
+        return self._agent_branch[0]
 
     def through_gateway(self) -> bool:
         """Whether Claude Code sends its model calls through this ctxd's gateway (its
