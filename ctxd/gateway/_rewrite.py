@@ -36,7 +36,7 @@ from ctxd.hygiene import (
     blob_refs,
     cleared_text,
     is_tool_search,
-    offload,
+    offload_off_loop,
     ref_id_for,
     stage_blobs,
 )
@@ -492,8 +492,8 @@ async def _record_new(actor: SessionActor, shape: Shape, messages: list[dict[str
                 whole: str | None = await trio.to_thread.run_sync(
                     _anthropic.saved_output_of, text, actor.session_id)
                 text = whole or text
-            offloaded = offload(msgspec.structs.replace(message, content=text),
-                                threshold, actor.session_id, next_seq + k)
+            offloaded = await offload_off_loop(msgspec.structs.replace(message, content=text),
+                                               threshold, actor.session_id, next_seq + k)
             if offloaded is None:
                 continue
             stub, blob = offloaded

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import apsw
 import msgspec
 import regex
+import trio
 
 from ctxd.errors import params_error
 from ctxd.store import Transaction
@@ -291,6 +292,21 @@ def ref_id_for(session_id: str, seq: int) -> str:
     saved"); unique, as a message has at most one blob."""
     digest = hashlib.blake2b(f"{session_id}\0{seq}".encode(), digest_size=8)
     return "res_" + digest.hexdigest()
+
+
+OFF_LOOP_CHARS = 1 << 20
+"""A tool result with a longer text is offloaded in a worker thread: its stub's excerpt
+scans the whole text for error words (about 3 ms a MB), which the event loop must not
+wait for."""
+
+
+async def offload_off_loop(message: MessageIn, threshold_bytes: int, session_id: str,
+                           seq: int) -> tuple[MessageIn, ToolResultBlob] | None:
+    """`offload`, in a worker thread when the message's text is over `OFF_LOOP_CHARS`."""
+    if isinstance(message.content, str) and len(message.content) > OFF_LOOP_CHARS:
+        return await trio.to_thread.run_sync(offload, message, threshold_bytes, session_id,
+                                             seq)
+    return offload(message, threshold_bytes, session_id, seq)
 
 
 def offload(message: MessageIn, threshold_bytes: int, session_id: str,

@@ -131,8 +131,8 @@ async def create_branch(actor: SessionActor, p: BranchCreateParams,
 
     if first:
         try:
-            at_rest, offloads = prepared(actor, first, updated.last_seq + 1,
-                                         "no branch was created")
+            at_rest, offloads = await prepared(actor, first, updated.last_seq + 1,
+                                               "no branch was created")
             await append_prepared(
                 actor, MessageAppendParams(session_id=actor.session_id, messages=first,
                                            branch_id=branch.branch_id, allow_over=True),

@@ -25,7 +25,7 @@ from ctxd.hygiene import (
     called_tools,
     deferred_note,
     ends_promotions,
-    offload,
+    offload_off_loop,
     originals,
     stage_blobs,
     stage_use,
@@ -272,22 +272,25 @@ async def append(actor: SessionActor, params: MessageAppendParams,
     """message.append; ``stage`` adds a caller's steps to the append's transaction (the
     importer's read position and usage: docs/protocol.md, "transcript.import")."""
     actor.require_open()
-    messages, offloads = prepared(actor, params.messages, actor.require().last_seq + 1,
-                                  "nothing was appended")
+    messages, offloads = await prepared(actor, params.messages,
+                                        actor.require().last_seq + 1, "nothing was appended")
     branch = None
     if params.branch_id is not None:
         branch = await live_branch(actor, params.branch_id, for_append=True)
     return await append_prepared(actor, params, branch, messages, offloads, [], stage)
 
 
-def prepared(actor: SessionActor, messages: list[MessageIn], first_seq: int, nothing: str
-             ) -> tuple[list[MessageIn], list[tuple[MessageIn, ToolResultBlob] | None]]:
+async def prepared(actor: SessionActor, messages: list[MessageIn], first_seq: int,
+                   nothing: str
+                   ) -> tuple[list[MessageIn], list[tuple[MessageIn, ToolResultBlob] | None]]:
     """``messages`` checked and as they are stored (`_at_rest`; ``nothing`` says what a
-    failure left undone), with the offload of each, numbered from ``first_seq``."""
+    failure left undone), with the offload of each, numbered from ``first_seq`` (a very
+    long one off the event loop: `offload_off_loop`)."""
     _check_parts(messages)
     at_rest = _at_rest(actor, messages, nothing)
     threshold = actor.services.config.hygiene.offload_threshold_bytes
-    return at_rest, [offload(message, threshold, actor.session_id, first_seq + offset)
+    return at_rest, [await offload_off_loop(message, threshold, actor.session_id,
+                                            first_seq + offset)
                      for offset, message in enumerate(at_rest)]
 
 

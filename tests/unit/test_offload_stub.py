@@ -7,11 +7,22 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
+import trio
+import trio.lowlevel
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxd.hygiene import EXCERPT_CHARS, excerpt, offload, ref_id_for, stub_text
+from ctxd.hygiene import (
+    EXCERPT_CHARS,
+    OFF_LOOP_CHARS,
+    excerpt,
+    offload,
+    offload_off_loop,
+    ref_id_for,
+    stub_text,
+)
 from ctxd.wire.types import MessageIn
 
 LOG = [f"line {i:05d} of the build log" for i in range(1000)]  # 27 characters a line
@@ -148,3 +159,35 @@ def test_a_few_short_error_lines_are_always_shown(
     shown = excerpt("\n".join(lines)).split("\n")
     for error in errors:
         assert error in shown
+
+
+async def test_a_very_long_result_is_offloaded_off_the_event_loop() -> None:
+    """Over `OFF_LOOP_CHARS` a result's stub is made in a worker thread (its excerpt scans
+    the whole text): the loop's other tasks run meanwhile; below it, inline."""
+    runs = 0
+
+    async def watch() -> None:
+        nonlocal runs
+        while True:
+            runs += 1
+            await trio.lowlevel.checkpoint()
+
+    async def loop_runs_while(message: MessageIn) -> tuple[int, Any]:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            await trio.lowlevel.checkpoint()
+            before = runs
+            done = await offload_off_loop(message, 4096, "s_off", 7)
+            during = runs - before
+            nursery.cancel_scope.cancel()
+        return during, done
+
+    long = MessageIn(role="tool", content="ok\n" * (OFF_LOOP_CHARS // 3 + 1), name="bash",
+                     tool_call_id="c1")
+    short = MessageIn(role="tool", content="ok\n" * 10_000, name="bash", tool_call_id="c2")
+    during, done = await loop_runs_while(long)
+    assert during > 0
+    assert done == offload(long, 4096, "s_off", 7)
+    during, done = await loop_runs_while(short)
+    assert during == 0
+    assert done == offload(short, 4096, "s_off", 7)
