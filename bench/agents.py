@@ -7,7 +7,7 @@ run hermetically (its own HOME, a dummy key, non-essential traffic off), and the
 OpenCode (the npm package ``opencode-ai``, on PATH or where .ci/run installs it) on its
 Anthropic provider, run hermetically as tests/opencode_runs.py does. The model is the
 scripted Messages API of tests/mock_anthropic.py, which prices every main-loop request as
-Anthropic's prompt cache would (tests/prompt_cache.py: breakpoints, 20-block lookback,
+Anthropic's prompt cache would (ctxd/cost.py: breakpoints, 20-block lookback,
 5-minute lifetime). One script of ``--calls`` model calls (default 32): large Bash outputs,
 Read of large files, failing test runs and small commands, then a final answer (the
 tools by each agent's names). Three configurations of the same script per agent, each in
@@ -47,7 +47,8 @@ from typing import Any
 from _common import DaemonProcess
 from mock_anthropic import MockAnthropic, text, tool_use
 from opencode_runs import OPENCODE, gateway_project, hermetic_env, point_anthropic_at
-from prompt_cache import CacheUsage, PromptCache
+
+from ctxd.cost import CacheUsage, PromptCache
 
 CTXCTL = str(Path(sys.executable).with_name("ctxctl"))
 OUTPUT_TOKENS = 10

@@ -15,7 +15,8 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from local_http import LocalServer, ScriptedHandler
-from prompt_cache import CacheUsage, PromptCache
+
+from ctxd.cost import CacheUsage, PromptCache
 
 Block = dict[str, Any]
 Turn = list[Block] | Callable[[dict[str, Any]], list[Block]]

@@ -29,6 +29,7 @@ LAYERS: dict[str, int] = {
     "store": 2,
     "mcp": 2,
     "config": 2,
+    "cost": 2,
     "transcripts": 2,
     "wire": 1,
     "tokens": 1,
@@ -155,9 +156,11 @@ def test_the_layers_are_written_down() -> None:
     assert missing == []
 
 
-CLIENT_MAY_IMPORT = {"ctxd.__version__", "ctxd.errors", "ctxd.paths", "ctxd.wire.types"}
-"""What the clients take from ctxd: the protocol's types and codes and the default paths,
-none of which loads the daemon (its tokenizer, store or index)."""
+CLIENT_MAY_IMPORT = {"ctxd.__version__", "ctxd.cost", "ctxd.errors", "ctxd.paths",
+                     "ctxd.wire.types"}
+"""What the clients take from ctxd: the protocol's types and codes, the default paths, and
+the cost model (``ctxctl replay`` prices requests as the provider would); none of which
+loads the daemon (its store or index)."""
 
 
 def test_the_clients_import_only_the_protocol_and_paths_of_ctxd() -> None:

@@ -8,11 +8,10 @@ from typing import Any
 
 import msgspec
 
+from ctxd.cost import COST_RATIOS
+
 MAX_JSON_BYTES = 32 * 1024 * 1024
 """A JSON response longer than this is passed on without its usage read."""
-COST_RATIOS = {"input_tokens": 1.0, "cache_write_tokens": 1.25, "cache_read_tokens": 0.1,
-               "output_tokens": 5.0}
-"""Anthropic's prices relative to an input token: a call's cost in input-token units."""
 _decode = msgspec.json.Decoder()
 
 

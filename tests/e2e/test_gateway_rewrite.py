@@ -16,10 +16,10 @@ from typing import Any
 import msgspec
 import pytest
 from mock_anthropic import MockAnthropic, tool_use
-from prompt_cache import CacheUsage, PromptCache
 from tests_support import bundled_claude, running_supervisor
 
 from ctxd.config import Config
+from ctxd.cost import CacheUsage, PromptCache
 from ctxd.gateway import GatewayRequest, prepare
 from ctxd.gateway._blocks import bare
 from ctxd.sessions import Supervisor, get_session, read_result

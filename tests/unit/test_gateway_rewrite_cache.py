@@ -1,7 +1,7 @@
 """The gateway's rewrite keeps the prompt cache: a 30-turn session in Claude Code's shape
 (marked system prompt, tools, thinking with signatures, large and small tool results, a
 branch opened and returned), each request priced by the prompt cache's emulation
-(tests/prompt_cache.py) as sent directly and as the rewrite sends it."""
+(ctxd/cost.py) as sent directly and as the rewrite sends it."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from prompt_cache import CacheUsage, PromptCache
 from tests_support import running_supervisor
 
 from ctxd.config import Config
+from ctxd.cost import CacheUsage, PromptCache
 from ctxd.gateway import GatewayRequest, prepare
 
 MARK = {"type": "ephemeral"}

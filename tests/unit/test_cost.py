@@ -1,4 +1,4 @@
-"""The tests' emulation of Anthropic's prompt cache (tests/prompt_cache.py): what the
+"""The tests' emulation of Anthropic's prompt cache (ctxd/cost.py): what the
 gateway's cache-safety test and bench/agents.py price requests with."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from prompt_cache import CacheUsage, PromptCache
+
+from ctxd.cost import CacheUsage, PromptCache
 
 MARK = {"type": "ephemeral"}
 

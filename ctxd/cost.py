@@ -1,5 +1,8 @@
-"""Anthropic's prompt cache, emulated from the requests a scripted model server has seen:
-which tokens of a request are read from the cache, written to it, or plain input.
+"""What a model call costs: Anthropic's prompt cache emulated over the requests sent (which
+tokens are read from the cache, written to it, or plain input), the price ratios, and a
+dated table of prices in dollars (docs/performance.md, "Replay: cost"). ``ctxctl replay``
+prices every policy's requests with it; the tests' scripted model servers answer with its
+usage.
 
 The rules emulated (Anthropic's prompt-caching documentation):
 
@@ -15,7 +18,9 @@ The rules emulated (Anthropic's prompt-caching documentation):
 A prefix is identified by its blocks' content: ``cache_control`` itself is not part of it
 (moving a breakpoint keeps what was cached), and neither is how the JSON was spelled (keys
 sorted). Tokens are cl100k counts of each block's compact JSON: not Anthropic's tokenizer,
-but the same for every path a test compares.
+but the same for every policy and path compared.
+Left out: the minimum cacheable length (1,024 tokens on most models: a shorter prefix is
+not cached at all), which only touches a conversation's first few calls.
 """
 
 from __future__ import annotations
@@ -33,6 +38,39 @@ from ctxd.tokens import TokenCounter
 LOOKBACK_BLOCKS = 20
 LIFETIME_S = 300.0
 MAX_BREAKPOINTS = 4
+COST_RATIOS = {"input_tokens": 1.0, "cache_write_tokens": 1.25, "cache_read_tokens": 0.1,
+               "output_tokens": 5.0}
+"""Anthropic's prices relative to an input token (5-minute cache writes): a call's cost in
+input-token units."""
+
+
+@dataclass(frozen=True)
+class Price:
+    """One model's dollars per million tokens of each kind."""
+
+    input: float
+    output: float
+    cache_write: float
+    cache_read: float
+
+    def dollars(self, counts: dict[str, int]) -> float:
+        """``counts`` (keys of `COST_RATIOS`) in dollars."""
+        return (counts.get("input_tokens", 0) * self.input
+                + counts.get("output_tokens", 0) * self.output
+                + counts.get("cache_write_tokens", 0) * self.cache_write
+                + counts.get("cache_read_tokens", 0) * self.cache_read) / 1_000_000
+
+
+PRICES_AS_OF = "2025-11-24"
+"""The date of Anthropic's published price list `PRICES` copies (Claude Opus 4.5's release)."""
+PRICES: dict[str, Price] = {
+    "claude-opus-4-5": Price(input=5.0, output=25.0, cache_write=6.25, cache_read=0.50),
+    "claude-sonnet-4-5": Price(input=3.0, output=15.0, cache_write=3.75, cache_read=0.30),
+    "claude-haiku-4-5": Price(input=1.0, output=5.0, cache_write=1.25, cache_read=0.10),
+}
+"""Anthropic's list prices per million tokens (5-minute cache writes), as of
+`PRICES_AS_OF`; each keeps the ratios of `COST_RATIOS`."""
+DEFAULT_MODEL = "claude-sonnet-4-5"
 
 _counter = TokenCounter()
 
@@ -49,15 +87,22 @@ class CacheUsage:
     def total(self) -> int:
         return self.input_tokens + self.cache_read_tokens + self.cache_write_tokens
 
-    def cost(self) -> float:
-        """In input-token units: input 1, cache write 1.25, cache read 0.1."""
-        return self.input_tokens + 1.25 * self.cache_write_tokens + 0.1 * self.cache_read_tokens
+    def cost(self, output_tokens: int = 0) -> float:
+        """In input-token units (`COST_RATIOS`), with ``output_tokens`` of answer."""
+        return (self.input_tokens * COST_RATIOS["input_tokens"]
+                + self.cache_write_tokens * COST_RATIOS["cache_write_tokens"]
+                + self.cache_read_tokens * COST_RATIOS["cache_read_tokens"]
+                + output_tokens * COST_RATIOS["output_tokens"])
 
     def as_anthropic(self) -> dict[str, int]:
         """The ``usage`` fields of Anthropic's answer."""
         return {"input_tokens": self.input_tokens,
                 "cache_read_input_tokens": self.cache_read_tokens,
                 "cache_creation_input_tokens": self.cache_write_tokens}
+
+
+__all__ = ["COST_RATIOS", "DEFAULT_MODEL", "PRICES", "PRICES_AS_OF", "CacheUsage", "Price",
+           "PromptCache", "blocks"]
 
 
 def blocks(body: dict[str, Any]) -> Iterator[tuple[Any, bool]]:
@@ -92,6 +137,18 @@ class PromptCache:
         self.clock = clock
         self.expires: dict[bytes, float] = {}
         self.lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+        """Tokens of each block's JSON seen (a conversation sends its blocks again and
+        again)."""
+
+    def count(self, encoded: str) -> int:
+        """The tokens of one block's compact JSON."""
+        tokens = self._counts.get(encoded)
+        if tokens is None:
+            if len(self._counts) >= 65_536:
+                self._counts.clear()
+            tokens = self._counts[encoded] = _counter.count(encoded)
+        return tokens
 
     def charge(self, body: dict[str, Any]) -> CacheUsage:
         """What ``body`` costs, the cache updated by it (entries written, reads refreshed).
@@ -107,7 +164,7 @@ class PromptCache:
             encoded = json.dumps(identity, sort_keys=True, separators=(",", ":"))
             running.update(encoded.encode())
             digests.append(running.copy().digest())
-            tokens.append(_counter.count(encoded))
+            tokens.append(self.count(encoded))
             if breakpoint_:
                 breakpoints.append(index)
         if len(breakpoints) > MAX_BREAKPOINTS:
