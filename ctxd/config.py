@@ -71,6 +71,7 @@ class HygieneConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     context note, tool deferral (docs/protocol.md)."""
 
     offload_threshold_bytes: Annotated[int, Meta(ge=256, le=1 << 30)] = 4_096
+    offload_inputs: bool = True
     keep_tool_results: Annotated[int, Meta(ge=0, le=1_000)] = 5
     clear_at_least: Annotated[int, Meta(ge=1_000, le=1_000_000)] = 20_000
     auto_compact: bool = True
@@ -223,6 +224,10 @@ _HELP = {
                         "calls in flight and logs it",
     "offload_threshold_bytes": "a tool result longer than this (UTF-8 bytes) is stored aside "
                                "and rendered as a stub that result.read reads back",
+    "offload_inputs": "the gateway stores a tool call's long arguments (1 KiB or more, not a "
+                      "command or a path) aside the first time it sees them and sends a "
+                      "marker that result.read reads back, as the compaction chain would "
+                      "later (free for the prompt cache: nothing sent changes)",
     "tool_deferral_threshold": "share of the effective window a session's registered tool "
                                "definitions may take before some are deferred (tools.search "
                                "finds them)",

@@ -16,11 +16,13 @@ import msgspec
 
 from ctxd.errors import params_error
 from ctxd.gateway._blocks import ToolResult, bare, marked
+from ctxd.hygiene import clear_inputs
 from ctxd.sessions import read_inside
 from ctxd.transcripts import ClaudeCodeParser, saved_output
 from ctxd.wire.types import MessageIn
 
-__all__ = ["ToolResult", "bare", "body_with", "calls", "counted", "is_system", "marked",
+__all__ = ["ToolResult", "bare", "body_with", "calls", "cleared_inputs", "counted", "is_system",
+           "marked",
            "messages_of", "problems", "result_end", "results", "summary_message",
            "system_and_tools", "to_ctxd", "with_note", "with_result"]
 
@@ -97,6 +99,19 @@ def with_result(message: dict[str, Any], index: int, text: str) -> dict[str, Any
     content = list(message["content"])
     content[index] = {**content[index], "content": text}
     return {**message, "content": content}
+
+
+def cleared_inputs(message: dict[str, Any], ref_id: str) -> tuple[dict[str, Any], str] | None:
+    """An assistant message with its tool calls' large arguments cleared (`clear_inputs`:
+    the markers name ``ref_id``), and the blob text they make; None when there is none."""
+    content = message.get("content")
+    if message.get("role") != "assistant" or not isinstance(content, list):
+        return None
+    cleared = clear_inputs(content, [index for index, block in enumerate(content)
+                                     if isinstance(block, dict)
+                                     and block.get("type") == "tool_use"
+                                     and isinstance(block.get("input"), dict)], ref_id)
+    return None if cleared is None else ({**message, "content": cleared[0]}, cleared[1])
 
 
 def calls(message: dict[str, Any]) -> list[tuple[str, str]]:

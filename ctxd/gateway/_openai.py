@@ -4,16 +4,19 @@ recorded form, a tool message's substitution, and the rules a valid request keep
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgspec
 
 from ctxd.errors import params_error
 from ctxd.gateway._blocks import ToolResult, bare, content_text, marked
+from ctxd.hygiene import clear_inputs
 from ctxd.transcripts import call_part
 from ctxd.wire.types import MessageIn
 
-__all__ = ["ToolResult", "bare", "body_with", "calls", "counted", "is_system", "marked",
+__all__ = ["ToolResult", "bare", "body_with", "calls", "cleared_inputs", "counted", "is_system",
+           "marked",
            "messages_of", "problems", "result_end", "results", "summary_message",
            "system_and_tools", "to_ctxd", "with_note", "with_result"]
 
@@ -105,6 +108,33 @@ def results(message: dict[str, Any]) -> list[ToolResult]:
         return []
     return [ToolResult(index=-1, call_id=message["tool_call_id"],
                        content=message.get("content"), is_error=False)]
+
+
+def cleared_inputs(message: dict[str, Any], ref_id: str) -> tuple[dict[str, Any], str] | None:
+    """An assistant message with its tool calls' large arguments cleared (`clear_inputs`
+    over each call's arguments as an object, written back as JSON: the markers name
+    ``ref_id``), and the blob text they make; None when there is none."""
+    calls = message.get("tool_calls")
+    if message.get("role") != "assistant" or not isinstance(calls, list):
+        return None
+    parts: list[dict[str, Any]] = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        try:
+            parsed = json.loads(arguments) if isinstance(arguments, str) else None
+        except ValueError:
+            parsed = None
+        parts.append({"type": "tool_use", "input": parsed} if isinstance(parsed, dict)
+                     else {"type": "text"})
+    cleared = clear_inputs(parts, [k for k, part in enumerate(parts)
+                                   if part["type"] == "tool_use"], ref_id)
+    if cleared is None:
+        return None
+    written = [{**call, "function": {**call["function"], "arguments": json.dumps(
+        part["input"], ensure_ascii=False)}} if part["type"] == "tool_use" else call
+        for call, part in zip(calls, cleared[0], strict=True)]
+    return {**message, "tool_calls": written}, cleared[1]
 
 
 def with_result(message: dict[str, Any], index: int, text: str) -> dict[str, Any]:

@@ -32,9 +32,12 @@ from ctxd.gateway._identity import session_of
 from ctxd.gateway._ledger import LedgerRow, load_ledger, save_ledger
 from ctxd.hub import ack_injection, list_injections, provider_ratio, pull_injections
 from ctxd.hygiene import (
+    CALL_PART_TYPES,
     ToolResultBlob,
     blob_refs,
+    clear_inputs,
     cleared_text,
+    extract_summary,
     is_tool_search,
     offload_off_loop,
     ref_id_for,
@@ -51,6 +54,7 @@ from ctxd.wire.types import (
     InjectionInfo,
     MessageAppendParams,
     MessageIn,
+    RenderedMessage,
     RenderParams,
     SessionOpenParams,
     ToolDefinition,
@@ -74,6 +78,8 @@ class Shape(Protocol):
     def marked(self, sent: dict[str, Any], agent: dict[str, Any]) -> dict[str, Any]: ...
     def to_ctxd(self, messages: list[dict[str, Any]], start: int) -> list[list[MessageIn]]: ...
     def results(self, message: dict[str, Any]) -> list[ToolResult]: ...
+    def cleared_inputs(self, message: dict[str, Any], ref_id: str
+                       ) -> tuple[dict[str, Any], str] | None: ...
     def with_result(self, message: dict[str, Any], index: int, text: str
                     ) -> dict[str, Any]: ...
     def calls(self, message: dict[str, Any]) -> list[tuple[str, str]]: ...
@@ -318,9 +324,9 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
     keep = 0
     while keep < min(len(ledger), len(messages)) and ledger[keep].digest == digests[keep]:
         keep += 1
-    plan = _Plan(thread=thread, keep=keep, seen=len(ledger),
-                 rows={row.position: row for row in ledger[:keep]},
-                 points_of_history=rewrite_points(shape, messages))
+    matched = {row.position: row for row in ledger[:keep]}
+    plan = _Plan(thread=thread, keep=keep, seen=len(ledger), rows=matched,
+                 points_of_history=_with_automatic(rewrite_points(shape, messages), matched))
     if len(messages) - keep > MAX_RECORDED:
         raise limit_reached("messages", MAX_RECORDED,
                             f"{len(messages) - keep} messages are new to the session",
@@ -503,6 +509,9 @@ async def _record_new(actor: SessionActor, shape: Shape, messages: list[dict[str
             plan.blobs.append(blob.placed(next_seq + k, None, now))
             assert isinstance(stub.content, str)
             sent = shape.with_result(sent, result.index, stub.content)
+        if config.hygiene.offload_inputs:
+            sent = _offload_inputs(actor.session_id, shape, sent, recorded, next_seq, now,
+                                   plan, config.scrub_at_rest)
         plan.rows[position] = LedgerRow(
             position=position, digest=digests[position], sent=sent, agent_tokens=0,
             sent_tokens=0, first_seq=next_seq if recorded else None)
@@ -516,6 +525,37 @@ async def _record_new(actor: SessionActor, shape: Shape, messages: list[dict[str
     for offset, position in enumerate(new):
         plan.rows[position].agent_tokens = counts[offset]
         plan.rows[position].sent_tokens = counts[len(new) + offset]
+
+
+def _offload_inputs(session_id: str, shape: Shape, sent: dict[str, Any],
+                    recorded: list[MessageIn], first_seq: int, now: float, plan: _Plan,
+                    scrub_blobs: bool) -> dict[str, Any]:
+    """An assistant message's large tool-call arguments offloaded as it is first seen
+    (``[hygiene] offload_inputs``): every string the compaction chain would clear later
+    (`clear_inputs`: 1 KiB or more, not a command or a path) replaced by its marker, in
+    what is sent and in ctxd's copy alike, and kept whole in a blob of the message, so
+    ``result.read`` with the marker's offset and limit reads it back. The prefix never
+    held the original: free for the prompt cache, as offloading a result is."""
+    for k, message in enumerate(recorded):
+        if message.role != "assistant" or isinstance(message.content, str):
+            continue
+        ref_id = ref_id_for(session_id, first_seq + k)
+        mine = clear_inputs(message.content, [
+            index for index, part in enumerate(message.content)
+            if part.get("type") in CALL_PART_TYPES and isinstance(part.get("input"), dict)],
+            ref_id)
+        theirs = shape.cleared_inputs(sent, ref_id)
+        if mine is None or theirs is None or mine[1] != theirs[1]:
+            continue  # nothing to clear, or not the same arguments: sent whole
+        content, text = mine
+        recorded[k] = msgspec.structs.replace(message, content=content)
+        name = next((call for _, call in shape.calls(sent)), None)
+        plan.blobs.append(ToolResultBlob(
+            ref_id=ref_id, tool_name=name, size_bytes=len(text.encode()),
+            text=scrub(text).text if scrub_blobs else text, parts=None,
+            seq=first_seq + k, created_at=now))
+        return theirs[0]
+    return sent
 
 
 def rewrite_points(shape: Shape, messages: list[dict[str, Any]]
@@ -659,6 +699,7 @@ async def _clear_if_over(actor: SessionActor, shape: Shape,
                 continue  # not text, an error, or offloaded or cleared already
             candidates.append((position, result.index, row.first_seq + k, result.text))
     if not candidates:
+        await _compact_over(actor, shape, messages, plan)
         return
     # What clearing one recovers: its text, less the marker that stands for it.
     *counts, marker = await actor.services.counter.count_texts(
@@ -674,6 +715,7 @@ async def _clear_if_over(actor: SessionActor, shape: Shape,
         chosen.append(candidate)
         recovered += tokens - marker
     if recovered < goal:
+        await _compact_over(actor, shape, messages, plan)
         return
     refs = await actor.services.store.read(blob_refs, actor.session_id,
                                            [seq for _, _, seq, _ in chosen])
@@ -703,6 +745,51 @@ async def _clear_if_over(actor: SessionActor, shape: Shape,
         plan.changed.add(position)
     plan.points.append({"kind": "clear", "first": ordered[0], "end": ordered[-1] + 1,
                         "messages": len(ordered), "tokens_removed": before - sum(counts)})
+
+
+def _with_automatic(points: list[tuple[str, int, int]], rows: dict[int, LedgerRow]
+                    ) -> list[tuple[str, int, int]]:
+    """The history's rewrite points and the automatic compaction points the ledger
+    holds (a row with a summary no ``compact_context`` call placed), in order of their
+    end."""
+    called = {end for kind, _, end in points if kind == "compaction"}
+    automatic = [("compaction", 0, position) for position, row in rows.items()
+                 if row.compaction is not None and position not in called]
+    return sorted(points + automatic, key=lambda point: point[2]) if automatic else points
+
+
+async def _compact_over(actor: SessionActor, shape: Shape, messages: list[dict[str, Any]],
+                        plan: _Plan) -> None:
+    """The automatic compaction point, when clearing old results cannot bring a request
+    under the session's ``compact_trigger``: the messages before the first one new to the
+    ledger become one user message, their extractive summary as sent (stubs and markers
+    for what was offloaded; an earlier summary carried over; ``[hygiene]
+    summary_max_tokens``), kept on that message's row so every later request sends the
+    same bytes. message.list keeps the originals, result.read the offloaded.
+    Only where the request stays valid (the first new message is the assistant's, so the
+    summary is followed by it) and when the summary is smaller than what it stands for."""
+    end = plan.keep
+    if not 0 < end < len(messages) or messages[end].get("role") != "assistant" \
+            or shape.is_system(messages[end]):
+        return
+    view = shown(shape, messages, plan.rows, plan.points_of_history, before=end)
+    span = [p for p in range(end) if view.messages[p] is not None
+            and not shape.is_system(messages[p])]
+    if not span:
+        return
+    sent = [message for p in span if (message := view.messages[p]) is not None]
+    thread = [RenderedMessage(role=m.role, content=m.content, name=m.name,
+                              tool_call_id=m.tool_call_id)
+              for recorded in shape.to_ctxd(sent, 0) for m in recorded]
+    text = extract_summary(thread, actor.services.config.hygiene.summary_max_tokens)
+    summary = shape.summary_message(text)
+    [tokens] = await actor.services.counter.count_messages([shape.counted(summary)])
+    if tokens >= sum(view.tokens[p] for p in span):
+        return
+    plan.rows[end].compaction, plan.rows[end].compaction_tokens = summary, tokens
+    plan.changed.add(end)
+    plan.points_of_history = _with_automatic(
+        [point for point in plan.points_of_history if point[2] != end], plan.rows)
 
 
 async def _inject(actor: SessionActor, shape: Shape, messages: list[dict[str, Any]],

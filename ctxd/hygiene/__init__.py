@@ -6,6 +6,7 @@ choices and its summarizers, snapshots in ``session_snapshots``, the prompt buil
 The session actor calls it and stages its rows in its own transactions."""
 
 from ctxd.hygiene._compact import (
+    CALL_PART_TYPES,
     COMPACTION_META,
     ThreadMessage,
     clear_candidates,
@@ -72,6 +73,7 @@ from ctxd.hygiene._tools import (
 )
 
 __all__ = [
+    "CALL_PART_TYPES",
     "CHAR_BUDGET",
     "COMPACTION_META",
     "ERROR_WORDS",

@@ -21,13 +21,14 @@ from ctxd.gateway._identity import conversation_key
 from ctxd.gateway._ledger import load_ledger
 from ctxd.gateway._rewrite import thread_of
 from ctxd.hub import EventBus
-from ctxd.hygiene import cleared_text, ref_id_for, stub_text
+from ctxd.hygiene import cleared_input_text, cleared_text, ref_id_for, stub_text
 from ctxd.memory import HashingEmbedder, Memory
 from ctxd.sessions import (
     Supervisor,
     compact,
     get_session,
     inject_list,
+    list_messages,
     inject_push,
     read_result,
     record_sent_usage,
@@ -38,6 +39,7 @@ from ctxd.wire.types import (
     InjectListParams,
     InjectPushParams,
     MemoryRecordParams,
+    MessageListParams,
     MessageIn,
     ResultReadParams,
     UsageRecordParams,
@@ -542,3 +544,82 @@ async def test_a_request_that_ends_with_a_system_message_carries_notes_in_its_us
     note = {"type": "text", "text": "[ctxd injection] the build is red"}
     assert sent(prepared.body) == [*turn[:2], {"role": "user", "content": [
         {"type": "text", "text": "what now?"}, note]}, system]
+
+
+# ---- cost: offloaded arguments, the automatic compaction point ---------------------------
+
+async def test_a_calls_long_arguments_go_out_as_markers_from_their_first_request(
+        supervisor: Supervisor) -> None:
+    body = "def main():\n    return 42\n" * 60  # 1,560 bytes: a Write worth offloading
+    written = {"role": "assistant", "content": [
+        {"type": "text", "text": "Writing it."},
+        {"type": "tool_use", "id": "w1", "name": "Write",
+         "input": {"file_path": "/p/main.py", "content": body}}]}
+    history = [{"role": "user", "content": "write main.py"}, written,
+               answer("w1", "File created successfully at: /p/main.py")]
+    prepared = await prepare(supervisor, anthropic(history))
+    ref_id = ref_id_for("s1", 2)
+    marker = cleared_input_text(ref_id, 0, len(body))
+    [_, shown, _] = sent(prepared.body)
+    assert shown == {"role": "assistant", "content": [
+        {"type": "text", "text": "Writing it."},
+        {"type": "tool_use", "id": "w1", "name": "Write",
+         "input": {"file_path": "/p/main.py", "content": marker}}]}
+    assert await read_all(supervisor, ref_id) == body
+    # ctxd's own copy holds what was sent; the next request sends the same bytes.
+    [_, copy, _] = (await supervisor.call("s1", lambda a: list_messages(a, MessageListParams(
+        session_id="s1")))).messages
+    assert copy.content[1]["input"] == {"file_path": "/p/main.py", "content": marker}
+    later = await prepare(supervisor, anthropic([*history, call("r1", "Bash", command="ls"),
+                                                 answer("r1", "main.py")]))
+    assert sent(later.body)[:3] == sent(prepared.body)
+
+
+async def test_offload_inputs_off_sends_the_arguments_as_they_are(tmp_path: Path) -> None:
+    config = msgspec.convert({"hygiene": {"offload_inputs": False}}, Config)
+    async with running_supervisor(tmp_path / "ctxd.db", config) as supervisor:
+        history = [{"role": "user", "content": "write"},
+                   call("w1", "Write", file_path="/p/a.py", content="x = 1\n" * 400),
+                   answer("w1", "done")]
+        assert sent((await prepare(supervisor, anthropic(history))).body) == history
+
+
+async def test_past_the_trigger_with_nothing_to_clear_the_history_becomes_its_summary(
+        tmp_path: Path) -> None:
+    """No old result to clear (the requests' text is the user's and the model's): the
+    messages before the first new one become their extractive summary, once; the
+    following requests send the same bytes, and the originals stay in message.list."""
+    config = msgspec.convert({"budget": {"context_window": 6_000, "max_output_tokens": 1_000},
+                              "hygiene": {"context_note": ""}}, Config)
+    async with running_supervisor(tmp_path / "ctxd.db", config) as supervisor:
+        history: list[dict[str, Any]] = []
+        for n in range(12):
+            history += [{"role": "user", "content": f"Request {n}: always keep /p/f{n}.py. "
+                                                    + "detail " * 150},
+                        {"role": "assistant", "content": f"Done {n}. " + "note " * 150}]
+        history.append({"role": "user", "content": "Request 12: and now the tests."})
+        first = await prepare(supervisor, anthropic(history))
+        assert sent(first.body) == history  # under the trigger (0.95 of 5,000)
+        events = supervisor.bus.subscribe("s1", types=["gateway.rewrite_point"])
+        grown = [*history, {"role": "assistant", "content": "Running them. " + "log " * 1000},
+                 {"role": "user", "content": "Request 13: commit."}]
+        compacted = await prepare(supervisor, anthropic(grown))
+        [point] = drain(events)
+        summary, *rest = sent(compacted.body)
+        assert rest == grown[len(history):]
+        assert summary["role"] == "user"
+        assert summary["content"].startswith(f"[Summary of {len(history)} earlier messages]")
+        for fact in ("Request 0: always keep /p/f0.py.", "Request 12: and now the tests."):
+            assert fact in summary["content"]
+        assert (point.data["kind"], point.data["first"], point.data["end"]) == (
+            "compaction", 0, len(history))
+        assert sum(compacted.tokens.values()) < 0.95 * 5_000
+        again = await prepare(supervisor, anthropic(
+            [*grown, {"role": "assistant", "content": "Committed."},
+             {"role": "user", "content": "thanks"}]))
+        assert sent(again.body)[:len(rest) + 1] == sent(compacted.body)
+        stored = (await supervisor.call("s1", lambda a: list_messages(a, MessageListParams(
+            session_id="s1", limit=1000)))).messages
+        assert [m.content if isinstance(m.content, str) else "".join(
+            part["text"] for part in m.content) for m in stored[:len(history)]] == [
+            m["content"] for m in history]
