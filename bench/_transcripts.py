@@ -69,3 +69,39 @@ def load(path: Path) -> list[Message]:
     # The same records as one JSON array: as the lines of a JSONL file.
     return claude_code(b"".join(json.dumps(record).encode() + b"\n"
                                 for record in json.loads(path.read_text())))
+
+
+def as_claude_code(path: Path, folder: Path) -> Path:
+    """A SWE-agent trajectory written as the Claude Code transcript of the same calls (in
+    ``folder``, named after it): the task as the user's prompt, each step an assistant
+    record (its thought, and its action as a ``Bash`` call) answered by its observation as
+    the call's result; the system prompt and the demonstration left out. Without
+    timestamps: the replay prices every call as made at once."""
+    history = json.loads(path.read_text())["history"]
+    records: list[dict[str, Any]] = []
+    step = 0
+    waiting: str | None = None
+
+    def add(kind: str, content: Any) -> None:
+        records.append({"type": kind, "uuid": f"{kind[0]}{len(records)}",
+                        "parentUuid": records[-1]["uuid"] if records else None,
+                        "sessionId": path.stem, "message": {"role": kind, "content": content}})
+
+    for entry in history:
+        if entry.get("is_demo") or entry["role"] == "system":
+            continue
+        text = _text(entry["content"]) or "(no output)"
+        if entry["role"] == "assistant":
+            step += 1
+            waiting = f"toolu_{step:04d}"
+            add("assistant", [{"type": "text", "text": text},
+                              {"type": "tool_use", "id": waiting, "name": "Bash",
+                               "input": {"command": (entry.get("action") or "").strip()}}])
+        elif waiting is not None:
+            add("user", [{"type": "tool_result", "tool_use_id": waiting, "content": text}])
+            waiting = None
+        else:
+            add("user", text)
+    target = folder / f"{path.stem}.jsonl"
+    target.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return target

@@ -25,6 +25,7 @@ not cached at all), which only touches a conversation's first few calls.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import threading
@@ -32,8 +33,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
-
-from ctxd.tokens import TokenCounter
 
 LOOKBACK_BLOCKS = 20
 LIFETIME_S = 300.0
@@ -72,7 +71,31 @@ PRICES: dict[str, Price] = {
 `PRICES_AS_OF`; each keeps the ratios of `COST_RATIOS`."""
 DEFAULT_MODEL = "claude-sonnet-4-5"
 
-_counter = TokenCounter()
+
+
+@functools.cache
+def _counter() -> Any:
+    """The token counter, made on first use (importing this module loads no tokenizer:
+    ctxctl imports it to list the replay's policies)."""
+    from ctxd.tokens import TokenCounter
+
+    return TokenCounter()
+
+
+class _Counts:
+    """Tokens of each block's JSON seen, remembered (a conversation sends its blocks again
+    and again)."""
+
+    def __init__(self) -> None:
+        self.known: dict[str, int] = {}
+
+    def __call__(self, encoded: str) -> int:
+        tokens = self.known.get(encoded)
+        if tokens is None:
+            if len(self.known) >= 65_536:
+                self.known.clear()
+            tokens = self.known[encoded] = _counter().count(encoded)
+        return tokens
 
 
 @dataclass(frozen=True)
@@ -133,22 +156,19 @@ def blocks(body: dict[str, Any]) -> Iterator[tuple[Any, bool]]:
 class PromptCache:
     """The cache of one API key: `charge` a request, get its `CacheUsage`."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 count: Callable[[str], int] | None = None) -> None:
         self.clock = clock
         self.expires: dict[bytes, float] = {}
         self.lock = threading.Lock()
-        self._counts: dict[str, int] = {}
-        """Tokens of each block's JSON seen (a conversation sends its blocks again and
-        again)."""
+        self.count: Callable[[str], int] = count or _Counts()
+        """The tokens of one block's compact JSON (default: cl100k, remembered; caches
+        may share one)."""
 
-    def count(self, encoded: str) -> int:
-        """The tokens of one block's compact JSON."""
-        tokens = self._counts.get(encoded)
-        if tokens is None:
-            if len(self._counts) >= 65_536:
-                self._counts.clear()
-            tokens = self._counts[encoded] = _counter.count(encoded)
-        return tokens
+    def tokens(self, body: dict[str, Any]) -> int:
+        """All the tokens of ``body``'s prompt, as `charge` counts them."""
+        return sum(self.count(json.dumps(identity, sort_keys=True, separators=(",", ":")))
+                   for identity, _ in blocks(body))
 
     def charge(self, body: dict[str, Any]) -> CacheUsage:
         """What ``body`` costs, the cache updated by it (entries written, reads refreshed).

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 from ctxclient import _import
 from ctxclient._cli_args import Parser, common_options, session_id
 from ctxclient._output import Output
+from ctxclient._policies import POLICIES
+from ctxd.cost import DEFAULT_MODEL, PRICES, PRICES_AS_OF
 
 if TYPE_CHECKING:
     from ctxclient._cli_args import Commands
@@ -218,14 +220,20 @@ def add_replay(commands: Commands) -> None:
     common_options(private, defaults=False, socket=False)
     replay = commands.add_parser(
         "replay", parents=[private],
-        help="replay a transcript into a private ctxd and report how much context it saves",
+        help="replay a transcript into a private ctxd and report the context and the cost "
+             "it saves",
         description="Replay a Claude Code or OpenCode transcript turn by turn into a private "
                     "ctxd (its own temporary data) and report its peak context against the "
                     "raw thread's, the key facts kept, and whether every removed byte reads "
-                    "back.",
+                    "back; then what each model call would cost, with Anthropic's prompt "
+                    "cache, under each policy: raw (no management), claude-code (its "
+                    "previews and compaction), context-editing (Anthropic's "
+                    "clear_tool_uses), observation-masking (the latest 10 tool results "
+                    "kept) and ctxd (the requests its gateway sends).",
         epilog="examples:\n"
                "  ctxctl replay ~/.claude/projects/-home-me-app/SESSION.jsonl\n"
                "  ctxctl replay EXPORT.json --window 32000 --json\n"
+               "  ctxctl replay SESSION.jsonl --policy raw --policy ctxd\n"
                "  ctxctl replay SESSION.jsonl --plot context.png",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     replay.add_argument("file", metavar="FILE", help="a Claude Code transcript (JSONL, or a "
@@ -236,9 +244,19 @@ def add_replay(commands: Commands) -> None:
     replay.add_argument("--from", dest="transcript_format",
                         choices=("claude-code", "opencode"),
                         help="the transcript's format (default: guessed from the file)")
+    replay.add_argument("--policy", dest="policies", action="append", choices=POLICIES,
+                        metavar="POLICY",
+                        help=f"price this policy (repeatable; default: all of "
+                             f"{', '.join(POLICIES)})")
+    replay.add_argument("--price-model", choices=sorted(PRICES), default=DEFAULT_MODEL,
+                        metavar="MODEL",
+                        help=f"the model whose list prices the dollars are at (default: "
+                             f"{DEFAULT_MODEL}; {', '.join(sorted(PRICES))}; as of "
+                             f"{PRICES_AS_OF})")
     replay.add_argument("--plot", metavar="PNG",
-                        help="write a PNG of the context's tokens per turn, raw against "
-                             "ctxd (needs matplotlib: pip install 'ctxd[plot]')")
+                        help="write a PNG of each call's context tokens and the cost so "
+                             "far, every policy on one chart (needs matplotlib: pip install "
+                             "'ctxd[plot]')")
     replay.set_defaults(run=cmd_replay, offline=True)
 
 

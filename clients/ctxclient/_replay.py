@@ -11,12 +11,22 @@ compaction) whose main thread is the raw thread. After each turn both main threa
 measured (exact tokens); at the end the key facts are looked for in the rendered context
 and the results its stubs name, and every removed message is read back and compared
 with the raw session's.
+
+Then the cost (docs/decisions.md, "Replay: cost"): the raw daemon's thread, rendered in
+Anthropic's shape just before each assistant response, is what the agent would send for
+that model call. The policies of ``_policies`` turn those requests into theirs; ctxd's
+are what its gateway sends: each call goes to the ctxd daemon's gateway (a session of its
+own), which forwards it to a scripted model (`Upstream`) that answers with the
+transcript's response and keeps the bodies it received. Every policy's requests are
+priced with Anthropic's prompt cache on the transcript's clock (``ctxd.cost``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
+import http.client
 import importlib.util
 import json
 import math
@@ -28,15 +38,29 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+import urllib.parse
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from ctxclient._errors import DaemonUnavailable
 from ctxclient._output import Column, Listing, Output, cell
+from ctxclient._policies import (
+    POLICIES,
+    RUN,
+    Applied,
+    Call,
+    PolicyReport,
+    Sent,
+    marked,
+    price,
+    result_text,
+)
 from ctxclient._spawn import private_environment, spawn_daemon
 from ctxclient._sync import Client
+from ctxd.cost import DEFAULT_MODEL, PRICES_AS_OF, PromptCache
 
 FORMATS = ("claude-code", "opencode")
 START_WAIT_S = 30.0
@@ -64,7 +88,15 @@ PATH_CHARS = r"\w/\\.\-"
 """Word and path characters: a key fact is kept only where none continues it
 (`kept_in`)."""
 FACT_KEYS = ("file_path", "path", "notebook_path", "command")
-RAW_CONFIG = "[hygiene]\nauto_compact = false\noffload_threshold_bytes = 1073741824\n"
+RAW_CONFIG = ("[hygiene]\nauto_compact = false\noffload_threshold_bytes = 1073741824\n"
+              "[gateway]\nenabled = false\n")
+CTXD_CONFIG = '[gateway]\nlisten = "127.0.0.1:0"\nanthropic_upstream = "{upstream}"\n'
+"""ctxd's defaults, its gateway on a free port and forwarding to the replay's scripted
+model server."""
+GATEWAY_SESSION = "replay-gateway"
+"""The session the replay's model calls go to through ctxd's gateway (the transcript's
+import goes to ``replay``)."""
+GATEWAY_WAIT_S = 120.0
 RAW_WINDOW = 10_000_000
 READ_PAGE = 1_048_576
 
@@ -401,9 +433,192 @@ class Report:
     branches: int
     final_tokens: int
     series: list[Point]
+    price_model: str = DEFAULT_MODEL
+    """The model whose list prices ``dollars`` are at."""
+    prices_as_of: str = PRICES_AS_OF
+    policies: dict[str, PolicyReport] = field(default_factory=dict)
+    """Each policy's cost and figures on the same model calls (docs/decisions.md,
+    "Replay: cost")."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# ---- the model calls, through ctxd's gateway -------------------------------------------
+
+class Upstream:
+    """The model the replay's gateway forwards to: a scripted Anthropic Messages API on
+    127.0.0.1 that answers each call with the transcript's response (`answers`) and keeps
+    every body it received. Its answers report no input usage, so the gateway's
+    calibration against the provider's counts stays at 1."""
+
+    def __init__(self) -> None:
+        self.received: list[dict[str, Any]] = []
+        self.answers: list[list[dict[str, Any]]] = []
+        upstream = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                upstream.received.append(body)
+                content: list[dict[str, Any]] = upstream.answers.pop(0) \
+                    if upstream.answers else [
+                    {"type": "text", "text": "(the replay ends here)"}]
+                payload = json.dumps({
+                    "id": f"msg_replay_{len(upstream.received)}", "type": "message",
+                    "role": "assistant", "model": body.get("model"), "content": content,
+                    "stop_reason": "tool_use" if any(
+                        block.get("type") == "tool_use" for block in content) else "end_turn",
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": 0, "output_tokens": 1}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._http.daemon_threads = True
+        self._thread = threading.Thread(target=self._http.serve_forever, args=(0.05,),
+                                        daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._http.server_address[1]}"
+
+    def close(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+
+
+def _through_gateway(ctxd: Client, upstream: Upstream, calls: list[Call],
+                     final: list[dict[str, Any]], window: int | None) -> list[dict[str, Any]]:
+    """Each call's raw request sent to ctxd's gateway as Claude Code would send it (one
+    breakpoint, on its last block), the transcript's response coming back; then the final
+    thread, unpriced, for what ctxd keeps. The bodies the model received, in order."""
+    params: dict[str, Any] = {"session_id": GATEWAY_SESSION}
+    if window is not None:
+        params["budget"] = {"context_window": window}
+    ctxd.call("session.open", params)
+    base_url = urllib.parse.urlsplit(ctxd.call("daemon.status")["gateway"]["base_url"])
+    connection = http.client.HTTPConnection(base_url.hostname or "127.0.0.1", base_url.port,
+                                            timeout=GATEWAY_WAIT_S)
+    path = f"{base_url.path.rstrip('/')}/v1/messages"
+    try:
+        asked: list[tuple[list[dict[str, Any]], Any]] = [
+            (call.messages, call.response.get("content") or []) for call in calls]
+        for messages, answer in [*asked, (final, None)]:
+            upstream.answers = [] if answer is None else [answer]
+            body = json.dumps({"model": DEFAULT_MODEL, "max_tokens": 8192, "stream": False,
+                               "messages": marked(messages)}).encode()
+            connection.request("POST", path, body=body, headers={
+                "content-type": "application/json",
+                "anthropic-version": "2023-06-01", "x-ctxd-session": GATEWAY_SESSION})
+            answered = connection.getresponse()
+            text = answered.read()
+            if answered.status != 200:
+                raise ReplayError(f"ctxd's gateway answered the replay's model call "
+                                  f"{answered.status}: {text[:300].decode(errors='replace')}")
+    finally:
+        connection.close()
+    if len(upstream.received) != len(calls) + 1:
+        raise ReplayError(f"the model received {len(upstream.received)} of the replay's "
+                          f"{len(calls) + 1} calls through ctxd's gateway")
+    return upstream.received
+
+
+def _unmarked(block: Any) -> Any:
+    return {k: v for k, v in block.items() if k != "cache_control"} \
+        if isinstance(block, dict) else block
+
+
+def _blocks(message: dict[str, Any]) -> list[Any]:
+    content = message.get("content")
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(
+        content or [])
+
+
+def _ctxd_applied(ctxd: Client, received: list[dict[str, Any]], calls: list[Call],
+                  final: list[dict[str, Any]], counter: PromptCache) -> Applied:
+    """ctxd's policy: the bodies its gateway sent the model, the last (the final thread)
+    what it keeps. A block it replaced is removed; it is retrievable when its stub's or
+    marker's ref reads back the original exactly (``result.read``)."""
+    sent = [Sent(body["messages"], call.at, counter.tokens({"messages": [call.response]}), n)
+            for n, (body, call) in enumerate(zip(received, calls, strict=False))]
+    kept = received[-1]["messages"]
+    applied = Applied(sent, kept)
+    dropped = len(final) - len(kept) + 1 if len(kept) < len(final) else 0
+    if dropped:
+        _dropped(ctxd, final[:dropped], applied)
+    for original, shown in zip(final[dropped:], kept[bool(dropped):], strict=True):
+        for block, shown_block in zip(_blocks(original), _blocks(shown), strict=False):
+            if _unmarked(block) == _unmarked(shown_block):
+                continue
+            if block.get("type") == "tool_result":
+                size = len(result_text(block).encode())
+                refs = REF.findall(result_text(shown_block))
+                back = _read(ctxd, GATEWAY_SESSION, refs[0]) if refs else None
+                exact = back == result_text(block)
+            elif block.get("type") == "tool_use":
+                size = _size(block.get("input"))
+                back = json.dumps(_restore_inputs(ctxd, GATEWAY_SESSION,
+                                                  shown_block.get("input")))
+                exact = back == json.dumps(block.get("input"))
+            else:
+                size, back, exact = _size(block), None, False
+            applied.removed_bytes += size
+            if exact:
+                applied.retrievable_bytes += size
+                if back is not None:
+                    applied.readable.append(back)
+    return applied
+
+
+def _dropped(ctxd: Client, dropped: list[dict[str, Any]], applied: Applied) -> None:
+    """The messages a compaction point of ctxd's gateway left out: removed, and
+    retrievable where the gateway's session holds each of their blocks whole (a text or
+    a tool result's, verbatim in a stored message, a stub's read back through its ref; a
+    call's arguments, read back through their markers)."""
+    texts: set[str] = set()
+    inputs: set[str] = set()
+    for message in _list(ctxd, GATEWAY_SESSION):
+        content = message["content"]
+        if message["role"] == "tool":
+            texts.add(_read(ctxd, GATEWAY_SESSION, message["ref_id"])
+                      if message.get("ref_id") else _text(content))
+            continue
+        for part in [{"type": "text", "text": content}] if isinstance(content, str) \
+                else content:
+            if part.get("type") == "text":
+                texts.add(part.get("text", ""))
+            elif isinstance(part.get("input"), dict):
+                inputs.add(json.dumps(_restore_inputs(ctxd, GATEWAY_SESSION, part["input"]),
+                                      sort_keys=True))
+    stored = "\x00".join(texts)
+    for message in dropped:
+        for block in _blocks(message):
+            kind = block.get("type")
+            text = result_text(block) if kind == "tool_result" else block.get("text")
+            size = _size(block.get("input")) if kind == "tool_use" else _size(
+                text if isinstance(text, str) else block)
+            applied.removed_bytes += size
+            if (json.dumps(block.get("input"), sort_keys=True) in inputs
+                    if kind == "tool_use" else isinstance(text, str) and text in stored):
+                applied.retrievable_bytes += size
+
+
+def _facts_kept(facts: list[Fact], applied: Applied) -> float:
+    """The share of ``facts`` in the context a policy keeps at the end, or one read away."""
+    if not facts:
+        return 1.0
+    text = "\n".join(t for message in applied.final for t in _texts(message.get("content")))
+    kept = sum(1 for fact in facts if kept_in(fact.text, text)
+               or any(kept_in(fact.text, readable) for readable in applied.readable))
+    return round(kept / len(facts), 4)
 
 
 def _texts(content: Any) -> Iterator[str]:
@@ -571,8 +786,10 @@ def _open(client: Client, session_id: str, window: int | None) -> tuple[int, int
     return int(budget["context_window"]), math.floor(effective * budget["compact_trigger"])
 
 
-def replay(path: Path, window: int | None = None, fmt: str | None = None) -> Report:
-    """Replay ``path`` at ``window`` tokens (None: ctxd's default) and report.
+def replay(path: Path, window: int | None = None, fmt: str | None = None,
+           policies: Sequence[str] = POLICIES, model: str = DEFAULT_MODEL) -> Report:
+    """Replay ``path`` at ``window`` tokens (None: ctxd's default) and report, with the
+    cost of each of ``policies`` at ``model``'s prices.
 
     Raises:
         ReplayError: the file cannot be replayed, or a private daemon did not start.
@@ -581,34 +798,80 @@ def replay(path: Path, window: int | None = None, fmt: str | None = None) -> Rep
     root = Path(tempfile.mkdtemp(prefix="ctxd-replay-"))
     daemons: list[PrivateDaemon] = []
     clients: list[Client] = []
+    upstream = Upstream()
     try:
-        daemons.append(PrivateDaemon(root, "ctxd", ""))
+        daemons.append(PrivateDaemon(root, "ctxd", CTXD_CONFIG.format(upstream=upstream.url)))
         daemons.append(PrivateDaemon(root, "raw", RAW_CONFIG))
         for daemon in daemons:
             clients.append(daemon.connect())
-        return _run(transcript, path, root, window, clients[0], clients[1])
+        return _run(transcript, path, root, window, clients[0], clients[1],
+                    Policies(list(policies), model, upstream))
     finally:
         try:
             for client in clients:
                 client.close()
         finally:
-            stop_all(daemons, root)
+            try:
+                stop_all(daemons, root)
+            finally:
+                upstream.close()
 
 
-def _write_turn(transcript: Transcript, feed: Path, upto: int) -> None:
-    """The transcript's first ``upto`` turns in ``feed``, as the importer reads it."""
+@dataclass
+class Policies:
+    """What the replay prices: the policies, the model whose prices it names, the scripted
+    model ctxd's gateway forwards to."""
+
+    names: list[str]
+    model: str
+    upstream: Upstream
+
+
+def _write(transcript: Transcript, feed: Path, written: list[Any], new: list[Any]) -> None:
+    """``new`` records added to the ``written`` ones in ``feed``, as the importer reads it."""
+    written.extend(new)
     if transcript.format == "claude-code" and not transcript.array:
         with feed.open("ab") as file:
-            file.write(b"".join(line + b"\n" for line in transcript.turns[upto - 1]))
+            file.write(b"".join(line + b"\n" for line in new))
         return
-    records = [record for turn in transcript.turns[:upto] for record in turn]
-    document = json.dumps(records if transcript.array else {
-        "info": transcript.info, "messages": records}, ensure_ascii=False)
+    document = json.dumps(written if transcript.array else {
+        "info": transcript.info, "messages": written}, ensure_ascii=False)
     feed.write_bytes(b" " * HEAD_PAD + document.encode())
 
 
+def _response_at(transcript: Transcript, records: list[Any]) -> tuple[int, float] | None:
+    """Where a turn's model response starts among its records, and when it came (the
+    transcript's timestamp, in seconds); None for a turn without one."""
+    for index, record in enumerate(records):
+        if transcript.format == "opencode":
+            if _opencode_response(record) is None:
+                continue
+            created = ((record.get("info") or {}).get("time") or {}).get("created")
+            return index, created / 1000 if isinstance(created, (int, float)) else 0.0
+        parsed = record
+        if isinstance(record, bytes):
+            try:
+                parsed = json.loads(record)
+            except ValueError:
+                continue
+        if _response_id(parsed) is None:
+            continue
+        stamp = parsed.get("timestamp")
+        try:
+            at = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        except (AttributeError, ValueError):
+            at = 0.0
+        return index, at
+    return None
+
+
+def _anthropic_thread(client: Client) -> list[dict[str, Any]]:
+    return client.call("ctxd.render", {"session_id": "replay", "branch_id": None,  # type: ignore[no-any-return]
+                                       "format": "anthropic"})["messages"]
+
+
 def _run(transcript: Transcript, path: Path, root: Path, window: int | None,
-         ctxd: Client, raw: Client) -> Report:
+         ctxd: Client, raw: Client, policies: Policies) -> Report:
     window_used, trigger = _open(ctxd, "replay", window)
     _open(raw, "replay", RAW_WINDOW)
     feed = root / ("feed.jsonl" if transcript.format == "claude-code" and not transcript.array
@@ -618,11 +881,24 @@ def _run(transcript: Transcript, path: Path, root: Path, window: int | None,
     turn_of: dict[int, int] = {}
     position = 0
     branches = 0
+    written: list[Any] = []
+    asked: list[tuple[list[dict[str, Any]], float]] = []
+    """Each model call's raw request and when it was made."""
     for turn, records in enumerate(transcript.turns):
         for _ in records:
             position += 1
             turn_of[position] = turn
-        _write_turn(transcript, feed, turn + 1)
+        response = _response_at(transcript, records) if policies.names else None
+        rest = records
+        if response is not None:
+            start, at = response
+            if start:
+                _write(transcript, feed, written, records[:start])
+                raw.call("transcript.import", {"format": transcript.format,
+                                               "path": str(feed), "session_id": "replay"})
+            asked.append((_anthropic_thread(raw), at))
+            rest = records[start:]
+        _write(transcript, feed, written, rest)
         for client in (ctxd, raw):
             result = client.call("transcript.import", {
                 "format": transcript.format, "path": str(feed), "session_id": "replay"})
@@ -687,7 +963,36 @@ def _run(transcript: Transcript, path: Path, root: Path, window: int | None,
         if removed_bytes else 1.0,
         not_retrievable=not_retrievable,
         compacted=sum(bool(m.get("compaction")) for m in kept), offloaded=offloaded,
-        branches=branches, final_tokens=render["tokens"], series=series)
+        branches=branches, final_tokens=render["tokens"], series=series,
+        price_model=policies.model,
+        policies=_price_policies(ctxd, raw, policies, asked, facts, window_used))
+
+
+def _price_policies(ctxd: Client, raw: Client, policies: Policies,
+                    asked: list[tuple[list[dict[str, Any]], float]], facts: list[Fact],
+                    window: int) -> dict[str, PolicyReport]:
+    """Each policy's requests for the replay's model calls, priced. A call's response is
+    the assistant message the next call's request (or the final thread) holds after the
+    call's own messages."""
+    if not policies.names:
+        return {}
+    final = _anthropic_thread(raw)
+    calls: list[Call] = []
+    for k, (messages, at) in enumerate(asked):
+        after = asked[k + 1][0] if k + 1 < len(asked) else final
+        response = after[len(messages)] if len(after) > len(messages) else None
+        if response is not None and response.get("role") == "assistant":
+            calls.append(Call(messages, at, response))
+    counter = PromptCache()
+    reports: dict[str, PolicyReport] = {}
+    for name in policies.names:
+        if name == "ctxd":
+            received = _through_gateway(ctxd, policies.upstream, calls, final, window)
+            applied = _ctxd_applied(ctxd, received, calls, final, counter)
+        else:
+            applied = RUN[name](calls, final, window, counter)
+        reports[name] = price(applied, policies.model, _facts_kept(facts, applied), counter)
+    return reports
 
 
 # ---- ctxctl replay ---------------------------------------------------------------------
@@ -725,22 +1030,58 @@ def summary(report: Report) -> Listing:
     return listing
 
 
+POLICY_COLUMNS = (Column("policy"), Column("cost", right=True), Column("$", right=True),
+                  Column("vs best", right=True), Column("peak", right=True, keep=3),
+                  Column("read", right=True, keep=2), Column("written", right=True, keep=2),
+                  Column("facts", right=True, keep=4), Column("retrievable", right=True,
+                                                              keep=4))
+
+
+def policy_table(report: Report) -> Listing:
+    """The policies side by side: cost (input-token units, and dollars at the price
+    model's list prices), its ratio to the cheapest other policy's, peak, cache reads and
+    writes, key facts kept, retrievable share."""
+    listing = Listing(POLICY_COLUMNS, title=f"cost of each policy at {report.price_model}'s "
+                                            f"prices (as of {report.prices_as_of})")
+    for name, policy in report.policies.items():
+        others = [other.cost for key, other in report.policies.items() if key != name]
+        best = min(others) if others else None
+        listing.rows.append([
+            cell(name), cell(f"{policy.cost:,.0f}"), cell(f"{policy.dollars:.2f}"),
+            cell(f"{policy.cost / best:.2f}x" if best else "-"),
+            cell(f"{policy.peak_tokens:,}"), cell(f"{policy.cache_read_tokens:,}"),
+            cell(f"{policy.cache_write_tokens:,}"), cell(f"{policy.key_facts_kept:.0%}"),
+            cell(f"{policy.retrievable_fraction:.0%}")])
+    return listing
+
+
 def plot(report: Report, target: Path) -> None:
-    """A PNG of the context's tokens after each turn, raw against ctxd."""
+    """A PNG of each call's context tokens (above) and the cost so far (below), every
+    policy on the same two charts (raw against ctxd when none was priced)."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot
 
-    figure, axes = pyplot.subplots(figsize=(8, 4.5), dpi=100)
-    turns = [point.turn for point in report.series]
-    axes.plot(turns, [point.raw_tokens for point in report.series], label="raw thread")
-    axes.plot(turns, [point.tokens for point in report.series], label="ctxd (rendered)")
-    axes.axhline(report.window, linestyle=":", color="grey", label="context window")
-    axes.set_xlabel("turn")
-    axes.set_ylabel("tokens")
-    axes.set_title(f"{Path(report.file).name}: {report.reduction:.0%} smaller at the peak")
-    axes.legend()
+    figure, (tokens, cost) = pyplot.subplots(2, 1, figsize=(8, 7), dpi=100, sharex=True)
+    if report.policies:
+        for name, policy in report.policies.items():
+            calls = [point["call"] for point in policy.series]
+            tokens.plot(calls, [point["tokens"] for point in policy.series], label=name)
+            cost.plot(calls, [point["cumulative_cost"] for point in policy.series],
+                      label=name)
+    else:
+        turns = [point.turn for point in report.series]
+        tokens.plot(turns, [point.raw_tokens for point in report.series], label="raw thread")
+        tokens.plot(turns, [point.tokens for point in report.series], label="ctxd (rendered)")
+    tokens.axhline(report.window, linestyle=":", color="grey", label="context window")
+    tokens.set_ylabel("tokens sent")
+    tokens.set_title(f"{Path(report.file).name} at a {report.window:,}-token window")
+    tokens.legend(fontsize="small")
+    cost.set_xlabel("model call")
+    cost.set_ylabel("cost so far (input-token units)")
+    if report.policies:
+        cost.legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(target, format="png")
     pyplot.close(figure)
@@ -761,7 +1102,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
         return 2
     try:
         with interruptible():
-            report = replay(path, args.window, args.transcript_format)
+            report = replay(path, args.window, args.transcript_format,
+                            args.policies or POLICIES, args.price_model)
     except ReplayError as exc:
         print(f"ctxctl: {exc}", file=sys.stderr)
         return 1
@@ -774,6 +1116,8 @@ def run(args: argparse.Namespace, out: Output) -> int:
         sys.stdout.write(json.dumps(report.as_dict(), indent=2, ensure_ascii=False) + "\n")
         return 0
     out.listing(summary(report), "")
+    if report.policies:
+        out.listing(policy_table(report), "")
     if args.plot:
         out.note(f"(plot written to {args.plot})")
     return 0

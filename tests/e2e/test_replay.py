@@ -115,6 +115,10 @@ def test_a_small_window_compacts_and_every_removed_byte_reads_back(tmp_path: Pat
     assert report.not_retrievable == []
 
 
+PINNED_COSTS = {"raw": 983_576.45, "claude-code": 572_725.6, "context-editing": 983_576.45,
+                "observation-masking": 3_478_017.85, "ctxd": 368_726.45}
+
+
 @needs_data
 def test_shared_transcript_figures() -> None:
     """Pinned: a replay is deterministic (ref_ids derive from the session and the seq), and
@@ -122,16 +126,26 @@ def test_shared_transcript_figures() -> None:
     report = replay(DEEP, window=32_000)
     assert (report.turns, report.messages, report.raw_peak_tokens) == (103, 299, 86_234)
     # The offload stubs' excerpts (head, error lines, tail: up to 600 characters, where
-    # the first 200 were shown) made the final context 14,157 -> 15,889 tokens.
-    assert (report.peak_tokens, report.final_tokens) == (22_449, 15_889)
+    # the first 200 were shown) made the final context 14,157 -> 15,889 tokens; summaries
+    # that take Claude Code's slash-command records for no request, 15,889 -> 13,573.
+    assert (report.peak_tokens, report.final_tokens) == (22_541, 13_573)
     # The first request survives every compaction: each summary carries the last over.
     assert (report.key_facts, report.key_facts_kept, len(report.facts_missed)) == (10, 1.0, 0)
     # Old Write/Edit inputs cleared too: fewer messages summarised away.
-    assert (report.removed_messages, report.offloaded, report.compacted) == (205, 47, 205)
+    assert (report.removed_messages, report.offloaded, report.compacted) == (207, 52, 207)
     assert report.retrievable_fraction == 1.0
     # Automatic compaction keeps the thread under the compact trigger (0.95 of 23,808), and
     # the peak cannot be much under it: 22,617 / 86,234.
     assert (report.trigger_tokens, report.floor_share) == (22_617, 0.2623)
+    # Cost (docs/performance.md, "Replay: cost"): ctxd's gateway, at most 0.8 of the
+    # cheapest other policy's, keeping as many key facts and every removed byte.
+    costs = {name: policy.cost for name, policy in report.policies.items()}
+    assert costs == PINNED_COSTS
+    best = min((name for name in costs if name != "ctxd"), key=costs.__getitem__)
+    assert costs["ctxd"] <= 0.8 * costs[best]
+    ctxd = report.policies["ctxd"]
+    assert ctxd.key_facts_kept >= report.policies[best].key_facts_kept
+    assert (ctxd.key_facts_kept, ctxd.retrievable_fraction) == (1.0, 1.0)
     assert replay(DEEP, window=32_000).as_dict() == report.as_dict()
 
 
@@ -183,6 +197,57 @@ def test_ctxctl_replay_json(tmp_path: Path) -> None:
     assert report["facts_missed"] == []
     assert report["retrievable_fraction"] == 1.0
     assert [point["turn"] for point in report["series"]] == [1, 2, 3, 4]
+    policies = report["policies"]
+    assert list(policies) == ["raw", "claude-code", "context-editing", "observation-masking",
+                              "ctxd"]
+    raw = policies["raw"]
+    # No timestamps: every call comes at once, so each reads all the one before it sent
+    # and writes only what it adds.
+    tokens = [point["tokens"] for point in raw["series"]]
+    assert [point["call"] for point in raw["series"]] == [1, 2, 3, 4]
+    assert raw["cache_read_tokens"] == sum(tokens[:-1])
+    assert raw["cache_write_tokens"] == tokens[-1] == raw["peak_tokens"]
+    assert raw["cost"] == round(0.1 * raw["cache_read_tokens"]
+                                + 1.25 * raw["cache_write_tokens"]
+                                + 5 * raw["output_tokens"], 2)
+    assert raw["series"][-1]["cumulative_cost"] == raw["cost"]
+    assert report["price_model"] == "claude-sonnet-4-5"
+    assert raw["dollars"] == round((3.75 * raw["cache_write_tokens"]
+                                    + 0.3 * raw["cache_read_tokens"]
+                                    + 15 * raw["output_tokens"]) / 1e6, 4)
+    # The answers are the same whatever the policy; nothing here passes 100,000 tokens,
+    # 84 % of the window or ten results.
+    assert {policy["output_tokens"] for policy in policies.values()} == {raw["output_tokens"]}
+    for same in ("claude-code", "context-editing", "observation-masking"):
+        assert policies[same]["cost"] == raw["cost"]
+    # ctxd's gateway sends the read's 9 KB as its stub from the call after it.
+    ctxd = policies["ctxd"]
+    assert ctxd["peak_tokens"] < raw["peak_tokens"]
+    assert ctxd["cost"] < raw["cost"]
+    assert (ctxd["key_facts_kept"], ctxd["retrievable_fraction"]) == (1.0, 1.0)
+
+
+def test_ctxctl_replay_prices_the_policies_asked(tmp_path: Path) -> None:
+    path = write(tmp_path / "t.jsonl", made_up())
+    done = ctxctl("replay", str(path), "--json", "--policy", "raw", "--policy", "ctxd",
+                  "--price-model", "claude-opus-4-5")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert list(report["policies"]) == ["raw", "ctxd"]
+    raw = report["policies"]["raw"]
+    assert (report["price_model"], raw["dollars"]) == ("claude-opus-4-5", round(
+        (6.25 * raw["cache_write_tokens"] + 0.5 * raw["cache_read_tokens"]
+         + 25 * raw["output_tokens"]) / 1e6, 4))
+    table = ctxctl("replay", str(path), "--policy", "ctxd", "--format", "plain")
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.splitlines()[-2].split()[:4] == ["POLICY", "COST", "$", "VS_BEST"]
+    assert table.stdout.splitlines()[-1].split()[0] == "ctxd"
+    refused = ctxctl("replay", str(path), "--policy", "claude")
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines()[-1] == (
+        "ctxctl replay: error: argument --policy: invalid choice: 'claude'; did you mean "
+        "'claude-code'? (choose from raw, claude-code, context-editing, observation-masking, "
+        "ctxd)")
 
 
 FORMATS_READ = (

@@ -28,8 +28,8 @@ from ctxd.sessions import (
     compact,
     get_session,
     inject_list,
-    list_messages,
     inject_push,
+    list_messages,
     read_result,
     record_sent_usage,
 )
@@ -39,8 +39,8 @@ from ctxd.wire.types import (
     InjectListParams,
     InjectPushParams,
     MemoryRecordParams,
-    MessageListParams,
     MessageIn,
+    MessageListParams,
     ResultReadParams,
     UsageRecordParams,
 )
