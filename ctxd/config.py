@@ -224,10 +224,11 @@ _HELP = {
                         "calls in flight and logs it",
     "offload_threshold_bytes": "a tool result longer than this (UTF-8 bytes) is stored aside "
                                "and rendered as a stub that result.read reads back",
-    "offload_inputs": "the gateway stores a tool call's long arguments (1 KiB or more, not a "
-                      "command or a path) aside the first time it sees them and sends a "
-                      "marker that result.read reads back, as the compaction chain would "
-                      "later (free for the prompt cache: nothing sent changes)",
+    "offload_inputs": "the gateway stores the long arguments (1 KiB or more, not a command "
+                      "or a path) of a call that writes a file (Write, Edit, ...) aside the "
+                      "first time it sees them and sends a marker that result.read reads "
+                      "back, as the compaction chain would later (free for the prompt "
+                      "cache: nothing sent changes)",
     "tool_deferral_threshold": "share of the effective window a session's registered tool "
                                "definitions may take before some are deferred (tools.search "
                                "finds them)",

@@ -10,6 +10,7 @@ as the agent gave them.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -101,16 +102,19 @@ def with_result(message: dict[str, Any], index: int, text: str) -> dict[str, Any
     return {**message, "content": content}
 
 
-def cleared_inputs(message: dict[str, Any], ref_id: str) -> tuple[dict[str, Any], str] | None:
-    """An assistant message with its tool calls' large arguments cleared (`clear_inputs`:
-    the markers name ``ref_id``), and the blob text they make; None when there is none."""
+def cleared_inputs(message: dict[str, Any], ref_id: str, tools: frozenset[str],
+                   stored: Callable[[str], str] | None) -> tuple[dict[str, Any], str] | None:
+    """An assistant message with the large arguments of its calls of ``tools`` cleared
+    (`clear_inputs`: the markers name ``ref_id``; ``stored``, what the blob keeps of
+    each), and the blob text they make; None when there is none."""
     content = message.get("content")
     if message.get("role") != "assistant" or not isinstance(content, list):
         return None
     cleared = clear_inputs(content, [index for index, block in enumerate(content)
                                      if isinstance(block, dict)
                                      and block.get("type") == "tool_use"
-                                     and isinstance(block.get("input"), dict)], ref_id)
+                                     and block.get("name") in tools
+                                     and isinstance(block.get("input"), dict)], ref_id, stored)
     return None if cleared is None else ({**message, "content": cleared[0]}, cleared[1])
 
 

@@ -5,6 +5,7 @@ recorded form, a tool message's substitution, and the rules a valid request keep
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -110,10 +111,12 @@ def results(message: dict[str, Any]) -> list[ToolResult]:
                        content=message.get("content"), is_error=False)]
 
 
-def cleared_inputs(message: dict[str, Any], ref_id: str) -> tuple[dict[str, Any], str] | None:
-    """An assistant message with its tool calls' large arguments cleared (`clear_inputs`
-    over each call's arguments as an object, written back as JSON: the markers name
-    ``ref_id``), and the blob text they make; None when there is none."""
+def cleared_inputs(message: dict[str, Any], ref_id: str, tools: frozenset[str],
+                   stored: Callable[[str], str] | None) -> tuple[dict[str, Any], str] | None:
+    """An assistant message with the large arguments of its calls of ``tools`` cleared
+    (`clear_inputs` over each call's arguments as an object: the markers name ``ref_id``;
+    ``stored``, what the blob keeps of each), and the blob text they make; None when
+    there is none. Only a call that changed has its arguments written again (as JSON)."""
     calls = message.get("tool_calls")
     if message.get("role") != "assistant" or not isinstance(calls, list):
         return None
@@ -125,15 +128,16 @@ def cleared_inputs(message: dict[str, Any], ref_id: str) -> tuple[dict[str, Any]
             parsed = json.loads(arguments) if isinstance(arguments, str) else None
         except ValueError:
             parsed = None
-        parts.append({"type": "tool_use", "input": parsed} if isinstance(parsed, dict)
-                     else {"type": "text"})
+        name = function.get("name") if isinstance(function, dict) else None
+        parts.append({"type": "tool_use", "input": parsed}
+                     if isinstance(parsed, dict) and name in tools else {"type": "text"})
     cleared = clear_inputs(parts, [k for k, part in enumerate(parts)
-                                   if part["type"] == "tool_use"], ref_id)
+                                   if part["type"] == "tool_use"], ref_id, stored)
     if cleared is None:
         return None
     written = [{**call, "function": {**call["function"], "arguments": json.dumps(
-        part["input"], ensure_ascii=False)}} if part["type"] == "tool_use" else call
-        for call, part in zip(calls, cleared[0], strict=True)]
+        new["input"], ensure_ascii=False)}} if new != old else call
+        for call, old, new in zip(calls, parts, cleared[0], strict=True)]
     return {**message, "tool_calls": written}, cleared[1]
 
 

@@ -18,7 +18,7 @@ import itertools
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -78,7 +78,8 @@ class Shape(Protocol):
     def marked(self, sent: dict[str, Any], agent: dict[str, Any]) -> dict[str, Any]: ...
     def to_ctxd(self, messages: list[dict[str, Any]], start: int) -> list[list[MessageIn]]: ...
     def results(self, message: dict[str, Any]) -> list[ToolResult]: ...
-    def cleared_inputs(self, message: dict[str, Any], ref_id: str
+    def cleared_inputs(self, message: dict[str, Any], ref_id: str, tools: frozenset[str],
+                       stored: Callable[[str], str] | None
                        ) -> tuple[dict[str, Any], str] | None: ...
     def with_result(self, message: dict[str, Any], index: int, text: str
                     ) -> dict[str, Any]: ...
@@ -527,33 +528,43 @@ async def _record_new(actor: SessionActor, shape: Shape, messages: list[dict[str
         plan.rows[position].sent_tokens = counts[len(new) + offset]
 
 
+WRITES_FILES = frozenset({"Write", "Edit", "MultiEdit", "NotebookEdit", "write", "edit",
+                          "multiedit", "patch", "apply_patch"})
+"""The tools whose long arguments go out as markers from the first request (`offload
+inputs`): those that write them to a file (Claude Code's, OpenCode's, Codex's), so the
+model finds them on disk as well as in the blob. Another tool's arguments (a plan, a
+sub-agent's task) stay whole until the compaction chain clears them."""
+
+
 def _offload_inputs(session_id: str, shape: Shape, sent: dict[str, Any],
                     recorded: list[MessageIn], first_seq: int, now: float, plan: _Plan,
                     scrub_blobs: bool) -> dict[str, Any]:
-    """An assistant message's large tool-call arguments offloaded as it is first seen
-    (``[hygiene] offload_inputs``): every string the compaction chain would clear later
-    (`clear_inputs`: 1 KiB or more, not a command or a path) replaced by its marker, in
-    what is sent and in ctxd's copy alike, and kept whole in a blob of the message, so
-    ``result.read`` with the marker's offset and limit reads it back. The prefix never
-    held the original: free for the prompt cache, as offloading a result is."""
+    """An assistant message's large file-writing arguments offloaded as it is first seen
+    (``[hygiene] offload_inputs``, the tools of `WRITES_FILES`): every string the
+    compaction chain would clear later (`clear_inputs`: 1 KiB or more, not a command or a
+    path) replaced by its marker, in what is sent and in ctxd's copy alike, and kept whole
+    in a blob of the message (scrubbed with ``scrub_at_rest``, the markers counted in
+    what it keeps), so ``result.read`` with the marker's offset and limit reads it back.
+    The prefix never held the original: free for the prompt cache, as offloading a result
+    is."""
+    stored = (lambda value: scrub(value).text) if scrub_blobs else None
     for k, message in enumerate(recorded):
         if message.role != "assistant" or isinstance(message.content, str):
             continue
         ref_id = ref_id_for(session_id, first_seq + k)
         mine = clear_inputs(message.content, [
             index for index, part in enumerate(message.content)
-            if part.get("type") in CALL_PART_TYPES and isinstance(part.get("input"), dict)],
-            ref_id)
-        theirs = shape.cleared_inputs(sent, ref_id)
+            if part.get("type") in CALL_PART_TYPES and isinstance(part.get("input"), dict)
+            and part.get("name") in WRITES_FILES], ref_id, stored)
+        theirs = shape.cleared_inputs(sent, ref_id, WRITES_FILES, stored)
         if mine is None or theirs is None or mine[1] != theirs[1]:
             continue  # nothing to clear, or not the same arguments: sent whole
         content, text = mine
         recorded[k] = msgspec.structs.replace(message, content=content)
-        name = next((call for _, call in shape.calls(sent)), None)
+        name = next((call for _, call in shape.calls(sent) if call in WRITES_FILES), None)
         plan.blobs.append(ToolResultBlob(
-            ref_id=ref_id, tool_name=name, size_bytes=len(text.encode()),
-            text=scrub(text).text if scrub_blobs else text, parts=None,
-            seq=first_seq + k, created_at=now))
+            ref_id=ref_id, tool_name=name, size_bytes=len(text.encode()), text=text,
+            parts=None, seq=first_seq + k, created_at=now))
         return theirs[0]
     return sent
 
@@ -641,15 +652,35 @@ async def _decide_compactions(actor: SessionActor, shape: Shape,
     for kind, _, end in plan.points_of_history:
         if kind != "compaction" or end != plan.keep or not end:
             continue
-        view = shown(shape, messages, plan.rows, plan.points_of_history, before=end)
-        span = [p for p in range(end) if view.messages[p] is not None
-                and not shape.is_system(messages[p])]
-        if not span:
-            continue
-        summary = shape.summary_message(await _compaction_summary(actor, len(span)))
-        [tokens] = await actor.services.counter.count_messages([shape.counted(summary)])
-        if tokens < sum(view.tokens[p] for p in span):
-            plan.rows[end].compaction, plan.rows[end].compaction_tokens = summary, tokens
+
+        async def summary_of(span: list[int], _: View) -> str:
+            return await _compaction_summary(actor, len(span))
+
+        await _place_summary(actor, shape, messages, plan, end, summary_of)
+
+
+async def _place_summary(actor: SessionActor, shape: Shape, messages: list[dict[str, Any]],
+                         plan: _Plan, end: int,
+                         summary_of: Callable[[list[int], View], Awaitable[str]],
+                         worth_it: bool = False) -> bool:
+    """A compaction point at ``end``: ``summary_of`` the messages it stands for (their
+    positions, and the view they are sent in) as one user message kept on the row at
+    ``end``, when it is smaller than they are (else the cached prefix is worth more);
+    ``worth_it``: only when it removes at least as many tokens as the request keeps from
+    the summary on (which the provider writes to its cache again), so that the request
+    at least halves and the next rewrite is as far off. Whether it was placed."""
+    view = shown(shape, messages, plan.rows, plan.points_of_history, before=end)
+    span = [p for p in range(end) if view.messages[p] is not None
+            and not shape.is_system(messages[p])]
+    if not span:
+        return False
+    summary = shape.summary_message(await summary_of(span, view))
+    [tokens] = await actor.services.counter.count_messages([shape.counted(summary)])
+    removed = sum(view.tokens[p] for p in span) - tokens
+    if removed <= 0 or (worth_it and removed < tokens + sum(view.tokens[end:])):
+        return False
+    plan.rows[end].compaction, plan.rows[end].compaction_tokens = summary, tokens
+    return True
 
 
 async def _compaction_summary(actor: SessionActor, count: int) -> str:
@@ -769,27 +800,21 @@ async def _compact_over(actor: SessionActor, shape: Shape, messages: list[dict[s
     Only where the request stays valid (the first new message is the assistant's, so the
     summary is followed by it) and when the summary is smaller than what it stands for."""
     end = plan.keep
-    if not 0 < end < len(messages) or messages[end].get("role") != "assistant" \
-            or shape.is_system(messages[end]):
+    if not actor.services.config.hygiene.auto_compact or not 0 < end < len(messages) \
+            or messages[end].get("role") != "assistant" or shape.is_system(messages[end]):
         return
-    view = shown(shape, messages, plan.rows, plan.points_of_history, before=end)
-    span = [p for p in range(end) if view.messages[p] is not None
-            and not shape.is_system(messages[p])]
-    if not span:
-        return
-    sent = [message for p in span if (message := view.messages[p]) is not None]
-    thread = [RenderedMessage(role=m.role, content=m.content, name=m.name,
-                              tool_call_id=m.tool_call_id)
-              for recorded in shape.to_ctxd(sent, 0) for m in recorded]
-    text = extract_summary(thread, actor.services.config.hygiene.summary_max_tokens)
-    summary = shape.summary_message(text)
-    [tokens] = await actor.services.counter.count_messages([shape.counted(summary)])
-    if tokens >= sum(view.tokens[p] for p in span):
-        return
-    plan.rows[end].compaction, plan.rows[end].compaction_tokens = summary, tokens
-    plan.changed.add(end)
-    plan.points_of_history = _with_automatic(
-        [point for point in plan.points_of_history if point[2] != end], plan.rows)
+
+    async def summary_of(span: list[int], view: View) -> str:
+        sent = [message for p in span if (message := view.messages[p]) is not None]
+        thread = [RenderedMessage(role=m.role, content=m.content, name=m.name,
+                                  tool_call_id=m.tool_call_id)
+                  for recorded in shape.to_ctxd(sent, 0) for m in recorded]
+        return extract_summary(thread, actor.services.config.hygiene.summary_max_tokens)
+
+    if await _place_summary(actor, shape, messages, plan, end, summary_of, worth_it=True):
+        plan.changed.add(end)
+        plan.points_of_history = _with_automatic(
+            [point for point in plan.points_of_history if point[2] != end], plan.rows)
 
 
 async def _inject(actor: SessionActor, shape: Shape, messages: list[dict[str, Any]],

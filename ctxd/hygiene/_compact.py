@@ -5,7 +5,7 @@ functions over a thread's kept messages; the session actor counts, summarises an
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,13 +130,15 @@ def input_clear_candidates(messages: Sequence[ThreadMessage],
     return list(older.values())
 
 
-def clear_inputs(content: Sequence[dict[str, Any]], calls: Sequence[int],
-                 ref_id: str) -> tuple[list[dict[str, Any]], str] | None:
+def clear_inputs(content: Sequence[dict[str, Any]], calls: Sequence[int], ref_id: str,
+                 stored: Callable[[str], str] | None = None
+                 ) -> tuple[list[dict[str, Any]], str] | None:
     """``content`` with every string of at least `CLEAR_MIN_BYTES` (UTF-8) in the inputs of
     its parts ``calls`` — at any depth, except under `KEPT_INPUT_KEYS` — replaced by
     `cleared_input_text`, and the blob text those values make, one after the other (the
     markers give each one's offset); None when there is none. The inputs keep their
-    keys."""
+    keys. ``stored``: what the blob keeps of each value (scrubbed, with ``scrub_at_rest``),
+    the markers' offsets and lengths counted in it."""
     pieces: list[str] = []
     offset = 0
 
@@ -146,9 +148,10 @@ def clear_inputs(content: Sequence[dict[str, Any]], calls: Sequence[int],
             if key in KEPT_INPUT_KEYS or len(value) * 4 < CLEAR_MIN_BYTES \
                     or len(value.encode()) < CLEAR_MIN_BYTES:
                 return value
-            pieces.append(value)
-            offset += len(value)
-            return cleared_input_text(ref_id, offset - len(value), len(value))
+            kept = value if stored is None else stored(value)
+            pieces.append(kept)
+            offset += len(kept)
+            return cleared_input_text(ref_id, offset - len(kept), len(kept))
         if isinstance(value, dict):
             return {name: walk(item, name) for name, item in value.items()}
         if isinstance(value, list):

@@ -575,6 +575,54 @@ async def test_a_calls_long_arguments_go_out_as_markers_from_their_first_request
     assert sent(later.body)[:3] == sent(prepared.body)
 
 
+async def test_only_a_file_writing_calls_arguments_go_out_as_markers(
+        supervisor: Supervisor) -> None:
+    """A plan or a sub-agent's task is not on disk: it stays whole (until compaction)."""
+    plan = "1. Read the parser.\n2. Fix the dates.\n" * 60
+    history = [{"role": "user", "content": "plan it"},
+               call("p1", "ExitPlanMode", plan=plan), answer("p1", "approved")]
+    assert sent((await prepare(supervisor, anthropic(history))).body) == history
+
+
+async def test_openai_a_write_calls_arguments_go_out_as_markers_the_others_as_sent(
+        supervisor: Supervisor) -> None:
+    body = "x = 1\n" * 300
+    other = '{"command":  "ls -la",  "n": 1.0e3}'  # spelled as the agent spelled it
+    history = [{"role": "user", "content": "write it"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "c1", "type": "function", "function": {
+                       "name": "write", "arguments": json.dumps(
+                           {"filePath": "/p/a.py", "content": body})}},
+                   {"id": "c2", "type": "function", "function": {
+                       "name": "bash", "arguments": other}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "written"},
+               {"role": "tool", "tool_call_id": "c2", "content": "a.py"}]
+    prepared = await prepare(supervisor, openai(history))
+    calls = sent(prepared.body)[1]["tool_calls"]
+    ref_id = ref_id_for("s1", 2)
+    assert json.loads(calls[0]["function"]["arguments"]) == {
+        "filePath": "/p/a.py", "content": cleared_input_text(ref_id, 0, len(body))}
+    assert calls[1] == history[1]["tool_calls"][1]
+    assert await read_all(supervisor, ref_id) == body
+
+
+async def test_with_scrub_at_rest_the_markers_count_the_scrubbed_arguments(
+        tmp_path: Path) -> None:
+    token = "ghp_" + "a1B2c3D4e5" * 3 + "f6G7h8"
+    body = f"TOKEN = '{token}'\n" + "print('hello')\n" * 100
+    config = msgspec.convert({"scrub_at_rest": True}, Config)
+    async with running_supervisor(tmp_path / "ctxd.db", config) as supervisor:
+        history = [{"role": "user", "content": "write it"},
+                   call("w1", "Write", file_path="/p/a.py", content=body),
+                   answer("w1", "done")]
+        prepared = await prepare(supervisor, anthropic(history))
+        stored = body.replace(token, "[REDACTED:github_token]")
+        ref_id = ref_id_for("s1", 2)
+        assert sent(prepared.body)[1]["content"][0]["input"]["content"] == (
+            cleared_input_text(ref_id, 0, len(stored)))
+        assert await read_all(supervisor, ref_id) == stored
+
+
 async def test_offload_inputs_off_sends_the_arguments_as_they_are(tmp_path: Path) -> None:
     config = msgspec.convert({"hygiene": {"offload_inputs": False}}, Config)
     async with running_supervisor(tmp_path / "ctxd.db", config) as supervisor:
@@ -623,3 +671,28 @@ async def test_past_the_trigger_with_nothing_to_clear_the_history_becomes_its_su
         assert [m.content if isinstance(m.content, str) else "".join(
             part["text"] for part in m.content) for m in stored[:len(history)]] == [
             m["content"] for m in history]
+
+
+@pytest.mark.parametrize(("why", "old", "new"), [
+    ("worth it", 4_000, 800), ("auto_compact off", 4_000, 800), ("not worth it", 300, 4_500)])
+async def test_an_automatic_compaction_point_halves_the_request_or_is_not_placed(
+        tmp_path: Path, why: str, old: int, new: int) -> None:
+    """Past the trigger with nothing to clear: the history is summarised when that at
+    least halves the request; not when the new messages are most of it (the summary would
+    rewrite the cached prefix for little), nor with auto_compact off."""
+    hygiene = {"context_note": "", "auto_compact": why != "auto_compact off"}
+    config = msgspec.convert({"budget": {"context_window": 6_000, "max_output_tokens": 1_000},
+                              "hygiene": hygiene}, Config)
+    async with running_supervisor(tmp_path / "ctxd.db", config) as supervisor:
+        history: list[dict[str, Any]] = [
+            {"role": "user", "content": "Request: go. " + "detail " * old},
+            {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+        assert sent((await prepare(supervisor, anthropic(history))).body) == history
+        grown = [*history, {"role": "assistant", "content": "log " * new},
+                 {"role": "user", "content": "next"}]
+        shown = sent((await prepare(supervisor, anthropic(grown))).body)
+        if why == "worth it":
+            assert shown[0]["content"].startswith("[Summary of 3 earlier messages]")
+            assert shown[1:] == grown[3:]
+        else:
+            assert shown == grown
