@@ -34,6 +34,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = ["COST_RATIOS", "DEFAULT_MODEL", "PRICES", "PRICES_AS_OF", "CacheUsage", "Price",
+           "PromptCache", "blocks"]
+
 LOOKBACK_BLOCKS = 20
 LIFETIME_S = 300.0
 MAX_BREAKPOINTS = 4
@@ -122,10 +125,6 @@ class CacheUsage:
         return {"input_tokens": self.input_tokens,
                 "cache_read_input_tokens": self.cache_read_tokens,
                 "cache_creation_input_tokens": self.cache_write_tokens}
-
-
-__all__ = ["COST_RATIOS", "DEFAULT_MODEL", "PRICES", "PRICES_AS_OF", "CacheUsage", "Price",
-           "PromptCache", "blocks"]
 
 
 def blocks(body: dict[str, Any]) -> Iterator[tuple[Any, bool]]:

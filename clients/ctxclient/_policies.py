@@ -176,7 +176,8 @@ def marked(messages: Sequence[Message]) -> list[Message]:
     return [*messages[:-1], last]
 
 
-def _size(value: Any) -> int:
+def size_of(value: Any) -> int:
+    """A text's UTF-8 bytes, or a value's as compact JSON."""
     return len(value.encode()) if isinstance(value, str) else len(
         json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
 
@@ -243,33 +244,50 @@ def _preview(text: str) -> str:
             f"{text[:PREVIEW_CHARS]}\n...\n</persisted-output>")
 
 
-def _summary(messages: Sequence[Message], cache: PromptCache, size: int) -> Message:
-    """A stand-in for Claude Code's summary of ``messages``: exactly ``size`` tokens
-    that keep verbatim, as far as they fit, the user's first and latest requests, each
-    tool error's first line, the files and commands the calls named (newest first), then
-    the other requests."""
-    requests: list[str] = []
-    errors: list[str] = []
-    named: list[str] = []
+@dataclass
+class _Gist:
+    """What the stand-in summaries keep, carried from one compaction to the next."""
+
+    requests: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    named: list[str] = field(default_factory=list)
+    """The files and commands the calls named, oldest first."""
+    made: int = 0
+    """Summaries made so far (each one's text differs, as a model's would)."""
+
+
+def _summary(messages: Sequence[Message], cache: PromptCache, size: int,
+             carried: _Gist | None = None) -> tuple[Message, _Gist]:
+    """A stand-in for Claude Code's summary of ``messages`` (and of the summary before
+    them, ``carried``): exactly ``size`` tokens that keep verbatim, as far as they fit,
+    the user's first and latest requests, each tool error's first line, the files and
+    commands the calls named (newest first), then the other requests; and what it was
+    made of, for the next one."""
+    gist = _Gist() if carried is None else _Gist(list(carried.requests),
+                                                 list(carried.errors), list(carried.named),
+                                                 carried.made)
+    gist.made += 1
     for message in messages:
         for block in blocks_of(message):
             if block.get("type") == "text" and message.get("role") == "user":
-                requests.append(f"User: {block.get('text', '')}")
+                gist.requests.append(f"User: {block.get('text', '')}")
             elif block.get("type") == "tool_use" and isinstance(block.get("input"), dict):
                 values = [f"{key}={value}" for key, value in block["input"].items()
                           if key in ("file_path", "path", "notebook_path", "command")
                           and isinstance(value, str)]
                 if values:
-                    named.append(f"{block.get('name')}: {', '.join(values)}")
+                    gist.named.append(f"{block.get('name')}: {', '.join(values)}")
             elif block.get("type") == "tool_result" and block.get("is_error"):
                 first = result_text(block).strip().splitlines()[:1]
                 if first:
-                    errors.append(f"Error: {first[0]}")
+                    gist.errors.append(f"Error: {first[0]}")
     # The first and latest requests, errors, then the newest calls first: what a cut
     # leaves out is the oldest calls and the other requests.
+    requests = gist.requests
     lines = ["This session is being continued from a previous conversation that ran out "
-             "of context. The conversation is summarized below:", *requests[:1],
-             *requests[1:][-1:], *errors, *reversed(named), *requests[1:-1]]
+             f"of context. The conversation is summarized below (summary {gist.made}):",
+             *requests[:1],
+             *requests[1:][-1:], *gist.errors, *reversed(gist.named), *requests[1:-1]]
     text = "\n".join(lines)
 
     def tokens(value: str) -> int:
@@ -282,9 +300,9 @@ def _summary(messages: Sequence[Message], cache: PromptCache, size: int) -> Mess
             low, high = (middle, high) if tokens(text[:middle]) <= size \
                 else (low, middle - 1)
         text = text[:low]
-    while tokens(text) < size:
-        text += " ."
-    return {"role": "user", "content": text}
+    while (missing := size - tokens(text)) > 0:
+        text += " ." * missing  # about a token each
+    return {"role": "user", "content": text}, gist
 
 
 def claude_code(calls: Sequence[Call], final: list[Message], window: int,
@@ -307,6 +325,7 @@ def claude_code(calls: Sequence[Call], final: list[Message], window: int,
         return replace_results(messages, replace)
 
     summary: Message | None = None
+    gist: _Gist | None = None
     cut = 0  # where the thread since the last compaction starts
     sent: list[Sent] = []
     for n, call in enumerate(calls):
@@ -315,17 +334,19 @@ def claude_code(calls: Sequence[Call], final: list[Message], window: int,
         if cache.tokens({"messages": request}) > threshold:
             summarize = [*request, {"role": "user", "content": SUMMARY_INSTRUCTION}]
             sent.append(Sent(summarize, call.at, summary_tokens, n))
-            summary = _summary(request, cache, summary_tokens)
+            # What follows the summary: the last assistant message and what came after.
             last = max((i for i, m in enumerate(call.messages)
                         if m.get("role") == "assistant"), default=len(call.messages))
-            cut = last
+            summary, gist = _summary(previewed(call.messages[cut:last]), cache,
+                                     summary_tokens, gist)
+            cut = max(cut, last)
             request = [summary, *previewed(call.messages[cut:])]
         sent.append(Sent(request, call.at, output_of(call, cache), n))
     kept = ([summary] if summary else []) + previewed(final[cut:])
     readable = [saved[str(block.get("tool_use_id"))] for _, _, block in results(final[cut:])
                 if str(block.get("tool_use_id")) in saved]
-    summarized = sum(_size(message.get("content")) for message in final[:cut])
-    in_previews = sum(_size(text) for text in readable)
+    summarized = sum(size_of(message.get("content")) for message in final[:cut])
+    in_previews = sum(size_of(text) for text in readable)
     return Applied(sent, kept, removed_bytes=summarized + in_previews,
                    retrievable_bytes=in_previews, readable=readable)
 
@@ -394,4 +415,5 @@ __all__ = [
     "price",
     "result_text",
     "results",
+    "size_of",
 ]

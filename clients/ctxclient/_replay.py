@@ -57,6 +57,7 @@ from ctxclient._policies import (
     marked,
     price,
     result_text,
+    size_of,
 )
 from ctxclient._spawn import private_environment, spawn_daemon
 from ctxclient._sync import Client
@@ -552,6 +553,10 @@ def _ctxd_applied(ctxd: Client, received: list[dict[str, Any]], calls: list[Call
     kept = received[-1]["messages"]
     applied = Applied(sent, kept)
     dropped = len(final) - len(kept) + 1 if len(kept) < len(final) else 0
+    if dropped and not _text(kept[0].get("content", "")).startswith("[Summary of "):
+        raise ReplayError(f"ctxd's gateway sent {len(kept)} messages for the final thread's "
+                          f"{len(final)}, the first not a summary: a rewrite the replay "
+                          "cannot align")
     if dropped:
         _dropped(ctxd, final[:dropped], applied)
     for original, shown in zip(final[dropped:], kept[bool(dropped):], strict=True):
@@ -564,12 +569,12 @@ def _ctxd_applied(ctxd: Client, received: list[dict[str, Any]], calls: list[Call
                 back = _read(ctxd, GATEWAY_SESSION, refs[0]) if refs else None
                 exact = back == result_text(block)
             elif block.get("type") == "tool_use":
-                size = _size(block.get("input"))
+                size = size_of(block.get("input"))
                 back = json.dumps(_restore_inputs(ctxd, GATEWAY_SESSION,
                                                   shown_block.get("input")))
                 exact = back == json.dumps(block.get("input"))
             else:
-                size, back, exact = _size(block), None, False
+                size, back, exact = size_of(block), None, False
             applied.removed_bytes += size
             if exact:
                 applied.retrievable_bytes += size
@@ -598,16 +603,19 @@ def _dropped(ctxd: Client, dropped: list[dict[str, Any]], applied: Applied) -> N
             elif isinstance(part.get("input"), dict):
                 inputs.add(json.dumps(_restore_inputs(ctxd, GATEWAY_SESSION, part["input"]),
                                       sort_keys=True))
-    stored = "\x00".join(texts)
+    # A stored text may join several of the dropped message's blocks (a provider's shape
+    # joins a turn's records): a block is found as whole lines of a stored text.
+    stored = "\n" + "\n\x00\n".join(texts) + "\n"
     for message in dropped:
         for block in _blocks(message):
             kind = block.get("type")
             text = result_text(block) if kind == "tool_result" else block.get("text")
-            size = _size(block.get("input")) if kind == "tool_use" else _size(
+            size = size_of(block.get("input")) if kind == "tool_use" else size_of(
                 text if isinstance(text, str) else block)
             applied.removed_bytes += size
             if (json.dumps(block.get("input"), sort_keys=True) in inputs
-                    if kind == "tool_use" else isinstance(text, str) and text in stored):
+                    if kind == "tool_use" else isinstance(text, str)
+                    and f"\n{text}\n" in stored):
                 applied.retrievable_bytes += size
 
 
@@ -643,12 +651,6 @@ def _text(content: Any) -> str:
         return content
     return "\n".join(part["text"] for part in content if isinstance(part, dict)
                      and part.get("type") == "text" and isinstance(part.get("text"), str))
-
-
-def _size(content: Any) -> int:
-    if isinstance(content, str):
-        return len(content.encode())
-    return len(json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode())
 
 
 def _list(client: Client, session_id: str) -> list[dict[str, Any]]:
@@ -805,7 +807,7 @@ def replay(path: Path, window: int | None = None, fmt: str | None = None,
         for daemon in daemons:
             clients.append(daemon.connect())
         return _run(transcript, path, root, window, clients[0], clients[1],
-                    Policies(list(policies), model, upstream))
+                    Policies(list(dict.fromkeys(policies)), model, upstream))
     finally:
         try:
             for client in clients:
@@ -931,7 +933,7 @@ def _run(transcript: Transcript, path: Path, root: Path, window: int | None,
         if not message.get("ref_id") and not message.get("compaction"):
             continue
         removed += 1
-        size = _size(original["content"])
+        size = size_of(original["content"])
         removed_bytes += size
         exact = message["content"] == original["content"] and message["role"] == original[
             "role"]
@@ -981,8 +983,11 @@ def _price_policies(ctxd: Client, raw: Client, policies: Policies,
     for k, (messages, at) in enumerate(asked):
         after = asked[k + 1][0] if k + 1 < len(asked) else final
         response = after[len(messages)] if len(after) > len(messages) else None
-        if response is not None and response.get("role") == "assistant":
-            calls.append(Call(messages, at, response))
+        if response is None or response.get("role") != "assistant" \
+                or after[:len(messages)] != messages:
+            raise ReplayError(f"model call {k + 1} of the replay: the thread after it does "
+                              "not continue its request with the assistant's response")
+        calls.append(Call(messages, at, response))
     counter = PromptCache()
     reports: dict[str, PolicyReport] = {}
     for name in policies.names:

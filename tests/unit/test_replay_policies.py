@@ -177,3 +177,23 @@ def test_every_price_keeps_anthropics_ratios() -> None:
     for model, prices in PRICES.items():
         assert (prices.cache_write / prices.input, prices.cache_read / prices.input,
                 prices.output / prices.input) == pytest.approx((1.25, 0.1, 5.0)), model
+
+
+def test_claude_codes_next_summary_carries_the_first_and_adds_what_came_since() -> None:
+    cache = PromptCache(count=count)
+    thread = [user("100 first request"), calls_tool("t1", 10), result("t1", "500 big"),
+              {"role": "assistant", "content": [{"type": "tool_use", "id": "t2",
+                                                 "name": "Bash",
+                                                 "input": {"n": 10, "command": "make deploy"}}]},
+              result("t2", "400 more"), assistant("5 and"), user("100 new request"),
+              calls_tool("t3", 10), result("t3", "300 last"), assistant("5 done")]
+    applied = claude_code(replay_of(thread, [0, 10, 20, 30, 40]), thread, 1_200, cache,
+                          compact_at=0.5, summary_tokens=200)
+    summaries = [sent.messages[0]["content"] for sent in applied.sent
+                 if sent.messages[0]["content"].startswith("This session")]
+    first, *_, last = summaries
+    assert "User: 100 first request" in first
+    assert "User: 100 first request" in last
+    assert "User: 100 new request" in last
+    assert "Bash: command=make deploy" in last
+    assert last != first
