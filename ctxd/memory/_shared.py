@@ -1,0 +1,123 @@
+"""Memories of shared scopes, the local side (docs/decisions.md, "Team memory"): the
+outbox of writes the team database has not applied yet, committed with the local write
+they stand for, and the mirror of the database's memories (``team_mirror``: which local
+memory is which shared one; ``team_link``: the last change read). The team link
+(``ctxd.team``) drains the one and feeds the other through the memory service."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+
+from ctxd.memory._lexical import LexicalIndex
+from ctxd.memory._queries import NewMemory, _bump_generation, confidence, get, insert
+from ctxd.wire.types import SHARED_SCOPES, MemoryItem
+
+
+def is_shared(scope: str) -> bool:
+    return scope.startswith(SHARED_SCOPES)
+
+
+def stage_record(conn: apsw.Connection, memory_id: int, recorded_by: dict[str, str] | None,
+                 now: float) -> None:
+    """The outbox entry of a memory recorded in a shared scope, in the caller's
+    transaction (the record's own)."""
+    conn.execute("INSERT INTO team_outbox (operation, memory_id, created_at) VALUES (?, ?, ?)",
+                 (json.dumps({"kind": "record", "recorded_by": recorded_by}), memory_id, now))
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """An outbox entry with what it sends: a record's memory as it is now."""
+
+    outbox_id: int
+    key: str
+    """Unique across ctxds: this store's id and the entry's."""
+    operation: dict[str, Any]
+    memory: MemoryItem | None
+    """None: the memory was deleted before it was sent (nothing to send)."""
+
+
+def outgoing(conn: apsw.Connection, limit: int) -> list[Outgoing]:
+    """The oldest outbox entries, at most ``limit``."""
+    [(store_id,)] = conn.execute("SELECT store_id FROM team_link").fetchall()
+    rows: list[Any] = conn.execute(
+        "SELECT id, operation, memory_id FROM team_outbox ORDER BY id LIMIT ?",
+        (limit,)).fetchall()
+    return [Outgoing(outbox_id, f"{store_id}:{outbox_id}", json.loads(operation),
+                     None if memory_id is None else get(conn, memory_id))
+            for outbox_id, operation, memory_id in rows]
+
+
+def sent(conn: apsw.Connection, done: list[tuple[int, int | None, int | None]]) -> None:
+    """Entries the team database applied: (outbox id, local memory, shared memory) each,
+    out of the outbox, the local memory mapped to the shared one."""
+    for outbox_id, memory_id, remote_id in done:
+        conn.execute("DELETE FROM team_outbox WHERE id = ?", (outbox_id,))
+        if memory_id is not None and remote_id is not None:
+            conn.execute("INSERT OR IGNORE INTO team_mirror (memory_id, remote_id) "
+                         "VALUES (?, ?)", (memory_id, remote_id))
+
+
+def outbox_depth(conn: apsw.Connection) -> int:
+    rows: list[Any] = conn.execute("SELECT count(*) FROM team_outbox").fetchall()
+    return int(rows[0][0])
+
+
+def last_change(conn: apsw.Connection) -> int:
+    rows: list[Any] = conn.execute("SELECT last_change FROM team_link").fetchall()
+    return int(rows[0][0])
+
+
+@dataclass(frozen=True)
+class Mirrored:
+    """What a page of changes did locally: memories to index (id, generation) and to
+    take out of the index."""
+
+    added: list[tuple[MemoryItem, int]]
+    removed: list[tuple[int, int]]
+
+
+def mirror(conn: apsw.Connection, lexical: LexicalIndex, changes: list[Any], seq: int
+           ) -> Mirrored:
+    """Apply a page of the team database's changes (``ctxd.team.Change``) to the local
+    store in one transaction, up to change ``seq``: a new shared memory is inserted and
+    mapped, a known one takes the database's counts, a deleted one goes."""
+    added: list[tuple[MemoryItem, int]] = []
+    removed: list[tuple[int, int]] = []
+    now = time.time()
+    for change in changes:
+        rows: list[Any] = conn.execute("SELECT memory_id FROM team_mirror WHERE remote_id = ?",
+                                       (change.memory_id,)).fetchall()
+        local = int(rows[0][0]) if rows else None
+        if change.deleted:
+            if local is not None:
+                lexical.removing(conn, local)
+                conn.execute("DELETE FROM memories WHERE id = ?", (local,))
+                removed.append((local, _bump_generation(conn)))
+            continue
+        if local is not None:
+            conn.execute("UPDATE memories SET alpha = ?, beta = ?, usage_count = ?, "
+                         "updated_at = ? WHERE id = ?", (change.alpha, change.beta,
+                                                         change.usage_count, now, local))
+            lexical.rated(local, confidence(change.alpha, change.beta))
+            continue
+        by = change.recorded_by
+        source = f"{by.get('user', '?')}@{by.get('machine', '?')}" if by else None
+        item, generation = insert(conn, lexical, NewMemory(
+            scope=change.scope, title=change.title, description=change.description,
+            content=change.content, outcome=change.outcome, tags=" ".join(change.tags),
+            prior=(change.alpha, change.beta), source=source, created_at=change.created_at))
+        conn.execute("INSERT INTO team_mirror (memory_id, remote_id) VALUES (?, ?)",
+                     (item.id, change.memory_id))
+        added.append((item, generation))
+    conn.execute("UPDATE team_link SET last_change = ?", (seq,))
+    return Mirrored(added, removed)
+
+
+__all__ = ["Mirrored", "Outgoing", "is_shared", "last_change", "mirror", "outbox_depth",
+           "outgoing", "sent", "stage_record"]

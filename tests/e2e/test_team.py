@@ -1,0 +1,138 @@
+"""Team memory end to end (docs/decisions.md, "Team memory"): two daemons on their own data
+directories share one team database on a real PostgreSQL (tests/postgres.py). A memory
+recorded on one is found on the other; the recording daemon's writes wait in its outbox
+while the database is down and land exactly once when it is back; a new daemon catches up
+from nothing. Waits are for a condition (a notification usually ends them in well under a
+second), never assertions on time."""
+
+from __future__ import annotations
+
+import getpass
+import itertools
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import kill_leftovers, short_root
+from daemon_process import DaemonProcess
+from postgres import Postgres
+
+WAIT_S = 60.0
+_databases = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Postgres]:
+    running = Postgres()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def conninfo(server: Postgres) -> str:
+    name = f"team_e2e_{next(_databases)}"
+    with psycopg.connect(server.conninfo, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    return server.conninfo.replace("dbname=postgres", f"dbname={name}")
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    folder = short_root()
+    yield folder
+    kill_leftovers(folder)
+
+
+def teammate(root: Path, name: str, conninfo: str) -> DaemonProcess:
+    """A daemon of team ``payments`` (its own data directory), the database's URL in
+    its environment."""
+    config = root / f"{name}.toml"
+    config.write_text('[memory.team]\nname = "payments"\npoll_interval_s = 0.5\n')
+    return DaemonProcess(root, name=name, data=root / f"{name}-data",
+                         extra_args=["--config", str(config)],
+                         env={"TEAM_MEMORY_DATABASE_URL": conninfo}).start()
+
+
+def wait_for(what: Callable[[], Any]) -> Any:
+    """``what()`` once it is truthy; fails after `WAIT_S`."""
+    deadline = time.monotonic() + WAIT_S
+    while not (found := what()):
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.05)
+    return found
+
+
+def search(daemon: DaemonProcess, query: str) -> list[dict[str, Any]]:
+    with daemon.client() as client:
+        return client.call("memory.search", {"query": query, "scope": "team:payments",
+                                             "mode": "lexical"})["results"]
+
+
+def status(daemon: DaemonProcess) -> dict[str, Any]:
+    with daemon.client() as client:
+        return client.call("daemon.status")["team"]
+
+
+LESSON = {"title": "Tests need the venv",
+          "content": "Run the tests with .venv/bin/pytest -q; the system python lacks the "
+                     "extras.", "scope": "team:payments"}
+
+
+def test_a_memory_recorded_on_one_teammate_is_found_on_the_other(root: Path,
+                                                                 conninfo: str) -> None:
+    ana, ben = teammate(root, "ana", conninfo), teammate(root, "ben", conninfo)
+    try:
+        wait_for(lambda: status(ana)["connected"] and status(ben)["connected"])
+        with ana.client() as client:
+            client.call("memory.record", LESSON)
+        [found] = wait_for(lambda: search(ben, "system python extras"))
+        assert (found["title"], found["content"], found["scope"]) == (
+            LESSON["title"], LESSON["content"], "team:payments")
+        with ben.client() as client:
+            item = client.call("memory.get", {"id": found["id"]})["memory"]
+        # Who recorded it: the user and machine of ana's daemon (this machine here).
+        assert item["source"] == f"{getpass.getuser()}@{socket.gethostname()}"
+        assert wait_for(lambda: status(ana)["outbox_depth"] == 0)
+        # Recorded again with other blanks on ben: the same shared memory, not a second.
+        with ben.client() as client:
+            client.call("memory.record", {**LESSON, "content": LESSON["content"].upper()})
+        wait_for(lambda: status(ben)["outbox_depth"] == 0)
+        with psycopg.connect(conninfo) as conn:
+            assert conn.execute("SELECT count(*) FROM ctxd_team_memories").fetchone() == (1,)
+    finally:
+        ana.stop()
+        ben.stop()
+
+
+def test_writes_wait_for_the_database_and_land_once(root: Path, server: Postgres,
+                                                    conninfo: str) -> None:
+    ana = teammate(root, "ana", conninfo)
+    try:
+        wait_for(lambda: status(ana)["connected"])
+        server.kill()
+        wait_for(lambda: not status(ana)["connected"])
+        with ana.client() as client:
+            for n in range(3):
+                client.call("memory.record", {**LESSON, "title": f"Lesson {n}",
+                                              "content": f"lesson number {n}"})
+        assert status(ana)["outbox_depth"] == 3
+        server.start()
+        wait_for(lambda: status(ana)["connected"] and status(ana)["outbox_depth"] == 0)
+        with psycopg.connect(conninfo) as conn:
+            assert conn.execute("SELECT count(*) FROM ctxd_team_memories").fetchone() == (3,)
+        # A teammate who joins now catches up from nothing.
+        cid = teammate(root, "cid", conninfo)
+        try:
+            found = wait_for(lambda: len(search(cid, "lesson number")) == 3
+                             and search(cid, "lesson number"))
+            assert sorted(hit["title"] for hit in found) == ["Lesson 0", "Lesson 1",
+                                                             "Lesson 2"]
+            assert status(cid)["lag_changes"] == 0
+        finally:
+            cid.stop()
+    finally:
+        ana.stop()
