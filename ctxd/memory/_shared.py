@@ -14,7 +14,14 @@ from typing import Any
 import apsw
 
 from ctxd.memory._lexical import LexicalIndex
-from ctxd.memory._queries import NewMemory, _bump_generation, confidence, get, insert
+from ctxd.memory._queries import (
+    NewMemory,
+    _bump_generation,
+    confidence,
+    get,
+    insert,
+    stage_outbox,
+)
 from ctxd.wire.types import SHARED_SCOPES, MemoryItem
 
 
@@ -26,8 +33,7 @@ def stage_record(conn: apsw.Connection, memory_id: int, recorded_by: dict[str, s
                  now: float) -> None:
     """The outbox entry of a memory recorded in a shared scope, in the caller's
     transaction (the record's own)."""
-    conn.execute("INSERT INTO team_outbox (operation, memory_id, created_at) VALUES (?, ?, ?)",
-                 (json.dumps({"kind": "record", "recorded_by": recorded_by}), memory_id, now))
+    stage_outbox(conn, {"kind": "record", "recorded_by": recorded_by}, memory_id, now)
 
 
 @dataclass(frozen=True)
@@ -40,17 +46,20 @@ class Outgoing:
     operation: dict[str, Any]
     memory: MemoryItem | None
     """None: the memory was deleted before it was sent (nothing to send)."""
+    remote_id: int | None
+    """The shared memory it is in the team database, once known."""
 
 
 def outgoing(conn: apsw.Connection, limit: int) -> list[Outgoing]:
     """The oldest outbox entries, at most ``limit``."""
     [(store_id,)] = conn.execute("SELECT store_id FROM team_link").fetchall()
     rows: list[Any] = conn.execute(
-        "SELECT id, operation, memory_id FROM team_outbox ORDER BY id LIMIT ?",
+        "SELECT o.id, o.operation, o.memory_id, m.remote_id FROM team_outbox o "
+        "LEFT JOIN team_mirror m ON m.memory_id = o.memory_id ORDER BY o.id LIMIT ?",
         (limit,)).fetchall()
     return [Outgoing(outbox_id, f"{store_id}:{outbox_id}", json.loads(operation),
-                     None if memory_id is None else get(conn, memory_id))
-            for outbox_id, operation, memory_id in rows]
+                     None if memory_id is None else get(conn, memory_id), remote_id)
+            for outbox_id, operation, memory_id, remote_id in rows]
 
 
 def sent(conn: apsw.Connection, done: list[tuple[int, int | None, int | None]]) -> None:

@@ -109,21 +109,32 @@ class TeamLink:
                     await trio.to_thread.run_sync(closing.close)
 
     async def _drain(self, conn: Any) -> None:
+        """Send the outbox, oldest first, a page a transaction. A signal or a deletion of a
+        memory whose record is in the same page waits for the next page (the record's
+        shared id is known once it is applied)."""
         while True:
             self.memory.shared_written = trio.Event()
             pending = await self.memory.outgoing(PAGE)
             if not pending:
                 return
-            operations, entries = [], []
+            operations, entries, dropped = [], [], []
+            recorded_now = set()
             for entry in pending:
+                waiting = entry.operation.get("kind") != "record" and entry.remote_id is None \
+                    and entry.memory is not None and entry.memory.id in recorded_now
+                if waiting:
+                    break
                 operation = _operation(entry)
                 if operation is None:
-                    await self.memory.sent([(entry.outbox_id, None, None)])
+                    dropped.append((entry.outbox_id, None, None))
                     continue
+                if entry.operation.get("kind") == "record" and entry.memory is not None:
+                    recorded_now.add(entry.memory.id)
                 operations.append(operation)
                 entries.append(entry)
-            applied = await trio.to_thread.run_sync(apply, conn, operations)
-            await self.memory.sent([
+            applied = await trio.to_thread.run_sync(apply, conn, operations) \
+                if operations else []
+            await self.memory.sent(dropped + [
                 (entry.outbox_id, entry.memory.id if entry.memory else None, done.memory_id)
                 for entry, done in zip(entries, applied, strict=True)])
 
@@ -139,16 +150,21 @@ class TeamLink:
             await self.memory.mirror(changes, seq)
 
     async def _wait(self, listener: Listener) -> None:
+        """Until a notification, a write to share (a record says so at once; a signal or a
+        deletion in another transaction is found in the outbox at the next slice), or the
+        poll interval."""
         deadline = time.monotonic() + self.config.poll_interval_s
         while time.monotonic() < deadline and not self.memory.shared_written.is_set():
             notified = await trio.to_thread.run_sync(listener.wait, WAIT_SLICE_S)
-            if notified is not None:
+            depth, _ = await self.memory.team_state()
+            if notified is not None or depth:
                 return
 
 
 def _operation(entry: Any) -> Operation | None:
     """The outbox entry as the database's operation; None when there is nothing to send
-    (its memory was deleted before it left)."""
+    (its memory was deleted before it left, or a signal's memory never reached the
+    database)."""
     kind = entry.operation.get("kind")
     memory = entry.memory
     if kind == "record" and memory is not None:
@@ -157,8 +173,8 @@ def _operation(entry: Any) -> Operation | None:
             content=memory.content, outcome=memory.outcome, tags=list(memory.tags),
             alpha=entry.operation.get("alpha", 4.0), beta=entry.operation.get("beta", 1.0),
             recorded_by=entry.operation.get("recorded_by"), created_at=memory.created_at))
-    if kind == "signal" and isinstance(entry.operation.get("remote_id"), int):
-        return Operation(entry.key, Signal(entry.operation["remote_id"],
+    if kind == "signal" and entry.remote_id is not None:
+        return Operation(entry.key, Signal(entry.remote_id,
                                            alpha=entry.operation.get("alpha", 0.0),
                                            beta=entry.operation.get("beta", 0.0),
                                            uses=entry.operation.get("uses", 0)))

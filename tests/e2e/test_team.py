@@ -136,3 +136,46 @@ def test_writes_wait_for_the_database_and_land_once(root: Path, server: Postgres
             cid.stop()
     finally:
         ana.stop()
+
+
+def test_signals_from_both_teammates_add_up_and_a_deletion_reaches_both(
+        root: Path, conninfo: str) -> None:
+    ana, ben = teammate(root, "ana", conninfo), teammate(root, "ben", conninfo)
+    try:
+        wait_for(lambda: status(ana)["connected"] and status(ben)["connected"])
+        with ana.client() as client:
+            mine = client.call("memory.record", LESSON)["memory"]["id"]
+            # Before it has left the outbox: the record goes first, then the signal.
+            client.call("memory.feedback", {"id": mine, "helpful": True})
+        [theirs] = wait_for(lambda: search(ben, "system python extras"))
+        with ben.client() as client:
+            for _ in range(3):
+                client.call("memory.outcome", {"id": theirs["id"], "succeeded": True})
+            client.call("memory.feedback", {"id": theirs["id"], "helpful": False})
+
+        def counts() -> tuple[float, float]:
+            with psycopg.connect(conninfo) as conn:
+                row = conn.execute("SELECT alpha, beta FROM ctxd_team_memories").fetchone()
+                assert row is not None
+                return float(row[0]), float(row[1])
+
+        # Beta(4, 1) recorded; +1 (ana), +3 and a negative one (ben), each applied once.
+        wait_for(lambda: counts() == (8.0, 2.0))
+        wait_for(lambda: status(ana)["outbox_depth"] == status(ben)["outbox_depth"] == 0)
+        assert counts() == (8.0, 2.0)
+
+        def confidence(daemon: DaemonProcess, memory_id: int) -> float:
+            with daemon.client() as client:
+                return float(client.call("memory.get", {"id": memory_id})["memory"][
+                    "confidence"])
+
+        assert wait_for(lambda: confidence(ana, mine) == 0.8 and confidence(ben, theirs["id"])
+                        == 0.8)
+        with ana.client() as client:
+            client.call("memory.delete", {"id": mine})
+        wait_for(lambda: search(ben, "system python extras") == [])
+        with psycopg.connect(conninfo) as conn:
+            assert conn.execute("SELECT deleted FROM ctxd_team_memories").fetchone() == (True,)
+    finally:
+        ana.stop()
+        ben.stop()
