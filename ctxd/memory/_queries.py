@@ -217,16 +217,22 @@ GLOBAL = "global"
 
 # Confidence filters allow for rounding: sums of 0.1 (use signals) are not exact.
 def _scope_clause(scope: str | None, by_id: bool = False) -> tuple[str, tuple[Any, ...]]:
-    """A project scope sees its own memories and the global ones. ``by_id``: the query
-    reads listed ids, so the scope is tested on each row found by its rowid (``+``: not
-    through ``memories_by_scope``, which SQLite would otherwise probe once per id and scope,
-    25% slower for an injection's 26 ids)."""
+    """A project scope sees its own memories, the shared ones (team and org: a store
+    mirrors only its team's) and the global ones; a shared scope itself and the global
+    ones; "global" only its own. ``by_id``: the query reads listed ids, so the scope is
+    tested on each row found by its rowid (``+``: not through ``memories_by_scope``,
+    which SQLite would otherwise probe once per id and scope, 25% slower for an
+    injection's 26 ids)."""
     column = "+m.scope" if by_id else "m.scope"
     if scope is None:
         return "", ()
     if scope == "global":
         return f" AND {column} = 'global'", ()
-    return f" AND {column} IN (?, 'global')", (scope,)
+    if scope.startswith(SHARED_SCOPES):
+        return f" AND {column} IN (?, 'global')", (scope,)
+    shared = " OR ".join(f"({column} >= '{prefix}' AND {column} < '{prefix[:-1]};')"
+                         for prefix in SHARED_SCOPES)
+    return f" AND ({column} IN (?, 'global') OR {shared})", (scope,)
 
 
 def list_memories(conn: apsw.Connection, scope: str | None, after_id: int,

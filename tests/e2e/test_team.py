@@ -66,10 +66,11 @@ def wait_for(what: Callable[[], Any]) -> Any:
     return found
 
 
-def search(daemon: DaemonProcess, query: str) -> list[dict[str, Any]]:
+def search(daemon: DaemonProcess, query: str, scope: str = "team:payments",
+           mode: str = "lexical") -> list[dict[str, Any]]:
     with daemon.client() as client:
-        return client.call("memory.search", {"query": query, "scope": "team:payments",
-                                             "mode": "lexical"})["results"]
+        return client.call("memory.search", {"query": query, "scope": scope,
+                                             "mode": mode})["results"]
 
 
 def status(daemon: DaemonProcess) -> dict[str, Any]:
@@ -92,6 +93,12 @@ def test_a_memory_recorded_on_one_teammate_is_found_on_the_other(root: Path,
         [found] = wait_for(lambda: search(ben, "system python extras"))
         assert (found["title"], found["content"], found["scope"]) == (
             LESSON["title"], LESSON["content"], "team:payments")
+        # A session of a project sees its team's memories beside its own, by both legs;
+        # another team's scope does not.
+        for mode in ("lexical", "dense", "hybrid"):
+            assert [hit["id"] for hit in search(ben, "system python extras", "project:app",
+                                                mode)] == [found["id"]], mode
+        assert search(ben, "system python extras", "team:web") == []
         with ben.client() as client:
             item = client.call("memory.get", {"id": found["id"]})["memory"]
         # Who recorded it: the user and machine of ana's daemon (this machine here).
