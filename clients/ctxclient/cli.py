@@ -90,6 +90,7 @@ COMMAND_OF_METHOD = {
     "memory.list": "ctxctl memory list", "memory.search": "ctxctl memory search QUERY",
     "memory.record": "ctxctl memory add TITLE CONTENT", "memory.get": "ctxctl memory show ID",
     "memory.delete": "ctxctl memory rm ID", "memory.reindex": "ctxctl memory reindex",
+    "memory.share": "ctxctl memory share ID --team NAME",
     "memory.feedback": "ctxctl memory rate ID --helpful",
     "memory.outcome": "ctxctl memory rate ID --succeeded",
 }

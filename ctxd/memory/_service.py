@@ -197,15 +197,33 @@ class Memory:
         return MemoryRecordResult(memory=item, secrets_scrubbed=sum(p.total for p in parts),
                                   indexed=self.index.state == "ready")
 
+    def _recorded_by(self) -> dict[str, str] | None:
+        """Who shares a memory from here, unless ``[memory.team] share_identity`` is off."""
+        return {"machine": socket.gethostname(), "user": getpass.getuser()} \
+            if self.config.team.share_identity else None
+
     def _insert_shared(self, conn: apsw.Connection, mirror: LexicalIndex, memory: q.NewMemory
                        ) -> tuple[MemoryItem, int]:
         """A memory of a shared scope and its outbox entry, in one transaction."""
         item, generation = q.insert(conn, mirror, memory)
-        team = self.config.team
-        recorded_by = {"machine": socket.gethostname(), "user": getpass.getuser()} \
-            if team.share_identity else None
-        shared.stage_record(conn, item.id, recorded_by, memory.created_at)
+        shared.stage_record(conn, item.id, self._recorded_by(), memory.created_at)
         return item, generation
+
+    async def share(self, memory_id: int, scope: str) -> MemoryItem:
+        """memory.share: a memory of this store moved to a shared scope and sent to the
+        team database (docs/protocol.md, Memory)."""
+        item = await self.get(memory_id)
+        if is_shared(item.scope):
+            raise CtxdError(ErrorCode.INVALID_STATE, f"memory {memory_id} is shared already "
+                            f"({item.scope})", {"memory_id": memory_id, "scope": item.scope,
+                                                "fix": "nothing to do"})
+        moved = await self._write(shared.share, memory_id, scope, self._recorded_by(),
+                                  time.time())
+        if moved is None:
+            raise _unknown(memory_id)
+        self.outbox_depth += 1
+        self.shared_written.set()
+        return moved
 
     # ---- shared scopes (the team link, ctxd.team) -----------------------------------
 

@@ -36,6 +36,21 @@ def stage_record(conn: apsw.Connection, memory_id: int, recorded_by: dict[str, s
     stage_outbox(conn, {"kind": "record", "recorded_by": recorded_by}, memory_id, now)
 
 
+def share(conn: apsw.Connection, lexical: LexicalIndex, memory_id: int, scope: str,
+          recorded_by: dict[str, str] | None, now: float) -> MemoryItem | None:
+    """A memory of this store moved to a shared scope, and its record in the outbox (one
+    transaction); None when it is unknown. A memory already shared is refused by the
+    caller (`memory.share`)."""
+    lexical.removing(conn, memory_id)
+    conn.execute("UPDATE memories SET scope = ?, updated_at = ? WHERE id = ?",
+                 (scope, now, memory_id))
+    if conn.changes() == 0:
+        return None
+    lexical.added(conn, memory_id)
+    stage_record(conn, memory_id, recorded_by, now)
+    return get(conn, memory_id)
+
+
 @dataclass(frozen=True)
 class Outgoing:
     """An outbox entry with what it sends: a record's memory as it is now."""
@@ -128,5 +143,15 @@ def mirror(conn: apsw.Connection, lexical: LexicalIndex, changes: list[Any], seq
     return Mirrored(added, removed)
 
 
-__all__ = ["Mirrored", "Outgoing", "is_shared", "last_change", "mirror", "outbox_depth",
-           "outgoing", "sent", "stage_record"]
+__all__ = [
+    "Mirrored",
+    "Outgoing",
+    "is_shared",
+    "last_change",
+    "mirror",
+    "outbox_depth",
+    "outgoing",
+    "sent",
+    "share",
+    "stage_record",
+]

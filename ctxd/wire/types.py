@@ -892,6 +892,16 @@ class MemoryIdParams(Params, frozen=True):
     id: MemoryId
 
 
+SharedScope = Annotated[str, Meta(pattern=r"^(team|org):[^\s]{1,128}\Z",
+                                  description='"team:<name>" or "org:<name>"')]
+
+
+class MemoryShareParams(Params, frozen=True):
+    id: MemoryId
+    scope: SharedScope
+    """The shared scope it moves to (the team's: ``[memory.team] name``)."""
+
+
 class MemoryFeedbackParams(Params, frozen=True):
     id: MemoryId
     helpful: bool

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import getpass
 import itertools
+import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -64,6 +67,12 @@ def wait_for(what: Callable[[], Any]) -> Any:
         assert time.monotonic() < deadline, "the condition never held"
         time.sleep(0.05)
     return found
+
+
+def ctxctl(daemon: DaemonProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ctxclient.cli", "--socket",
+                           str(daemon.socket), *args], capture_output=True, text=True,
+                          timeout=60, check=False, env={**os.environ, "NO_COLOR": "1"})
 
 
 def search(daemon: DaemonProcess, query: str, scope: str = "team:payments",
@@ -183,6 +192,27 @@ def test_signals_from_both_teammates_add_up_and_a_deletion_reaches_both(
         wait_for(lambda: search(ben, "system python extras") == [])
         with psycopg.connect(conninfo) as conn:
             assert conn.execute("SELECT deleted FROM ctxd_team_memories").fetchone() == (True,)
+    finally:
+        ana.stop()
+        ben.stop()
+
+
+def test_a_local_memory_shared_reaches_the_team_and_ctxctl_says_so(
+        root: Path, conninfo: str) -> None:
+    ana, ben = teammate(root, "ana", conninfo), teammate(root, "ben", conninfo)
+    try:
+        with ana.client() as client:
+            mine = client.call("memory.record", {**LESSON, "scope": "project:app"})
+        memory_id = mine["memory"]["id"]
+        assert search(ben, "system python extras", "project:app") == []
+        done = ctxctl(ana, "memory", "share", str(memory_id), "--team", "payments")
+        assert (done.returncode, done.stdout) == (
+            0, f"memory {memory_id} shared with team:payments (it leaves through the outbox: "
+               "ctxctl status shows the team link)\n")
+        wait_for(lambda: search(ben, "system python extras"))
+        again = ctxctl(ana, "memory", "share", str(memory_id), "--team", "payments")
+        assert again.returncode == 1
+        assert f"memory {memory_id} is shared already (team:payments)" in again.stderr
     finally:
         ana.stop()
         ben.stop()

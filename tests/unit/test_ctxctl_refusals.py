@@ -105,8 +105,9 @@ def test_memory_usage_errors_exit_two_before_any_connection(ctxctl: Ctxctl,
             (["list", "--limit", "0"],
              "argument --limit: must be an integer from 1 to 1000, got '0'"),
             (["remove", "1"], "unknown command 'remove'; did you mean 'rm'? (choose from "
-                              "search, add, list, show, rate, rm, reindex)"),
-            ([], "missing command (choose from search, add, list, show, rate, rm, reindex)")):
+                              "search, add, list, show, rate, share, rm, reindex)"),
+            ([], "missing command (choose from search, add, list, show, rate, share, rm, "
+                 "reindex)")):
         result = ctxctl(tmp_path / "none.sock", "memory", *command)
         assert (result.returncode, result.stdout) == (2, ""), command
         assert result.stderr.endswith(f": error: {message}\n"), (command, result.stderr)
