@@ -84,7 +84,7 @@ def test_ctxctl_page_documents_every_command_and_option() -> None:
     text = source("ctxctl.1")
     cli = ctxctl_parser()
     commands = subcommands(cli)
-    assert len(commands) == 41
+    assert len(commands) == 43
     missing = [flag for flag in long_options(cli) if roff(flag) not in text]
     for name, command in commands.items():
         # An entry of its own: `.B events`, `.BI branches " SESSION"`, `.BI "memory show " ID`.

@@ -56,6 +56,7 @@ def parser() -> argparse.ArgumentParser:
     _cli_sessions.add_inject(commands, common)
     _cli_daemon.add_events(commands, common)
     _cli_memory.add_memory(commands, common)
+    _cli_daemon.add_team(commands, common)
     _cli_daemon.add_call_cancel_doctor(commands, common)
     _cli_integrations.add_hook_install(commands, common)
     _cli_integrations.add_run(commands, common)

@@ -136,6 +136,12 @@ def test_writes_wait_for_the_database_and_land_once(root: Path, server: Postgres
                 client.call("memory.record", {**LESSON, "title": f"Lesson {n}",
                                               "content": f"lesson number {n}"})
         assert status(ana)["outbox_depth"] == 3
+        down = ctxctl(ana, "team", "status")
+        assert down.returncode == 1
+        assert down.stdout.startswith("team payments: not connected (")
+        assert down.stdout.endswith("  outbox 3\n")
+        assert "ctxctl: the team database is unreachable" in down.stderr
+        assert ctxctl(ana, "doctor").returncode == 1
         server.start()
         wait_for(lambda: status(ana)["connected"] and status(ana)["outbox_depth"] == 0)
         with psycopg.connect(conninfo) as conn:
@@ -213,6 +219,11 @@ def test_a_local_memory_shared_reaches_the_team_and_ctxctl_says_so(
         again = ctxctl(ana, "memory", "share", str(memory_id), "--team", "payments")
         assert again.returncode == 1
         assert f"memory {memory_id} is shared already (team:payments)" in again.stderr
+        wait_for(lambda: status(ana)["outbox_depth"] == 0)
+        linked = ctxctl(ana, "team", "status")
+        assert (linked.returncode, linked.stdout) == (
+            0, "team payments: connected  lag 0 changes  outbox 0\n")
+        assert "team payments: connected" in ctxctl(ana, "status", "--format", "plain").stdout
     finally:
         ana.stop()
         ben.stop()
