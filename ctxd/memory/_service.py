@@ -240,9 +240,11 @@ class Memory:
         """A page of the team database's changes, applied and indexed."""
         mirrored = await self._write(shared.mirror, changes, seq)
         self.last_change = seq
-        for item, generation in mirrored.added:
-            self.count += 1
-            await self.index.add(item.id, _text(item), generation)
+        if mirrored.added:
+            self.count += len(mirrored.added)
+            await self.index.add_many([(item.id, _text(item)) for item, _ in mirrored.added],
+                                      max(generation for _, generation in mirrored.added))
+        for item, _ in mirrored.added:
             self.bus.publish(None, "memory.recorded", {"id": item.id, "scope": item.scope,
                                                        "source": item.source})
         for memory_id, generation in mirrored.removed:
