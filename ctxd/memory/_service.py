@@ -232,9 +232,13 @@ class Memory:
         return await self.store.read(shared.outgoing, limit)
 
     async def sent(self, done: list[tuple[int, int | None, int | None]]) -> None:
-        """Outbox entries applied: out of the outbox, their memories mapped."""
-        await self.store.write(shared.sent, done)
+        """Outbox entries applied: out of the outbox, their memories mapped (a local copy
+        of a memory the team had already goes: its mirrored copy stands for both)."""
+        duplicates = await self._write(shared.sent, done)
         self.outbox_depth = max(0, self.outbox_depth - len(done))
+        for memory_id, generation in duplicates:
+            self.count -= 1
+            await self.index.remove([memory_id], generation)
 
     async def mirror(self, changes: list[Any], seq: int) -> None:
         """A page of the team database's changes, applied and indexed."""

@@ -77,14 +77,29 @@ def outgoing(conn: apsw.Connection, limit: int) -> list[Outgoing]:
             for outbox_id, operation, memory_id, remote_id in rows]
 
 
-def sent(conn: apsw.Connection, done: list[tuple[int, int | None, int | None]]) -> None:
+def sent(conn: apsw.Connection, lexical: LexicalIndex,
+         done: list[tuple[int, int | None, int | None]]) -> list[tuple[int, int]]:
     """Entries the team database applied: (outbox id, local memory, shared memory) each,
-    out of the outbox, the local memory mapped to the shared one."""
+    out of the outbox, the local memory mapped to the shared one. A local memory the
+    database found to be one it had already (the same content, recorded by a teammate and
+    mirrored here) is deleted: the mirrored copy stands for both. Those deleted, with the
+    index generation of each deletion."""
+    duplicates: list[tuple[int, int]] = []
     for outbox_id, memory_id, remote_id in done:
         conn.execute("DELETE FROM team_outbox WHERE id = ?", (outbox_id,))
-        if memory_id is not None and remote_id is not None:
+        if memory_id is None or remote_id is None:
+            continue
+        mapped: list[Any] = conn.execute(
+            "SELECT memory_id FROM team_mirror WHERE remote_id = ?", (remote_id,)).fetchall()
+        if not mapped:
             conn.execute("INSERT OR IGNORE INTO team_mirror (memory_id, remote_id) "
                          "VALUES (?, ?)", (memory_id, remote_id))
+        elif int(mapped[0][0]) != memory_id:
+            lexical.removing(conn, memory_id)
+            conn.execute("DELETE FROM memories WHERE id = ?", (memory_id,))
+            if conn.changes():
+                duplicates.append((memory_id, _bump_generation(conn)))
+    return duplicates
 
 
 def outbox_depth(conn: apsw.Connection) -> int:

@@ -24,6 +24,8 @@ from conftest import kill_leftovers, short_root
 from daemon_process import DaemonProcess
 from postgres import Postgres
 
+from ctxclient import RpcError
+
 WAIT_S = 60.0
 _databases = itertools.count()
 
@@ -113,12 +115,17 @@ def test_a_memory_recorded_on_one_teammate_is_found_on_the_other(root: Path,
         # Who recorded it: the user and machine of ana's daemon (this machine here).
         assert item["source"] == f"{getpass.getuser()}@{socket.gethostname()}"
         assert wait_for(lambda: status(ana)["outbox_depth"] == 0)
-        # Recorded again with other blanks on ben: the same shared memory, not a second.
+        # Recorded again in other case on ben: the same shared memory, not a second, and
+        # ben keeps the one copy it mirrored.
         with ben.client() as client:
-            client.call("memory.record", {**LESSON, "content": LESSON["content"].upper()})
+            again = client.call("memory.record", {**LESSON,
+                                                  "content": LESSON["content"].upper()})
         wait_for(lambda: status(ben)["outbox_depth"] == 0)
         with psycopg.connect(conninfo) as conn:
             assert conn.execute("SELECT count(*) FROM ctxd_team_memories").fetchone() == (1,)
+        assert [hit["id"] for hit in search(ben, "system python extras")] == [found["id"]]
+        with ben.client() as client, pytest.raises(RpcError, match="unknown memory"):
+            client.call("memory.get", {"id": again["memory"]["id"]})
     finally:
         ana.stop()
         ben.stop()
