@@ -8,8 +8,10 @@ another daemon in the same run (the baseline: the local rebuild of a dense index
 
     .venv/bin/python bench/team.py [--daemons 10] [--each 100] [--catch-up 10000]
 
-Not yet here (docs/decisions.md, "Team memory"): catch-up at 100,000 and 1,000,000 shared
-memories, and search latency at 100,000 with half of them shared.
+Then search latency (`--search`, default 100,000 memories): `memory.search` in a
+project's scope on a daemon whose memories are all local, against one where half are the
+team's (a project's query sees its own and all the team's), the same queries, with
+`daemon.ping` on each as the floor.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import random
 import socket
 import statistics
 import sys
@@ -25,6 +28,7 @@ import threading
 import time
 from pathlib import Path
 
+import apsw
 import psycopg
 from _common import REPO_ROOT, DaemonProcess, percentile
 
@@ -140,12 +144,77 @@ def catch_up(root: Path, conninfo: str, count: int) -> tuple[float, float]:
     return joined, rebuilt
 
 
+WORDS = sorted({word.strip(".,:;()`*[]\"'").lower()
+                for path in (REPO_ROOT / "docs").glob("*.md")
+                for word in path.read_text().split() if word.isascii()} - {""})
+"""The vocabulary of the synthetic memories and queries: the project's documentation."""
+
+
+def seed(daemon: DaemonProcess, rows: list[tuple[str, str, str]]) -> None:
+    """``rows`` (scope, title, content) written into the daemon's store while it is
+    stopped (the mirror's rows are plain memory rows; its start indexes them)."""
+    daemon.start()
+    daemon.stop()
+    conn = apsw.Connection(str(daemon.data_dir / "ctxd.db"))
+    with conn:
+        conn.executemany(
+            "INSERT INTO memories (scope, title, description, content, outcome, tags, alpha, "
+            "beta, created_at, updated_at) VALUES (?, ?, '', ?, 'success', '', 4.0, 1.0, 1.0, "
+            "1.0)", rows)
+    conn.close()
+
+
+def search_latency(root: Path, count: int, queries: int = 300) -> dict[str, list[float]]:
+    """memory.search (hybrid, k 5, a project's scope) on ``count`` memories all local
+    (20 projects and global) against half of them shared (the team's scope: a project's
+    query sees them all), the same queries; daemon.ping on each as the floor."""
+    rng = random.Random(29)
+
+    def text(n: int) -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(n))
+
+    memories = [(text(6), text(40)) for _ in range(count)]
+    projects = [f"project:p{k}" for k in range(20)]
+    local = [(projects[n % 20] if n % 5 else "global", *memories[n]) for n in range(count)]
+    half = [(("team:bench" if n % 2 else projects[n % 20]), *memories[n])
+            for n in range(count)]
+    asked = [(rng.choice(projects), " ".join(
+        [*rng.sample(memories[rng.randrange(count)][1].split(), 4), text(3)]))
+        for _ in range(queries)]
+    timings: dict[str, list[float]] = {}
+    for name, rows in (("all local", local), ("half shared", half)):
+        daemon = DaemonProcess(root, name=name.replace(" ", "-"),
+                               data=root / f"{name.replace(' ', '-')}-data")
+        seed(daemon, rows)
+        daemon.start()
+        try:
+            with daemon.client(timeout=600) as client:
+                while client.call("daemon.status")["memory_index"]["state"] != "ready":
+                    time.sleep(0.1)
+                client.call("memory.search", {"query": "warm up", "scope": projects[0]})
+                pings, searches = [], []
+                for scope, query in asked:
+                    began = time.perf_counter()
+                    client.call("daemon.ping")
+                    pings.append(time.perf_counter() - began)
+                    began = time.perf_counter()
+                    client.call("memory.search", {"query": query, "scope": scope, "k": 5})
+                    searches.append(time.perf_counter() - began)
+            timings[f"{name}: ping"] = pings
+            timings[f"{name}: search"] = searches
+        finally:
+            daemon.stop()
+    return timings
+
+
 def main() -> int:
     cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     cli.add_argument("--daemons", type=int, default=10)
     cli.add_argument("--each", type=int, default=100, help="memories each daemon records")
     cli.add_argument("--catch-up", type=int, default=10_000, dest="catch_up",
                      help="shared memories a new daemon catches up on")
+    cli.add_argument("--search", type=int, default=100_000,
+                     help="memories of the search latency comparison (0: skip it)")
     args = cli.parse_args()
     server = Postgres()
     try:
@@ -167,6 +236,15 @@ def main() -> int:
             print(f"catch-up of a new daemon on {args.catch_up:,} shared memories: "
                   f"{joined:.1f} s (start included); memory.reindex of as many: "
                   f"{rebuilt:.1f} s; ratio {joined / rebuilt:.2f}")
+            if args.search:
+                timings = search_latency(root, args.search)
+                for name, samples in timings.items():
+                    print(f"{name} at {args.search:,} memories: p50 "
+                          f"{percentile(samples, 0.5) * 1000:.2f} ms, p99 "
+                          f"{percentile(samples, 0.99) * 1000:.2f} ms")
+                ratio = percentile(timings["half shared: search"], 0.99) / percentile(
+                    timings["all local: search"], 0.99)
+                print(f"search p99, half shared / all local: {ratio:.2f}")
             return 0 if len(samples) == total else 1
     finally:
         server.stop()
