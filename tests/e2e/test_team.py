@@ -234,3 +234,26 @@ def test_a_local_memory_shared_reaches_the_team_and_ctxctl_says_so(
     finally:
         ana.stop()
         ben.stop()
+
+
+def test_the_database_killed_during_a_drain_loses_and_doubles_nothing(
+        root: Path, server: Postgres, conninfo: str) -> None:
+    """Two hundred records, and the server SIGKILLed as the link drains them: whatever it
+    was doing (between pages, mid-transaction, committed before the answer came), after
+    its restart the database holds each memory once and every entry was applied once."""
+    ana = teammate(root, "ana", conninfo)
+    try:
+        wait_for(lambda: status(ana)["connected"])
+        with ana.client() as client:
+            for n in range(200):
+                client.call("memory.record", {**LESSON, "title": f"Lesson {n}",
+                                              "content": f"drained lesson {n}"})
+        server.kill()  # the link drains them as they come: killed wherever it is
+        server.start()
+        wait_for(lambda: status(ana)["connected"] and status(ana)["outbox_depth"] == 0)
+        with psycopg.connect(conninfo) as conn:
+            assert conn.execute("SELECT count(*), count(DISTINCT content) FROM "
+                                "ctxd_team_memories").fetchone() == (200, 200)
+            assert conn.execute("SELECT count(*) FROM ctxd_team_applied").fetchone() == (200,)
+    finally:
+        ana.stop()
