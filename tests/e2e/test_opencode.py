@@ -113,10 +113,11 @@ def test_opencode_offloads_remembers_and_records(tmp_path: Path, daemon: DaemonP
     # (OpenCode 1.18 itself may lose a chunk of the output, 8 KB, when the command exits
     # before OpenCode has read all of it: seen under load. ctxd stores what OpenCode saved,
     # so the test compares with that file, not with seq's whole output.)
-    # (OpenCode saves other long outputs there too: seq's is the one of numbers.)
+    # (OpenCode saves other long outputs there too: seq's is the one of numbers only. The
+    # chunk it loses may be the first: the file need not start at 1.)
     folder = tmp_path / "home/.local/share/opencode/tool-output"
     [saved] = [text for text in (f.read_text() for f in sorted(folder.iterdir()))
-               if text.startswith("1\n2\n3\n4\n5\n")]
+               if text.strip() and all(line.isdigit() for line in text.splitlines())]
     assert len(saved.encode()) > 51_200  # over OpenCode's own cut
     count_ref = ref_in_last_result(turns[2])
     assert "output truncated" not in json.dumps(turns[2])
