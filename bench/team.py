@@ -238,10 +238,10 @@ def main() -> int:
                   f"{rebuilt:.1f} s; ratio {joined / rebuilt:.2f}")
             if args.search:
                 timings = search_latency(root, args.search)
-                for name, samples in timings.items():
+                for name, timed in timings.items():
                     print(f"{name} at {args.search:,} memories: p50 "
-                          f"{percentile(samples, 0.5) * 1000:.2f} ms, p99 "
-                          f"{percentile(samples, 0.99) * 1000:.2f} ms")
+                          f"{percentile(timed, 0.5) * 1000:.2f} ms, p99 "
+                          f"{percentile(timed, 0.99) * 1000:.2f} ms")
                 ratio = percentile(timings["half shared: search"], 0.99) / percentile(
                     timings["all local: search"], 0.99)
                 print(f"search p99, half shared / all local: {ratio:.2f}")
