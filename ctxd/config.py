@@ -44,6 +44,17 @@ def threshold_order_error(budget: Any) -> str | None:
     return None
 
 
+class TeamConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The ``[memory.team]`` table: the team whose memories this ctxd shares, and where
+    the team database's URL is (an environment variable: the secret stays out of files)."""
+
+    name: Annotated[str, Meta(pattern=r"^[^\s]{1,128}\Z")] = ""
+    url_env: Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*\Z")] = (
+        "TEAM_MEMORY_DATABASE_URL")
+    poll_interval_s: Annotated[float, Meta(gt=0, le=3_600)] = 5.0
+    share_identity: bool = True
+
+
 class MemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The ``[memory]`` table: the embedder and retrieval of memory items."""
 
@@ -60,6 +71,7 @@ class MemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     ann_threshold: Positive = 10_000
     nprobe: Annotated[int, Meta(ge=1, le=4_096)] = 64
     hook_inject_tokens: Annotated[int, Meta(ge=1, le=100_000)] = 1_000
+    team: TeamConfig = msgspec.field(default_factory=TeamConfig)
 
 
 DEFAULT_CONTEXT_NOTE = ("[Context: {percent}% used. Call compact_context to free space "
@@ -189,7 +201,7 @@ TABLES: dict[str, type[msgspec.Struct]] = {"budget": Budget, "memory": MemoryCon
                                            "gateway": GatewayConfig}
 """The TOML tables of the configuration, by name."""
 
-FILE_ONLY = frozenset({("usage", "prices")})
+FILE_ONLY = frozenset({("usage", "prices"), ("memory", "team")})
 """Keys that only the file can set: a table of models has no flag or variable (its keys
 are model names, unknown in advance)."""
 
@@ -273,6 +285,9 @@ _HELP = {
     "max_upstream_calls": "model calls the gateway makes at once; more wait their turn",
     "allow_non_loopback": "let gateway.listen be a non-loopback address (the token in the "
                           "URL is then the only guard)",
+    "team": "the team whose memories this ctxd shares through PostgreSQL: name, url_env "
+            "(the variable holding the database URL), poll_interval_s, share_identity; "
+            "file only",
     "prices": "per model, the price per million tokens of each counter (input, output, "
               "cache_read, cache_write, thinking); file only",
 }

@@ -24,6 +24,7 @@ LAYERS: dict[str, int] = {
     "sessions": 6,
     "folding": 5,
     "hygiene": 5,
+    "team": 5,
     "memory": 4,
     "hub": 3,
     "store": 2,

@@ -13,7 +13,7 @@ from tests_support import installed_prefix, needs
 
 from ctxclient.cli import parser as ctxctl_parser
 from ctxd import __version__
-from ctxd.config import TABLES, Config, to_toml
+from ctxd.config import TABLES, Config, TeamConfig, to_toml
 from ctxd.daemon import parser as ctxd_parser
 
 MAN = Path(__file__).resolve().parents[1] / "man"
@@ -84,7 +84,7 @@ def test_ctxctl_page_documents_every_command_and_option() -> None:
     text = source("ctxctl.1")
     cli = ctxctl_parser()
     commands = subcommands(cli)
-    assert len(commands) == 40
+    assert len(commands) == 43
     missing = [flag for flag in long_options(cli) if roff(flag) not in text]
     for name, command in commands.items():
         # An entry of its own: `.B events`, `.BI branches " SESSION"`, `.BI "memory show " ID`.
@@ -102,7 +102,8 @@ def test_ctxctl_page_shows_the_shell_clients_usage() -> None:
     assert usage.removeprefix("usage: ") in render("ctxctl.1").stdout
 
 
-KIND = {int: "integer", float: "float", bool: "boolean", str: "string", dict: "table"}
+KIND = {int: "integer", float: "float", bool: "boolean", str: "string", dict: "table",
+        TeamConfig: "table"}
 RATIOS = {("budget", "compact_trigger"), ("budget", "hard_block"), ("budget", "warn"),
           ("budget", "caution")}
 
@@ -176,7 +177,8 @@ def test_toml_page_documents_every_key_with_its_default() -> None:
             default = (f'default " "\\(dq{value}\\(dq )"' if " " in value
                        else f'default " \\(dq{value}\\(dq )')
         else:
-            default = f"default {literals[table, key]})\""
+            # An inline table's strings: roff's \(dq for their quotes.
+            default = f"default {literals[table, key].replace(chr(34), chr(92) + '(dq')})\""
         if not heading.startswith(f"{kind}, {default}"):
             wrong.append((table, key, heading, f"{kind}, {default}"))
     assert wrong == []

@@ -19,6 +19,7 @@ from rich.text import Text
 from ctxclient._cli_args import (
     MIN_INTERVAL_S,
     PAGE_ALL,
+    group,
     interval,
     number_in,
     read_stdin,
@@ -77,6 +78,17 @@ def gateway_line(gateway: dict[str, Any] | None) -> str:
         return "gateway: disabled"
     return (f"gateway {gateway['listen']}  calls {gateway['calls']:,}  "
             f"rewrite failures {gateway['rewrite_failures']:,}")
+
+
+def team_line(team: dict[str, Any] | None) -> str | None:
+    """The team link (daemon.status's ``team``), or None without ``[memory.team]``."""
+    if team is None:
+        return None
+    if not team["connected"]:
+        return (f"team {team['name']}: not connected ({team['error'] or 'connecting'})  "
+                f"outbox {team['outbox_depth']:,}")
+    return (f"team {team['name']}: connected  lag {team['lag_changes']:,} changes  outbox "
+            f"{team['outbox_depth']:,}")
 
 
 def gateway_listing(gateway: dict[str, Any] | None) -> Listing:
@@ -223,8 +235,10 @@ class Status:
         listings = self.listings()
         calls, sessions, injections, branches, usage = listings
         shortened = any(ids_shortened(listing) for listing in listings)
+        team = team_line(self.snapshot["daemon"].get("team"))
         return Group(daemon_line(self.snapshot["daemon"]),
                      Text(gateway_line(self.snapshot["daemon"].get("gateway"))),
+                     *([Text(team)] if team else []),
                      *([table(calls, width)] if calls.rows else []), table(sessions, width),
                      *([table(injections, width)] if injections.rows else []),
                      table(branches, width) if branches.rows else Text("no live branches"),
@@ -235,8 +249,10 @@ class Status:
         if out.format == "table":
             out.console.print(self.view(out.console.width))
             return
+        team = team_line(self.snapshot["daemon"].get("team"))
         out.lines([" ".join(daemon_line(self.snapshot["daemon"]).plain.split()),
-                   gateway_line(self.snapshot["daemon"].get("gateway"))])
+                   gateway_line(self.snapshot["daemon"].get("gateway")),
+                   *([team] if team else [])])
         for listing in self.listings():
             if listing.rows:
                 out.lines([""])
@@ -338,6 +354,12 @@ GATEWAY_FIX = ("ctxctl: the model gateway does not answer, so the agents wired t
                "the provider again")
 
 
+TEAM_FIX = ("ctxctl: the team database is unreachable: memories shared here wait in the "
+            "outbox and teammates' do not arrive; check the URL in the variable [memory.team] "
+            "url_env names (in ctxd's environment) and that the database answers "
+            "(`psql \"$TEAM_MEMORY_DATABASE_URL\"`)")
+
+
 def gateway_check(status: dict[str, Any]) -> dict[str, Any] | None:
     """The gateway end to end (``GET <base_url>/_ctxd/health``); None when it is off."""
     from ctxclient import _gateway
@@ -373,16 +395,20 @@ def cmd_doctor(client: Client, args: argparse.Namespace, out: Output) -> int:
     else:
         found = [f"{result['database']}: {problem}" for problem in result["problems"]]
     gateway_ok = gateway is None or gateway["ok"]
-    out.emit({**result, "gateway": gateway, "integrations": integrations},
-             Lines([*found, gateway_check_line(gateway), *_install.doctor_lines(integrations)]),
+    team = status.get("team")
+    team_ok = team is None or team["connected"]
+    out.emit({**result, "gateway": gateway, "team": team, "integrations": integrations},
+             Lines([*found, gateway_check_line(gateway), *filter(None, [team_line(team)]),
+                    *_install.doctor_lines(integrations)]),
              *([] if result["ok"] else [Stderr(
                  f"ctxctl: the database {result['database']} is corrupt; stop ctxd and run "
                  "`ctxd --recover`")]),
-             *([] if gateway_ok else [Stderr(GATEWAY_FIX)]))
+             *([] if gateway_ok else [Stderr(GATEWAY_FIX)]),
+             *([] if team_ok else [Stderr(TEAM_FIX)]))
     if not wired:
         print("ctxctl: an agent's ctxd settings are incomplete; run the fix shown",
               file=sys.stderr)
-    return 0 if result["ok"] and wired and gateway_ok else 1
+    return 0 if result["ok"] and wired and gateway_ok and team_ok else 1
 
 
 def doctor_without_daemon(exc: DaemonUnavailable, out: Output) -> int | None:
@@ -450,6 +476,32 @@ def add_status(commands: Commands, common: Parser) -> None:
     status.add_argument("--limit", type=number_in(wire.SessionListParams, "limit"), default=50,
                         metavar="N", help="sessions shown (default 50)")
     status.set_defaults(run=cmd_status)
+
+
+def cmd_team_status(client: Client, args: argparse.Namespace, out: Output) -> int:
+    """0 when linked, 1 when the team database is unreachable, 2 without a team."""
+    team = client.call("daemon.status").get("team")
+    if team is None:
+        print("ctxctl: no team: name one in ctxd.toml ([memory.team] name = \"…\", and the "
+              "database's URL in the variable url_env names), then restart ctxd",
+              file=sys.stderr)
+        return 2
+    line = team_line(team)
+    assert line is not None
+    out.emit(team, Lines([line]), *([] if team["connected"] else [Stderr(TEAM_FIX)]))
+    return 0 if team["connected"] else 1
+
+
+def add_team(commands: Commands, common: Parser) -> None:
+    """``team status``."""
+    actions = group(commands, "team", common, "see the link to your team's shared memories")
+    status = actions.add_parser(
+        "status", parents=[common], help="the team link: connected, lag, outbox",
+        description="The link to the team database ([memory.team] in ctxd.toml): whether "
+                    "it is connected, how many changes the mirror lags, how many writes wait "
+                    "in the outbox. Exit status 0 when connected, 1 when not, 2 without a "
+                    "team.")
+    status.set_defaults(run=cmd_team_status)
 
 
 def add_events(commands: Commands, common: Parser) -> None:

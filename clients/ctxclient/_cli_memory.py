@@ -175,6 +175,14 @@ def cmd_memory_rate(client: Client, args: argparse.Namespace, out: Output) -> in
     return 0
 
 
+def cmd_memory_share(client: Client, args: argparse.Namespace, out: Output) -> int:
+    scope = f"team:{args.team}" if args.team else f"org:{args.org}"
+    result = client.call("memory.share", {"id": args.id, "scope": scope})
+    out.emit(result, Lines([f"memory {args.id} shared with {scope} (it leaves through the "
+                            "outbox: ctxctl status shows the team link)"]))
+    return 0
+
+
 def cmd_memory_rm(client: Client, args: argparse.Namespace, out: Output) -> int:
     result = client.call("memory.delete", {"id": args.id})
     out.emit(result, Lines([f"memory {args.id} deleted"]))
@@ -184,7 +192,7 @@ def cmd_memory_rm(client: Client, args: argparse.Namespace, out: Output) -> int:
 def add_memory(commands: Commands, common: Parser) -> None:
     """``memory …``."""
     actions = group(commands, "memory", common,
-                    "search, add, list, show, rate, remove and reindex memories")
+                    "search, add, list, show, rate, share, remove and reindex memories")
     scope_help = 'global or project:NAME'
     memory_id = number_in(wire.MemoryIdParams, "id")
     search = actions.add_parser("search", parents=[common], help="find memories")
@@ -233,6 +241,17 @@ def add_memory(commands: Commands, common: Parser) -> None:
         ratings.add_argument(f"--{flag}", dest="rating", action="store_const", const=flag,
                              help=help_text)
     rate.set_defaults(run=cmd_memory_rate)
+    share = actions.add_parser(
+        "share", parents=[common], help="share a memory with your team (or org)",
+        description="Move a memory of this machine to a shared scope: the team database "
+                    "([memory.team] in ctxd.toml) gets it, and every teammate's ctxd finds "
+                    "it.", epilog="example:\n  ctxctl memory share 12 --team payments",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    share.add_argument("id", metavar="ID", type=memory_id)
+    whom = share.add_mutually_exclusive_group(required=True)
+    whom.add_argument("--team", metavar="NAME", help="the team (its scope team:NAME)")
+    whom.add_argument("--org", metavar="NAME", help="the organisation (its scope org:NAME)")
+    share.set_defaults(run=cmd_memory_share)
     remove = actions.add_parser("rm", parents=[common], help="delete a memory")
     remove.add_argument("id", metavar="ID", type=memory_id)
     remove.set_defaults(run=cmd_memory_rm)

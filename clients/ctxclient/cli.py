@@ -56,6 +56,7 @@ def parser() -> argparse.ArgumentParser:
     _cli_sessions.add_inject(commands, common)
     _cli_daemon.add_events(commands, common)
     _cli_memory.add_memory(commands, common)
+    _cli_daemon.add_team(commands, common)
     _cli_daemon.add_call_cancel_doctor(commands, common)
     _cli_integrations.add_hook_install(commands, common)
     _cli_integrations.add_run(commands, common)
@@ -90,6 +91,7 @@ COMMAND_OF_METHOD = {
     "memory.list": "ctxctl memory list", "memory.search": "ctxctl memory search QUERY",
     "memory.record": "ctxctl memory add TITLE CONTENT", "memory.get": "ctxctl memory show ID",
     "memory.delete": "ctxctl memory rm ID", "memory.reindex": "ctxctl memory reindex",
+    "memory.share": "ctxctl memory share ID --team NAME",
     "memory.feedback": "ctxctl memory rate ID --helpful",
     "memory.outcome": "ctxctl memory rate ID --succeeded",
 }

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import trio
 
-from ctxd import __version__, gateway, hub, memory
+from ctxd import __version__, gateway, hub, memory, team
 from ctxd.config import Config
 from ctxd.daemon import _systemd
 from ctxd.daemon._methods import ClientLog
@@ -110,6 +110,7 @@ class Daemon:
         self.dispatcher: Dispatcher
         self.server: Server
         self.gateway: gateway.Gateway | None = None
+        self.team: team.TeamLink | None = None
         """The model gateway (None when ``[gateway] enabled`` is false)."""
 
     def request_stop(self) -> None:
@@ -191,6 +192,21 @@ class Daemon:
                    for call in self.gateway.status().inflight
                    if call.session_id == session_id)
 
+    async def _start_team(self, root: trio.Nursery) -> team.TeamLink | None:
+        """The team link of ``[memory.team]``, when it names a team; its database's URL
+        comes from the variable ``url_env`` names (without it, the link reports why)."""
+        config = self.config.memory.team
+        if not config.name:
+            return None
+        url = os.environ.get(config.url_env, "")
+        link = team.TeamLink(self.memory, config, url)
+        if not url:
+            link.error = f"{config.url_env} is not set: set it to the team database's URL"
+            log.warning("team %s: %s", config.name, link.error)
+            return link
+        started: team.TeamLink = await root.start(link.run)
+        return started
+
     async def _serve(self, sock: socket.socket, gateway_sock: socket.socket | None,
                      counter: TokenCounter, activated: bool, max_connections: int) -> None:
         self.assemble(counter, max_connections)
@@ -204,6 +220,7 @@ class Daemon:
             await root.start(self.bus.run)
             await root.start(self.turns.run)
             await root.start(self.memory.run)
+            self.team = await self._start_team(root)
             await root.start(self.supervisor.run)
             await root.start(self.server.run, sock)
             if self.gateway is not None:

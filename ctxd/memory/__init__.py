@@ -21,6 +21,7 @@ from ctxd.memory._methods import (
     memory_get,
     memory_outcome,
     memory_reindex,
+    memory_share,
 )
 from ctxd.memory._queries import MemoryCandidate, by_ids, lexical
 from ctxd.memory._retrieval import fuse
@@ -32,4 +33,4 @@ __all__ = ["CODES", "INJECT_SHARE", "LOAD_CHUNK", "REGROW", "Embedder", "Embedde
            "MemoryCandidate", "MemoryIndex", "SentenceTransformerEmbedder", "by_ids",
            "feature_bucket", "fuse", "lexical", "lists_for", "make_embedder", "memory_context",
            "memory_delete", "memory_feedback", "memory_get", "memory_outcome", "memory_reindex",
-           "project_scope", "stem"]
+           "memory_share", "project_scope", "stem"]

@@ -265,9 +265,15 @@ class MemoryIndex:
         Waits until it is indexed when the index is ready; while it is being rebuilt the
         memory is queued and indexed right after the rebuild.
         """
-        if self.state == "unavailable":
-            return  # the next rebuild reads it from SQLite
-        self._pending[memory_id] = (text, generation)
+        await self.add_many([(memory_id, text)], generation)
+
+    async def add_many(self, memories: Sequence[tuple[int, str]], generation: int) -> None:
+        """`add` for several memories committed together: embedded and added in one job
+        (a page of the team's memories mirrored at once)."""
+        if self.state == "unavailable" or not memories:
+            return  # the next rebuild reads them from SQLite
+        for memory_id, text in memories:
+            self._pending[memory_id] = (text, generation)
         if self.state == "ready":
             await self._jobs.submit(self._apply_pending)
 

@@ -50,6 +50,8 @@ import apsw
 import numpy as np
 import numpy.typing as npt
 
+from ctxd.wire.types import SHARED_SCOPES
+
 K1 = 1.2
 B = 0.75
 TOKENIZER = ("porter", ["unicode61"])
@@ -288,8 +290,10 @@ class LexicalIndex:
         byte, bit = divmod(memory_id, 8)
         with self._selections_lock:
             # A project's memory is seen from its project and from every scope; a global
-            # memory from all of them.
-            seeing = (list(self._selections.values()) if scope == "global" else
+            # or shared (team, org) memory from all of them (a selection of another team's
+            # scope keeps a bit it does not need: results are read back with the filters).
+            seeing = (list(self._selections.values())
+                      if scope == "global" or scope.startswith(SHARED_SCOPES) else
                       [seen for seen_from in (scope, None)
                        if (seen := self._selections.get(seen_from)) is not None])
             for by_confidence in seeing:
@@ -451,13 +455,16 @@ class LexicalIndex:
             self._scratch_values = np.empty((3, 2 * size), np.float64)
 
     def _shards_of(self, scope: str | None) -> list[_Shard]:
-        """The shards a query in ``scope`` sees (a project's: its own and the global one),
-        read from the shards' dict once (see `selection`)."""
+        """The shards a query in ``scope`` sees (a project's: its own, the shared ones and
+        the global one; a shared scope's: its own and the global one), read from the
+        shards' dict once (see `selection`)."""
         shards = self._shards
         if scope is None:
             return list(shards.values())
-        return [shard for name in sorted({scope, "global"})
-                if (shard := shards.get(name)) is not None]
+        names = {scope, "global"}
+        if not scope.startswith(SHARED_SCOPES) and scope != "global":
+            names.update(name for name in list(shards) if name.startswith(SHARED_SCOPES))
+        return [shard for name in sorted(names) if (shard := shards.get(name)) is not None]
 
     def selection(self, scope: str | None, min_confidence: float) -> Selection | None:
         """A bitmap of the memory ids in ``scope`` with at least ``min_confidence`` (bit

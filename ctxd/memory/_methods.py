@@ -1,6 +1,6 @@
 """The memory operations the route table (ctxd/daemon/_routes.py) names besides `Memory`'s
 own (``record``, ``search``, ``list``): memory.context, .get, .feedback, .outcome,
-.delete, .reindex (docs/protocol.md, Memory)."""
+.share, .delete, .reindex (docs/protocol.md, Memory)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from ctxd.wire.types import (
     MemoryIndexStatus,
     MemoryOutcomeParams,
     MemoryResult,
+    MemoryShareParams,
 )
 
 
@@ -45,6 +46,10 @@ async def memory_feedback(memory: Memory, p: MemoryFeedbackParams) -> MemoryResu
 
 async def memory_outcome(memory: Memory, p: MemoryOutcomeParams) -> MemoryResult:
     return MemoryResult(memory=await memory.signal(p.id, "outcome", p.succeeded))
+
+
+async def memory_share(memory: Memory, p: MemoryShareParams) -> MemoryResult:
+    return MemoryResult(memory=await memory.share(p.id, p.scope))
 
 
 async def memory_delete(memory: Memory, p: MemoryIdParams) -> MemoryDeleteResult:

@@ -4,7 +4,9 @@ store thread."""
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +15,7 @@ import apsw
 
 from ctxd.memory._lexical import LexicalHits, LexicalIndex
 from ctxd.store import scalar_int
-from ctxd.wire.types import MemoryItem
+from ctxd.wire.types import SHARED_SCOPES, MemoryItem
 
 PRIOR_RECORDED = (4.0, 1.0)
 """Beta(alpha, beta) of a recorded memory: confidence 0.8, worth five signals."""
@@ -142,7 +144,13 @@ def count_tokens_with(conn: apsw.Connection, encoding: str) -> None:
 
 
 def delete(conn: apsw.Connection, mirror: LexicalIndex, memory_id: int) -> int | None:
-    """Delete a memory (its signals cascade); the new generation, or None if unknown."""
+    """Delete a memory (its signals cascade); the new generation, or None if unknown. A
+    shared memory's deletion goes to the team outbox (one not yet in the team database
+    only loses its pending record)."""
+    shared: list[Any] = conn.execute(
+        "SELECT remote_id FROM team_mirror WHERE memory_id = ?", (memory_id,)).fetchall()
+    if shared:
+        stage_outbox(conn, {"kind": "delete", "remote_id": shared[0][0]}, None, time.time())
     mirror.removing(conn, memory_id)
     conn.execute("DELETE FROM memories WHERE id = ?", (memory_id,))
     if conn.changes() == 0:
@@ -175,19 +183,31 @@ def _move(conn: apsw.Connection, mirror: LexicalIndex, memory_id: int, kind: str
     mirror; False if the memory is unknown (or, given ``content``, holds another)."""
     weight = SIGNAL_WEIGHTS[kind]
     same, bindings = ("", ()) if content is None else (" AND content = ?", (content,))
+    alpha, beta, uses = weight if positive else 0.0, 0.0 if positive else weight, int(
+        kind == "use")
     moved: list[Any] = conn.execute(
         "UPDATE memories SET alpha = alpha + ?, beta = beta + ?, "
         f"usage_count = usage_count + ?, updated_at = ? WHERE id = ?{same} "
-        "RETURNING alpha, beta",
-        (weight if positive else 0.0, 0.0 if positive else weight, int(kind == "use"), now,
-         memory_id, *bindings)).fetchall()
+        "RETURNING alpha, beta, scope", (alpha, beta, uses, now, memory_id, *bindings)
+    ).fetchall()
     if not moved:
         return False
     conn.execute("INSERT INTO memory_signals (memory_id, kind, positive, weight, source, "
                  "created_at) VALUES (?,?,?,?,?,?)",
                  (memory_id, kind, int(positive), weight, source, now))
-    mirror.rated(memory_id, confidence(*moved[0]))
+    if moved[0][2].startswith(SHARED_SCOPES):  # the team database adds it up too
+        stage_outbox(conn, {"kind": "signal", "alpha": alpha, "beta": beta, "uses": uses},
+                     memory_id, now)
+    mirror.rated(memory_id, confidence(*moved[0][:2]))
     return True
+
+
+def stage_outbox(conn: apsw.Connection, operation: dict[str, Any], memory_id: int | None,
+                 now: float) -> None:
+    """An entry of the team outbox (docs/decisions.md, "Team memory"), in the caller's
+    transaction: the write to a shared scope it stands for commits with it."""
+    conn.execute("INSERT INTO team_outbox (operation, memory_id, created_at) VALUES (?, ?, ?)",
+                 (json.dumps(operation), memory_id, now))
 
 
 GLOBAL = "global"
@@ -197,16 +217,22 @@ GLOBAL = "global"
 
 # Confidence filters allow for rounding: sums of 0.1 (use signals) are not exact.
 def _scope_clause(scope: str | None, by_id: bool = False) -> tuple[str, tuple[Any, ...]]:
-    """A project scope sees its own memories and the global ones. ``by_id``: the query
-    reads listed ids, so the scope is tested on each row found by its rowid (``+``: not
-    through ``memories_by_scope``, which SQLite would otherwise probe once per id and scope,
-    25% slower for an injection's 26 ids)."""
+    """A project scope sees its own memories, the shared ones (team and org: a store
+    mirrors only its team's) and the global ones; a shared scope itself and the global
+    ones; "global" only its own. ``by_id``: the query reads listed ids, so the scope is
+    tested on each row found by its rowid (``+``: not through ``memories_by_scope``,
+    which SQLite would otherwise probe once per id and scope, 25% slower for an
+    injection's 26 ids)."""
     column = "+m.scope" if by_id else "m.scope"
     if scope is None:
         return "", ()
     if scope == "global":
         return f" AND {column} = 'global'", ()
-    return f" AND {column} IN (?, 'global')", (scope,)
+    if scope.startswith(SHARED_SCOPES):
+        return f" AND {column} IN (?, 'global')", (scope,)
+    shared = " OR ".join(f"({column} >= '{prefix}' AND {column} < '{prefix[:-1]};')"
+                         for prefix in SHARED_SCOPES)
+    return f" AND ({column} IN (?, 'global') OR {shared})", (scope,)
 
 
 def list_memories(conn: apsw.Connection, scope: str | None, after_id: int,

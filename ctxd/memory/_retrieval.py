@@ -175,7 +175,18 @@ async def retrieve(store: Store, mirror: LexicalIndex, index: MemoryIndex,
     items = {memory_id: read[memory_id] for memory_id, _, _ in fused if memory_id in read}
     if missing := [memory_id for memory_id, _, _ in fused if memory_id not in tried]:
         items.update(await store.read(q.by_ids, missing, scope, min_confidence))
-    return Retrieved(
-        ranked=[Ranked(items[memory_id][0], round(score, 8), found, items[memory_id][1])
-                for memory_id, score, found in fused if memory_id in items],
+    return Retrieved(ranked=preferred([
+        Ranked(items[memory_id][0], round(score, 8), found, items[memory_id][1])
+        for memory_id, score, found in fused if memory_id in items]),
         legs_used=list(legs), note=note)
+
+
+SCOPE_PREFERENCE = {"project": 0, "team": 1, "org": 2, "global": 3}
+"""Which of two memories of equal score comes first: the nearer scope's."""
+
+
+def preferred(ranked: list[Ranked]) -> list[Ranked]:
+    """Best first; of equal scores the nearer scope first (project, team, org, global),
+    then as they came (docs/protocol.md, Scopes)."""
+    return sorted(ranked, key=lambda r: (-r.score,
+                                         SCOPE_PREFERENCE.get(r.item.scope.split(":")[0], 4)))

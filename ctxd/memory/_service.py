@@ -3,7 +3,9 @@ turns folding's memory candidates into memories (docs/protocol.md, Memory)."""
 
 from __future__ import annotations
 
+import getpass
 import logging
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +18,7 @@ from ctxd.config import MemoryConfig
 from ctxd.errors import CtxdError, ErrorCode, not_found, scrub_failed
 from ctxd.hub import EventBus
 from ctxd.memory import _queries as q
+from ctxd.memory import _shared as shared
 from ctxd.memory._embedders import Embedder
 from ctxd.memory._index import MemoryIndex
 from ctxd.memory._injection import (
@@ -29,6 +32,7 @@ from ctxd.memory._injection import (
 from ctxd.memory._lexical import LexicalIndex
 from ctxd.memory._queries import MemoryCandidate
 from ctxd.memory._retrieval import Retrieved, retrieve
+from ctxd.memory._shared import is_shared
 from ctxd.scrub import ScrubError, scrub
 from ctxd.store import Store, Transaction
 from ctxd.tokens import TokenCounter
@@ -84,6 +88,13 @@ class Memory:
         self._lexical_reset = trio.Event()
         self._lexical_loaded = trio.Event()
         self.count = 0
+        self.shared_written = trio.Event()
+        """Set when a write to a shared scope entered the outbox (the team link drains it,
+        then makes a new one)."""
+        self.outbox_depth = 0
+        """Writes to shared scopes the team database has not applied (read at start)."""
+        self.last_change = 0
+        """The team database's last change mirrored here (read at start)."""
 
     async def run(self, *, task_status: trio.TaskStatus[Memory] = trio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -173,13 +184,83 @@ class Memory:
                              content=content, outcome=p.outcome, tags=tags,
                              prior=q.PRIOR_RECORDED, source=None, created_at=time.time(),
                              content_tokens=tokens)
-        item, generation = await self._write(q.insert, memory)
+        if is_shared(p.scope):
+            item, generation = await self._write(self._insert_shared, memory)
+            self.outbox_depth += 1
+            self.shared_written.set()
+        else:
+            item, generation = await self._write(q.insert, memory)
         self.count += 1
         await self.index.add(item.id, _text(item), generation)
         self.bus.publish(None, "memory.recorded", {"id": item.id, "scope": item.scope,
                                                    "source": None})
         return MemoryRecordResult(memory=item, secrets_scrubbed=sum(p.total for p in parts),
                                   indexed=self.index.state == "ready")
+
+    def _recorded_by(self) -> dict[str, str] | None:
+        """Who shares a memory from here, unless ``[memory.team] share_identity`` is off."""
+        return {"machine": socket.gethostname(), "user": getpass.getuser()} \
+            if self.config.team.share_identity else None
+
+    def _insert_shared(self, conn: apsw.Connection, mirror: LexicalIndex, memory: q.NewMemory
+                       ) -> tuple[MemoryItem, int]:
+        """A memory of a shared scope and its outbox entry, in one transaction."""
+        item, generation = q.insert(conn, mirror, memory)
+        shared.stage_record(conn, item.id, self._recorded_by(), memory.created_at)
+        return item, generation
+
+    async def share(self, memory_id: int, scope: str) -> MemoryItem:
+        """memory.share: a memory of this store moved to a shared scope and sent to the
+        team database (docs/protocol.md, Memory)."""
+        item = await self.get(memory_id)
+        if is_shared(item.scope):
+            raise CtxdError(ErrorCode.INVALID_STATE, f"memory {memory_id} is shared already "
+                            f"({item.scope})", {"memory_id": memory_id, "scope": item.scope,
+                                                "fix": "nothing to do"})
+        moved = await self._write(shared.share, memory_id, scope, self._recorded_by(),
+                                  time.time())
+        if moved is None:
+            raise _unknown(memory_id)
+        self.outbox_depth += 1
+        self.shared_written.set()
+        return moved
+
+    # ---- shared scopes (the team link, ctxd.team) -----------------------------------
+
+    async def outgoing(self, limit: int) -> list[shared.Outgoing]:
+        """The oldest writes to shared scopes the team database has not applied."""
+        return await self.store.read(shared.outgoing, limit)
+
+    async def sent(self, done: list[tuple[int, int | None, int | None]]) -> None:
+        """Outbox entries applied: out of the outbox, their memories mapped (a local copy
+        of a memory the team had already goes: its mirrored copy stands for both)."""
+        duplicates = await self._write(shared.sent, done)
+        self.outbox_depth = max(0, self.outbox_depth - len(done))
+        for memory_id, generation in duplicates:
+            self.count -= 1
+            await self.index.remove([memory_id], generation)
+
+    async def mirror(self, changes: list[Any], seq: int) -> None:
+        """A page of the team database's changes, applied and indexed."""
+        mirrored = await self._write(shared.mirror, changes, seq)
+        self.last_change = seq
+        if mirrored.added:
+            self.count += len(mirrored.added)
+            await self.index.add_many([(item.id, _text(item)) for item, _ in mirrored.added],
+                                      max(generation for _, generation in mirrored.added))
+        for item, _ in mirrored.added:
+            self.bus.publish(None, "memory.recorded", {"id": item.id, "scope": item.scope,
+                                                       "source": item.source})
+        for memory_id, generation in mirrored.removed:
+            self.count -= 1
+            await self.index.remove([memory_id], generation)
+
+    async def team_state(self) -> tuple[int, int]:
+        """(outbox depth, last change mirrored), read from the store (and kept)."""
+        def read(conn: apsw.Connection) -> tuple[int, int]:
+            return shared.outbox_depth(conn), shared.last_change(conn)
+        self.outbox_depth, self.last_change = await self.store.read(read)
+        return self.outbox_depth, self.last_change
 
     async def search(self, p: MemorySearchParams) -> MemorySearchResult:
         found = await self.retrieve(p.query, scope=p.scope, k=p.k,

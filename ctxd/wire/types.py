@@ -218,6 +218,22 @@ class GatewayStatus(Result, frozen=True):
     """The model calls in flight, oldest first."""
 
 
+class TeamLinkStatus(Result, frozen=True):
+    """The link to the team database (``[memory.team]``; docs/decisions.md, "Team
+    memory")."""
+
+    name: str
+    connected: bool
+    outbox_depth: int
+    """Writes to shared scopes the database has not applied yet."""
+    last_change: int
+    """The database's last change mirrored here."""
+    lag_changes: int | None
+    """Changes the database has that the mirror has not read (None: not connected)."""
+    error: str | None
+    """Why it is not connected (the password left out)."""
+
+
 class DaemonStatus(Result, frozen=True):
     version: str
     pid: int
@@ -246,6 +262,8 @@ class DaemonStatus(Result, frozen=True):
     limit leaves room for fewer."""
     gateway: GatewayStatus | None
     """None when ``[gateway] enabled`` is false."""
+    team: TeamLinkStatus | None = None
+    """None without ``[memory.team]``."""
 
 
 class ShutdownResult(Result, frozen=True):
@@ -786,8 +804,10 @@ class BranchRollbackResult(Result, frozen=True):
 
 # ---- memory.* (docs/protocol.md, Memory) ----------------------------------------------
 
-Scope = Annotated[str, Meta(pattern=r"^(global|project:[^\s]{1,128})\Z",
-                            description='"global" or "project:<name>"')]
+Scope = Annotated[str, Meta(pattern=r"^(global|(project|team|org):[^\s]{1,128})\Z",
+                            description='"global" or "<project|team|org>:<name>"')]
+SHARED_SCOPES = ("team:", "org:")
+"""The prefixes of the scopes a team database holds (docs/decisions.md, "Team memory")."""
 
 
 def project_scope(project: str | None) -> str:
@@ -870,6 +890,16 @@ class MemorySearchResult(Result, frozen=True):
 
 class MemoryIdParams(Params, frozen=True):
     id: MemoryId
+
+
+SharedScope = Annotated[str, Meta(pattern=r"^(team|org):[^\s]{1,128}\Z",
+                                  description='"team:<name>" or "org:<name>"')]
+
+
+class MemoryShareParams(Params, frozen=True):
+    id: MemoryId
+    scope: SharedScope
+    """The shared scope it moves to (the team's: ``[memory.team] name``)."""
 
 
 class MemoryFeedbackParams(Params, frozen=True):

@@ -123,7 +123,8 @@ async def test_tools_list_and_schemas(shared_daemon: DaemonProcess) -> None:
                                        "input_schema": tool.input_schema},
                                       separators=(",", ":")))
              for tool in listed.tools]
-    assert sum(costs) < 1_800
+    # (All eleven: 1,790 before team and org scopes, whose pattern the memory tools carry.)
+    assert sum(costs) < 1_820
     assert sum(cost for tool, cost in zip(listed.tools, costs, strict=True)
                if tool.name in DEFAULT_TOOLS) < 850
     for tool in listed.tools:

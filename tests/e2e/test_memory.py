@@ -479,7 +479,9 @@ def test_an_extracted_memory_keeps_its_project_scope(shared_daemon: DaemonProces
 def test_a_record_that_fails_to_commit_leaves_no_trace_in_search(daemon_root: Path) -> None:
     """A full store fails a record with -32008; the lexical ranking then still matches
     what SQLite holds (the failed memory is nowhere), before and after a restart."""
-    process = DaemonProcess(daemon_root, extra_args=["--max-db-bytes", str(256 * 1024)])
+    # (384 KiB: the store's own tables and WAL take part of it; team memory's made 256 too
+    # few for ten records.)
+    process = DaemonProcess(daemon_root, extra_args=["--max-db-bytes", str(384 * 1024)])
     process.start()
     failure = None
     try:

@@ -73,7 +73,7 @@ def test_memory_usage_errors_exit_two_before_any_connection(ctxctl: Ctxctl,
                                                             tmp_path: Path) -> None:
     """What the command line can say is checked in its own terms: exit 2, and no daemon
     is needed (none listens on the socket: its refusal would be another message)."""
-    scope_forms = 'use "global" or "project:<name>"'
+    scope_forms = 'use "global" or "<project|team|org>:<name>"'
     for command, message in (
             (["rate", "1"], "one of the arguments --helpful --unhelpful --succeeded --failed "
                             "is required"),
@@ -92,8 +92,8 @@ def test_memory_usage_errors_exit_two_before_any_connection(ctxctl: Ctxctl,
             (["add", "t"], "the following arguments are required: CONTENT"),
             (["add", "t", "c", "--scope", "project:two words"],
              f"argument --scope: invalid scope 'project:two words': {scope_forms}"),
-            (["search", "q", "--scope", "team:x"],
-             f"argument --scope: invalid scope 'team:x': {scope_forms}"),
+            (["search", "q", "--scope", "crew:x"],
+             f"argument --scope: invalid scope 'crew:x': {scope_forms}"),
             (["list", "--scope", "bogus"], f"argument --scope: invalid scope 'bogus': "
                                            f"{scope_forms}"),
             (["add", "t", "c", "--tag", "two words"],
@@ -105,8 +105,9 @@ def test_memory_usage_errors_exit_two_before_any_connection(ctxctl: Ctxctl,
             (["list", "--limit", "0"],
              "argument --limit: must be an integer from 1 to 1000, got '0'"),
             (["remove", "1"], "unknown command 'remove'; did you mean 'rm'? (choose from "
-                              "search, add, list, show, rate, rm, reindex)"),
-            ([], "missing command (choose from search, add, list, show, rate, rm, reindex)")):
+                              "search, add, list, show, rate, share, rm, reindex)"),
+            ([], "missing command (choose from search, add, list, show, rate, share, rm, "
+                 "reindex)")):
         result = ctxctl(tmp_path / "none.sock", "memory", *command)
         assert (result.returncode, result.stdout) == (2, ""), command
         assert result.stderr.endswith(f": error: {message}\n"), (command, result.stderr)

@@ -2,7 +2,8 @@
 
 import random
 
-from ctxd.memory._retrieval import fuse, reachable
+from ctxd.memory._retrieval import Ranked, fuse, preferred, reachable
+from ctxd.wire.types import MemoryItem
 
 
 def test_fusion_adds_weighted_reciprocal_ranks_and_breaks_ties_by_id() -> None:
@@ -34,3 +35,15 @@ def test_only_the_reachable_lexical_results_make_the_fused_best() -> None:
         if limit < len(lexical):  # no dense find alone can make the best k
             assert all(memory_id in lexical for memory_id in best)
         assert max(ranks, default=0) <= limit
+
+
+def test_of_equal_scores_the_nearer_scope_comes_first() -> None:
+    def ranked(memory_id: int, scope: str, score: float) -> Ranked:
+        return Ranked(MemoryItem(id=memory_id, scope=scope, title="t", description="",
+                                 content="c", outcome="success", tags=[], confidence=0.8,
+                                 usage_count=0, source=None, created_at=0.0, updated_at=0.0),
+                      score, ["lexical"], None)
+
+    found = [ranked(1, "global", 0.5), ranked(2, "org:acme", 0.5), ranked(3, "team:pay", 0.5),
+             ranked(4, "project:app", 0.5), ranked(5, "global", 0.9), ranked(6, "team:pay", 0.5)]
+    assert [r.item.id for r in preferred(found)] == [5, 4, 3, 6, 2, 1]
