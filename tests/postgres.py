@@ -6,12 +6,14 @@ binaries are absent."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
+import psycopg
 import pytest
 
 BIN_DIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
@@ -53,6 +55,7 @@ class Postgres:
                                   "-U", "postgres", "--no-sync"]),
                        check=True, capture_output=True, timeout=120)
         self.port = 5432
+        self._databases = itertools.count()
         self.start()
 
     @property
@@ -75,6 +78,13 @@ class Postgres:
                                   "KILL", str(self.pid())]), check=True, capture_output=True)
         subprocess.run(_as_owner([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m",
                                   "immediate", "-w", "stop"]), capture_output=True)
+
+    def database(self) -> str:
+        """A new, empty database on this server: its conninfo."""
+        name = f"db_{next(self._databases)}"
+        with psycopg.connect(self.conninfo, autocommit=True) as admin:
+            admin.execute(f"CREATE DATABASE {name}")
+        return self.conninfo.replace("dbname=postgres", f"dbname={name}")
 
     def stop(self) -> None:
         subprocess.run(_as_owner([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m",

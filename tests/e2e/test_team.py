@@ -8,7 +8,6 @@ second), never assertions on time."""
 from __future__ import annotations
 
 import getpass
-import itertools
 import os
 import socket
 import subprocess
@@ -27,7 +26,6 @@ from postgres import Postgres
 from ctxclient import RpcError
 
 WAIT_S = 60.0
-_databases = itertools.count()
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +37,7 @@ def server() -> Iterator[Postgres]:
 
 @pytest.fixture
 def conninfo(server: Postgres) -> str:
-    name = f"team_e2e_{next(_databases)}"
-    with psycopg.connect(server.conninfo, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    return server.conninfo.replace("dbname=postgres", f"dbname={name}")
+    return server.database()
 
 
 @pytest.fixture

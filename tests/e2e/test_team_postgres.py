@@ -5,7 +5,6 @@ its commit but before the answer), changes in commit order, and notifications.""
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Iterator
 
@@ -26,8 +25,6 @@ from ctxd.team import (
 )
 from ctxd.team._postgres import _apply_one
 
-_databases = itertools.count()
-
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Postgres]:
@@ -39,10 +36,7 @@ def server() -> Iterator[Postgres]:
 @pytest.fixture
 def conninfo(server: Postgres) -> str:
     """A fresh database of the module's server, migrated."""
-    name = f"team_{next(_databases)}"
-    with psycopg.connect(server.conninfo, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    info = server.conninfo.replace("dbname=postgres", f"dbname={name}")
+    info = server.database()
     with psycopg.connect(info) as conn:
         migrate(conn)
     return info
