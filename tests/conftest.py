@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from daemon_process import DaemonProcess
+from postgres import Postgres
 
 ROOT = Path(__file__).resolve().parent.parent
 E2E = ROOT / "tests" / "e2e"
@@ -119,3 +120,12 @@ def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def sid() -> str:
     """A fresh session id."""
     return "t_" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[Postgres]:
+    """A real PostgreSQL server for a module's tests (tests/postgres.py; skipped with the
+    reason when its binaries are absent)."""
+    server = Postgres()
+    yield server
+    server.stop()

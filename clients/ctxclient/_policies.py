@@ -125,6 +125,7 @@ class PolicyReport:
 # ---- Anthropic's messages --------------------------------------------------------------
 
 def blocks_of(message: Message) -> list[dict[str, Any]]:
+    """A message's content blocks (a string content as one text block)."""
     content = message.get("content")
     return [{"type": "text", "text": content}] if isinstance(content, str) else list(
         content or [])
@@ -411,6 +412,7 @@ __all__ = [
     "Call",
     "PolicyReport",
     "Sent",
+    "blocks_of",
     "marked",
     "price",
     "result_text",

@@ -54,6 +54,7 @@ from ctxclient._policies import (
     Call,
     PolicyReport,
     Sent,
+    blocks_of,
     marked,
     price,
     result_text,
@@ -537,12 +538,6 @@ def _unmarked(block: Any) -> Any:
         if isinstance(block, dict) else block
 
 
-def _blocks(message: dict[str, Any]) -> list[Any]:
-    content = message.get("content")
-    return [{"type": "text", "text": content}] if isinstance(content, str) else list(
-        content or [])
-
-
 def _ctxd_applied(ctxd: Client, received: list[dict[str, Any]], calls: list[Call],
                   final: list[dict[str, Any]], counter: PromptCache) -> Applied:
     """ctxd's policy: the bodies its gateway sent the model, the last (the final thread)
@@ -560,7 +555,7 @@ def _ctxd_applied(ctxd: Client, received: list[dict[str, Any]], calls: list[Call
     if dropped:
         _dropped(ctxd, final[:dropped], applied)
     for original, shown in zip(final[dropped:], kept[bool(dropped):], strict=True):
-        for block, shown_block in zip(_blocks(original), _blocks(shown), strict=False):
+        for block, shown_block in zip(blocks_of(original), blocks_of(shown), strict=False):
             if _unmarked(block) == _unmarked(shown_block):
                 continue
             if block.get("type") == "tool_result":
@@ -607,7 +602,7 @@ def _dropped(ctxd: Client, dropped: list[dict[str, Any]], applied: Applied) -> N
     # joins a turn's records): a block is found as whole lines of a stored text.
     stored = "\n" + "\n\x00\n".join(texts) + "\n"
     for message in dropped:
-        for block in _blocks(message):
+        for block in blocks_of(message):
             kind = block.get("type")
             text = result_text(block) if kind == "tool_result" else block.get("text")
             size = size_of(block.get("input")) if kind == "tool_use" else size_of(

@@ -28,16 +28,9 @@ from ctxclient import RpcError
 WAIT_S = 60.0
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[Postgres]:
-    running = Postgres()
-    yield running
-    running.stop()
-
-
 @pytest.fixture
-def conninfo(server: Postgres) -> str:
-    return server.database()
+def conninfo(postgres: Postgres) -> str:
+    return postgres.database()
 
 
 @pytest.fixture
@@ -126,12 +119,12 @@ def test_a_memory_recorded_on_one_teammate_is_found_on_the_other(root: Path,
         ben.stop()
 
 
-def test_writes_wait_for_the_database_and_land_once(root: Path, server: Postgres,
+def test_writes_wait_for_the_database_and_land_once(root: Path, postgres: Postgres,
                                                     conninfo: str) -> None:
     ana = teammate(root, "ana", conninfo)
     try:
         wait_for(lambda: status(ana)["connected"])
-        server.kill()
+        postgres.kill()
         wait_for(lambda: not status(ana)["connected"])
         with ana.client() as client:
             for n in range(3):
@@ -144,7 +137,7 @@ def test_writes_wait_for_the_database_and_land_once(root: Path, server: Postgres
         assert down.stdout.endswith("  outbox 3\n")
         assert "ctxctl: the team database is unreachable" in down.stderr
         assert ctxctl(ana, "doctor").returncode == 1
-        server.start()
+        postgres.start()
         wait_for(lambda: status(ana)["connected"] and status(ana)["outbox_depth"] == 0)
         with psycopg.connect(conninfo) as conn:
             assert conn.execute("SELECT count(*) FROM ctxd_team_memories").fetchone() == (3,)
@@ -232,7 +225,7 @@ def test_a_local_memory_shared_reaches_the_team_and_ctxctl_says_so(
 
 
 def test_the_database_killed_during_a_drain_loses_and_doubles_nothing(
-        root: Path, server: Postgres, conninfo: str) -> None:
+        root: Path, postgres: Postgres, conninfo: str) -> None:
     """Two hundred records, and the server SIGKILLed as the link drains them: whatever it
     was doing (between pages, mid-transaction, committed before the answer came), after
     its restart the database holds each memory once and every entry was applied once."""
@@ -243,8 +236,8 @@ def test_the_database_killed_during_a_drain_loses_and_doubles_nothing(
             for n in range(200):
                 client.call("memory.record", {**LESSON, "title": f"Lesson {n}",
                                               "content": f"drained lesson {n}"})
-        server.kill()  # the link drains them as they come: killed wherever it is
-        server.start()
+        postgres.kill()  # the link drains them as they come: killed wherever it is
+        postgres.start()
         wait_for(lambda: status(ana)["connected"] and status(ana)["outbox_depth"] == 0)
         with psycopg.connect(conninfo) as conn:
             assert conn.execute("SELECT count(*), count(DISTINCT content) FROM "

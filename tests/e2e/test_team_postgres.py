@@ -6,7 +6,6 @@ its commit but before the answer), changes in commit order, and notifications.""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -26,17 +25,10 @@ from ctxd.team import (
 from ctxd.team._postgres import _apply_one
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[Postgres]:
-    running = Postgres()
-    yield running
-    running.stop()
-
-
 @pytest.fixture
-def conninfo(server: Postgres) -> str:
+def conninfo(postgres: Postgres) -> str:
     """A fresh database of the module's server, migrated."""
-    info = server.database()
+    info = postgres.database()
     with psycopg.connect(info) as conn:
         migrate(conn)
     return info
@@ -135,7 +127,7 @@ def test_a_commit_notifies_the_listeners(conninfo: str) -> None:
 
 
 def test_a_server_killed_mid_transaction_loses_it_and_the_retry_applies_once(
-        server: Postgres, conninfo: str) -> None:
+        postgres: Postgres, conninfo: str) -> None:
     operations = [Operation("a:1", record("Cache pip downloads in CI")),
                   Operation("a:2", record("Never push to main"))]
     conn = psycopg.connect(conninfo)
@@ -144,17 +136,17 @@ def test_a_server_killed_mid_transaction_loses_it_and_the_retry_applies_once(
         with conn.transaction():
             for operation in operations:  # apply's steps, uncommitted when the server dies
                 _apply_one(conn, operation)
-            server.kill()
+            postgres.kill()
 
     with pytest.raises(psycopg.OperationalError):
         die_before_the_commit()
     conn.close()
-    server.start()
+    postgres.start()
     with psycopg.connect(conninfo) as again:
         assert [applied.now for applied in apply(again, operations)] == [True, True]
         # Killed after the commit, before the drain saw the answer: the retry is a no-op.
-        server.kill()
-    server.start()
+        postgres.kill()
+    postgres.start()
     with psycopg.connect(conninfo) as after:
         assert [applied.now for applied in apply(after, operations)] == [False, False]
         assert after.execute("SELECT count(*) FROM ctxd_team_memories").fetchone() == (2,)
