@@ -72,6 +72,19 @@ GATEWAY_COLUMNS = (Column("session", ident=True), Column("model", keep=20),
 provider's input and the cost; plain output and wider terminals show the rest."""
 
 
+def memory_line(index: dict[str, Any]) -> str:
+    """The memories and whether search sees them all yet (daemon.status's
+    ``memory_index``)."""
+    if index["whole"]:
+        state = "searches whole"
+    else:
+        waiting = [*(["lexical ranking loading"] if index["lexical"] != "ready" else []),
+                   *([f"dense index {index['state']}"] if index["state"] != "ready" else
+                     [f"dense index {index['vectors']:,} of them"])]
+        state = "; ".join(waiting)
+    return f"memories {index['memories']:,}  {state}  ({index['embedder']})"
+
+
 def gateway_line(gateway: dict[str, Any] | None) -> str:
     """The gateway's address and counters (daemon.status's ``gateway``), or that it is off."""
     if gateway is None:
@@ -237,6 +250,7 @@ class Status:
         shortened = any(ids_shortened(listing) for listing in listings)
         team = team_line(self.snapshot["daemon"].get("team"))
         return Group(daemon_line(self.snapshot["daemon"]),
+                     Text(memory_line(self.snapshot["daemon"]["memory_index"])),
                      Text(gateway_line(self.snapshot["daemon"].get("gateway"))),
                      *([Text(team)] if team else []),
                      *([table(calls, width)] if calls.rows else []), table(sessions, width),
@@ -251,6 +265,7 @@ class Status:
             return
         team = team_line(self.snapshot["daemon"].get("team"))
         out.lines([" ".join(daemon_line(self.snapshot["daemon"]).plain.split()),
+                   memory_line(self.snapshot["daemon"]["memory_index"]),
                    gateway_line(self.snapshot["daemon"].get("gateway")),
                    *([team] if team else [])])
         for listing in self.listings():

@@ -50,6 +50,8 @@ import apsw
 import numpy as np
 import numpy.typing as npt
 
+from ctxd.memory import _mirror_file
+from ctxd.memory._mirror_file import Capture, MirrorImage
 from ctxd.wire.types import SHARED_SCOPES
 
 K1 = 1.2
@@ -149,11 +151,13 @@ class _Shard:
             slots, frequencies = self.postings[term]
             size = self.sizes[term]
             at = int(np.searchsorted(slots[:size], slot))
-            slots[at:size - 1] = slots[at + 1:size]
-            frequencies[at:size - 1] = frequencies[at + 1:size]
             if size == 1:
                 del self.postings[term], self.sizes[term]
             else:
+                # New arrays, not a shift in place: an image being written in another
+                # thread (`LexicalIndex.image`) may be reading these.
+                self.postings[term] = (np.delete(slots[:size], at),
+                                       np.delete(frequencies[:size], at))
                 self.sizes[term] = size - 1
         self.ids[slot] = -1
         self.length[slot] = 0.0
@@ -195,6 +199,8 @@ class LexicalIndex:
         self._tokens = 0
         self._loaded_to = 0
         """Every memory up to this id is in the mirror; the loader reads those above it."""
+        self.max_id = 0
+        """The highest memory id added so far."""
         self.version += 1
         self._parts_version = 0
         self._parts_size = 0
@@ -202,6 +208,11 @@ class LexicalIndex:
         self._selections: dict[str | None, dict[float, tuple[int, Selection]]] = {}
         """Scope → minimum confidence → (version, selection): see `selection`."""
         self.ready = False
+
+    @property
+    def rows(self) -> int:
+        """Memories in the mirror."""
+        return self._rows
 
     # ---- keeping in step (the store's thread, inside the writing transaction) ----------
 
@@ -231,6 +242,7 @@ class LexicalIndex:
             self._df[term] = self._df.get(term, 0) + 1
         self._rows += 1
         self._tokens += len(tokens)
+        self.max_id = max(self.max_id, memory_id)
         self.version += 1
 
     _ROW = "SELECT id, scope, title, description, content, tags, alpha, beta FROM memories"
@@ -320,6 +332,90 @@ class LexicalIndex:
             self._loaded_to = 1 << 62
             self.ready = True
         return self.ready
+
+    # ---- the file (docs/decisions.md, Memory: the mirror's file) ------------------------
+
+    def capture(self) -> tuple[int, list[Capture]] | None:
+        """What `_mirror_file.write` saves (in another thread), taken quickly in the
+        store's thread: None while the mirror is not whole."""
+        if not self.ready:
+            return None
+        return self.max_id, [
+            Capture(scope, shard.ids[:shard.count].copy(), shard.length[:shard.count].copy(),
+                    dict(shard.postings), dict(shard.sizes))
+            for scope, shard in self._shards.items()]
+
+    def restore(self, conn: apsw.Connection, image: MirrorImage) -> int:
+        """Load the mirror from a saved ``image`` instead of tokenizing (the store's
+        thread, on a mirror just reset): its memories that SQLite still holds in the same
+        scope keep their postings (their slots renumbered), with SQLite's confidence;
+        SQLite's others up to the image's highest id are tokenized now, and `load_more`
+        reads those above it. Returns how many memories it took from the image."""
+        self.reset()
+        rows: list[Any] = conn.execute("SELECT id, scope, alpha / (alpha + beta) FROM "
+                                       "memories WHERE id <= ? ORDER BY id",
+                                       (image.max_id,)).fetchall()
+        by_scope: dict[str, list[tuple[int, float]]] = {}
+        for memory_id, scope, confidence in rows:
+            by_scope.setdefault(scope, []).append((memory_id, confidence))
+        taken: set[int] = set()
+        for saved in image.shards:
+            held = by_scope.get(saved.scope)
+            if not held or saved.scope in self._shards:
+                continue
+            held_ids = np.fromiter((i for i, _ in held), np.int64, len(held))
+            held_confidence = np.fromiter((c for _, c in held), np.float64, len(held))
+            at = np.minimum(np.searchsorted(held_ids, saved.ids), len(held_ids) - 1)
+            live = (saved.ids >= 0) & (held_ids[at] == saved.ids)
+            count = int(live.sum())
+            if not count:
+                continue
+            self._shards[saved.scope] = self._restored(saved, live, held_confidence[at[live]])
+            ids = saved.ids[live]
+            self._slot = _grown(self._slot, max(len(self._slot), int(ids.max()) + 1))
+            self._slot[ids] = np.arange(count, dtype=np.int32)
+            id_list = ids.tolist()
+            self._scope.update(dict.fromkeys(id_list, saved.scope))
+            taken.update(id_list)
+            self._rows += count
+            self._tokens += int(saved.length[live].sum())
+        for shard in self._shards.values():
+            for term, size in shard.sizes.items():
+                self._df[term] = self._df.get(term, 0) + size
+        self.max_id = max(taken, default=0)
+        self._loaded_to = image.max_id
+        self.version += 1
+        # Recorded, or moved to another scope, after the image was taken.
+        for memory_id, _, _ in rows:
+            if memory_id not in taken:
+                for row in conn.execute(f"{self._ROW} WHERE id = ?", (memory_id,)):
+                    self._add(conn, row)
+        return len(taken)
+
+    @staticmethod
+    def _restored(saved: _mirror_file.ShardImage, live: npt.NDArray[np.bool_],
+                  confidence: npt.NDArray[np.float64]) -> _Shard:
+        """A shard of the image's live slots, renumbered in order."""
+        shard = _Shard()
+        count = len(confidence)
+        term_of = np.repeat(np.arange(len(saved.terms)), saved.sizes)
+        slots, frequencies, sizes = saved.slots, saved.frequencies, saved.sizes
+        if count < len(live):
+            renumbered = np.cumsum(live, dtype=np.int32) - 1
+            kept = live[slots]
+            slots, frequencies = renumbered[slots[kept]], frequencies[kept]
+            sizes = np.bincount(term_of[kept], minlength=len(saved.terms))
+        shard.ids = saved.ids[live].astype(np.int32)
+        shard.length = saved.length[live].astype(np.float64)
+        shard.confidence = confidence.astype(np.float64)
+        shard.count = count
+        ends = np.cumsum(sizes).tolist()
+        starts = [0, *ends[:-1]]
+        for term, start, end in zip(saved.terms, starts, ends, strict=True):
+            if end > start:
+                shard.postings[term] = (slots[start:end], frequencies[start:end])
+                shard.sizes[term] = end - start
+        return shard
 
     # ---- ranking (the store's thread) ------------------------------------------------
 

@@ -17,6 +17,7 @@ import trio
 from ctxd.config import MemoryConfig
 from ctxd.errors import CtxdError, ErrorCode, not_found, scrub_failed
 from ctxd.hub import EventBus
+from ctxd.memory import _mirror_file
 from ctxd.memory import _queries as q
 from ctxd.memory import _shared as shared
 from ctxd.memory._embedders import Embedder
@@ -53,6 +54,11 @@ log = logging.getLogger("ctxd.memory")
 T = TypeVar("T")
 CANDIDATE_POLL_S = 1.0
 RETRY_S = 30.0
+MIRROR_FILE = "memory-lexical.npz"
+"""The lexical mirror's file, beside the index's (docs/decisions.md, Memory)."""
+MIRROR_QUIET_S = 30.0
+"""The mirror's file is saved once it has not changed for this long (and at shutdown)."""
+SHUTDOWN_SAVE_S = 20.0
 FIT_ON_LOOP_CHARS = 16_384
 """Below this much memory text, injection counts its tokens on the loop (a thread hop
 would cost more)."""
@@ -87,6 +93,11 @@ class Memory:
         self.lexical = LexicalIndex()
         self._lexical_reset = trio.Event()
         self._lexical_loaded = trio.Event()
+        self._mirror_path = index_path.with_name(MIRROR_FILE)
+        self._mirror_saved = -1
+        """The mirror's version its file holds (-1: not this one)."""
+        self._file_rows = -1
+        """Memories in the file the mirror was last restored from (-1: none)."""
         self.count = 0
         self.shared_written = trio.Event()
         """Set when a write to a shared scope entered the outbox (the team link drains it,
@@ -105,6 +116,7 @@ class Memory:
         async with trio.open_nursery() as nursery:
             await nursery.start(self.index.run)
             nursery.start_soon(self._load_lexical)
+            nursery.start_soon(self._keep_mirror_file)
             task_status.started(self)
             while True:
                 try:
@@ -116,11 +128,14 @@ class Memory:
                 await trio.sleep(CANDIDATE_POLL_S)
 
     async def _load_lexical(self) -> None:
-        """Load the lexical mirror, a chunk per store job (other jobs run in between);
-        again whenever a failed write has reset it. A failure to load is logged and tried
-        again later: FTS5 ranks meanwhile."""
+        """Load the lexical mirror: from its file when there is one, then what the file
+        lacks a chunk per store job (other jobs run in between); again whenever a failed
+        write has reset it. A failure to load is logged and tried again later: FTS5 ranks
+        meanwhile."""
         while True:
+            started = time.monotonic()
             try:
+                from_file = await self._restore_lexical()
                 loaded = False
                 while not loaded:
                     loaded = await self.store.read(self.lexical.load_more)
@@ -131,9 +146,62 @@ class Memory:
                 await self.store.read(lambda _: self.lexical.reset())
                 await trio.sleep(RETRY_S)
                 continue
+            log.info("lexical ranking loaded in %.2f s: %d memories from %s, %d tokenized",
+                     time.monotonic() - started, from_file, self._mirror_path.name,
+                     self.lexical.rows - from_file)
+            if self.lexical.rows == from_file == self._file_rows:
+                self._mirror_saved = self.lexical.version  # the file is already this
             self._lexical_loaded.set()
             await self._lexical_reset.wait()
             self._lexical_reset = trio.Event()
+
+    async def _restore_lexical(self) -> int:
+        """Restore the mirror from its file (read in a worker thread, checked against
+        SQLite in the store's): how many memories it gave, 0 without a usable file."""
+        self._file_rows = -1
+        try:
+            image = await trio.to_thread.run_sync(_mirror_file.read, self._mirror_path)
+        except _mirror_file.Unreadable as exc:
+            log.warning("lexical ranking file %s is not usable (%s); tokenizing every "
+                        "memory instead", self._mirror_path, exc)
+            return 0
+        if image is None:
+            return 0
+        self._file_rows = sum(int((shard.ids >= 0).sum()) for shard in image.shards)
+        taken: int = await self.store.read(self.lexical.restore, image)
+        return taken
+
+    async def _keep_mirror_file(self) -> None:
+        """Save the lexical mirror to its file when it changed and then stayed unchanged
+        for `MIRROR_QUIET_S` (the write runs in a worker thread); a last time at shutdown."""
+        try:
+            seen = -1
+            while True:
+                await trio.sleep(MIRROR_QUIET_S)
+                version = self.lexical.version
+                if version == seen and version != self._mirror_saved:
+                    await self._save_mirror()
+                seen = version
+        finally:
+            with trio.move_on_after(SHUTDOWN_SAVE_S, shield=True):
+                if self.lexical.version != self._mirror_saved:
+                    await self._save_mirror()
+
+    async def _save_mirror(self) -> None:
+        """Write the mirror's file now (nothing while it is not whole). A failure is
+        logged: the next start tokenizes what the file lacks."""
+        captured = await self.store.read(lambda _: (self.lexical.version,
+                                                    self.lexical.capture()))
+        version, capture = captured
+        if capture is None:
+            return
+        try:
+            await trio.to_thread.run_sync(_mirror_file.write, self._mirror_path, *capture)
+        except OSError as exc:
+            log.warning("could not save the lexical ranking to %s: %s",
+                        self._mirror_path, exc)
+            return
+        self._mirror_saved = version
 
     async def wait_lexical_loaded(self) -> None:
         """Return once the lexical mirror is loaded (again)."""
@@ -393,7 +461,9 @@ class Memory:
         return MemoryIndexStatus(state=stats.state, reason=stats.reason,
                                  vectors=stats.vectors, memories=self.count,
                                  embedder=stats.signature,
-                                 lexical="ready" if self.lexical.ready else "loading")
+                                 lexical="ready" if self.lexical.ready else "loading",
+                                 whole=(self.lexical.ready and stats.state == "ready"
+                                        and stats.vectors == self.count))
 
 
 def _text(item: MemoryItem) -> str:

@@ -939,6 +939,9 @@ class MemoryIndexStatus(Result, frozen=True):
     memories: int
     embedder: str
     lexical: Literal["loading", "ready"]
+    whole: bool
+    """Both legs ready: every memory in the dense index and the lexical ranking loaded, so
+    a search sees all of them at full speed (docs/protocol.md, memory.reindex)."""
 
 
 # ---- prompt.build (docs/protocol.md, Prompt builder) -----------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,8 @@ def wait_index_ready(client: Client, timeout: float = 20) -> dict[str, Any]:
     while True:
         index = client.call("daemon.status")["memory_index"]
         ready = index["state"] == "ready" and index["lexical"] == "ready"
-        if ready or time.monotonic() > deadline:
+        assert index["whole"] == (ready and index["vectors"] == index["memories"])
+        if index["whole"] or time.monotonic() > deadline:
             return index  # type: ignore[no-any-return]
         time.sleep(0.02)
 
@@ -155,6 +157,65 @@ def test_index_survives_restarts_and_deletes(daemon: DaemonProcess) -> None:
         assert sorted(r["id"] for r in lexical["results"]) == [1, 2, 4]
         assert dense_ids(client) == dense
     assert "memory index loaded: 3 vectors" in daemon.log()
+
+
+def test_the_lexical_ranking_starts_from_its_file_checked_against_the_database(
+        daemon: DaemonProcess) -> None:
+    # Saved at shutdown, the file gives the next start every memory without tokenizing;
+    # after a kill it is older than the database: what changed since is tokenized or
+    # dropped, and the ranking is the one a start without the file makes.
+    rng = random.Random(8)
+    words = "tests migration coffee rebase timezone cache docker flaky pin retry".split()
+
+    def text() -> str:
+        return " ".join(rng.choice(words) for _ in range(rng.randint(3, 9)))
+
+    queries = [" ".join(words[i:i + 3]) for i in range(0, 9)]
+
+    def ranked(client: Client) -> list[Any]:
+        return [[(r["id"], r["score"]) for r in search(client, query, mode="lexical", k=20,
+                                                      scope=scope)["results"]]
+                for query in queries for scope in ("project:a", "global")]
+
+    def loaded(line_number: int) -> str:
+        return [line for line in daemon.log().splitlines()
+                if "lexical ranking loaded" in line][line_number]
+
+    with daemon.client() as client:
+        wait_index_ready(client)
+        for i in range(30):
+            record(client, text(), text(), scope="project:a" if i % 3 else "global")
+        assert wait_index_ready(client)["whole"]
+        before = ranked(client)
+    daemon.stop()
+    mirror_file = daemon.data_dir / "memory-lexical.npz"
+    assert mirror_file.exists()
+    daemon.start()
+    with daemon.client() as client:
+        assert wait_index_ready(client)["whole"]
+        assert ranked(client) == before
+        for _ in range(5):
+            record(client, text(), text(), scope="project:a")
+        for memory_id in (2, 7):
+            client.call("memory.delete", {"id": memory_id})
+        after = ranked(client)
+    assert "30 memories from memory-lexical.npz, 0 tokenized" in loaded(1)
+    daemon.kill()  # the file still holds the 30
+    daemon.start()
+    with daemon.client() as client:
+        assert wait_index_ready(client)["whole"]
+        assert ranked(client) == after
+    assert "28 memories from memory-lexical.npz, 5 tokenized" in loaded(2)
+    daemon.stop()
+    mirror_file.write_bytes(mirror_file.read_bytes()[:1000])  # damaged: refused, not used
+    daemon.start()
+    with daemon.client() as client:
+        assert wait_index_ready(client)["whole"]
+        assert ranked(client) == after
+    assert "lexical ranking file" in daemon.log()
+    assert "is not usable" in daemon.log()
+    assert "0 memories from memory-lexical.npz, 33 tokenized" in loaded(3)
+    assert sum(len(hits) for hits in after) > 100  # the queries do find memories
 
 
 def test_a_corrupt_index_file_is_rebuilt(daemon: DaemonProcess) -> None:

@@ -14,9 +14,10 @@ import trio
 from ctxd.config import MemoryConfig
 from ctxd.errors import CtxdError, ErrorCode
 from ctxd.hub import EventBus
-from ctxd.memory import HashingEmbedder, Memory, _lexical
+from ctxd.memory import HashingEmbedder, Memory, _lexical, _mirror_file
 from ctxd.memory import _queries as q
 from ctxd.memory._lexical import LexicalIndex
+from ctxd.memory._shared import share
 from ctxd.store import Store, migrate
 from ctxd.tokens import TokenCounter
 from ctxd.wire.types import MemoryRecordParams
@@ -411,3 +412,120 @@ def test_the_selection_holds_the_ids_in_scope_with_the_confidence(tmp_path: Path
             bits = np.unpackbits(selection, bitorder="little")
             assert set(np.flatnonzero(bits)) == q.allowed(
                 conn, list(range(1, 41)), scope, min_confidence)
+
+
+def _same_mirrors(conn: apsw.Connection, ours: LexicalIndex, loaded: LexicalIndex,
+                  queries: list[str]) -> int:
+    """Two mirrors rank every query in every scope alike, scores to the bit, select the
+    same ids, and agree with FTS5; returns the hits seen."""
+    hits = 0
+    for query in queries:
+        for scope in (None, "global", "project:a", "team:x"):
+            for min_confidence in (0.0, 0.7):
+                a = q.lexical(conn, ours, query, scope, min_confidence, 50)
+                assert a == q.lexical(conn, loaded, query, scope, min_confidence, 50)
+                hits += len(a.hits)
+                if query == queries[0]:
+                    assert np.array_equal(ours.selection(scope, min_confidence),
+                                          loaded.selection(scope, min_confidence))
+        hits += _check_same_as_fts5(conn, ours, query, "project:a", 0.0)
+    return hits
+
+
+def test_a_mirror_restored_from_its_file_is_the_one_sqlite_gives(tmp_path: Path) -> None:
+    # The file is taken, then memories are deleted, signalled, moved to another scope and
+    # recorded: the mirror restored from the (now old) file and SQLite is, to the bit, the
+    # mirror loaded by tokenizing SQLite's memories.
+    rng = random.Random(17)
+    conn = _open(tmp_path)
+    mirror = _loaded(conn)
+    with conn:
+        for _ in range(300):
+            q.insert(conn, mirror, _memory(rng))
+        for memory_id in (3, 40, 41):  # deleted before the file: empty slots in it
+            q.delete(conn, mirror, memory_id)
+    captured = mirror.capture()
+    assert captured is not None
+    path = tmp_path / "mirror.npz"
+    _mirror_file.write(path, *captured)
+    with conn:
+        for memory_id in rng.sample(range(50, 301), 40):
+            q.delete(conn, mirror, memory_id)
+        alive = [r[0] for r in conn.execute("SELECT id FROM memories")]
+        for memory_id in rng.sample(alive, 30):
+            q.signal(conn, mirror, memory_id, "feedback", rng.random() < 0.5, None, 0.0)
+        moved = alive[:3]
+        for memory_id in moved:
+            assert share(conn, mirror, memory_id, "team:x", None, 0.0) is not None
+        for _ in range(25):
+            q.insert(conn, mirror, _memory(rng))
+    image = _mirror_file.read(path)
+    assert image is not None
+    assert image.max_id == 300
+    restored = LexicalIndex()
+    taken = restored.restore(conn, image)
+    assert taken == 300 - 3 - 40 - 3  # the moved ones were tokenized again
+    assert not restored.ready
+    while not restored.load_more(conn, 64):
+        pass
+    assert restored.rows == _loaded(conn).rows == 300 - 3 - 40 + 25
+    queries = [_words(rng, rng.randint(1, 12)) for _ in range(40)] + ["tests", "running w1"]
+    assert _same_mirrors(conn, restored, _loaded(conn), queries) > 1000
+    with conn:  # and it keeps in step afterwards, as one loaded from SQLite does
+        for memory_id in (moved[0], 299, 300):
+            q.delete(conn, restored, memory_id)
+        for _ in range(10):
+            q.insert(conn, restored, _memory(rng))
+    assert _same_mirrors(conn, restored, _loaded(conn), queries[:10]) > 100
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "format", "inconsistent"])
+def test_a_damaged_mirror_file_is_refused(tmp_path: Path, damage: str) -> None:
+    rng = random.Random(3)
+    conn = _open(tmp_path)
+    mirror = _loaded(conn)
+    with conn:
+        for _ in range(50):
+            q.insert(conn, mirror, _memory(rng))
+    path = tmp_path / "mirror.npz"
+    captured = mirror.capture()
+    assert captured is not None
+    max_id, captures = captured
+    if damage == "inconsistent":  # a slot past the shard's memories
+        captures[0].ids = captures[0].ids[:1]
+        captures[0].length = captures[0].length[:1]
+    _mirror_file.write(path, max_id, captures)
+    data = bytearray(path.read_bytes())
+    if damage == "truncated":
+        path.write_bytes(bytes(data[:len(data) // 2]))
+    elif damage == "flipped":  # a byte of the last array's data: its CRC no longer holds
+        at = data.rindex(b"PK\x01\x02") - 40
+        data[at] ^= 0xFF
+        path.write_bytes(bytes(data))
+    elif damage == "format":
+        monkey = _mirror_file.FORMAT
+        try:
+            _mirror_file.FORMAT = monkey + 1
+            with pytest.raises(_mirror_file.Unreadable, match="format"):
+                _mirror_file.read(path)
+        finally:
+            _mirror_file.FORMAT = monkey
+        return
+    with pytest.raises(_mirror_file.Unreadable):
+        _mirror_file.read(path)
+    assert _mirror_file.read(tmp_path / "absent.npz") is None
+
+
+def test_no_capture_while_the_mirror_loads(tmp_path: Path) -> None:
+    conn = _open(tmp_path)
+    rng = random.Random(4)
+    with conn:
+        for _ in range(10):
+            q.insert(conn, LexicalIndex(), _memory(rng))
+    mirror = LexicalIndex()
+    mirror.load_more(conn, 5)
+    assert mirror.capture() is None
+    mirror.load_more(conn, 64)
+    captured = mirror.capture()
+    assert captured is not None
+    assert captured[0] == 10
