@@ -114,6 +114,9 @@ from ctxd.memory import (
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SEARCH_P99_TARGET_S = 0.005
+STARTUP_TARGET_S = 2.0
+STARTUP_BASELINE = "tokenizing every memory (baseline)"
+MIRROR_FILE = "memory-lexical.npz"
 INJECT_P99_TARGET_S = 0.010
 FLAT_AS_GROWN = "flat as grown"
 """The label of phase 1's runs: an exact index kept past ann_threshold (not a default)."""
@@ -237,6 +240,18 @@ class InjectRun:
 
 
 @dataclass
+class Startup:
+    """A daemon's start on a data directory: until it answers a ping, until its memory is
+    whole (daemon.status memory_index.whole), its RSS then."""
+
+    label: str
+    memories: int
+    answered_s: float
+    whole_s: float | None
+    rss: int | None
+
+
+@dataclass
 class Report:
     args: argparse.Namespace
     sequential_rate: float | None = None
@@ -248,6 +263,7 @@ class Report:
     ivf_hybrid_overlap: float | None = None
     ivf_inject_overlap: float | None = None
     breakdown: list[tuple[str, str, str]] = field(default_factory=list)
+    startups: list[Startup] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def print(self) -> None:
@@ -311,6 +327,28 @@ class Report:
                                  run.label, f"{statistics.mean(run.items):.1f}, "
                                  f"{statistics.mean(run.tokens):.0f}", "-", "-",
                                  ", ".join(f"{k} {v}" for k, v in run.statuses.items())))
+            print_table(rows)
+            print()
+        if self.startups:
+            rows = [("start-up", "memories", "answers", "memory whole", "whole / baseline",
+                     "target", "result")]
+            baselines = {run.memories: run for run in self.startups
+                         if run.label == STARTUP_BASELINE}
+            for run in self.startups:
+                baseline = baselines.get(run.memories)
+                ratio = ("1.00x" if run is baseline else
+                         f"{run.whole_s / baseline.whole_s:.2f}x"
+                         if baseline and run.whole_s and baseline.whole_s else "-")
+                target = run.memories >= 100_000 and run is not baseline
+                whole = f"{run.whole_s:.2f} s" if run.whole_s is not None else "not whole"
+                rows.append((run.label, f"{run.memories:,}", f"{run.answered_s:.2f} s", whole,
+                             ratio, "<= 2 s" if target else "-",
+                             (verdict(run.whole_s is not None
+                                      and run.whole_s <= STARTUP_TARGET_S)
+                              if target else "baseline" if run is baseline else "info")))
+                if run.rss is not None:
+                    rows.append(("  daemon RSS once whole", f"{run.memories:,}",
+                                 f"{run.rss / 1e6:,.0f} MB", "-", "-", "-", "info"))
             print_table(rows)
             print()
         if self.reindex:
@@ -426,6 +464,48 @@ def reindex(server: DaemonProcess, caller: Caller) -> tuple[float | None, str]:
         return None, f"no answer after {elapsed:.1f} s ({exc})"
     elapsed = time.perf_counter() - started
     return elapsed, f"{status['state']}, {status['vectors']:,} vectors in {elapsed:.1f} s"
+
+
+def startup(root: Path, data_dir: Path, label: str, settings: dict[str, str],
+            memories: int) -> Startup:
+    """Start a daemon on ``data_dir``, time it until it answers a ping and until its
+    memory is whole, then stop it (its files saved as at any clean stop)."""
+    flags = [arg for key, value in settings.items() for arg in (f"--memory-{key}", value)]
+    daemon = DaemonProcess(root, flags, name=label.split(" ")[0], data=data_dir,
+                           python=sys.executable, code=REPO_ROOT, start_timeout=600)
+    began = time.perf_counter()
+    daemon.start()
+    answered = time.perf_counter() - began
+    whole: float | None = None
+    rss = None
+    try:
+        with contextlib.closing(RawClient(daemon.socket)) as client:
+            caller = Caller(client)
+            while time.perf_counter() - began < 1800:
+                if caller.call("daemon.status")["memory_index"]["whole"]:
+                    whole = time.perf_counter() - began
+                    break
+                time.sleep(0.01)
+            assert daemon.proc is not None
+            rss = vm_bytes(daemon.proc.pid, "VmRSS")
+    finally:
+        daemon.stop()
+    return Startup(label, memories, answered, whole, rss)
+
+
+def startups(report: Report, root: Path, data_dir: Path, settings: dict[str, str],
+             memories: int) -> None:
+    """Start-up with the lexical ranking's file and, as the baseline, without it (every
+    memory tokenized), on the same data; the file the baseline saves is the next one's."""
+    mirror_file = data_dir / MIRROR_FILE
+    print(f"start-up at {memories:,} memories ...", flush=True)
+    mirror_file.unlink(missing_ok=True)
+    report.startups.append(startup(root, data_dir, STARTUP_BASELINE, settings, memories))
+    if not mirror_file.exists():
+        report.notes.append(f"at {memories:,}: the daemon saved no {MIRROR_FILE}")
+    for attempt in range(2):
+        report.startups.append(startup(root, data_dir, f"with its file ({attempt + 1})",
+                                       settings, memories))
 
 
 # ---- where the time goes ----------------------------------------------------------------
@@ -678,6 +758,7 @@ def run_benchmark(report: Report) -> None:
             report.injects.append(run)
         if (data_dir / "memory.faiss").exists():
             shutil.copy(data_dir / "memory.faiss", ivf_copy)
+        startups(report, root, data_dir, settings, sizes[-1])
         if flat_run is not None and flat_run.dense_ids and rebuilt.dense_ids:
             report.ivf_overlap = statistics.mean(
                 len(set(a) & set(b)) / len(a)
