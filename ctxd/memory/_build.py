@@ -41,6 +41,18 @@ CODES = faiss.ScalarQuantizer.QT_fp16
 ones; see docs/decisions.md)."""
 
 
+TRAIN_MAX = 100_000
+"""An approximate index's lists are learnt from at most this many memories (or 39 a list,
+what faiss asks, if more), spread over the ids: up to 100,000 from all of them, as
+before; at a million, training on all of them (k-means of 4,000 lists over 1,000,000
+vectors of 1,024 dimensions) would take hours on two cores."""
+
+
+def train_sample(count: int) -> int:
+    """How many of ``count`` memories an approximate index is trained on."""
+    return min(count, max(TRAIN_MAX, 39 * lists_for(count)))
+
+
 def lists_for(count: int) -> int:
     """The inverted lists of an approximate index of ``count`` memories: about 4·√n, each
     trained with at least 39 points (what faiss asks), at least one."""
@@ -138,11 +150,14 @@ class Builder:
             return lists_for(count) >= REGROW * index.nlist
         return count > self._ann_threshold
 
-    async def from_store(self, abandon_on_cancel: bool = False
-                         ) -> tuple[int, int, list[int], Any]:
-        """(generation, memories, ids, index): a new index of every memory in SQLite, read
-        and embedded in batches, built in a worker thread (left to finish alone when
-        cancelled, with ``abandon_on_cancel``: the daemon need not wait for it to stop).
+    async def from_store(self, abandon_on_cancel: bool = False) -> tuple[int, int, int, Any]:
+        """(generation, memories, highest id, index): a new index of every memory in
+        SQLite, read and embedded in batches that are added as they come, so that only
+        the index is held, not every vector beside it (at a million memories, 4 GB of
+        32-bit vectors, and as much again to join them, with the index's 2 GB). An
+        approximate index is first trained on a sample (`train_sample`). Faiss's work
+        runs in worker threads, left to finish alone when cancelled with
+        ``abandon_on_cancel`` (the daemon need not wait for it to stop).
 
         Raises:
             EmbedderError: the embedder failed.
@@ -150,42 +165,52 @@ class Builder:
             RuntimeError: faiss failed.
         """
         generation, count = await self._store.read(q.index_generation)
-        ids: list[int] = []
+        if count > self._ann_threshold:
+            sample = await self._sample(count, train_sample(count))
+            index = await trio.to_thread.run_sync(self.trained, sample, lists_for(count),
+                                                  abandon_on_cancel=abandon_on_cancel)
+            del sample
+        else:
+            index = faiss.IndexIDMap2(faiss.IndexFlatIP(self._embedder.dim))
+        max_id = 0
+        while True:
+            rows = await self._store.read(q.texts_after, max_id, REBUILD_BATCH)
+            if not rows:
+                break
+            vectors = await self.embed([text for _, text in rows])
+            ids = np.fromiter((row_id for row_id, _ in rows), np.int64, len(rows))
+            await trio.to_thread.run_sync(index.add_with_ids, vectors, ids,
+                                          abandon_on_cancel=abandon_on_cancel)
+            max_id = rows[-1][0]
+        return generation, count, max_id, index
+
+    async def _sample(self, count: int, wanted: int) -> Vectors:
+        """The vectors of ``wanted`` memories spread evenly over the ids (every k-th)."""
+        every = max(1, count // wanted)
         parts: list[Vectors] = []
         after = 0
         while True:
-            rows = await self._store.read(q.texts_after, after, REBUILD_BATCH)
+            rows = await self._store.read(q.texts_after, after, REBUILD_BATCH * every)
             if not rows:
                 break
-            ids.extend(row_id for row_id, _ in rows)
-            parts.append(await self.embed([text for _, text in rows]))
+            parts.append(await self.embed([text for _, text in rows[::every]]))
             after = rows[-1][0]
-        vectors = (np.concatenate(parts) if parts
-                   else np.zeros((0, self._embedder.dim), np.float32))
-        index = await trio.to_thread.run_sync(self.build, ids, vectors,
-                                              abandon_on_cancel=abandon_on_cancel)
-        return generation, count, ids, index
+        return (np.concatenate(parts) if parts
+                else np.zeros((0, self._embedder.dim), np.float32))
 
-    def build(self, ids: Sequence[int], vectors: Vectors) -> Any:
-        """An index of ``vectors`` under ``ids`` (blocking): exact up to ``ann_threshold``
-        of them, approximate past it."""
+    def trained(self, sample: Vectors, lists: int) -> Any:
+        """An empty approximate index of ``lists`` inverted lists learnt from ``sample``
+        (blocking)."""
         dim = self._embedder.dim
-        index: Any
-        if len(ids) > self._ann_threshold:
-            # IVF keeps the ids itself. Wrapped in an IndexIDMap2 its deletes would go
-            # wrong: the map compacts its positions, the inverted lists do not.
-            lists = lists_for(len(ids))
-            quantizer = faiss.IndexFlatIP(dim)
-            index = faiss.IndexIVFScalarQuantizer(quantizer, dim, lists, CODES,
-                                                  faiss.METRIC_INNER_PRODUCT)
-            index.train(vectors)
-            index.nprobe = self._nprobe
-            quantizer.this.disown()  # type: ignore[attr-defined]
-            index.own_fields = True
-        else:
-            index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
-        if len(ids):
-            index.add_with_ids(vectors, np.asarray(ids, dtype=np.int64))
+        # IVF keeps the ids itself. Wrapped in an IndexIDMap2 its deletes would go wrong:
+        # the map compacts its positions, the inverted lists do not.
+        quantizer = faiss.IndexFlatIP(dim)
+        index = faiss.IndexIVFScalarQuantizer(quantizer, dim, lists, CODES,
+                                              faiss.METRIC_INNER_PRODUCT)
+        index.train(sample)
+        index.nprobe = self._nprobe
+        quantizer.this.disown()  # type: ignore[attr-defined]
+        index.own_fields = True
         return index
 
     def load(self, generation: int, count: int) -> tuple[Any, int] | None:

@@ -181,13 +181,13 @@ class MemoryIndex:
         self.state, self.reason = "rebuilding", "the dense index is being rebuilt"
         self._rebuilds += 1
         try:
-            generation, count, ids, index = await self._builder.from_store()
+            generation, count, max_id, index = await self._builder.from_store()
         except (EmbedderError, CtxdError, RuntimeError, ValueError) as exc:
             # RuntimeError is how faiss reports its failures.
             self._unavailable(f"rebuilding the dense index failed: {exc}")
             return
         self._index = index
-        self._max_id = max(ids, default=0)
+        self._max_id = max_id
         self.generation = generation
         self._dirty = True
         # Memories recorded while it was being built go in before it is called ready.
@@ -199,7 +199,7 @@ class MemoryIndex:
         # Logged as it becomes ready, not after the save: whoever sees it ready (a test
         # reading the log) finds the line.
         log.info("memory index rebuilt: %d vectors (%d memories when it started)",
-                 len(ids), count)
+                 index.ntotal, count)
         await self._save_if_dirty()
 
     async def _regrow(self, changed: NextIndex) -> None:
@@ -214,7 +214,7 @@ class MemoryIndex:
         """
         rebuilds, before = self._rebuilds, describe(self._index)
         try:
-            _, count, ids, index = await self._builder.from_store(abandon_on_cancel=True)
+            _, count, max_id, index = await self._builder.from_store(abandon_on_cancel=True)
         except (EmbedderError, CtxdError, RuntimeError, ValueError) as exc:
             self._next = None
             self._regrow_after = trio.current_time() + RETRY_S
@@ -226,8 +226,7 @@ class MemoryIndex:
             self._next = None
             if self._rebuilds != rebuilds or self.state != "ready":
                 return  # a rebuild has made an index of its own since
-            await trio.to_thread.run_sync(self._take_over, index, max(ids, default=0),
-                                          changed)
+            await trio.to_thread.run_sync(self._take_over, index, max_id, changed)
             self._dirty = True
             log.info("memory index rebuilt as it grew: %d vectors, %s (was %s; %d memories "
                      "when it started)", index.ntotal, describe(index), before, count)
