@@ -185,7 +185,12 @@ class Memory:
         finally:
             with trio.move_on_after(SHUTDOWN_SAVE_S, shield=True):
                 if self.lexical.version != self._mirror_saved:
-                    await self._save_mirror()
+                    try:
+                        await self._save_mirror()
+                    except Exception:
+                        # The file is a cache: a failure costs the next start its
+                        # tokenizing, never the shutdown.
+                        log.exception("saving the lexical ranking at shutdown failed")
 
     async def _save_mirror(self) -> None:
         """Write the mirror's file now (nothing while it is not whole). A failure is
