@@ -4,7 +4,7 @@ finds, and at what cost, as ``nprobe`` grows; beside it, an exact search by post
 
 In this process, on ``bench/memory.py``'s synthetic memories (the same writer: 20 project
 scopes and ``global``) embedded by the daemon's hashing embedder, an IVF made as the
-daemon makes it (``lists_for``, 16-bit codes, trained on every memory up to 100,000) and
+daemon makes it (``lists_for``, its codes, trained on every memory up to 100,000) and
 searched as the daemon searches (k 50, within the bitmap of a project's scope and the
 global one). The baseline is the exact top 5 (inner product of the 32-bit vectors) within
 the same scope. Queries: ``memory.search``'s (4-10 words) and a branch's injection (a
@@ -29,7 +29,7 @@ import numpy as np
 from memory import PROJECTS, Writer
 from rpc import machine_line, print_table
 
-from ctxd.memory import HashingEmbedder, lists_for
+from ctxd.memory import CODES, HashingEmbedder, fix_code_range, lists_for
 
 K = 5
 CANDIDATES = 50  # what the dense leg asks FAISS for (ctxd/memory/_retrieval.py)
@@ -57,11 +57,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     selector = faiss.IDSelectorBitmap(len(bitmap), faiss.swig_ptr(bitmap))
     lists = lists_for(len(texts))
     quantizer = faiss.IndexFlatIP(vectors.shape[1])
-    ivf = faiss.IndexIVFScalarQuantizer(quantizer, vectors.shape[1], lists,
-                                        faiss.ScalarQuantizer.QT_fp16,
+    ivf = faiss.IndexIVFScalarQuantizer(quantizer, vectors.shape[1], lists, CODES,
                                         faiss.METRIC_INNER_PRODUCT)
     print(f"training an IVF of {lists:,} lists ...", flush=True)
     ivf.train(vectors[:100_000])
+    fix_code_range(ivf)
     ivf.add_with_ids(vectors, np.arange(len(texts), dtype=np.int64))
     scoped = vectors[within]
     # The exact search by postings: each dimension's memories (of the scope) and values.

@@ -117,6 +117,7 @@ from ctxd.memory import (
     HashingEmbedder,
     LexicalIndex,
     by_ids,
+    fix_code_range,
     lexical,
     lists_for,
 )
@@ -637,6 +638,7 @@ def grown_ivfs(flat: Any, ann_threshold: int, nprobe: int) -> list[tuple[str, An
                                               lists_for(size), CODES,
                                               faiss.METRIC_INNER_PRODUCT)
         index.train(vectors[:size])
+        fix_code_range(index)
         index.add_with_ids(vectors, ids)
         index.nprobe = nprobe
         grown.append((f"  IVF built at {size:,} memories ({lists_for(size):,} lists), grown "

@@ -1,6 +1,6 @@
 """Memory: ReasoningBank items, hybrid FTS5 + FAISS retrieval, embedders."""
 
-from ctxd.memory._build import CODES, REGROW, lists_for
+from ctxd.memory._build import CODES, REGROW, fix_code_range, lists_for
 from ctxd.memory._embedders import (
     Embedder,
     EmbedderError,
@@ -31,6 +31,6 @@ from ctxd.wire.types import project_scope
 __all__ = ["CODES", "INJECT_SHARE", "LOAD_CHUNK", "REGROW", "Embedder", "EmbedderError",
            "HashingEmbedder", "HttpEmbedder", "Injected", "LexicalIndex", "Memory",
            "MemoryCandidate", "MemoryIndex", "SentenceTransformerEmbedder", "by_ids",
-           "feature_bucket", "fuse", "lexical", "lists_for", "make_embedder", "memory_context",
-           "memory_delete", "memory_feedback", "memory_get", "memory_outcome", "memory_reindex",
-           "memory_share", "project_scope", "stem"]
+           "feature_bucket", "fix_code_range", "fuse", "lexical", "lists_for", "make_embedder",
+           "memory_context", "memory_delete", "memory_feedback", "memory_get", "memory_outcome",
+           "memory_reindex", "memory_share", "project_scope", "stem"]

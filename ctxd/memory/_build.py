@@ -5,8 +5,8 @@ The file is saved atomically (temp file + rename) with the store's memory *gener
 embedder's signature and the file's SHA-256 beside it, in a ``.json``; at start a file whose
 generation, signature, checksum or size does not match is not loaded (the owner rebuilds it:
 faiss reads a file with damaged vectors without complaint, and searches with them). An
-approximate index is an IVF that keeps the ids in its inverted lists and its vectors as
-16-bit floats.
+approximate index is an IVF that keeps the ids in its inverted lists and its vectors in a
+byte per dimension.
 """
 
 from __future__ import annotations
@@ -36,9 +36,20 @@ this many times the lists it was built with (`lists_for`): when they have grown 
 times (1.5 times while the lists are bound by 39 memories each). Its lists were learnt
 from the memories it was built with; grown tenfold past them, its lists held ten times
 the memories and a search took five times as long."""
-CODES = faiss.ScalarQuantizer.QT_fp16
-"""How the approximate index keeps its vectors: 16-bit floats (half the memory of 32-bit
-ones; see docs/decisions.md)."""
+CODES = faiss.ScalarQuantizer.QT_8bit_uniform
+"""How the approximate index keeps its vectors: a byte per dimension, on one range for all
+of them, fixed at [-1, 1] (`CODE_RANGE`; see docs/decisions.md): 1 GB at a million
+memories of 1,024 dimensions, where 16-bit floats took 2 GB."""
+CODE_RANGE = (-1.0, 2.0)
+"""(lowest value, width): every embedder's vectors have unit length, so no component lies
+outside [-1, 1], and none is ever clipped, whatever the memories the index was trained
+on (a range learnt from them clipped those recorded later)."""
+
+
+def fix_code_range(index: Any) -> None:
+    """Set an approximate index's code range to `CODE_RANGE` (after its training, before
+    any vector is added)."""
+    faiss.copy_array_to_vector(np.asarray(CODE_RANGE, np.float32), index.sq.trained)
 
 
 TRAIN_MAX = 100_000
@@ -72,8 +83,8 @@ def describe(index: Any) -> str:
 
 def _current_kind(index: Any) -> bool:
     """Whether an approximate index keeps its vectors as `Builder.build` makes it now."""
-    return (isinstance(index, faiss.IndexIVFScalarQuantizer)
-            and index.sq.qtype == CODES)
+    return (isinstance(index, faiss.IndexIVFScalarQuantizer) and index.sq.qtype == CODES
+            and tuple(faiss.vector_to_array(index.sq.trained).tolist()) == CODE_RANGE)
 
 
 class NextIndex:
@@ -208,6 +219,7 @@ class Builder:
         index = faiss.IndexIVFScalarQuantizer(quantizer, dim, lists, CODES,
                                               faiss.METRIC_INNER_PRODUCT)
         index.train(sample)
+        fix_code_range(index)
         index.nprobe = self._nprobe
         quantizer.this.disown()  # type: ignore[attr-defined]
         index.own_fields = True

@@ -474,7 +474,7 @@ def test_an_approximate_index_handles_deletes(daemon_root: Path) -> None:
         process.stop()
 
 
-def test_an_approximate_index_keeps_16_bit_floats_and_replaces_an_older_kind(
+def test_an_approximate_index_keeps_a_byte_a_dimension_and_replaces_an_older_kind(
         daemon_root: Path) -> None:
     process = DaemonProcess(daemon_root, ["--memory-ann-threshold", "20"]).start()
     try:
@@ -484,17 +484,20 @@ def test_an_approximate_index_keeps_16_bit_floats_and_replaces_an_older_kind(
         index_file = process.data_dir / "memory.faiss"
         saved = faiss.read_index(str(index_file))
         assert isinstance(saved, faiss.IndexIVFScalarQuantizer)
+        # One byte a dimension, on the fixed range of unit vectors' components.
         assert (saved.sq.qtype, saved.ntotal, saved.code_size) == (
-            faiss.ScalarQuantizer.QT_fp16, 30, 2 * 1024)
-        # The same memories as an IVF of 32-bit floats, as an earlier version saved them.
+            faiss.ScalarQuantizer.QT_8bit_uniform, 30, 1024)
+        assert faiss.vector_to_array(saved.sq.trained).tolist() == [-1.0, 2.0]
+        # The same memories as an IVF of 16-bit floats, as an earlier version saved them.
         conn = apsw.Connection(str(process.data_dir / "ctxd.db"))
         rows = conn.execute("SELECT id, title, description, content, tags FROM memories "
                             "ORDER BY id").fetchall()
         conn.close()
         vectors = HashingEmbedder(1024).embed_sync(
             [embedding_text(*row[1:]) for row in rows])
-        older = faiss.IndexIVFFlat(faiss.IndexFlatIP(1024), 1024, 1,
-                                   faiss.METRIC_INNER_PRODUCT)
+        older = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(1024), 1024, 1,
+                                              faiss.ScalarQuantizer.QT_fp16,
+                                              faiss.METRIC_INNER_PRODUCT)
         older.train(vectors)
         older.add_with_ids(vectors, np.asarray([row[0] for row in rows], dtype=np.int64))
         faiss.write_index(older, str(index_file))
@@ -511,7 +514,9 @@ def test_an_approximate_index_keeps_16_bit_floats_and_replaces_an_older_kind(
             assert [r["id"] for r in found["results"]] == [8]
         process.stop()
         assert "memory index file is an IVF of an older kind; rebuilding" in process.log()
-        assert isinstance(faiss.read_index(str(index_file)), faiss.IndexIVFScalarQuantizer)
+        rebuilt = faiss.read_index(str(index_file))
+        assert isinstance(rebuilt, faiss.IndexIVFScalarQuantizer)
+        assert rebuilt.sq.qtype == faiss.ScalarQuantizer.QT_8bit_uniform
     finally:
         process.stop()
 
