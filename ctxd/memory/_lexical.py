@@ -102,9 +102,20 @@ class _Shard:
     postings by term over those slots: a query scores into arrays the size of the scopes
     it sees, not of every memory (at 100,000 memories in 21 scopes, a project's query
     sees a quarter of them; a long query ranks 30% faster, a short one 2.5 times). A
-    deleted memory's slot stays empty until the mirror is next loaded."""
+    deleted memory's slot stays empty until the mirror is next loaded.
 
-    __slots__ = ("confidence", "count", "ids", "length", "parts", "postings", "sizes")
+    The postings of all its terms live in two pooled arrays (slots and frequencies), a
+    term's in one region of them (a row: where it starts, how many, how many fit), not in
+    two arrays per term: at a million memories, most of whose 1.2 million terms are one
+    memory's identifier, two numpy arrays and two dict entries per term took about 1 GB.
+    A region is never changed under what it holds: postings are appended past its size,
+    and a region that is full, or loses a posting, is copied to the pool's end (the old
+    one is left as it was, for an image being written: `LexicalIndex.capture`); the pool
+    is compacted into new arrays once most of it is left behind.
+    """
+
+    __slots__ = ("confidence", "count", "frequencies", "ids", "left", "length", "parts",
+                 "room", "rows", "size", "slots", "start", "terms", "used")
 
     def __init__(self) -> None:
         self.ids = np.zeros(64, np.int32)
@@ -112,16 +123,35 @@ class _Shard:
         self.length = np.zeros(64, np.float64)
         self.confidence = np.zeros(64, np.float64)
         self.count = 0
-        self.postings: dict[str, tuple[Slots, Frequencies]] = {}
-        """Term → (slots, term frequencies), numpy arrays with room to grow (`sizes` says
-        how much is used), slots ascending. Numpy arrays, unlike ``array.array``, are not
-        tracked by the garbage collector: ``array.array`` postings made 470,000 tracked
-        objects at 100,000 memories, and every full collection took 115 ms with the GIL
-        held."""
-        self.sizes: dict[str, int] = {}
+        self.rows: dict[str, int] = {}
+        """Term → its row (a term whose postings all went has none)."""
+        self.terms: list[str] = []
+        """Row → term."""
+        self.start = np.zeros(64, np.int64)
+        self.size = np.zeros(64, np.int32)
+        """Row → its postings in the pool, or 0 for a term whose postings all went."""
+        self.room = np.zeros(64, np.int32)
+        self.slots: Slots = np.zeros(1024, np.int32)
+        """The pool: each row's slots ascending in its region."""
+        self.frequencies: Frequencies = np.zeros(1024, np.uint16)
+        self.used = 0
+        """The pool's end: regions are added past it."""
+        self.left = 0
+        """Pool entries in regions left behind (copied elsewhere or emptied)."""
         self.parts: dict[str, npt.NDArray[np.float64]] = {}
         """Term → its postings' BM25 parts, as the mirror's `LexicalIndex.version` was
         when a query computed them (see `LexicalIndex._keep_parts`)."""
+
+    def size_of(self, term: str) -> int:
+        row = self.rows.get(term)
+        return 0 if row is None else int(self.size[row])
+
+    def postings(self, term: str) -> tuple[Slots, Frequencies]:
+        """A term's (slots, frequencies): views of the pool (the term must be here)."""
+        row = self.rows[term]
+        start = int(self.start[row])
+        end = start + int(self.size[row])
+        return self.slots[start:end], self.frequencies[start:end]
 
     def add(self, memory_id: int, tokens: list[str], confidence: float) -> int:
         """A memory's slot and postings; returns the slot."""
@@ -134,34 +164,141 @@ class _Shard:
         self.length[slot] = len(tokens)
         self.confidence[slot] = confidence
         self.count += 1
+        rows = self.rows
         for term, count in Counter(tokens).items():
-            size = self.sizes.get(term, 0)
-            arrays = self.postings.get(term)
-            if arrays is None or size == len(arrays[0]):
-                arrays = self.postings[term] = (
-                    _grown(arrays[0], max(4, 2 * size)) if arrays else np.zeros(4, np.int32),
-                    _grown(arrays[1], max(4, 2 * size)) if arrays else np.zeros(4, np.uint16))
-            arrays[0][size] = slot
-            arrays[1][size] = min(count, MAX_TF)
-            self.sizes[term] = size + 1
+            row = rows.get(term)
+            if row is None:
+                row = rows[term] = self._new_row(term)
+                size = 0
+            else:
+                size = int(self.size[row])
+                if size == self.room[row]:
+                    self._move(row, size, max(4, 2 * size))
+            at = int(self.start[row]) + size
+            self.slots[at] = slot
+            self.frequencies[at] = min(count, MAX_TF)
+            self.size[row] = size + 1
         return slot
 
     def remove(self, slot: int, terms: set[str]) -> None:
         for term in terms:
-            slots, frequencies = self.postings[term]
-            size = self.sizes[term]
-            at = int(np.searchsorted(slots[:size], slot))
+            row = self.rows[term]
+            held, frequencies = self.postings(term)
+            size = len(held)
             if size == 1:
-                del self.postings[term], self.sizes[term]
-            else:
-                # New arrays, not a shift in place: an image being written in another
-                # thread (`LexicalIndex.image`) may be reading these.
-                self.postings[term] = (np.delete(slots[:size], at),
-                                       np.delete(frequencies[:size], at))
-                self.sizes[term] = size - 1
+                del self.rows[term]
+                self.left += int(self.room[row])
+                self.size[row] = self.room[row] = 0
+                continue
+            at = int(np.searchsorted(held, slot))
+            kept = np.delete(held, at), np.delete(frequencies, at)
+            start = self._reserve_pool(size - 1)
+            self.left += int(self.room[row])  # after: a compaction may have moved it
+            self.slots[start:start + size - 1] = kept[0]
+            self.frequencies[start:start + size - 1] = kept[1]
+            self.start[row], self.size[row], self.room[row] = start, size - 1, size - 1
         self.ids[slot] = -1
         self.length[slot] = 0.0
         self.confidence[slot] = 0.0
+
+    def _new_row(self, term: str) -> int:
+        row = len(self.terms)
+        self.terms.append(term)
+        if row == len(self.start):
+            self.start, self.size, self.room = (
+                _grown(a, 2 * row) for a in (self.start, self.size, self.room))
+        self.start[row] = self._reserve_pool(4)
+        self.room[row] = 4
+        return row
+
+    def _move(self, row: int, size: int, room: int) -> None:
+        """Copy a row's region to a new one of ``room`` at the pool's end."""
+        start = self._reserve_pool(room)
+        was = int(self.start[row])  # read after: a compaction may have moved it
+        self.left += int(self.room[row])
+        self.slots[start:start + size] = self.slots[was:was + size]
+        self.frequencies[start:start + size] = self.frequencies[was:was + size]
+        self.start[row], self.room[row] = start, room
+
+    def _reserve_pool(self, room: int) -> int:
+        """Where a region of ``room`` starts at the pool's end (the pool compacted or grown
+        into new arrays when it is full)."""
+        if self.used + room > len(self.slots):
+            if self.left > self.used // 2:
+                self.compact()
+            if self.used + room > len(self.slots):
+                size = max(len(self.slots) * 3 // 2, self.used + room)
+                self.slots, self.frequencies = (_grown(a, size)
+                                                for a in (self.slots, self.frequencies))
+        start = self.used
+        self.used += room
+        return start
+
+    def compact(self) -> None:
+        """New pool arrays of the rows' postings only, each region with as much room as
+        it holds (the old arrays are left as they were)."""
+        rows = len(self.terms)
+        sizes = self.size[:rows].astype(np.int64)
+        total = int(sizes.sum())
+        starts = np.zeros(rows, np.int64)
+        np.cumsum(sizes[:-1], out=starts[1:])
+        taken = np.repeat(self.start[:rows] - starts, sizes) + np.arange(total)
+        capacity = max(1024, total + total // 8)
+        slots = np.zeros(capacity, np.int32)
+        frequencies = np.zeros(capacity, np.uint16)
+        slots[:total] = self.slots[taken]
+        frequencies[:total] = self.frequencies[taken]
+        self.slots, self.frequencies = slots, frequencies
+        self.start[:rows] = starts
+        self.room[:rows] = self.size[:rows]
+        self.used, self.left = total, 0
+
+    def load(self, terms: list[str], sizes: npt.NDArray[np.int64], slots: Slots,
+             frequencies: Frequencies) -> None:
+        """Take a file's postings (terms with none left out) as the pool, as they are."""
+        kept = sizes > 0
+        if not kept.all():
+            terms = [term for term, keep in zip(terms, kept.tolist(), strict=True) if keep]
+            sizes = sizes[kept]
+        rows = len(terms)
+        self.terms = terms
+        self.rows = dict(zip(terms, range(rows), strict=True))
+        self.size = sizes.astype(np.int32)
+        self.room = self.size.copy()
+        self.start = np.zeros(rows, np.int64)
+        np.cumsum(sizes[:-1], out=self.start[1:])
+        if rows == 0:  # room for the first rows
+            self.start, self.size, self.room = (np.zeros(64, a.dtype)
+                                                for a in (self.start, self.size, self.room))
+        self.slots, self.frequencies = slots, frequencies
+        self.used, self.left = len(slots), 0
+
+
+def _column_pair(conn: apsw.Connection, sql: str, bindings: tuple[Any, ...]
+                 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """The two columns (an id, a number) of a query's rows, as arrays."""
+    rows: list[Any] = conn.execute(sql, bindings).fetchall()
+    return (np.fromiter((row[0] for row in rows), np.int64, len(rows)),
+            np.fromiter((row[1] for row in rows), np.float64, len(rows)))
+
+
+def _restore_shard(shard: _Shard, saved: _mirror_file.ShardImage,
+                   live: npt.NDArray[np.bool_], confidence: npt.NDArray[np.float64]) -> None:
+    """Fill an empty shard with a saved one's ``live`` slots, renumbered in order."""
+    count = len(confidence)
+    slots, frequencies, sizes = saved.slots, saved.frequencies, saved.sizes
+    if count < len(live):
+        renumbered = np.cumsum(live, dtype=np.int32) - 1
+        kept = live[slots]
+        slots, frequencies = renumbered[slots[kept]], frequencies[kept]
+        sizes = np.bincount(np.repeat(np.arange(len(saved.terms)), saved.sizes)[kept],
+                            minlength=len(saved.terms))
+    shard.ids = saved.ids[live].astype(np.int32)
+    shard.length = saved.length[live].astype(np.float64)
+    shard.confidence = confidence.astype(np.float64)
+    shard.count = count
+    shard.load(list(saved.terms), sizes.astype(np.int64), slots.astype(np.int32, copy=False),
+               frequencies.astype(np.uint16, copy=False))
 
 
 class LexicalIndex:
@@ -191,9 +328,13 @@ class LexicalIndex:
         """Whether the current transaction changed the mirror (see `rolled_back`)."""
         self._shards: dict[str, _Shard] = {}
         """Scope → its memories and postings."""
-        self._scope: dict[int, str] = {}
+        self._scopes: list[str] = []
+        """Shard number → its scope."""
+        self._numbers: dict[str, int] = {}
+        self._shard_of = np.full(1024, -1, np.int32)
+        """Memory id → the number of its scope's shard; -1: not in the mirror."""
         self._slot = np.zeros(1024, np.int32)
-        """Memory id → its slot in its scope's shard (`_scope` says which)."""
+        """Memory id → its slot in its scope's shard."""
         self._df: dict[str, int] = {}
         self._rows = 0
         self._tokens = 0
@@ -230,14 +371,11 @@ class LexicalIndex:
     def _add(self, conn: apsw.Connection, row: tuple[Any, ...]) -> None:
         memory_id, scope, title, description, content, tags, alpha, beta = row
         tokens = self._document(conn, [title, description, content, tags])
-        shard = self._shards.get(scope)
-        if shard is None:
-            shard = self._shards[scope] = _Shard()
-        if memory_id >= len(self._slot):
-            self._slot = _grown(self._slot, max(memory_id + 1, 2 * len(self._slot)))
+        shard = self._shard(scope)
+        self._room_for(memory_id)
         self.touched = True
         self._slot[memory_id] = shard.add(memory_id, tokens, alpha / (alpha + beta))
-        self._scope[memory_id] = scope
+        self._shard_of[memory_id] = self._numbers[scope]
         for term in set(tokens):
             self._df[term] = self._df.get(term, 0) + 1
         self._rows += 1
@@ -246,6 +384,30 @@ class LexicalIndex:
         self.version += 1
 
     _ROW = "SELECT id, scope, title, description, content, tags, alpha, beta FROM memories"
+
+    def _shard(self, scope: str) -> _Shard:
+        """The scope's shard, made when it has none."""
+        shard = self._shards.get(scope)
+        if shard is None:
+            shard = self._shards[scope] = _Shard()
+            self._numbers[scope] = len(self._scopes)
+            self._scopes.append(scope)
+        return shard
+
+    def _room_for(self, memory_id: int) -> None:
+        if memory_id >= len(self._slot):
+            size = max(memory_id + 1, 2 * len(self._slot))
+            self._slot = _grown(self._slot, size)
+            grown = np.full(size, -1, np.int32)
+            grown[:len(self._shard_of)] = self._shard_of
+            self._shard_of = grown
+
+    def _scope_of(self, memory_id: int) -> str | None:
+        """The scope of a memory in the mirror, else None."""
+        if memory_id >= len(self._shard_of):
+            return None
+        number = int(self._shard_of[memory_id])
+        return self._scopes[number] if number >= 0 else None
 
     def rolled_back(self) -> None:
         """The store's transaction rolled back: forget everything if it changed us."""
@@ -261,7 +423,7 @@ class LexicalIndex:
 
     def removing(self, conn: apsw.Connection, memory_id: int) -> None:
         """A memory is about to be deleted (in the current transaction): drop its postings."""
-        scope = self._scope.get(memory_id)
+        scope = self._scope_of(memory_id)
         if scope is None:
             return  # not loaded yet (the loader will not find it)
         rows: list[Any] = conn.execute("SELECT title, description, content, tags FROM "
@@ -272,7 +434,7 @@ class LexicalIndex:
         terms = set(tokens)
         self.touched = True
         self._shards[scope].remove(int(self._slot[memory_id]), terms)
-        del self._scope[memory_id]
+        self._shard_of[memory_id] = -1
         for term in terms:
             self._df[term] -= 1
             if not self._df[term]:
@@ -283,7 +445,7 @@ class LexicalIndex:
 
     def rated(self, memory_id: int, confidence: float) -> None:
         """This memory's confidence changed (in the current transaction) to ``confidence``."""
-        scope = self._scope.get(memory_id)
+        scope = self._scope_of(memory_id)
         if scope is None:
             return
         shard, slot = self._shards[scope], self._slot[memory_id]
@@ -330,6 +492,10 @@ class LexicalIndex:
             self._add(conn, row)
         if len(rows) < limit:
             self._loaded_to = 1 << 62
+            for shard in self._shards.values():
+                # Loading left regions behind as they grew: a million memories' pool
+                # held twice its postings.
+                shard.compact()
             self.ready = True
         return self.ready
 
@@ -340,10 +506,14 @@ class LexicalIndex:
         store's thread: None while the mirror is not whole."""
         if not self.ready:
             return None
-        return self.max_id, [
-            Capture(scope, shard.ids[:shard.count].copy(), shard.length[:shard.count].copy(),
-                    dict(shard.postings), dict(shard.sizes))
-            for scope, shard in self._shards.items()]
+        captures = []
+        for scope, shard in self._shards.items():
+            rows = len(shard.terms)
+            captures.append(Capture(
+                scope, shard.ids[:shard.count].copy(), shard.length[:shard.count].copy(),
+                list(shard.terms), shard.start[:rows].copy(), shard.size[:rows].copy(),
+                shard.slots, shard.frequencies))
+        return self.max_id, captures
 
     def restore(self, conn: apsw.Connection, image: MirrorImage) -> int:
         """Load the mirror from a saved ``image`` instead of tokenizing (the store's
@@ -352,70 +522,44 @@ class LexicalIndex:
         SQLite's others up to the image's highest id are tokenized now, and `load_more`
         reads those above it. Returns how many memories it took from the image."""
         self.reset()
-        rows: list[Any] = conn.execute("SELECT id, scope, alpha / (alpha + beta) FROM "
-                                       "memories WHERE id <= ? ORDER BY id",
-                                       (image.max_id,)).fetchall()
-        by_scope: dict[str, list[tuple[int, float]]] = {}
-        for memory_id, scope, confidence in rows:
-            by_scope.setdefault(scope, []).append((memory_id, confidence))
-        taken: set[int] = set()
+        self._room_for(image.max_id)
+        taken = np.zeros(image.max_id + 1, np.bool_)
         for saved in image.shards:
-            held = by_scope.get(saved.scope)
-            if not held or saved.scope in self._shards:
+            if saved.scope in self._shards:
                 continue
-            held_ids = np.fromiter((i for i, _ in held), np.int64, len(held))
-            held_confidence = np.fromiter((c for _, c in held), np.float64, len(held))
+            held_ids, held_confidence = _column_pair(
+                conn, "SELECT id, alpha / (alpha + beta) FROM memories WHERE scope = ? AND "
+                "id <= ? ORDER BY id", (saved.scope, image.max_id))
+            if not len(held_ids):
+                continue
             at = np.minimum(np.searchsorted(held_ids, saved.ids), len(held_ids) - 1)
             live = (saved.ids >= 0) & (held_ids[at] == saved.ids)
             count = int(live.sum())
             if not count:
                 continue
-            self._shards[saved.scope] = self._restored(saved, live, held_confidence[at[live]])
-            ids = saved.ids[live]
-            self._slot = _grown(self._slot, max(len(self._slot), int(ids.max()) + 1))
+            shard = self._shard(saved.scope)
+            _restore_shard(shard, saved, live, held_confidence[at[live]])
+            ids = shard.ids
             self._slot[ids] = np.arange(count, dtype=np.int32)
-            id_list = ids.tolist()
-            self._scope.update(dict.fromkeys(id_list, saved.scope))
-            taken.update(id_list)
+            self._shard_of[ids] = self._numbers[saved.scope]
+            taken[ids] = True
             self._rows += count
-            self._tokens += int(saved.length[live].sum())
+            self._tokens += int(shard.length.sum())
+            self.max_id = max(self.max_id, int(ids.max()))
+        df = self._df
         for shard in self._shards.values():
-            for term, size in shard.sizes.items():
-                self._df[term] = self._df.get(term, 0) + size
-        self.max_id = max(taken, default=0)
+            for term, size in zip(shard.terms, shard.size[:len(shard.terms)].tolist(),
+                                  strict=True):
+                df[term] = df.get(term, 0) + size
         self._loaded_to = image.max_id
         self.version += 1
         # Recorded, or moved to another scope, after the image was taken.
-        for memory_id, _, _ in rows:
-            if memory_id not in taken:
-                for row in conn.execute(f"{self._ROW} WHERE id = ?", (memory_id,)):
-                    self._add(conn, row)
-        return len(taken)
-
-    @staticmethod
-    def _restored(saved: _mirror_file.ShardImage, live: npt.NDArray[np.bool_],
-                  confidence: npt.NDArray[np.float64]) -> _Shard:
-        """A shard of the image's live slots, renumbered in order."""
-        shard = _Shard()
-        count = len(confidence)
-        term_of = np.repeat(np.arange(len(saved.terms)), saved.sizes)
-        slots, frequencies, sizes = saved.slots, saved.frequencies, saved.sizes
-        if count < len(live):
-            renumbered = np.cumsum(live, dtype=np.int32) - 1
-            kept = live[slots]
-            slots, frequencies = renumbered[slots[kept]], frequencies[kept]
-            sizes = np.bincount(term_of[kept], minlength=len(saved.terms))
-        shard.ids = saved.ids[live].astype(np.int32)
-        shard.length = saved.length[live].astype(np.float64)
-        shard.confidence = confidence.astype(np.float64)
-        shard.count = count
-        ends = np.cumsum(sizes).tolist()
-        starts = [0, *ends[:-1]]
-        for term, start, end in zip(saved.terms, starts, ends, strict=True):
-            if end > start:
-                shard.postings[term] = (slots[start:end], frequencies[start:end])
-                shard.sizes[term] = end - start
-        return shard
+        every = np.fromiter(itertools.chain.from_iterable(conn.execute(
+            "SELECT id FROM memories WHERE id <= ? ORDER BY id", (image.max_id,))), np.int64)
+        for memory_id in every[~taken[every]].tolist():
+            for row in conn.execute(f"{self._ROW} WHERE id = ?", (memory_id,)):
+                self._add(conn, row)
+        return int(taken.sum())
 
     # ---- ranking (the store's thread) ------------------------------------------------
 
@@ -454,7 +598,7 @@ class LexicalIndex:
             for shard in self._shards.values():
                 shard.parts.clear()
             self._parts_version, self._parts_size = self.version, 0
-        sizes = [[shard.sizes.get(term, 0) for _, term in ranked] for shard in shards]
+        sizes = [[shard.size_of(term) for _, term in ranked] for shard in shards]
         totals = [sum(column) for column in zip(*sizes, strict=True)]
         used = len(ranked)  # the terms scored: the rarest, while within MAX_POSTINGS
         for at, scored in enumerate(itertools.accumulate(totals)):
@@ -508,8 +652,8 @@ class LexicalIndex:
         size = sum(len(p) for p in parts)
         self._reserve(size)
         slots, summed = self._scratch_slots[:size], self._scratch_values[0, :size]
-        np.concatenate([shard.postings[term][0][:len(p)] for (term, _), p
-                        in zip(terms, parts, strict=True)], out=slots, casting="same_kind")
+        np.concatenate([shard.postings(term)[0] for term, _ in terms], out=slots,
+                       casting="same_kind")
         np.concatenate(parts, out=summed)
         return np.bincount(slots, summed, minlength=shard.count).astype(np.float64, copy=False)
 
@@ -517,15 +661,15 @@ class LexicalIndex:
         """Compute and keep these terms' postings' BM25 parts in this shard, all in one
         pass: idf · (k1 + 1) · f / (f + k1 · (1 - b + b · length / average length)).
         Each term keeps a view of the one new array."""
-        sizes = [shard.sizes[term] for term in weights]
+        sizes = [shard.size_of(term) for term in weights]
         size = sum(sizes)
         self._reserve(size)
         slots = self._scratch_slots[:size]
         frequency, weight = self._scratch_values[1:, :size]
         taken = list(zip(weights, sizes, strict=True))
-        np.concatenate([shard.postings[term][0][:n] for term, n in taken], out=slots,
+        np.concatenate([shard.postings(term)[0] for term, _ in taken], out=slots,
                        casting="same_kind")
-        np.concatenate([shard.postings[term][1][:n] for term, n in taken], out=frequency,
+        np.concatenate([shard.postings(term)[1] for term, _ in taken], out=frequency,
                        casting="same_kind")
         start = 0
         for term, n in taken:

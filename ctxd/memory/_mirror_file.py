@@ -55,26 +55,27 @@ class MirrorImage:
 
 
 class Capture:
-    """What the store's thread takes of a shard (new dicts of the same arrays, quickly) for
-    another thread to turn into a `ShardImage`: the mirror replaces a term's arrays rather
-    than change the postings these sizes cover (`_Shard.remove`), and appends past them."""
+    """What the store's thread takes of a shard (copies of its small arrays, the pool's
+    arrays themselves) for another thread to turn into a `ShardImage`: the mirror never
+    changes a region of the pool under the postings it holds (appends go past them, a
+    changed region is copied elsewhere, a compaction makes new arrays)."""
 
-    def __init__(self, scope: str, ids: Any, length: Any, postings: dict[str, Any],
-                 sizes: dict[str, int]):
-        self.scope, self.ids, self.length = scope, ids, length
-        self.postings, self.sizes = postings, sizes
+    def __init__(self, scope: str, ids: Any, length: Any, terms: list[str], starts: Any,
+                 sizes: Any, slots: Any, frequencies: Any):
+        self.scope, self.ids, self.length, self.terms = scope, ids, length, terms
+        self.starts, self.sizes = starts, sizes
+        self.slots, self.frequencies = slots, frequencies
 
     def image(self) -> ShardImage:
-        terms = list(self.sizes)
-        sizes = np.fromiter((self.sizes[t] for t in terms), np.int64, len(terms))
-        counts = sizes.tolist()
-        postings = [self.postings[term] for term in terms]
-        slots = (np.concatenate([p[0][:n] for p, n in zip(postings, counts, strict=True)])
-                 if terms else np.zeros(0, np.int32))
-        frequencies = (np.concatenate([p[1][:n] for p, n
-                                       in zip(postings, counts, strict=True)])
-                       if terms else np.zeros(0, np.uint16))
-        return ShardImage(self.scope, self.ids, self.length, terms, sizes, slots, frequencies)
+        kept = self.sizes > 0
+        sizes = self.sizes[kept].astype(np.int64)
+        terms = [term for term, keep in zip(self.terms, kept.tolist(), strict=True) if keep]
+        total = int(sizes.sum())
+        starts = np.zeros(len(sizes), np.int64)
+        np.cumsum(sizes[:-1], out=starts[1:])
+        taken = np.repeat(self.starts[kept] - starts, sizes) + np.arange(total)
+        return ShardImage(self.scope, self.ids, self.length, terms, sizes,
+                          self.slots[taken], self.frequencies[taken])
 
 
 def write(path: Path, max_id: int, captures: list[Capture]) -> None:

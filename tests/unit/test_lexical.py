@@ -529,3 +529,41 @@ def test_no_capture_while_the_mirror_loads(tmp_path: Path) -> None:
     captured = mirror.capture()
     assert captured is not None
     assert captured[0] == 10
+
+
+def test_pooled_postings_hold_what_was_added_through_moves_removals_and_compactions(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A shard's postings share two pooled arrays: regions grow by moving to the pool's
+    # end, a removal moves a region too, and the pool is compacted once most of it is
+    # left behind. Against a plain dict of what was added and removed.
+    compactions = []
+    compact = _lexical._Shard.compact
+    monkeypatch.setattr(_lexical._Shard, "compact",
+                        lambda shard: compactions.append(shard.used) or compact(shard))
+    rng = random.Random(2)
+    shard = _lexical._Shard()
+    expected: dict[str, dict[int, int]] = {}
+    live: list[int] = []
+    for memory_id in range(1, 3000):
+        tokens = [f"w{int(rng.paretovariate(0.8)) % 300}" for _ in range(rng.randint(1, 30))]
+        slot = shard.add(memory_id, tokens, 0.8)
+        live.append(slot)
+        for term in set(tokens):
+            expected.setdefault(term, {})[slot] = tokens.count(term)
+        if rng.random() < 0.4:
+            gone = live.pop(rng.randrange(len(live)))
+            terms = {term for term, held in expected.items() if gone in held}
+            shard.remove(gone, terms)
+            for term in terms:
+                del expected[term][gone]
+                if not expected[term]:
+                    del expected[term]
+    assert compactions  # the pool was compacted (at least once) along the way
+    assert set(shard.rows) == set(expected)
+    for term, held in expected.items():
+        slots, frequencies = shard.postings(term)
+        assert slots.tolist() == sorted(held)
+        assert frequencies.tolist() == [held[slot] for slot in sorted(held)]
+        assert shard.size_of(term) == len(held)
+    assert shard.size_of("absent") == 0
+    assert shard.ids[:shard.count][live].tolist() == [slot + 1 for slot in live]
