@@ -16,8 +16,9 @@ It lives in the store's thread: every method takes the store's connection and ru
 thread, between the store's other jobs, so it needs no lock and sees exactly the committed
 memories. The write functions of ``_queries`` keep it in step inside their transactions;
 when one that changed it rolls back, the store calls `rolled_back` in the same job, the
-mirror forgets everything and is loaded again from SQLite, a chunk per store job, while
-FTS5 answers lexical queries itself.
+mirror forgets everything and is loaded again, while FTS5 answers lexical queries itself.
+It loads from its file (`_mirror_file`, checked against SQLite by `restore`), then what
+the file lacks from SQLite, a chunk per store job (`load_more`).
 
 A term's postings' BM25 parts (everything but the sum) depend on the memories' lengths,
 the average length and the term's IDF, which change only when a memory is added or
