@@ -201,6 +201,20 @@ class _Shard:
         self.ids[slot] = -1
         self.length[slot] = 0.0
         self.confidence[slot] = 0.0
+        if len(self.terms) - len(self.rows) > max(1024, len(self.terms) // 2):
+            self._drop_empty_rows()
+
+    def _drop_empty_rows(self) -> None:
+        """Renumber the rows without those of terms whose postings all went (memories
+        deleted and recorded over and over would otherwise add rows without end)."""
+        rows = len(self.terms)
+        kept = self.size[:rows] > 0
+        self.terms = [term for term, keep in zip(self.terms, kept.tolist(), strict=True)
+                      if keep]
+        self.rows = dict(zip(self.terms, range(len(self.terms)), strict=True))
+        self.start, self.size, self.room = (
+            _grown(a[:rows][kept], max(64, len(self.terms)))
+            for a in (self.start, self.size, self.room))
 
     def _new_row(self, term: str) -> int:
         row = len(self.terms)

@@ -567,3 +567,18 @@ def test_pooled_postings_hold_what_was_added_through_moves_removals_and_compacti
         assert shard.size_of(term) == len(held)
     assert shard.size_of("absent") == 0
     assert shard.ids[:shard.count][live].tolist() == [slot + 1 for slot in live]
+
+
+def test_memories_recorded_and_deleted_over_and_over_leave_no_rows_behind() -> None:
+    # Each memory holds a word of its own (an identifier): deleted, its row empties; the
+    # shard drops empty rows once they are most of them, keeping the others' postings.
+    shard = _lexical._Shard()
+    kept = shard.add(1, ["common", "kept"], 0.8)
+    for memory_id in range(2, 20_000):
+        slot = shard.add(memory_id, ["common", f"id{memory_id}"], 0.8)
+        shard.remove(slot, {"common", f"id{memory_id}"})
+    assert len(shard.terms) <= 2 * 1024 + 2
+    assert set(shard.rows) == {"common", "kept"}
+    for term in ("common", "kept"):
+        slots, frequencies = shard.postings(term)
+        assert (slots.tolist(), frequencies.tolist()) == ([kept], [1])
