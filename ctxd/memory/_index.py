@@ -30,6 +30,7 @@ from ctxd.jobs import JobQueue, Slot
 from ctxd.memory import _queries as q
 from ctxd.memory._build import Builder, NextIndex, describe
 from ctxd.memory._embedders import Embedder, EmbedderError, Vectors
+from ctxd.memory._heap import give_back_freed_memory
 from ctxd.memory._lexical import Selection
 from ctxd.memory._search import DenseUnavailable, Found, Searcher
 from ctxd.store import Store
@@ -200,6 +201,7 @@ class MemoryIndex:
         # reading the log) finds the line.
         log.info("memory index rebuilt: %d vectors (%d memories when it started)",
                  index.ntotal, count)
+        await trio.to_thread.run_sync(give_back_freed_memory)
         await self._save_if_dirty()
 
     async def _regrow(self, changed: NextIndex) -> None:
@@ -230,6 +232,7 @@ class MemoryIndex:
             self._dirty = True
             log.info("memory index rebuilt as it grew: %d vectors, %s (was %s; %d memories "
                      "when it started)", index.ntotal, describe(index), before, count)
+            await trio.to_thread.run_sync(give_back_freed_memory)
 
         try:
             await self._jobs.submit(put_in_place)

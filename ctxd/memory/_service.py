@@ -21,6 +21,7 @@ from ctxd.memory import _mirror_file
 from ctxd.memory import _queries as q
 from ctxd.memory import _shared as shared
 from ctxd.memory._embedders import Embedder
+from ctxd.memory._heap import give_back_freed_memory
 from ctxd.memory._index import MemoryIndex
 from ctxd.memory._injection import (
     INJECT_MAX_ITEMS,
@@ -149,6 +150,7 @@ class Memory:
             log.info("lexical ranking loaded in %.2f s: %d memories from %s, %d tokenized",
                      time.monotonic() - started, from_file, self._mirror_path.name,
                      self.lexical.rows - from_file)
+            await trio.to_thread.run_sync(give_back_freed_memory)
             if self.lexical.rows == from_file == self._file_rows:
                 self._mirror_saved = self.lexical.version  # the file is already this
             self._lexical_loaded.set()
