@@ -113,15 +113,17 @@ from rpc import (
 from ctxd.memory import (
     CODES,
     LOAD_CHUNK,
+    PRIOR_RECORDED,
     REGROW,
     HashingEmbedder,
     LexicalIndex,
+    NewMemory,
     by_ids,
     fix_code_range,
+    insert,
     lexical,
     lists_for,
 )
-from ctxd.memory import _queries as q
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TARGETS = {100_000: (0.002, 0.005, None), 1_000_000: (0.010, 0.015, 2e9)}
@@ -541,10 +543,10 @@ def grow(data_dir: Path, writer: Writer, start: int, end: int) -> float:
             with conn:
                 for _ in range(min(BLOCK, end - block)):
                     m = writer.memory()
-                    q.insert(conn, mirror, q.NewMemory(
+                    insert(conn, mirror, NewMemory(
                         scope=m["scope"], title=m["title"], description=m["description"],
                         content=m["content"], outcome="success", tags=" ".join(m["tags"]),
-                        prior=q.PRIOR_RECORDED, source=None, created_at=time.time()))
+                        prior=PRIOR_RECORDED, source=None, created_at=time.time()))
             if (block + BLOCK) % 100_000 == 0:
                 print(f"  written {block + BLOCK:,}", flush=True)
     finally:

@@ -23,14 +23,14 @@ from ctxd.memory._methods import (
     memory_reindex,
     memory_share,
 )
-from ctxd.memory._queries import MemoryCandidate, by_ids, lexical
+from ctxd.memory._queries import PRIOR_RECORDED, MemoryCandidate, NewMemory, by_ids, insert, lexical
 from ctxd.memory._retrieval import fuse
 from ctxd.memory._service import Memory
 from ctxd.wire.types import project_scope
 
-__all__ = ["CODES", "INJECT_SHARE", "LOAD_CHUNK", "REGROW", "Embedder", "EmbedderError",
-           "HashingEmbedder", "HttpEmbedder", "Injected", "LexicalIndex", "Memory",
-           "MemoryCandidate", "MemoryIndex", "SentenceTransformerEmbedder", "by_ids",
-           "feature_bucket", "fix_code_range", "fuse", "lexical", "lists_for", "make_embedder",
-           "memory_context", "memory_delete", "memory_feedback", "memory_get", "memory_outcome",
-           "memory_reindex", "memory_share", "project_scope", "stem"]
+__all__ = ["CODES", "INJECT_SHARE", "LOAD_CHUNK", "PRIOR_RECORDED", "REGROW", "Embedder",
+           "EmbedderError", "HashingEmbedder", "HttpEmbedder", "Injected", "LexicalIndex", "Memory",
+           "MemoryCandidate", "MemoryIndex", "NewMemory", "SentenceTransformerEmbedder", "by_ids",
+           "feature_bucket", "fix_code_range", "fuse", "insert", "lexical", "lists_for",
+           "make_embedder", "memory_context", "memory_delete", "memory_feedback", "memory_get",
+           "memory_outcome", "memory_reindex", "memory_share", "project_scope", "stem"]
