@@ -73,16 +73,14 @@ provider's input and the cost; plain output and wider terminals show the rest.""
 
 
 def memory_line(index: dict[str, Any]) -> str:
-    """The memories and whether search sees them all yet (daemon.status's
-    ``memory_index``)."""
-    if index["whole"]:
-        state = "searches whole"
-    else:
-        waiting = [*(["lexical ranking loading"] if index["lexical"] != "ready" else []),
-                   *([f"dense index {index['state']}"] if index["state"] != "ready" else
-                     [f"dense index {index['vectors']:,} of them"])]
-        state = "; ".join(waiting)
-    return f"memories {index['memories']:,}  {state}  ({index['embedder']})"
+    """The memories and whether search sees them all yet, else what it waits for
+    (daemon.status's ``memory_index``)."""
+    waiting = [*(["lexical loading"] if index["lexical"] != "ready" else []),
+               *([f"dense {index['state']}"] if index["state"] != "ready" else
+                 [f"dense {index['vectors']:,} indexed"]
+                 if index["vectors"] != index["memories"] else [])]
+    state = "searches whole" if index["whole"] else ", ".join(waiting)
+    return f"memories {index['memories']:,} ({index['embedder']}): {state}"
 
 
 def gateway_line(gateway: dict[str, Any] | None) -> str:

@@ -70,7 +70,8 @@ def test_with_the_gateway_disabled_each_command_says_what_to_type(
         125, "", f"ctxctl run: the daemon's model gateway is disabled; {ENABLE_FIX}\n")
     status = ctxctl(home, socket, "status")
     assert status.returncode == 0
-    assert status.stdout.splitlines()[1] == "gateway: disabled"
+    assert status.stdout.splitlines()[1].startswith("memories 0 (hashing-v1-1024): ")
+    assert status.stdout.splitlines()[2] == "gateway: disabled"
     as_json = json.loads(ctxctl(home, socket, "status", "--json").stdout)
     assert (as_json["daemon"].get("gateway"), "gateway" in as_json["daemon"]) == (None, GATEWAY)
     # install wires the rest, and says the model calls do not go through ctxd.
