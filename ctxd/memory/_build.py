@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import trio
 
 from ctxd.memory import _queries as q
@@ -176,14 +177,18 @@ class Builder:
             RuntimeError: faiss failed.
         """
         generation, count = await self._store.read(q.index_generation)
+        max_id = 0
         if count > self._ann_threshold:
-            sample = await self._sample(count, train_sample(count))
+            ids, sample, every = await self._sample(count, train_sample(count))
             index = await trio.to_thread.run_sync(self.trained, sample, lists_for(count),
                                                   abandon_on_cancel=abandon_on_cancel)
+            if every == 1 and len(ids):  # the sample is every memory: embedded once
+                await trio.to_thread.run_sync(index.add_with_ids, sample, ids,
+                                              abandon_on_cancel=abandon_on_cancel)
+                max_id = int(ids[-1])
             del sample
         else:
             index = faiss.IndexIDMap2(faiss.IndexFlatIP(self._embedder.dim))
-        max_id = 0
         while True:
             rows = await self._store.read(q.texts_after, max_id, REBUILD_BATCH)
             if not rows:
@@ -195,19 +200,25 @@ class Builder:
             max_id = rows[-1][0]
         return generation, count, max_id, index
 
-    async def _sample(self, count: int, wanted: int) -> Vectors:
-        """The vectors of ``wanted`` memories spread evenly over the ids (every k-th)."""
+    async def _sample(self, count: int, wanted: int
+                      ) -> tuple[npt.NDArray[np.int64], Vectors, int]:
+        """(ids, vectors, k): ``wanted`` memories spread evenly over the ids (every k-th;
+        with k 1, every memory)."""
         every = max(1, count // wanted)
+        ids: list[int] = []
         parts: list[Vectors] = []
         after = 0
         while True:
             rows = await self._store.read(q.texts_after, after, REBUILD_BATCH * every)
             if not rows:
                 break
-            parts.append(await self.embed([text for _, text in rows[::every]]))
+            taken = rows[::every]
+            ids.extend(row_id for row_id, _ in taken)
+            parts.append(await self.embed([text for _, text in taken]))
             after = rows[-1][0]
-        return (np.concatenate(parts) if parts
-                else np.zeros((0, self._embedder.dim), np.float32))
+        return (np.asarray(ids, np.int64),
+                np.concatenate(parts) if parts
+                else np.zeros((0, self._embedder.dim), np.float32), every)
 
     def trained(self, sample: Vectors, lists: int) -> Any:
         """An empty approximate index of ``lists`` inverted lists learnt from ``sample``

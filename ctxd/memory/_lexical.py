@@ -354,7 +354,10 @@ class LexicalIndex:
         self._rows = 0
         self._tokens = 0
         self._loaded_to = 0
-        """Every memory up to this id is in the mirror; the loader reads those above it."""
+        """Every memory up to this id is in the mirror but `_pending`; the loader reads
+        those above it."""
+        self._pending: npt.NDArray[np.int64] = np.zeros(0, np.int64)
+        """Ids up to `_loaded_to` the loader tokenizes first (see `restore`)."""
         self.max_id = 0
         """The highest memory id added so far."""
         self.version += 1
@@ -385,6 +388,8 @@ class LexicalIndex:
 
     def _add(self, conn: apsw.Connection, row: tuple[Any, ...]) -> None:
         memory_id, scope, title, description, content, tags, alpha, beta = row
+        if self._scope_of(memory_id) is not None:
+            return  # already here (one of `restore`'s pending ones, added since)
         tokens = self._document(conn, [title, description, content, tags])
         shard = self._shard(scope)
         self._room_for(memory_id)
@@ -500,6 +505,12 @@ class LexicalIndex:
         """Load the next ``limit`` memories; True once every memory is in the mirror."""
         if self.ready:
             return True
+        if len(self._pending):
+            pending, self._pending = self._pending[:limit], self._pending[limit:]
+            for memory_id in pending.tolist():
+                for row in conn.execute(f"{self._ROW} WHERE id = ?", (memory_id,)):
+                    self._add(conn, row)
+            return False
         rows: list[Any] = conn.execute(f"{self._ROW} WHERE id > ? ORDER BY id LIMIT ?",
                                        (self._loaded_to, limit)).fetchall()
         for row in rows:
@@ -508,9 +519,10 @@ class LexicalIndex:
         if len(rows) < limit:
             self._loaded_to = 1 << 62
             for shard in self._shards.values():
-                # Loading left regions behind as they grew: a million memories' pool
-                # held twice its postings.
-                shard.compact()
+                if shard.left:
+                    # Loading left regions behind as they grew: a million memories'
+                    # pool held twice its postings.
+                    shard.compact()
             self.ready = True
         return self.ready
 
@@ -534,8 +546,8 @@ class LexicalIndex:
         """Load the mirror from a saved ``image`` instead of tokenizing (the store's
         thread, on a mirror just reset): its memories that SQLite still holds in the same
         scope keep their postings (their slots renumbered), with SQLite's confidence;
-        SQLite's others up to the image's highest id are tokenized now, and `load_more`
-        reads those above it. Returns how many memories it took from the image."""
+        `load_more` tokenizes SQLite's others up to the image's highest id, then reads
+        those above it. Returns how many memories it took from the image."""
         self.reset()
         self._room_for(image.max_id)
         taken = np.zeros(image.max_id + 1, np.bool_)
@@ -568,12 +580,11 @@ class LexicalIndex:
                 df[term] = df.get(term, 0) + size
         self._loaded_to = image.max_id
         self.version += 1
-        # Recorded, or moved to another scope, after the image was taken.
+        # Recorded, or moved to another scope, after the image was taken: `load_more`
+        # tokenizes them first, a chunk per store job.
         every = np.fromiter(itertools.chain.from_iterable(conn.execute(
             "SELECT id FROM memories WHERE id <= ? ORDER BY id", (image.max_id,))), np.int64)
-        for memory_id in every[~taken[every]].tolist():
-            for row in conn.execute(f"{self._ROW} WHERE id = ?", (memory_id,)):
-                self._add(conn, row)
+        self._pending = every[~taken[every]]
         return int(taken.sum())
 
     # ---- ranking (the store's thread) ------------------------------------------------

@@ -17,6 +17,7 @@ its zip CRC, checked as it is read, so a damaged file is refused, not loaded.
 from __future__ import annotations
 
 import os
+import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+MAX_ID = 1 << 40
+"""A file naming a memory id past this is refused (the mirror sizes arrays by id)."""
 FORMAT = 1
 """Bumped when the layout or the tokenizer changes: a file of another format is not read."""
 
@@ -94,7 +97,8 @@ def write(path: Path, max_id: int, captures: list[Capture]) -> None:
         arrays[f"{at}_sizes"] = shard.sizes
         arrays[f"{at}_slots"] = shard.slots
         arrays[f"{at}_frequencies"] = shard.frequencies
-    temporary = path.with_name(path.name + ".tmp")
+    # A name of its own: a save abandoned at shutdown may still be writing its own.
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     with temporary.open("wb") as file:
         np.savez(file, **arrays)
         file.flush()
@@ -115,18 +119,21 @@ def read(path: Path) -> MirrorImage | None:
     try:
         with path.open("rb") as file, np.load(file, allow_pickle=False) as saved:
             header = saved["format"]
-            if len(header) != 3 or int(header[0]) != FORMAT:
-                raise Unreadable(f"format {header[:1].tolist()}, not {FORMAT}")
+            if header.shape != (3,) or int(header[0]) != FORMAT:
+                raise Unreadable(f"format {header.ravel()[:1].tolist()}, not {FORMAT}")
             max_id, count = int(header[1]), int(header[2])
-            shards = [_shard(saved, at) for at in range(count)]
+            if not 0 <= max_id < MAX_ID or not 0 <= count <= len(saved.files):
+                raise Unreadable(f"a header of {max_id} and {count} shards")
+            shards = [_shard(saved, at, max_id) for at in range(count)]
     except FileNotFoundError:
         return None
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile, UnicodeDecodeError) as exc:
+    except (OSError, KeyError, ValueError, TypeError, IndexError, zipfile.BadZipFile,
+            UnicodeDecodeError) as exc:
         raise Unreadable(str(exc) or type(exc).__name__) from exc
     return MirrorImage(max_id, shards)
 
 
-def _shard(saved: Any, at: int) -> ShardImage:
+def _shard(saved: Any, at: int, max_id: int) -> ShardImage:
     terms_text = bytes(saved[f"{at}_terms"]).decode()
     terms = terms_text.split("\n") if terms_text else []
     shard = ShardImage(bytes(saved[f"{at}_scope"]).decode(),
@@ -136,7 +143,13 @@ def _shard(saved: Any, at: int) -> ShardImage:
                        saved[f"{at}_slots"].astype(np.int32, copy=False),
                        saved[f"{at}_frequencies"].astype(np.uint16, copy=False))
     count = len(shard.ids)
-    if (len(shard.sizes) != len(terms) or int(shard.sizes.sum()) != len(shard.slots)
+    if any(array.ndim != 1 for array in (shard.ids, shard.length, shard.sizes, shard.slots,
+                                          shard.frequencies)):
+        raise Unreadable(f"scope {shard.scope!r}: an array of more than one dimension")
+    if (len(shard.sizes) != len(terms) or len(set(terms)) != len(terms)
+            or (count and int(shard.ids.max()) > max_id)
+            or len(np.unique(shard.ids[shard.ids >= 0])) != int((shard.ids >= 0).sum())
+            or int(shard.sizes.sum()) != len(shard.slots)
             or len(shard.frequencies) != len(shard.slots) or len(shard.length) != count
             or (len(shard.slots) and (int(shard.slots.min()) < 0
                                       or int(shard.slots.max()) >= count))

@@ -3,6 +3,7 @@ turns folding's memory candidates into memories (docs/protocol.md, Memory)."""
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import logging
 import socket
@@ -163,14 +164,20 @@ class Memory:
         self._file_rows = -1
         try:
             image = await trio.to_thread.run_sync(_mirror_file.read, self._mirror_path)
-        except _mirror_file.Unreadable as exc:
+            if image is None:
+                return 0
+            taken: int = await self.store.read(self.lexical.restore, image)
+        except Exception as exc:
+            # The file is a cache: one that cannot be used is set aside (not read again at
+            # every retry) and every memory tokenized.
             log.warning("lexical ranking file %s is not usable (%s); tokenizing every "
                         "memory instead", self._mirror_path, exc)
-            return 0
-        if image is None:
+            await self.store.read(lambda _: self.lexical.reset())
+            with contextlib.suppress(OSError):
+                self._mirror_path.replace(self._mirror_path.with_name(
+                    self._mirror_path.name + ".unusable"))
             return 0
         self._file_rows = sum(int((shard.ids >= 0).sum()) for shard in image.shards)
-        taken: int = await self.store.read(self.lexical.restore, image)
         return taken
 
     async def _keep_mirror_file(self) -> None:
@@ -187,24 +194,24 @@ class Memory:
         finally:
             with trio.move_on_after(SHUTDOWN_SAVE_S, shield=True):
                 if self.lexical.version != self._mirror_saved:
-                    try:
-                        await self._save_mirror()
-                    except Exception:
-                        # The file is a cache: a failure costs the next start its
-                        # tokenizing, never the shutdown.
-                        log.exception("saving the lexical ranking at shutdown failed")
+                    await self._save_mirror()
 
     async def _save_mirror(self) -> None:
         """Write the mirror's file now (nothing while it is not whole). A failure is
         logged: the next start tokenizes what the file lacks."""
-        captured = await self.store.read(lambda _: (self.lexical.version,
-                                                    self.lexical.capture()))
-        version, capture = captured
-        if capture is None:
-            return
         try:
-            await trio.to_thread.run_sync(_mirror_file.write, self._mirror_path, *capture)
-        except OSError as exc:
+            captured = await self.store.read(lambda _: (self.lexical.version,
+                                                        self.lexical.capture()))
+            version, capture = captured
+            if capture is None:
+                return
+            # Left to finish alone when cancelled (a shutdown's deadline): it writes a
+            # temp file of its own, renamed into place only once whole.
+            await trio.to_thread.run_sync(_mirror_file.write, self._mirror_path, *capture,
+                                          abandon_on_cancel=True)
+        except Exception as exc:
+            # The file is a cache: a failure costs the next start its tokenizing, never
+            # the daemon.
             log.warning("could not save the lexical ranking to %s: %s",
                         self._mirror_path, exc)
             return

@@ -214,6 +214,7 @@ def test_the_lexical_ranking_starts_from_its_file_checked_against_the_database(
         assert ranked(client) == after
     assert "lexical ranking file" in daemon.log()
     assert "is not usable" in daemon.log()
+    assert (daemon.data_dir / "memory-lexical.npz.unusable").exists()  # set aside
     assert "0 memories from memory-lexical.npz, 33 tokenized" in loaded(3)
     assert sum(len(hits) for hits in after) > 100  # the queries do find memories
 

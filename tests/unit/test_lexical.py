@@ -420,7 +420,7 @@ def _same_mirrors(conn: apsw.Connection, ours: LexicalIndex, loaded: LexicalInde
     same ids, and agree with FTS5; returns the hits seen."""
     hits = 0
     for query in queries:
-        for scope in (None, "global", "project:a", "team:x"):
+        for scope in (None, "global", "project:a", "team:x", "team:y"):
             for min_confidence in (0.0, 0.7):
                 a = q.lexical(conn, ours, query, scope, min_confidence, 50)
                 assert a == q.lexical(conn, loaded, query, scope, min_confidence, 50)
@@ -464,22 +464,26 @@ def test_a_mirror_restored_from_its_file_is_the_one_sqlite_gives(tmp_path: Path)
     assert image.max_id == 300
     restored = LexicalIndex()
     taken = restored.restore(conn, image)
-    assert taken == 300 - 3 - 40 - 3  # the moved ones were tokenized again
+    assert taken == 300 - 3 - 40 - 3  # the moved ones wait to be tokenized again
     assert not restored.ready
-    while not restored.load_more(conn, 64):
+    with conn:  # and, while they wait, one moves again and one is deleted
+        assert share(conn, restored, moved[1], "team:y", None, 0.0) is not None
+        assert q.delete(conn, restored, moved[2]) is not None
+    while not restored.load_more(conn, 2):
         pass
-    assert restored.rows == _loaded(conn).rows == 300 - 3 - 40 + 25
+    assert restored.rows == _loaded(conn).rows == 300 - 3 - 40 + 25 - 1
     queries = [_words(rng, rng.randint(1, 12)) for _ in range(40)] + ["tests", "running w1"]
     assert _same_mirrors(conn, restored, _loaded(conn), queries) > 1000
     with conn:  # and it keeps in step afterwards, as one loaded from SQLite does
-        for memory_id in (moved[0], 299, 300):
+        for memory_id in (moved[0], moved[1], 299, 300):
             q.delete(conn, restored, memory_id)
         for _ in range(10):
             q.insert(conn, restored, _memory(rng))
     assert _same_mirrors(conn, restored, _loaded(conn), queries[:10]) > 100
 
 
-@pytest.mark.parametrize("damage", ["truncated", "flipped", "format", "inconsistent"])
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "format", "inconsistent",
+                                    "repeated id", "id past the highest"])
 def test_a_damaged_mirror_file_is_refused(tmp_path: Path, damage: str) -> None:
     rng = random.Random(3)
     conn = _open(tmp_path)
@@ -494,6 +498,11 @@ def test_a_damaged_mirror_file_is_refused(tmp_path: Path, damage: str) -> None:
     if damage == "inconsistent":  # a slot past the shard's memories
         captures[0].ids = captures[0].ids[:1]
         captures[0].length = captures[0].length[:1]
+    elif damage == "repeated id":
+        captures[0].ids = captures[0].ids.copy()
+        captures[0].ids[1] = captures[0].ids[0]
+    elif damage == "id past the highest":
+        max_id -= 1
     _mirror_file.write(path, max_id, captures)
     data = bytearray(path.read_bytes())
     if damage == "truncated":
