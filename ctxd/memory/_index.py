@@ -201,8 +201,8 @@ class MemoryIndex:
         # reading the log) finds the line.
         log.info("memory index rebuilt: %d vectors (%d memories when it started)",
                  index.ntotal, count)
-        await trio.to_thread.run_sync(give_back_freed_memory)
         await self._save_if_dirty()
+        await trio.to_thread.run_sync(give_back_freed_memory)  # after: the file comes first
 
     async def _regrow(self, changed: NextIndex) -> None:
         """Build the next index from SQLite while this one keeps answering, then put it in
