@@ -136,8 +136,11 @@ def test_anthropic_messages_round_trip_exactly_and_the_sdk_sends_them(
 
     import anthropic  # 1 s of CPU to import: only for the test that sends with it
 
-    with MockAnthropic([[text("Glad to help.")]]) as server:
-        reply = anthropic.Anthropic(base_url=server.origin, api_key="test").messages.create(
+    # Closed by its block: a client left to the garbage collector closes its pooled
+    # connection from whatever test runs then, as an unclosed socket's ResourceWarning.
+    with (MockAnthropic([[text("Glad to help.")]]) as server,
+          anthropic.Anthropic(base_url=server.origin, api_key="test") as client):
+        reply = client.messages.create(
             model="claude-test", max_tokens=100, system=rendered["system"],
             messages=rendered["messages"], tools=[{
                 "name": "bash", "description": "Run a command",
