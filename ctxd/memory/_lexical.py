@@ -255,16 +255,14 @@ class _Shard:
         rows = len(self.terms)
         sizes = self.size[:rows].astype(np.int64)
         total = int(sizes.sum())
-        starts = np.zeros(rows, np.int64)
-        np.cumsum(sizes[:-1], out=starts[1:])
-        taken = np.repeat(self.start[:rows] - starts, sizes) + np.arange(total)
+        taken = _mirror_file.gathered(self.start[:rows], sizes)
         capacity = max(1024, total + total // 8)
         slots = np.zeros(capacity, np.int32)
         frequencies = np.zeros(capacity, np.uint16)
         slots[:total] = self.slots[taken]
         frequencies[:total] = self.frequencies[taken]
         self.slots, self.frequencies = slots, frequencies
-        self.start[:rows] = starts
+        self.start[:rows] = _mirror_file.starts_of(sizes)
         self.room[:rows] = self.size[:rows]
         self.used, self.left = total, 0
 
@@ -280,8 +278,7 @@ class _Shard:
         self.rows = dict(zip(terms, range(rows), strict=True))
         self.size = sizes.astype(np.int32)
         self.room = self.size.copy()
-        self.start = np.zeros(rows, np.int64)
-        np.cumsum(sizes[:-1], out=self.start[1:])
+        self.start = _mirror_file.starts_of(sizes)
         if rows == 0:  # room for the first rows
             self.start, self.size, self.room = (np.zeros(64, a.dtype)
                                                 for a in (self.start, self.size, self.room))
@@ -693,9 +690,10 @@ class LexicalIndex:
         slots = self._scratch_slots[:size]
         frequency, weight = self._scratch_values[1:, :size]
         taken = list(zip(weights, sizes, strict=True))
-        np.concatenate([shard.postings(term)[0] for term, _ in taken], out=slots,
+        held = [shard.postings(term) for term, _ in taken]
+        np.concatenate([term_slots for term_slots, _ in held], out=slots,
                        casting="same_kind")
-        np.concatenate([shard.postings(term)[1] for term, _ in taken], out=frequency,
+        np.concatenate([term_frequencies for _, term_frequencies in held], out=frequency,
                        casting="same_kind")
         start = 0
         for term, n in taken:

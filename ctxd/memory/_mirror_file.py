@@ -57,6 +57,20 @@ class MirrorImage:
     shards: list[ShardImage]
 
 
+def starts_of(sizes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Where each of regions of these sizes starts when they lie one after another."""
+    starts = np.zeros(len(sizes), np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    return starts
+
+
+def gathered(starts: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
+             ) -> npt.NDArray[np.int64]:
+    """The pool positions of regions (``starts``, ``sizes``), region after region: what
+    to take from the pool to lay them one after another."""
+    return np.repeat(starts - starts_of(sizes), sizes) + np.arange(int(sizes.sum()))
+
+
 class Capture:
     """What the store's thread takes of a shard (copies of its small arrays, the pool's
     arrays themselves) for another thread to turn into a `ShardImage`: the mirror never
@@ -73,10 +87,7 @@ class Capture:
         kept = self.sizes > 0
         sizes = self.sizes[kept].astype(np.int64)
         terms = [term for term, keep in zip(self.terms, kept.tolist(), strict=True) if keep]
-        total = int(sizes.sum())
-        starts = np.zeros(len(sizes), np.int64)
-        np.cumsum(sizes[:-1], out=starts[1:])
-        taken = np.repeat(self.starts[kept] - starts, sizes) + np.arange(total)
+        taken = gathered(self.starts[kept], sizes)
         return ShardImage(self.scope, self.ids, self.length, terms, sizes,
                           self.slots[taken], self.frequencies[taken])
 
