@@ -120,6 +120,8 @@ class Connection:
         is queued while `_wait_to_start` waits for it: it looks again."""
         self._room_waiters = 0
         self.last_active = trio.current_time()
+        """When it last finished a line or an answer (not when it last sent a byte: half a
+        line keeps no connection from being the oldest idle one, `Server._evict_idle`)."""
         self._read_scope: trio.CancelScope | None = None
         """The scope of the read waiting now, when a deadline may fall on it."""
         self._scope = trio.CancelScope()
@@ -293,7 +295,6 @@ class Connection:
                 # without idle_timeout_s being idle sets none. A cancel scope per read
                 # was a measurable share of a small request's CPU (docs/performance.md).
                 data: bytes = await self.stream.receive_some(READ_CHUNK)
-                self.last_active = trio.current_time()
                 return data or None
             deadline = self._read_deadline()
             if trio.current_time() >= deadline:
@@ -305,7 +306,6 @@ class Connection:
             try:
                 with self._read_scope:
                     data = await self.stream.receive_some(READ_CHUNK)
-                    self.last_active = trio.current_time()
                     return data or None
             finally:
                 self._read_scope = None
@@ -379,6 +379,8 @@ class Connection:
                 else:
                     await self._dispatch(data[start:newline])
                 start = newline + 1
+            if lines > 1:  # a line ended in this chunk (read once a chunk, not a line)
+                self.last_active = trio.current_time()
             if self._outbox:
                 await self.flush()  # the inline answers to this chunk, in one write
 

@@ -574,8 +574,11 @@ def test_the_oldest_idle_connection_makes_room(daemon_root: Path) -> None:
             wait_for_connections(subscriber, 1)
             subscribe(subscriber)
             with Wire(process.socket) as older, Wire(process.socket) as newer:
-                older.send(b"{")  # idle with half a line: droppable as well
+                assert older.ping() == []
                 assert newer.ping() == []
+                # Idle with half a line: droppable as well, and half a line is no
+                # activity: older stays the one idle for longest.
+                older.send(b"{")
                 with Wire(process.socket) as newcomer:
                     assert newcomer.ping() == []
                     assert older.read_until_eof() == []  # dropped: the oldest idle one
