@@ -219,15 +219,17 @@ def exported_compacted_session(root: Path) -> dict[str, Any]:
     a turn whose tool call reports usage over the model's limit, so that OpenCode
     summarises the session (`SUMMARY`) and goes on. OpenCode's export of it.
 
-    ``compaction.prune`` is on, but ``opencode run`` exits before its pruning (started
-    after the turn) marks any part: the export has no ``state.time.compacted``."""
+    ``compaction.prune`` is off: OpenCode prunes after a turn, in the background, and
+    whether ``opencode run`` exits before the pruning marks its parts
+    (``state.time.compacted``) is a race (the export had none, or three). The importer's
+    reading of a pruned part is tested on exports written out (tests/e2e/test_import.py)."""
     from chat_server import ChatServer, ToolCall
 
     with ChatServer() as model:
         model.summary = SUMMARY
         project = opencode_project(root, model.url, ctxd=False, model_limit=SMALL_MODEL)
         config = json.loads((project / "opencode.json").read_text())
-        config["compaction"] = {"prune": True}
+        config["compaction"] = {"prune": False}
         (project / "opencode.json").write_text(json.dumps(config, indent=2))
         model.turns = [
             *[ToolCall("bash", {"command": _log_command(BIG_LINES, f"log {n}"),
