@@ -3,12 +3,15 @@
 A module of ctxd imports only packages of a lower layer (or its own package), never a
 private ``_module`` of another package, and no two packages import each other. The
 clients take only the protocol and paths of ctxd; the benchmarks only public names of
-ctxd and ctxclient.
+ctxd and ctxclient. A daemon's start loads no library of a feature it does not use.
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -195,3 +198,13 @@ def test_the_benchmarks_import_only_public_names() -> None:
 ])
 def test_a_private_name_is_told_apart(name: str, private: bool) -> None:
     assert _private(name) is private
+
+
+def test_a_daemon_start_loads_neither_the_team_database_nor_the_upstream_client() -> None:
+    # psycopg (0.1 s) comes with a team's link, httpx2 (80 ms) with the first model call
+    # (docs/decisions.md, Team memory and Gateway).
+    code = "import json, sys, ctxd.daemon; print(json.dumps(sorted(sys.modules)))"
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                       text=True, check=True, timeout=60).stdout)
+    assert "ctxd.team" in loaded
+    assert [name for name in ("psycopg", "httpx2") if name in loaded] == []

@@ -13,7 +13,6 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
-import psycopg
 import trio
 
 from ctxd.config import TeamConfig
@@ -76,6 +75,8 @@ class TeamLink:
 
     async def run(self, *, task_status: trio.TaskStatus[TeamLink] = trio.TASK_STATUS_IGNORED
                   ) -> None:
+        import psycopg  # here: a daemon without a team never loads it (see _postgres)
+
         await self.memory.team_state()
         task_status.started(self)
         while True:
@@ -91,6 +92,8 @@ class TeamLink:
             self.attempts += 1
 
     async def _connected(self) -> None:
+        import psycopg
+
         conn: Any = await trio.to_thread.run_sync(psycopg.connect, self.conninfo)
         listener: Listener | None = None
         try:

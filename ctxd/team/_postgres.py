@@ -17,9 +17,11 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
-import psycopg
+if TYPE_CHECKING:  # imported by the first connection: a daemon without a team never
+    # loads it (0.1 s of every start; docs/decisions.md, Team memory)
+    import psycopg
 
 CHANNEL = "ctxd_team"
 """What a commit notifies (its payload: the last change's sequence number)."""
@@ -27,7 +29,7 @@ COMMIT_LOCK = 0x63747864
 """The advisory lock every write holds to its commit ("ctxd"): one writer at a time, so
 the change sequence is taken in commit order."""
 
-Connection = psycopg.Connection[Any]
+Connection: TypeAlias = "psycopg.Connection[Any]"
 
 
 def _v1(conn: Connection) -> None:
@@ -253,6 +255,8 @@ class Listener:
 
     @classmethod
     def open(cls, conninfo: str) -> Listener:
+        import psycopg
+
         conn = psycopg.connect(conninfo, autocommit=True)
         conn.execute(f"LISTEN {CHANNEL}")
         return cls(conn)
