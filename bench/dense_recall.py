@@ -10,6 +10,13 @@ global one). The baseline is the exact top 5 (inner product of the 32-bit vector
 the same scope. Queries: ``memory.search``'s (4-10 words) and a branch's injection (a
 description and a 1 KB prompt).
 
+The search by postings (each dimension's memories and values, its scores added up with
+``np.bincount``) is measured three ways: over the postings of the scopes a query sees
+(the project's and the global one, kept apart as the lexical mirror keeps its shards),
+over every memory's postings with the scope filtered after, and over the scopes' with a
+budget of postings (the query's heaviest dimensions first) whose 50 best are then scored
+exactly.
+
 Run: ``python bench/dense_recall.py`` (about 2 minutes at 100,000 memories).
 """
 
@@ -33,6 +40,33 @@ from ctxd.memory import CODES, HashingEmbedder, fix_code_range, lists_for
 
 K = 5
 CANDIDATES = 50  # what the dense leg asks FAISS for (ctxd/memory/_retrieval.py)
+
+
+class Postings:
+    """The postings of some memories' vectors: each dimension's memories (as positions
+    among ``rows``) and values, one run per dimension."""
+
+    def __init__(self, vectors: np.ndarray, rows: np.ndarray):
+        self.rows = rows
+        dims, self.members = np.nonzero(vectors[rows].T)
+        self.values = vectors[rows].T[dims, self.members]
+        self.starts = np.searchsorted(dims, np.arange(vectors.shape[1] + 1))
+        self.sizes = np.diff(self.starts)
+
+    def scores(self, q: np.ndarray, dims: np.ndarray) -> np.ndarray:
+        """Each of ``rows``' inner product with ``q`` over ``dims``."""
+        starts = self.starts
+        members = np.concatenate([self.members[starts[d]:starts[d + 1]] for d in dims])
+        values = np.concatenate([self.values[starts[d]:starts[d + 1]] for d in dims])
+        values *= np.repeat(q[dims], self.sizes[dims])
+        return np.bincount(members, values, minlength=len(self.rows))
+
+
+def top(scores: np.ndarray, k: int) -> np.ndarray:
+    """The positions of the ``k`` highest scores, highest first."""
+    k = min(k, len(scores))
+    best = np.argpartition(-scores, k - 1)[:k]
+    return best[np.argsort(-scores[best], kind="stable")]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -64,10 +98,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     fix_code_range(ivf)
     ivf.add_with_ids(vectors, np.arange(len(texts), dtype=np.int64))
     scoped = vectors[within]
-    # The exact search by postings: each dimension's memories (of the scope) and values.
-    dims, members = np.nonzero(scoped.T)
-    values = scoped.T[dims, members]
-    starts = np.searchsorted(dims, np.arange(vectors.shape[1] + 1))
+    shards = [Postings(vectors, np.flatnonzero(scope == -1)),
+              Postings(vectors, np.flatnonzero(scope == project))]
+    every = Postings(vectors, np.arange(len(texts)))
+    allowed = np.zeros(len(texts), bool)
+    allowed[within] = True
     queries = {
         "memory.search query (4-10 words)": [writer.query(texts) for _ in range(args.queries)],
         "injection (description + 1 KB prompt)": [
@@ -102,16 +137,29 @@ def main(argv: Sequence[str] | None = None) -> None:
             measure(by_ivf, f"IVF, nprobe {nprobe}" + (" (the default)" if nprobe == 64
                                                         else ""))
 
-        def by_postings(q: np.ndarray) -> list[int]:
-            set_dims = np.flatnonzero(q)
-            docs = np.concatenate([members[starts[d]:starts[d + 1]] for d in set_dims])
-            weights = np.concatenate([values[starts[d]:starts[d + 1]] * q[d]
-                                      for d in set_dims])
-            scores = np.bincount(docs, weights, minlength=len(within))
-            top = np.argpartition(-scores, CANDIDATES)[:CANDIDATES]
-            return within[top[np.argsort(-scores[top], kind="stable")]].tolist()
+        def by_shards(q: np.ndarray, budget: int | None = None) -> list[int]:
+            dims = np.flatnonzero(q)
+            if budget is not None:  # the heaviest dimensions first, up to the budget
+                dims = dims[np.argsort(-np.abs(q[dims]), kind="stable")]
+                held = np.cumsum(sum(shard.sizes[dims] for shard in shards))
+                dims = dims[:max(1, int(np.searchsorted(held, budget)))]
+            ids = np.concatenate([shard.rows for shard in shards])
+            scores = np.concatenate([shard.scores(q, dims) for shard in shards])
+            best = ids[top(scores, CANDIDATES)]
+            if budget is not None:  # the candidates scored exactly
+                best = best[np.argsort(-(vectors[best] @ q), kind="stable")]
+            return best.tolist()
 
-        measure(by_postings, "exact, by postings (numpy)")
+        def by_every_memory(q: np.ndarray) -> list[int]:
+            scores = every.scores(q, np.flatnonzero(q))
+            scores[~allowed] = -np.inf
+            return top(scores, CANDIDATES).tolist()
+
+        measure(by_shards, "exact, by postings of the scopes seen")
+        measure(by_every_memory, "exact, by postings of every memory")
+        for budget in (200_000, 400_000):
+            measure(lambda q, budget=budget: by_shards(q, budget),
+                    f"by postings, {budget:,} at most, the best 50 rescored")
     print()
     print(machine_line("ctxd dense leg: approximate against exact"))
     print(f"{len(texts):,} memories, {PROJECTS} projects and global; a project's scope holds "
