@@ -114,10 +114,11 @@ def test_opencode_offloads_remembers_and_records(tmp_path: Path, daemon: DaemonP
     # before OpenCode has read all of it: seen under load. ctxd stores what OpenCode saved,
     # so the test compares with that file, not with seq's whole output.)
     # (OpenCode saves other long outputs there too: seq's is the one of numbers only. The
-    # chunk it loses may be the first: the file need not start at 1.)
+    # chunk it loses may be the first: the file need not start at 1. Under load it has
+    # saved seq's output twice, in two files of the same bytes: one text.)
     folder = tmp_path / "home/.local/share/opencode/tool-output"
-    [saved] = [text for text in (f.read_text() for f in sorted(folder.iterdir()))
-               if text.strip() and all(line.isdigit() for line in text.splitlines())]
+    [saved] = {text for text in (f.read_text() for f in sorted(folder.iterdir()))
+               if text.strip() and all(line.isdigit() for line in text.splitlines())}
     assert len(saved.encode()) > 51_200  # over OpenCode's own cut
     count_ref = ref_in_last_result(turns[2])
     assert "output truncated" not in json.dumps(turns[2])
