@@ -31,6 +31,7 @@ from pathlib import Path
 import apsw
 import psycopg
 from _common import REPO_ROOT, DaemonProcess, percentile
+from folding import vm_bytes
 
 sys.path.append(str(REPO_ROOT / "tests"))
 from postgres import Postgres
@@ -118,9 +119,11 @@ def lag(root: Path, conninfo: str, daemons: int, each: int) -> list[float]:
             if memory_id in seen and title in started]
 
 
-def catch_up(root: Path, conninfo: str, count: int) -> tuple[float, float]:
+def catch_up(root: Path, conninfo: str, count: int
+             ) -> tuple[float, float, int | None, int | None]:
     """(seconds a new daemon takes to mirror ``count`` shared memories, seconds a
-    ``memory.reindex`` of ``count`` memories takes on another daemon)."""
+    ``memory.reindex`` of ``count`` memories takes on the same daemon, its peak RSS once
+    its memory is whole after the catch-up, and after the reindex)."""
     with psycopg.connect(conninfo) as conn:
         migrate(conn)
         # Seeded with COPY (the outbox's path, a page of 1,000 a transaction, runs at about
@@ -142,12 +145,21 @@ def catch_up(root: Path, conninfo: str, count: int) -> tuple[float, float]:
         while (client.call("daemon.status")["team"] or {}).get("last_change", 0) < last:
             time.sleep(0.05)
         joined = time.monotonic() - began
+        while not client.call("daemon.status")["memory_index"]["whole"]:
+            time.sleep(0.05)  # an index that regrew meanwhile takes over what it missed
+        assert joiner.proc is not None
+        peak_joined = vm_bytes(joiner.proc.pid, "VmHWM")
         client.timeout = None
         began = time.monotonic()
         client.call("memory.reindex")
         rebuilt = time.monotonic() - began
+        peak_rebuilt = vm_bytes(joiner.proc.pid, "VmHWM")
     joiner.stop()
-    return joined, rebuilt
+    return joined, rebuilt, peak_joined, peak_rebuilt
+
+
+def megabytes(size: int | None) -> str:
+    return "unknown" if size is None else f"{size / 2**20:,.0f} MB"
 
 
 WORDS = sorted({word.strip(".,:;()`*[]\"'").lower()
@@ -236,12 +248,15 @@ def main() -> int:
                   f"{len(samples)} of {total} seen; p50 {percentile(samples, 0.5) * 1000:.0f} "
                   f"ms, p99 {percentile(samples, 0.99) * 1000:.0f} ms, max "
                   f"{max(samples) * 1000:.0f} ms, mean {statistics.mean(samples) * 1000:.0f} ms")
-            joined, rebuilt = catch_up(root, server.conninfo.replace("dbname=postgres",
-                                                                     "dbname=catchup"),
-                                       args.catch_up)
+            joined, rebuilt, peak_joined, peak_rebuilt = catch_up(
+                root, server.conninfo.replace("dbname=postgres", "dbname=catchup"),
+                args.catch_up)
             print(f"catch-up of a new daemon on {args.catch_up:,} shared memories: "
                   f"{joined:.1f} s (start included); memory.reindex of as many: "
                   f"{rebuilt:.1f} s; ratio {joined / rebuilt:.2f}")
+            print(f"the new daemon's peak RSS (VmHWM): {megabytes(peak_joined)} by its "
+                  f"memory whole after the catch-up, {megabytes(peak_rebuilt)} after the "
+                  "reindex")
             if args.search:
                 timings = search_latency(root, args.search)
                 for name, timed in timings.items():
