@@ -88,18 +88,29 @@ def _current_kind(index: Any) -> bool:
             and tuple(faiss.vector_to_array(index.sq.trained).tolist()) == CODE_RANGE)
 
 
+CATCH_UP_BATCH = 4_096
+"""Vectors a next index takes over in one add (`NextIndex.catch_up`)."""
+
+
 class NextIndex:
     """What the owner changed in the index in place while the next one was being made from
-    SQLite, for the next one to take over."""
+    SQLite, for the next one to take over.
+
+    The vectors are kept in 16 bits (2 KB each at 1,024 dimensions, not 4): a team's
+    catch-up mirrors thousands of memories a second while a next index of half a million
+    is being built, and all of them wait here. 16-bit floats hold a unit vector's
+    components to about 1e-4, far finer than the byte a dimension of the approximate
+    index they go into.
+    """
 
     def __init__(self) -> None:
-        self.added: dict[int, Vectors] = {}
+        self.added: dict[int, npt.NDArray[np.float16]] = {}
         """Memory id → vector of those the owner indexed meanwhile."""
         self.removed: set[int] = set()
         """Those the owner removed meanwhile."""
 
     def indexed(self, ids: Sequence[int], vectors: Vectors) -> None:
-        for memory_id, vector in zip(ids, vectors, strict=True):
+        for memory_id, vector in zip(ids, vectors.astype(np.float16), strict=True):
             self.added[memory_id] = vector
             self.removed.discard(memory_id)
 
@@ -115,9 +126,13 @@ class NextIndex:
             index.remove_ids(np.asarray(sorted(self.removed), np.int64))
         if self.added:
             ids = np.asarray(list(self.added), np.int64)
-            if int(ids.min()) <= max_id:  # read from SQLite too
-                index.remove_ids(ids)
-            index.add_with_ids(np.stack(list(self.added.values())), ids)
+            if int(ids.min()) <= max_id:  # read from SQLite too (changed since)
+                index.remove_ids(ids[ids <= max_id])
+            vectors = list(self.added.values())
+            for start in range(0, len(ids), CATCH_UP_BATCH):  # no copy of them all at once
+                index.add_with_ids(
+                    np.stack(vectors[start:start + CATCH_UP_BATCH]).astype(np.float32),
+                    ids[start:start + CATCH_UP_BATCH])
             max_id = max(max_id, int(ids.max()))
         return max_id
 
@@ -164,22 +179,27 @@ class Builder:
 
     async def from_store(self, abandon_on_cancel: bool = False) -> tuple[int, int, int, Any]:
         """(generation, memories, highest id, index): a new index of every memory in
-        SQLite, read and embedded in batches that are added as they come, so that only
-        the index is held, not every vector beside it (at a million memories, 4 GB of
-        32-bit vectors, and as much again to join them, with the index's 2 GB). An
-        approximate index is first trained on a sample (`train_sample`). Faiss's work
-        runs in worker threads, left to finish alone when cancelled with
-        ``abandon_on_cancel`` (the daemon need not wait for it to stop).
+        SQLite when it starts, read and embedded in batches that are added as they come,
+        so that only the index is held, not every vector beside it (at a million
+        memories, 4 GB of 32-bit vectors, and as much again to join them, with the
+        index's 2 GB). An approximate index is first trained on a sample
+        (`train_sample`). Memories recorded once it started are not read: its caller
+        keeps them meanwhile (`MemoryIndex`'s pending ones, or a `NextIndex`), where
+        reading them too embedded each twice and, in a team's catch-up that records
+        thousands a second, chased them for as long. Faiss's work runs in worker threads,
+        left to finish alone when cancelled with ``abandon_on_cancel`` (the daemon need
+        not wait for it to stop).
 
         Raises:
             EmbedderError: the embedder failed.
             CtxdError: the store failed.
             RuntimeError: faiss failed.
         """
-        generation, count = await self._store.read(q.index_generation)
+        generation, count, last_id = await self._store.read(
+            lambda conn: (*q.index_generation(conn), q.last_memory_id(conn)))
         max_id = 0
         if count > self._ann_threshold:
-            ids, sample, every = await self._sample(count, train_sample(count))
+            ids, sample, every = await self._sample(count, train_sample(count), last_id)
             index = await trio.to_thread.run_sync(self.trained, sample, lists_for(count),
                                                   abandon_on_cancel=abandon_on_cancel)
             if every == 1 and len(ids):  # the sample is every memory: embedded once
@@ -190,7 +210,7 @@ class Builder:
         else:
             index = faiss.IndexIDMap2(faiss.IndexFlatIP(self._embedder.dim))
         while True:
-            rows = await self._store.read(q.texts_after, max_id, REBUILD_BATCH)
+            rows = await self._store.read(q.texts_after, max_id, REBUILD_BATCH, last_id)
             if not rows:
                 break
             vectors = await self.embed([text for _, text in rows])
@@ -200,16 +220,17 @@ class Builder:
             max_id = rows[-1][0]
         return generation, count, max_id, index
 
-    async def _sample(self, count: int, wanted: int
+    async def _sample(self, count: int, wanted: int, last_id: int
                       ) -> tuple[npt.NDArray[np.int64], Vectors, int]:
-        """(ids, vectors, k): ``wanted`` memories spread evenly over the ids (every k-th;
-        with k 1, every memory)."""
+        """(ids, vectors, k): ``wanted`` memories spread evenly over the ids up to
+        ``last_id`` (every k-th; with k 1, every memory)."""
         every = max(1, count // wanted)
         ids: list[int] = []
         parts: list[Vectors] = []
         after = 0
         while True:
-            rows = await self._store.read(q.texts_after, after, REBUILD_BATCH * every)
+            rows = await self._store.read(q.texts_after, after, REBUILD_BATCH * every,
+                                          last_id)
             if not rows:
                 break
             taken = rows[::every]

@@ -59,11 +59,18 @@ def index_generation(conn: apsw.Connection) -> tuple[int, int]:
             scalar_int(conn, "SELECT count(*) FROM memories"))
 
 
-def texts_after(conn: apsw.Connection, after_id: int, limit: int) -> list[tuple[int, str]]:
-    """(id, embedding text) of memories after an id, in id order (for a rebuild)."""
+def last_memory_id(conn: apsw.Connection) -> int:
+    """The highest memory id now (0: none)."""
+    return scalar_int(conn, "SELECT coalesce(max(id), 0) FROM memories")
+
+
+def texts_after(conn: apsw.Connection, after_id: int, limit: int, until_id: int
+                ) -> list[tuple[int, str]]:
+    """(id, embedding text) of memories after an id and up to ``until_id``, in id order
+    (for a rebuild)."""
     return [(row[0], embedding_text(row[1], row[2], row[3], row[4])) for row in conn.execute(
-        "SELECT id, title, description, content, tags FROM memories WHERE id > ? ORDER BY id "
-        "LIMIT ?", (after_id, limit))]
+        "SELECT id, title, description, content, tags FROM memories WHERE id > ? AND id <= ? "
+        "ORDER BY id LIMIT ?", (after_id, until_id, limit))]
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ctxd.memory import CODES, HashingEmbedder
-from ctxd.memory._build import Builder, train_sample
+from ctxd.memory import CODES, HashingEmbedder, _build
+from ctxd.memory._build import Builder, NextIndex, train_sample
 from ctxd.memory._embedders import normalise
 from ctxd.memory._faiss import faiss
 
@@ -47,3 +47,27 @@ def test_a_component_beyond_the_training_vectors_is_not_clipped() -> None:
 def test_an_ivf_learns_its_lists_from_a_bounded_sample(count: int, sample: int) -> None:
     # All of them up to 100,000; past that 100,000, or 39 for each of its lists (4·√n).
     assert train_sample(count) == sample
+
+
+def test_a_next_index_takes_over_what_changed_meanwhile_in_batches(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    dim = 64
+    monkeypatch.setattr(_build, "CATCH_UP_BATCH", 3)
+    builder = Builder(Path("unused.faiss"), HashingEmbedder(dim), None,  # type: ignore[arg-type]
+                      ann_threshold=10, nprobe=4)
+    vectors = _spread(60, dim)
+    index = builder.trained(vectors, 4)
+    index.add_with_ids(vectors[:40], np.arange(1, 41, dtype=np.int64))  # built: ids 1-40
+    changed = NextIndex()
+    changed.indexed(list(range(41, 51)), vectors[40:50])  # recorded meanwhile
+    changed.indexed([7], vectors[55:56])  # 7's text changed
+    changed.dropped([12, 45])
+    assert {v.dtype for v in changed.added.values()} == {np.dtype(np.float16)}
+    assert changed.catch_up(index, 40) == 50
+    assert index.ntotal == 40 + 10 - 2  # 7 replaced, 12 and 45 gone
+    index.nprobe = 4  # every list: the search is exhaustive
+    for memory_id, vector in [(46, vectors[45]), (7, vectors[55]), (40, vectors[39])]:
+        scores, ids = index.search(vector[None, :], 1)
+        assert (int(ids[0, 0]), round(float(scores[0, 0]), 2)) == (memory_id, 1.0)
+    _, ids = index.search(vectors[11][None, :], 60)
+    assert {12, 45} & set(ids[0].tolist()) == set()
