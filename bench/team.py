@@ -43,7 +43,7 @@ def teammate(root: Path, name: str, conninfo: str) -> DaemonProcess:
     config = root / f"{name}.toml"
     config.write_text('[memory.team]\nname = "bench"\npoll_interval_s = 1.0\n')
     return DaemonProcess(root, name=name, data=root / f"{name}-data",
-                         extra_args=["--config", str(config)],
+                         extra_args=["--config", str(config)], code=REPO_ROOT,
                          env={"TEAM_MEMORY_DATABASE_URL": conninfo}).start()
 
 
@@ -201,7 +201,7 @@ def search_latency(root: Path, count: int, queries: int = 300) -> dict[str, list
         for _ in range(queries)]
     timings: dict[str, list[float]] = {}
     for name, rows in (("all local", local), ("half shared", half)):
-        daemon = DaemonProcess(root, name=name.replace(" ", "-"),
+        daemon = DaemonProcess(root, name=name.replace(" ", "-"), code=REPO_ROOT,
                                data=root / f"{name.replace(' ', '-')}-data")
         seed(daemon, rows)
         daemon.start()
