@@ -100,7 +100,8 @@ class NextIndex:
     catch-up mirrors thousands of memories a second while a next index of half a million
     is being built, and all of them wait here. 16-bit floats hold a unit vector's
     components to about 1e-4, far finer than the byte a dimension of the approximate
-    index they go into.
+    index they go into (and than a cosine's ranking needs, should deletions have made
+    the next index exact).
     """
 
     def __init__(self) -> None:
