@@ -181,6 +181,10 @@ class MemoryIndex:
             return
         self.state, self.reason = "rebuilding", "the dense index is being rebuilt"
         self._rebuilds += 1
+        # Not searched while it is rebuilt (searches are lexical): let it go now, not
+        # beside the new one (1 GB at a million memories). A search already running
+        # holds its own reference.
+        self._index = None
         try:
             generation, count, max_id, index = await self._builder.from_store()
         except (EmbedderError, CtxdError, RuntimeError, ValueError) as exc:

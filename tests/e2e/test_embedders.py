@@ -108,8 +108,10 @@ def test_a_search_during_a_rebuild_answers_lexically_without_waiting_for_it(
         rebuild.start()
         wait_index(client, "rebuilding")
         found = search(client, "coffee machine")
-        # Answered while the rebuild still waits for the endpoint.
-        assert client.call("daemon.status")["memory_index"]["state"] == "rebuilding"
+        # Answered while the rebuild still waits for the endpoint; the old index is let
+        # go meanwhile.
+        index = client.call("daemon.status")["memory_index"]
+        assert (index["state"], index["vectors"], index["memories"]) == ("rebuilding", 0, 3)
         assert ([r["id"] for r in found["results"]], found["legs_used"], found["note"]) == (
             [3], ["lexical"],
             "dense leg unavailable (the dense index is being rebuilt); lexical results only")
