@@ -31,7 +31,7 @@ from pathlib import Path
 import apsw
 import psycopg
 from _common import REPO_ROOT, DaemonProcess, percentile
-from folding import vm_bytes
+from folding import mb, vm_bytes
 
 sys.path.append(str(REPO_ROOT / "tests"))
 from postgres import Postgres
@@ -158,10 +158,6 @@ def catch_up(root: Path, conninfo: str, count: int
     return joined, rebuilt, peak_joined, peak_rebuilt
 
 
-def megabytes(size: int | None) -> str:
-    return "unknown" if size is None else f"{size / 2**20:,.0f} MB"
-
-
 WORDS = sorted({word.strip(".,:;()`*[]\"'").lower()
                 for path in (REPO_ROOT / "docs").glob("*.md")
                 for word in path.read_text().split() if word.isascii()} - {""})
@@ -254,8 +250,8 @@ def main() -> int:
             print(f"catch-up of a new daemon on {args.catch_up:,} shared memories: "
                   f"{joined:.1f} s (start included); memory.reindex of as many: "
                   f"{rebuilt:.1f} s; ratio {joined / rebuilt:.2f}")
-            print(f"the new daemon's peak RSS (VmHWM): {megabytes(peak_joined)} by its "
-                  f"memory whole after the catch-up, {megabytes(peak_rebuilt)} after the "
+            print(f"the new daemon's peak RSS (VmHWM): {mb(peak_joined)} by its "
+                  f"memory whole after the catch-up, {mb(peak_rebuilt)} after the "
                   "reindex")
             if args.search:
                 timings = search_latency(root, args.search)

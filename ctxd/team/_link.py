@@ -24,6 +24,7 @@ from ctxd.team._postgres import (
     Signal,
     apply,
     changes_since,
+    connect,
     last_change,
     migrate,
 )
@@ -92,9 +93,7 @@ class TeamLink:
             self.attempts += 1
 
     async def _connected(self) -> None:
-        import psycopg
-
-        conn: Any = await trio.to_thread.run_sync(psycopg.connect, self.conninfo)
+        conn: Any = await trio.to_thread.run_sync(connect, self.conninfo)
         listener: Listener | None = None
         try:
             await trio.to_thread.run_sync(migrate, conn)

@@ -32,6 +32,13 @@ the change sequence is taken in commit order."""
 Connection: TypeAlias = "psycopg.Connection[Any]"
 
 
+def connect(conninfo: str, autocommit: bool = False) -> Connection:
+    """A connection to the team database (psycopg imported here, by the first one)."""
+    import psycopg
+
+    return psycopg.connect(conninfo, autocommit=autocommit)
+
+
 def _v1(conn: Connection) -> None:
     conn.execute("CREATE SEQUENCE ctxd_team_changes")
     conn.execute(
@@ -255,9 +262,7 @@ class Listener:
 
     @classmethod
     def open(cls, conninfo: str) -> Listener:
-        import psycopg
-
-        conn = psycopg.connect(conninfo, autocommit=True)
+        conn = connect(conninfo, autocommit=True)
         conn.execute(f"LISTEN {CHANNEL}")
         return cls(conn)
 
