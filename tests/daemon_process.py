@@ -1,10 +1,13 @@
 """DaemonProcess: a ctxd started by ``ctxclient.spawn_daemon`` (``python -P -m ctxd``) on a
 private socket and data directory, for the end-to-end tests and for the benchmarks (which
-add this folder to their import path)."""
+add this folder to their import path); in the test suite, forked from a process that has
+imported ctxd (`FORKED_BY_DEFAULT`)."""
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import os
 import signal
 import subprocess
 import sys
@@ -18,6 +21,78 @@ from ctxclient import Client, DaemonUnavailable, daemon_command, private_environ
 REPO_ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0
+
+FORKED_BY_DEFAULT = False
+"""Whether a DaemonProcess is `forked` unless told: the test suite sets it (tests/conftest.py);
+a benchmark, which measures starts, runs the command."""
+_forkserver = multiprocessing.get_context("forkserver")
+_forkserver.set_forkserver_preload(["forked_daemon"])
+_forked_pids: set[int] = set()
+
+
+def _start_forkserver() -> None:
+    """Start the forkserver once, with this folder on its ``PYTHONPATH``: Python 3.11's
+    forkserver imports its preload on its own ``sys.path``, not this process's, and skips
+    a module it cannot import (every daemon would then import ctxd again)."""
+    from multiprocessing import forkserver
+
+    folder = str(Path(__file__).resolve().parent)
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [folder, before]))
+    try:
+        forkserver.ensure_running()
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
+
+
+def forked_pids() -> set[int]:
+    """The daemons this process forked that have not been seen to exit."""
+    return set(_forked_pids)
+
+
+class ForkedProcess:
+    """A daemon forked from the forkserver (tests/forked_daemon.py), with the part of
+    `subprocess.Popen`'s interface that DaemonProcess and the tests use: its exit code is
+    as Popen gives it (``-N`` for signal N)."""
+
+    def __init__(self, entry: list[str], args: list[str], env: dict[str, str], log: Path,
+                 cwd: Path | None):
+        from forked_daemon import run
+
+        _start_forkserver()
+        self.args = [*entry, *args]
+        self._process = _forkserver.Process(target=run, args=(entry, args, env, log, cwd),
+                                            daemon=True)  # stopped if a test leaves it
+        self._process.start()
+        assert self._process.pid is not None
+        self.pid: int = self._process.pid
+        self.returncode: int | None = None
+        _forked_pids.add(self.pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._process.exitcode is not None:
+            self.returncode = self._process.exitcode
+            self._process.close()
+            _forked_pids.discard(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self._process.join(timeout)
+        code = self.poll()
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 def entry_with(constants: Mapping[str, object]) -> list[str]:
@@ -63,7 +138,12 @@ class DaemonProcess:
     code: Path | None = None
     """Another source tree whose ctxd runs (a benchmark's baseline checkout)."""
     start_timeout: float = START_TIMEOUT_S
-    proc: subprocess.Popen[bytes] | None = None
+    forked: bool = field(default_factory=lambda: FORKED_BY_DEFAULT)
+    """Forked from the forkserver, which has imported ctxd and loaded its tokenizer, rather
+    than started as a command: its entry runs the same, without a start's imports. Only a
+    daemon of this tree in this interpreter, unprofiled, without descriptors to inherit
+    or a step before it runs is forked; any other runs its command."""
+    proc: subprocess.Popen[bytes] | ForkedProcess | None = None
 
     @property
     def socket(self) -> Path:
@@ -112,9 +192,15 @@ class DaemonProcess:
         Raises:
             DaemonFailed: it exited, or did not answer within ``start_timeout``.
         """
-        self.proc = spawn_daemon(self.arguments(), log=self.log_path, env=self.environment(),
-                                 python=self.python, entry=self.entry_point(), code=self.code,
-                                 cwd=cwd, pass_fds=pass_fds, before_exec=before_exec)
+        if (self.forked and self.python == sys.executable and self.profile is None
+                and self.code is None and not pass_fds and before_exec is None):
+            self.proc = ForkedProcess(self.entry, self.arguments(), self.environment(),
+                                      self.log_path, cwd)
+        else:
+            self.proc = spawn_daemon(self.arguments(), log=self.log_path,
+                                     env=self.environment(), python=self.python,
+                                     entry=self.entry_point(), code=self.code, cwd=cwd,
+                                     pass_fds=pass_fds, before_exec=before_exec)
         if wait:
             self.wait_ready()
         return self

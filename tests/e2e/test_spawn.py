@@ -52,7 +52,7 @@ def test_the_folder_is_imported_by_python_m_ctxd(standing_in: Path) -> None:
 
 
 def test_a_daemon_process_ignores_it(daemon_root: Path, standing_in: Path) -> None:
-    process = DaemonProcess(daemon_root).start(cwd=standing_in)
+    process = DaemonProcess(daemon_root, forked=False).start(cwd=standing_in)
     try:
         assert process.command()[1:4] == ["-P", "-m", "ctxd"]
         with process.client() as client:
