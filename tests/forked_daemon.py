@@ -18,6 +18,9 @@ import ctxd.daemon  # noqa: F401 (imported once, for every child)
 from ctxd.tokens import load_encoding
 
 load_encoding("cl100k_base")  # the default encoding, kept by tiktoken's registry
+IMPORTED_BY = os.getpid()
+"""The process that imported this module: in a daemon, its parent (the forkserver) when
+the forkserver's preload found it."""
 
 
 def run(entry: Sequence[str], args: Sequence[str], env: Mapping[str, str], log: Path,
