@@ -28,6 +28,7 @@ a benchmark, which measures starts, runs the command."""
 _forkserver = multiprocessing.get_context("forkserver")
 _forkserver.set_forkserver_preload(["forked_daemon"])
 _forked_pids: set[int] = set()
+_forkserver_started = False
 
 
 def _start_forkserver() -> None:
@@ -36,6 +37,10 @@ def _start_forkserver() -> None:
     a module it cannot import (every daemon would then import ctxd again)."""
     from multiprocessing import forkserver
 
+    global _forkserver_started
+    if _forkserver_started:
+        return
+    _forkserver_started = True
     folder = str(Path(__file__).resolve().parent)
     before = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [folder, before]))
