@@ -495,8 +495,9 @@ def cmd_team_status(client: Client, args: argparse.Namespace, out: Output) -> in
     """0 when linked, 1 when the team database is unreachable, 2 without a team."""
     team = client.call("daemon.status").get("team")
     if team is None:
-        print("ctxctl: no team: name one in ctxd.toml ([memory.team] name = \"…\", and the "
-              "database's URL in the variable url_env names), then restart ctxd",
+        print("ctxctl: no team: name one under [memory.team] in ctxd's config "
+              "($XDG_CONFIG_HOME/ctxd/config.toml, ctxd.toml(5)): name = \"…\", and the "
+              "database's URL in the variable url_env names; then restart ctxd",
               file=sys.stderr)
         return 2
     line = team_line(team)
@@ -510,7 +511,8 @@ def add_team(commands: Commands, common: Parser) -> None:
     actions = group(commands, "team", common, "see the link to your team's shared memories")
     status = actions.add_parser(
         "status", parents=[common], help="the team link: connected, lag, outbox",
-        description="The link to the team database ([memory.team] in ctxd.toml): whether "
+        description="The link to the team database ([memory.team] in ctxd's config, "
+                    "ctxd.toml(5)): whether "
                     "it is connected, how many changes the mirror lags, how many writes wait "
                     "in the outbox. Exit status 0 when connected, 1 when not, 2 without a "
                     "team.")

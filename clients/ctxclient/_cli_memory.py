@@ -244,8 +244,9 @@ def add_memory(commands: Commands, common: Parser) -> None:
     share = actions.add_parser(
         "share", parents=[common], help="share a memory with your team (or org)",
         description="Move a memory of this machine to a shared scope: the team database "
-                    "([memory.team] in ctxd.toml) gets it, and every teammate's ctxd finds "
-                    "it.", epilog="example:\n  ctxctl memory share 12 --team payments",
+                    "([memory.team] in ctxd's config, ctxd.toml(5)) gets it, and every "
+                    "teammate's ctxd finds it.",
+        epilog="example:\n  ctxctl memory share 12 --team payments",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     share.add_argument("id", metavar="ID", type=memory_id)
     whom = share.add_mutually_exclusive_group(required=True)

@@ -4,7 +4,11 @@ error code (docs/protocol.md, Errors), `DaemonUnavailable` when no daemon answer
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import stat
+import sys
+from pathlib import Path
 from typing import Any, ClassVar
 
 from ctxd import paths
@@ -114,12 +118,23 @@ def rpc_error(code: int, message: str, data: Any = None) -> RpcError:
     return ERRORS.get(code, RpcError)(code, message, data)
 
 
+def start_command(search_path: str | None = None) -> str:
+    """What starts the daemon from where this client runs: ``ctxd`` when the ``ctxd``
+    beside this interpreter is the one ``PATH`` (or ``search_path``) finds, else that
+    one's full path (a virtualenv not activated); ``ctxd`` when there is none beside it."""
+    beside = Path(sys.executable).parent / "ctxd"
+    if not beside.is_file() or shutil.which("ctxd", path=search_path) == str(beside):
+        return "ctxd"
+    return shlex.quote(str(beside))
+
+
 class DaemonUnavailable(CtxdClientError, ConnectionError):
     """No daemon listens on the socket (or the connection was lost); still a
     `ConnectionError`, as it was before `CtxdClientError` existed."""
 
     def __init__(self, path: str, reason: str):
-        super().__init__(f"no ctxd daemon is running on {path} ({reason}); start it with `ctxd`")
+        super().__init__(f"no ctxd daemon is running on {path} ({reason}); "
+                         f"start it with `{start_command()}`")
         self.path = path
         self.reason = reason
 

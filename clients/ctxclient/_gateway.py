@@ -94,8 +94,8 @@ def daemon_status(socket: str | None, start: bool, who: str) -> dict[str, Any]:
     except _mcp.PumpError as exc:
         raise GatewayUnavailable(str(exc)) from None
     except DaemonUnavailable as exc:
-        raise GatewayUnavailable(f"{exc}; start it with `ctxd` (or `systemctl --user start "
-                                 "ctxd.socket`)") from None
+        raise GatewayUnavailable(f"{exc} (or `systemctl --user start ctxd.socket`)"
+                                 ) from None
     except RpcError as exc:
         raise GatewayUnavailable(f"the daemon answered daemon.status with error {exc.code}: "
                                  f"{exc.message}") from None

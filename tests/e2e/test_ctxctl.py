@@ -1304,3 +1304,12 @@ def test_a_reader_that_goes_away_ends_ctxctl_quietly(shared_daemon: DaemonProces
     finally:
         os.close(write_end)
     assert (done.returncode, done.stderr) == (141, "")
+
+
+def test_team_status_without_a_team_names_the_file_to_edit(
+        shared_daemon: DaemonProcess) -> None:
+    result = ctxctl(shared_daemon.socket, "team", "status")
+    assert (result.returncode, result.stdout, result.stderr) == (
+        2, "", "ctxctl: no team: name one under [memory.team] in ctxd's config "
+               "($XDG_CONFIG_HOME/ctxd/config.toml, ctxd.toml(5)): name = \"…\", and the "
+               "database's URL in the variable url_env names; then restart ctxd\n")

@@ -21,6 +21,7 @@ from kill_at_commit import KILL_AT_COMMIT
 from tests_support import rpc_error
 
 from ctxclient import Client, DaemonUnavailable
+from ctxclient._errors import start_command
 
 TRANSCRIPTS = Path(__file__).resolve().parents[3] / "shared" / "bench-data" / "transcripts"
 VIEWER = TRANSCRIPTS / "claude-code_claude-code-viewer_fe5e1c67.jsonl"
@@ -616,7 +617,7 @@ def test_no_daemon(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.startswith(f"ctxctl: no ctxd daemon is running on "
                                     f"{tmp_path / 'none.sock'}")
-    assert "start it with `ctxd`" in result.stderr
+    assert f"start it with `{start_command()}`" in result.stderr
 
 
 @pytest.mark.parametrize("fmt", ["claude-code", "opencode"])

@@ -19,6 +19,7 @@ from tests_support import hello_text
 import ctxclient
 import ctxclient._errors
 from ctxclient import DaemonUnavailable, RpcError
+from ctxclient._errors import start_command
 from ctxd.errors import ErrorCode
 from ctxd.wire.types import MemoryQuery
 
@@ -104,11 +105,31 @@ def test_every_error_about_the_daemon_is_a_ctxd_client_error() -> None:
     # Code written before the common base caught OSError or ConnectionError: it still does.
     assert isinstance(unavailable, ConnectionError)
     assert (str(unavailable), unavailable.path, unavailable.reason) == (
-        "no ctxd daemon is running on /run/x.sock (connection refused); start it with `ctxd`",
-        "/run/x.sock", "connection refused")
+        "no ctxd daemon is running on /run/x.sock (connection refused); start it with "
+        f"`{start_command()}`", "/run/x.sock", "connection refused")
     with pytest.raises(ctxclient.CtxdClientError) as caught:
         raise ctxclient._errors.rpc_error(-32004, "unknown session 's1'")
     assert type(caught.value) is ctxclient.NotFound
+
+
+def test_the_command_that_starts_the_daemon_is_one_the_user_can_type(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ctxd`` when PATH finds the one beside this interpreter; its full path when PATH
+    does not (a virtualenv not activated) or finds another; ``ctxd`` when there is none
+    beside it."""
+    beside = Path(sys.executable).parent / "ctxd"
+    assert beside.is_file()  # the development install's
+    other = tmp_path / "bin"
+    other.mkdir()
+    (other / "ctxd").write_text("#!/bin/sh\n")
+    (other / "ctxd").chmod(0o755)
+    assert start_command(str(beside.parent)) == "ctxd"
+    assert start_command(str(other)) == str(beside)
+    assert start_command(str(tmp_path / "nothing")) == str(beside)
+    assert start_command(f"{other}:{beside.parent}") == str(beside)
+    assert start_command(f"{beside.parent}:{other}") == "ctxd"
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "nothing" / "python"))
+    assert start_command(str(other)) == "ctxd"
 
 
 def test_the_hook_cuts_its_query_to_what_memory_context_takes() -> None:

@@ -19,10 +19,12 @@ from local_http import LocalServer, ScriptedHandler
 from rich.console import Console
 
 from ctxclient._cli_daemon import gateway_line, gateway_listing
+from ctxclient._errors import start_command
 from ctxclient._gateway import (
     GatewayUnavailable,
     agent_environment,
     base_url_of,
+    daemon_status,
     health_problem,
     is_gateway_url,
     openai_url,
@@ -396,3 +398,11 @@ def test_doctor_finds_settings_pointing_at_another_or_a_disabled_gateway(home: P
     ClaudeCode().uninstall("user", home, CTXCTL)
     settings.write_text(json.dumps({"env": {"ANTHROPIC_BASE_URL": "http://proxy:1"}}))
     assert gateway_problems("claude-code", BASE) == []
+
+
+def test_without_a_daemon_the_gateway_names_both_ways_to_start_one(tmp_path: Path) -> None:
+    with pytest.raises(GatewayUnavailable) as caught:
+        daemon_status(str(tmp_path / "none.sock"), start=False, who="ctxctl test")
+    assert str(caught.value) == (
+        f"no ctxd daemon is running on {tmp_path / 'none.sock'} (No such file or directory); "
+        f"start it with `{start_command()}` (or `systemctl --user start ctxd.socket`)")
