@@ -10,7 +10,7 @@ from ctxd.errors import ErrorCode
 
 PARSE_FIX = {"fix": "send valid UTF-8 JSON"}
 INVALID_REQUEST_FIX = {"fix": 'send {"jsonrpc":"2.0","id":1,"method":"daemon.ping"}'}
-NOT_FOUND_FIX = "open it first with session.open"
+NOT_FOUND_FIX = "check its id (session.list lists them), or open it with session.open"
 
 
 def encode(message: Any) -> bytes:

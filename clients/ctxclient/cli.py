@@ -106,7 +106,7 @@ METHOD_NAME = re.compile(r"\b(?:daemon|session|message|ctxd|budget|transcript|co
 
 def ctxctl_hint(fix: str, data: dict[str, Any]) -> str:
     """A daemon's hint as a ctxctl user reads it: each method it names becomes the ctxctl
-    command to type (``open it first with `ctxctl session open s1```)."""
+    command to type (``open it with `ctxctl session open s1```)."""
     session = data.get("session_id") if isinstance(data.get("session_id"), str) else None
 
     def command(match: re.Match[str]) -> str:

@@ -284,7 +284,9 @@ class SessionActor:
             CtxdError: -32004 when the session does not exist.
         """
         if self.record is None:
-            raise not_found("session", self.session_id, "open it first with session.open")
+            raise not_found("session", self.session_id,
+                            "check its id (session.list lists them), or open it with "
+                            "session.open")
         return self.record
 
     def require_open(self) -> SessionRecord:

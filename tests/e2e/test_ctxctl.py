@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from conftest import DaemonProcess
+from jsonrpc import NOT_FOUND_FIX
 from tests_support import COUNTER, hello_text, needs, placed_by_others
 
 from ctxclient import Client
@@ -70,7 +71,7 @@ def test_call_errors_exit_one_with_the_message(shared_daemon: DaemonProcess) -> 
     result = ctxctl(shared_daemon.socket, "call", "session.get", '{"session_id": "nope"}')
     assert result.returncode == 1
     assert result.stderr == ("ctxctl: error -32004: unknown session 'nope'\n"
-                             "ctxctl: fix: open it first with session.open\n")
+                             f"ctxctl: fix: {NOT_FOUND_FIX}\n")
     as_json = ctxctl(shared_daemon.socket, "--json", "call", "session.get",
                      '{"session_id": "nope"}')
     assert json.loads(as_json.stdout)["error"]["code"] == -32004
@@ -835,7 +836,8 @@ def test_session_open_and_the_hints_name_ctxctl_commands(shared_daemon: DaemonPr
     unknown = ctxctl(shared_daemon.socket, "session", "show", sid)
     assert (unknown.returncode, unknown.stdout, unknown.stderr) == (
         1, "", f"ctxctl: error -32004: unknown session '{sid}'\n"
-               f"ctxctl: fix: open it first with `ctxctl session open {sid}`\n")
+               "ctxctl: fix: check its id (`ctxctl sessions` lists them), or open it with "
+               f"`ctxctl session open {sid}`\n")
     opened = ctxctl(shared_daemon.socket, "session", "open", sid, "--project", "demo",
                     "--title", "a try")
     assert (opened.returncode, opened.stdout, opened.stderr) == (

@@ -427,7 +427,7 @@ def test_batch_with_ctxclient(wire_daemon: DaemonProcess) -> None:
             missing.result(READ_TIMEOUT_S)
         assert (missing_error.value.code, missing_error.value.data) == (
             ErrorCode.NOT_FOUND,
-            {"session_id": "w_missing", "fix": "open it first with session.open"})
+            {"session_id": "w_missing", "fix": NOT_FOUND_FIX})
 
 
 # ---- oversized lines ----------------------------------------------------------------

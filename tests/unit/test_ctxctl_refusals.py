@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from jsonrpc import NOT_FOUND_FIX
 
 from ctxclient.cli import main
 
@@ -178,8 +179,9 @@ def test_every_hint_method_is_a_daemon_method_and_every_command_parses() -> None
 def test_a_hint_names_the_ctxctl_command() -> None:
     from ctxclient.cli import ctxctl_hint
 
-    assert ctxctl_hint("open it first with session.open", {"session_id": "s1"}) == (
-        "open it first with `ctxctl session open s1`")
+    assert ctxctl_hint(NOT_FOUND_FIX, {"session_id": "s1"}) == (
+        "check its id (`ctxctl sessions` lists them), or open it with "
+        "`ctxctl session open s1`")
     assert ctxctl_hint("return them first (branch.return), or compact one of them with its "
                        "branch_id", {}) == (
         "return them first (`ctxctl call branch.return`), or compact one of them with its "
