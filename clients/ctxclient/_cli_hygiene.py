@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, get_args
 from ctxclient import _fork
 from ctxclient._cli_args import branch_id, matching, number_in, session_id, text_of
 from ctxclient._cli_values import percent
+from ctxclient._errors import InvalidParams
 from ctxclient._output import Column, Lines, Listing, Note, Output, Part, Raw, cell
 from ctxclient._sync import Client
 from ctxd.wire import types as wire
@@ -35,7 +36,15 @@ def cmd_result(client: Client, args: argparse.Namespace, out: Output) -> int:
     else:
         params |= {key: value for key, value in (("offset", args.offset),
                                                  ("limit", args.limit)) if value is not None}
-    result = client.call("result.read", params)
+    try:
+        result = client.call("result.read", params)
+    except InvalidParams as exc:
+        if args.grep is None or not isinstance(exc.data, dict) or \
+                exc.data.get("path") != "$.pattern":
+            raise
+        # The daemon names its parameter; ctxctl's user types the flag.
+        raise InvalidParams(exc.code, exc.message.replace("pass literal=true", "add -F"),
+                            exc.data) from None
     if args.grep is None:
         out.emit(result, Raw(result["content"]), *([Note(
             f"(characters {result['offset']:,} to {result['next_offset']:,} of "

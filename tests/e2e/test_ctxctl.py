@@ -1061,6 +1061,11 @@ def test_result_pages_and_greps_an_offloaded_tool_result(shared_daemon: DaemonPr
     none = ctxctl(shared_daemon.socket, "result", ref, "--session", sid, "--grep", "ERROR (",
                   "-F")
     assert (none.returncode, none.stdout, none.stderr) == (1, "", "")
+    bad = ctxctl(shared_daemon.socket, "result", ref, "--session", sid, "--grep", "ERROR (")
+    assert (bad.returncode, bad.stdout, bad.stderr) == (
+        1, "", "ctxctl: error -32602: invalid params: not a valid regular expression "
+               "(missing ) at position 7); fix it, or add -F to search for the text as it "
+               "is (at $.pattern)\n")
     both = ctxctl(shared_daemon.socket, "result", ref, "--session", sid, "--grep", "x",
                   "--offset", "5")
     assert (both.returncode, both.stderr) == (
