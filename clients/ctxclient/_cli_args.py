@@ -42,7 +42,13 @@ def closest(word: str, known: Sequence[str]) -> str | None:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, with an unknown command or choice answered by the closest one."""
+    """argparse, with an unknown command or choice answered by the closest one; each
+    parser is its namespace's ``command_parser`` when it parses (the deepest command's
+    wins), for an error about that command's arguments to show that command's usage."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.set_defaults(command_parser=self)
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         if action.choices is None or value in action.choices:

@@ -171,7 +171,9 @@ def _report_no_answer(message: str, socket_path: str, out: Output) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """The ``ctxctl`` console script."""
-    args = parser().parse_args(argv)
+    args, extra = parser().parse_known_args(argv)
+    if extra:  # told by the command they were given to, with its usage (not ctxctl's)
+        args.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.run is None:
         _missing_command(args.group)
     out = Output(Console(), args.format, args.headers)

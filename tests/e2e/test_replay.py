@@ -302,7 +302,7 @@ def test_ctxctl_replay_offers_no_socket(tmp_path: Path) -> None:
     refused = ctxctl("replay", str(write(tmp_path / "t.jsonl", made_up())), "--socket", "x")
     assert refused.returncode == 2
     assert refused.stderr.splitlines()[-1] == (
-        "ctxctl: error: unrecognized arguments: --socket x")
+        "ctxctl replay: error: unrecognized arguments: --socket x")
 
 
 def test_ctxctl_replay_plot_writes_a_png(tmp_path: Path) -> None:

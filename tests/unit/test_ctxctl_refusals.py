@@ -114,6 +114,24 @@ def test_memory_usage_errors_exit_two_before_any_connection(ctxctl: Ctxctl,
         assert result.stderr.endswith(f": error: {message}\n"), (command, result.stderr)
 
 
+def test_an_unknown_argument_shows_its_commands_usage(ctxctl: Ctxctl, tmp_path: Path) -> None:
+    """Told by the command it was given to, with that command's usage: exit 2, before any
+    connection; without a command, ctxctl's."""
+    for args, prog in ((["memory", "list", "--foo"], "ctxctl memory list"),
+                       (["status", "extra"], "ctxctl status"),
+                       (["session", "render", "s1", "--provider", "openai"],
+                        "ctxctl session render"),
+                       (["--foo", "status"], "ctxctl status"),
+                       (["--foo"], "ctxctl")):
+        result = ctxctl(tmp_path / "none.sock", *args)
+        extra = " ".join(arg for arg in args if arg in ("--foo", "extra", "--provider",
+                                                         "openai"))
+        assert (result.returncode, result.stdout) == (2, ""), args
+        assert result.stderr.startswith(f"usage: {prog} "), (args, result.stderr)
+        assert result.stderr.endswith(f"\n{prog}: error: unrecognized arguments: {extra}\n"
+                                      ), (args, result.stderr)
+
+
 def test_status_watch_interval_is_checked(ctxctl: Ctxctl, tmp_path: Path) -> None:
     for value in ("-1", "0", "0.05", "nan", "soon"):
         result = ctxctl(tmp_path / "none.sock", "status", "--watch", "--interval", value)
