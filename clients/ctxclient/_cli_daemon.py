@@ -51,16 +51,30 @@ if TYPE_CHECKING:
 
 # ---- status ----------------------------------------------------------------------------
 
-def daemon_line(status: dict[str, Any]) -> Text:
-    return Text.assemble(
-        ("ctxd ", "bold"), (status["version"], "bold cyan"),
-        f"  pid {status['pid']}  up {duration(status['uptime_s'])}  ",
-        f"sessions {status['sessions_open']} open / {status['sessions_total']}  ",
-        f"actors {status['session_actors']}  conns {status['connections']}  ",
-        f"db {size(status['db_size_bytes'])}  rss {size(status['rss_bytes'])}  ",
-        f"{status['requests_per_s']:.1f} req/s  p50 {status['latency_p50_ms']:.2f} ms  "
-        f"p99 {status['latency_p99_ms']:.2f} ms\n",
-        (f"socket {status['socket']}  data {status['data_dir']}", "dim"))
+def daemon_line(status: dict[str, Any], width: int | None = None) -> Text:
+    """The daemon's line; on a terminal ``width`` cells wide, broken between one figure
+    and the next, never between a figure's label and its value."""
+    figures = [f"pid {status['pid']}", f"up {duration(status['uptime_s'])}",
+               f"sessions {status['sessions_open']} open / {status['sessions_total']}",
+               f"actors {status['session_actors']}", f"conns {status['connections']}",
+               f"db {size(status['db_size_bytes'])}", f"rss {size(status['rss_bytes'])}",
+               f"{status['requests_per_s']:.1f} req/s",
+               f"p50 {status['latency_p50_ms']:.2f} ms",
+               f"p99 {status['latency_p99_ms']:.2f} ms"]
+    line = Text.assemble(("ctxd ", "bold"), (status["version"], "bold cyan"))
+    used = len(line)
+    for figure in figures:
+        if width is not None and used + 2 + len(figure) > width:
+            line.append("\n")
+            used = 0
+        else:
+            line.append("  ")
+            used += 2
+        line.append(figure)
+        used += len(figure)
+    line.append("\n")
+    line.append(f"socket {status['socket']}  data {status['data_dir']}", "dim")
+    return line
 
 
 GATEWAY_COLUMNS = (Column("session", ident=True), Column("model", keep=20),
@@ -178,7 +192,7 @@ def waiting_injections(client: Client, sessions: list[dict[str, Any]]) -> None:
 
 
 INJECTION_COLUMNS = (Column("session", ident=True), Column("pending", right=True),
-                     Column("delivered, not acknowledged", right=True))
+                     Column("unacknowledged", right=True))
 
 
 def injections_listing(sessions: list[dict[str, Any]]) -> Listing:
@@ -247,7 +261,7 @@ class Status:
         calls, sessions, injections, branches, usage = listings
         shortened = any(ids_shortened(listing) for listing in listings)
         team = team_line(self.snapshot["daemon"].get("team"))
-        return Group(daemon_line(self.snapshot["daemon"]),
+        return Group(daemon_line(self.snapshot["daemon"], width),
                      Text(memory_line(self.snapshot["daemon"]["memory_index"])),
                      Text(gateway_line(self.snapshot["daemon"].get("gateway"))),
                      *([Text(team)] if team else []),
