@@ -316,12 +316,15 @@ def cmd_branches(client: Client, args: argparse.Namespace, out: Output) -> int:
 # ---- usage, tool calls -----------------------------------------------------------------
 
 def _calibration_note(calibration: dict[str, Any] | None) -> str | None:
-    if calibration is None or not calibration["input_tokens"]:
+    """The latest call's reported input beside ctxd's count of its thread; nothing when
+    either is 0 (a call recorded before ctxd held any of the thread: an import's, or a
+    harness's before its first message)."""
+    if (calibration is None or not calibration["input_tokens"]
+            or not calibration["local_input_tokens"]):
         return None
-    ratio = calibration["ratio"]
     return (f"latest call: {calibration['input_tokens']:,} input tokens reported, ctxd "
-            f"counted {calibration['local_input_tokens']:,}"
-            + (f" (ratio {ratio:.4f})" if ratio is not None else ""))
+            f"counted {calibration['local_input_tokens']:,} (ratio "
+            f"{calibration['ratio']:.4f})")
 
 
 def cmd_usage(client: Client, args: argparse.Namespace, out: Output) -> int:
