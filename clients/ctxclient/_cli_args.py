@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias, get_args
 
@@ -39,6 +40,23 @@ def closest(word: str, known: Sequence[str]) -> str | None:
         if name[:1] == word[:1] and (_within(name, word) or _within(word, name)):
             return name
     return None
+
+
+class ParagraphsFormatter(argparse.RawDescriptionHelpFormatter):
+    """A description or epilog as paragraphs (split by blank lines): a paragraph whose
+    lines all start flush left is filled to the terminal's width; one with an indented
+    line (a list, examples) is kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = []
+        for paragraph in text.split("\n\n"):
+            lines = paragraph.splitlines()
+            if any(line.startswith(" ") for line in lines):
+                paragraphs.append("\n".join(indent + line for line in lines))
+            else:
+                paragraphs.append(textwrap.fill(" ".join(lines), width, initial_indent=indent,
+                                                subsequent_indent=indent))
+        return "\n\n".join(paragraphs)
 
 
 class Parser(argparse.ArgumentParser):

@@ -8,7 +8,14 @@ import sys
 from typing import TYPE_CHECKING, Any, get_args
 
 from ctxclient import _fork
-from ctxclient._cli_args import branch_id, matching, number_in, session_id, text_of
+from ctxclient._cli_args import (
+    ParagraphsFormatter,
+    branch_id,
+    matching,
+    number_in,
+    session_id,
+    text_of,
+)
 from ctxclient._cli_values import percent
 from ctxclient._errors import InvalidParams
 from ctxclient._output import Column, Lines, Listing, Note, Output, Part, Raw, cell
@@ -111,7 +118,7 @@ def add_result_compact(commands: Commands, common: Parser) -> None:
                "  ctxctl result res_5f0c1d9e2a7b3c48\n"
                "  ctxctl result res_5f0c1d9e2a7b3c48 --grep 'FAILED|Error'\n"
                "  ctxctl result res_5f0c1d9e2a7b3c48 --offset 8000 --limit 8000",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=ParagraphsFormatter)
     result.add_argument("ref", metavar="REF", type=matching("ref id", wire.RefId),
                         help='the ref_id its stub names, e.g. res_5f0c1d9e2a7b3c48')
     result.add_argument("--session", type=session_id, metavar="ID",

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ctxclient import _import
-from ctxclient._cli_args import Parser, common_options, session_id
+from ctxclient._cli_args import ParagraphsFormatter, Parser, common_options, session_id
 from ctxclient._output import Output
 from ctxclient._policies import POLICIES
 from ctxd.cost import DEFAULT_MODEL, PRICES, PRICES_AS_OF
@@ -104,8 +104,9 @@ INSTALL_HELP = {
 INSTALL_DESCRIPTION = {
     "install": """\
 Wire an agent tool to ctxd, merging ctxd's entries into the tool's own settings:
-  claude-code  hooks (settings.json) and the MCP server (~/.claude.json or .mcp.json)
-  opencode     the plugin (plugin/ctxd.js) and the MCP server (opencode.json)
+  claude-code  hooks (settings.json), the MCP server (~/.claude.json, .mcp.json)
+  opencode     the plugin (plugin/ctxd.js), the MCP server (opencode.json)
+
 At user scope (the default) the tool's model calls also go through ctxd's gateway, so
 that what ctxd manages is what the model receives: Claude Code's env.ANTHROPIC_BASE_URL,
 OpenCode's provider.anthropic.options.baseURL. The gateway's URL holds your token, so a
@@ -141,13 +142,13 @@ def add_hook_install(commands: Commands, common: Parser) -> None:
     hook = commands.add_parser(
         "hook", parents=[common],
         help="answer one Claude Code hook event (JSON on stdin); always exits 0",
-        description=HOOK_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=HOOK_DESCRIPTION, formatter_class=ParagraphsFormatter)
     hook.set_defaults(run=cmd_hook, offline=True)
     for action, summary in INSTALL_HELP.items():
         wire_cmd = commands.add_parser(
             action, parents=[common], help=summary,
             description=INSTALL_DESCRIPTION[action],
-            formatter_class=argparse.RawDescriptionHelpFormatter)
+            formatter_class=ParagraphsFormatter)
         wire_cmd.add_argument("target", metavar="TARGET", choices=("claude-code", "opencode"),
                               help="claude-code or opencode")
         wire_cmd.add_argument("--scope", choices=("project", "user"), default="user",
@@ -168,11 +169,14 @@ def add_hook_install(commands: Commands, common: Parser) -> None:
 
 RUN_EPILOG = """\
 what CMD gets:
-  ANTHROPIC_BASE_URL  the gateway's base URL (http://127.0.0.1:PORT/TOKEN), where Claude
-                      Code, the anthropic SDKs and most agents send Anthropic's calls
-  OPENAI_BASE_URL     the same with /v1, where the openai SDKs, Codex and litellm (aider)
-                      send OpenAI's calls
-  CTXD_SOCKET         with --socket: the daemon its ctxd hooks and MCP server talk to
+  ANTHROPIC_BASE_URL  the gateway's base URL (http://127.0.0.1:PORT/TOKEN),
+                      where Claude Code, the anthropic SDKs and most agents
+                      send Anthropic's calls
+  OPENAI_BASE_URL     the same with /v1, where the openai SDKs, Codex and
+                      litellm (aider) send OpenAI's calls
+  CTXD_SOCKET         with --socket: the daemon its ctxd hooks and MCP server
+                      talk to
+
 The API keys stay the agent's own: the gateway passes them to the provider and never
 keeps them. The daemon is started when none runs (log: ~/.local/state/ctxd/ctxd.log).
 
@@ -194,7 +198,7 @@ def add_run(commands: Commands, common: Parser) -> None:
                     "model gateway, so that ctxd manages what the model receives (offloaded "
                     "results, folded branches, compaction) and counts every call. CMD "
                     "replaces ctxctl: it keeps the terminal, its signals and its exit status.",
-        epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=RUN_EPILOG, formatter_class=ParagraphsFormatter)
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS ...]",
                      help="the program to run and its arguments")
     run.set_defaults(run=cmd_run, offline=True, group=run)
@@ -235,7 +239,7 @@ def add_replay(commands: Commands) -> None:
                "  ctxctl replay EXPORT.json --window 32000 --json\n"
                "  ctxctl replay SESSION.jsonl --policy raw --policy ctxd\n"
                "  ctxctl replay SESSION.jsonl --plot context.png",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=ParagraphsFormatter)
     replay.add_argument("file", metavar="FILE", help="a Claude Code transcript (JSONL, or a "
                                                      "JSON array of its records) or an "
                                                      "OpenCode export")

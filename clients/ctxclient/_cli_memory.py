@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from ctxclient._cli_args import (
     PAGE_ALL,
+    ParagraphsFormatter,
     group,
     length_problem,
     number_in,
@@ -247,7 +248,7 @@ def add_memory(commands: Commands, common: Parser) -> None:
                     "([memory.team] in ctxd's config, ctxd.toml(5)) gets it, and every "
                     "teammate's ctxd finds it.",
         epilog="example:\n  ctxctl memory share 12 --team payments",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=ParagraphsFormatter)
     share.add_argument("id", metavar="ID", type=memory_id)
     whom = share.add_mutually_exclusive_group(required=True)
     whom.add_argument("--team", metavar="NAME", help="the team (its scope team:NAME)")

@@ -464,8 +464,9 @@ def add_sessions(commands: Commands, common: Parser) -> None:
     branches = commands.add_parser("branches", parents=[common],
                                    help="the branches of a session (context folding)")
     branches.add_argument("session", metavar="SESSION", type=session_id, help="the session's id")
-    branches.add_argument("--status", choices=get_args(wire.BranchStatus),
-                          help="only the branches with this status")
+    branches.add_argument("--status", choices=get_args(wire.BranchStatus), metavar="STATUS",
+                          help="only the branches with this status: "
+                               f"{', '.join(get_args(wire.BranchStatus))}")
     branches.set_defaults(run=cmd_branches)
 
 
@@ -484,8 +485,9 @@ def add_usage(commands: Commands, common: Parser) -> None:
                                 help="a session's tool calls, their states and the time in "
                                      "each")
     tools.add_argument("session", metavar="SESSION", type=session_id, help="the session's id")
-    tools.add_argument("--state", choices=wire.TOOL_CALL_STATES,
-                       help="only the tool calls in this state")
+    tools.add_argument("--state", choices=wire.TOOL_CALL_STATES, metavar="STATE",
+                       help="only the tool calls in this state: "
+                            f"{', '.join(wire.TOOL_CALL_STATES)}")
     tools.set_defaults(run=cmd_tools)
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ctxclient._cli_args import ParagraphsFormatter
 from ctxclient._errors import RpcError
 from ctxclient._output import Column, Lines, Listing, Output, cell
 from ctxclient._sync import Client
@@ -139,7 +140,7 @@ def register(commands: Any, common: argparse.ArgumentParser, session_type: Any,
                "  ctxctl fork SESSION --branch BRANCH --stats\n"
                "  ctxctl fork --from claude-code ~/.claude/projects/-home-me-app/ID.jsonl\n"
                "  ctxctl fork --from opencode EXPORT.json --stats --json",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=ParagraphsFormatter)
     fork.add_argument("session", metavar="SESSION", nargs="?", type=session_type,
                       help="the session's id")
     fork.add_argument("--branch", type=branch_type, metavar="BRANCH",

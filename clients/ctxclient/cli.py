@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 from rich.console import Console
 
 from ctxclient import _cli_daemon, _cli_hygiene, _cli_integrations, _cli_memory, _cli_sessions
-from ctxclient._cli_args import SHORTENED, Parser, common_options
+from ctxclient._cli_args import SHORTENED, ParagraphsFormatter, Parser, common_options
 from ctxclient._errors import DaemonUnavailable, RpcError
 from ctxclient._output import Output
 from ctxclient._sync import Client
@@ -43,7 +43,7 @@ def parser() -> argparse.ArgumentParser:
     common = Parser(add_help=False)
     common_options(common, defaults=False)
     cli = Parser(prog="ctxctl", description="Look at and drive ctxd.", epilog=EXIT_STATUS,
-                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                 formatter_class=ParagraphsFormatter)
     cli.add_argument("--version", action="version", version=f"ctxctl {__version__}")
     common_options(cli, defaults=True)
     cli.set_defaults(run=None, group=cli, offline=False, no_daemon=None, method_hints=False)

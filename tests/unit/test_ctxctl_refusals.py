@@ -194,6 +194,28 @@ def test_every_hint_method_is_a_daemon_method_and_every_command_parses() -> None
         assert args.run is not None, template
 
 
+def test_every_commands_help_fits_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal of 80 columns every ``--help`` fits: its paragraphs refilled, its
+    lists and examples written to fit."""
+    import argparse
+
+    from ctxclient.cli import parser
+
+    monkeypatch.setenv("COLUMNS", "80")
+    seen, wide = 0, []
+    waiting = [parser()]
+    while waiting:
+        command = waiting.pop()
+        seen += 1
+        wide += [(command.prog, line) for line in command.format_help().splitlines()
+                 if len(line) > 80]
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                waiting += list(dict.fromkeys(action.choices.values()))  # aliases once
+    assert seen > 40
+    assert wide == []
+
+
 def test_a_hint_names_the_ctxctl_command() -> None:
     from ctxclient.cli import ctxctl_hint
 
