@@ -50,6 +50,23 @@ def test_renders_without_warnings(page: str) -> None:
     assert (rendered.returncode, rendered.stderr) == (0, "")
 
 
+QUOTED_OUTPUT = {"ctxd.1": ["ctxd: --log-level: invalid choice 'loud' (choose from debug, "
+                             "info, warning, error)"]}
+"""Lines a page quotes as a program prints them, one line however wide."""
+
+
+@needs_groff
+@pytest.mark.parametrize("page", PAGES)
+def test_a_terminal_of_80_columns_shows_every_line_whole(page: str) -> None:
+    """Synopses and examples are broken by hand (groff cannot break them); the rest it
+    fills."""
+    proc = subprocess.run(["groff", "-man", "-Tascii", "-P-cbou", "-rLL=78n", str(MAN / page)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0
+    wide = [line.strip() for line in proc.stdout.splitlines() if len(line) > 80]
+    assert wide == QUOTED_OUTPUT.get(page, [])
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_header_names_the_page_and_version(page: str) -> None:
     name, section = page.rsplit(".", 1)
