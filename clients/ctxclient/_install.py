@@ -223,11 +223,27 @@ def set_entry(data: dict[str, Any], file: Path, keys: tuple[str, ...], value: st
     if record is not None and current == record.get("value"):
         record = {**record, "value": value}  # ours, from an earlier install: keep what it replaced
     else:
+        # The file's mode too: the URL makes it private (`save`), uninstall gives it back.
         record = {"value": value, "created": created,
-                  **({} if current is _ABSENT else {"previous": current})}
+                  **({} if current is _ABSENT else {"previous": current}),
+                  **({"mode": file.stat().st_mode & 0o7777} if file.exists() else {})}
     parent[keys[-1]] = value
     saved.put(file, keys, record)
     return Change(str(file), "added" if current is _ABSENT else "updated", ".".join(keys))
+
+
+def mode_before(file: Path, keys: tuple[str, ...], saved: Saved) -> int | None:
+    """The mode ``file`` had before `set_entry` made it private (None: unknown, or the
+    file was new)."""
+    record = saved.record(file, keys)
+    mode = record.get("mode") if record is not None else None
+    return mode if isinstance(mode, int) and 0 <= mode <= 0o7777 else None
+
+
+def give_mode_back(file: Path, mode: int | None) -> None:
+    """Put back the mode `mode_before` found, when the file is still there."""
+    if mode is not None and file.exists():
+        file.chmod(mode)
 
 
 def restore_entry(data: dict[str, Any], file: Path, keys: tuple[str, ...],
@@ -416,11 +432,14 @@ class ClaudeCode:
                 del mcp["mcpServers"]
             changes.append(Change(str(mcp_path), "removed", f"MCP server {MCP_NAME}"))
         saved = Saved()
+        mode = None
         if scope == "user":
+            mode = mode_before(settings_path, GATEWAY_KEYS, saved)
             change = restore_entry(settings, settings_path, GATEWAY_KEYS, saved)
             changes += [change] if change else []
         if any(c.file == str(settings_path) for c in changes):
             save(settings_path, settings, settings_text)
+            give_mode_back(settings_path, mode)
         if any(c.file == str(mcp_path) for c in changes):
             save(mcp_path, mcp, mcp_text)
         if scope == "user":
@@ -609,11 +628,14 @@ class OpenCode:
                 del config["mcp"]
             changes.append(Change(str(config_path), "removed", f"MCP server {MCP_NAME}"))
         saved = Saved()
+        mode = None
         if scope == "user":
+            mode = mode_before(config_path, OPENCODE_GATEWAY_KEYS, saved)
             change = restore_entry(config, config_path, OPENCODE_GATEWAY_KEYS, saved)
             changes += [change] if change else []
         if any(c.file == str(config_path) for c in changes):
             save(config_path, config, original)
+            give_mode_back(config_path, mode)
         if scope == "user":
             saved.save()
         return changes

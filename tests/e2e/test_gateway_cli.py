@@ -162,3 +162,5 @@ def test_install_at_user_scope_wires_the_gateway_and_uninstall_restores_the_valu
     gone = ctxctl(home, daemon.socket, "uninstall", "claude-code")
     assert gone.stdout.splitlines()[-1] == f"restored env.ANTHROPIC_BASE_URL in {settings}"
     assert json.loads(settings.read_text()) == original
+    # Its mode as it was, too: nothing of the secret is left in it.
+    assert stat.S_IMODE(settings.stat().st_mode) == 0o644

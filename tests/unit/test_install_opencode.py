@@ -4,6 +4,7 @@ exactly what it added, refuses a malformed opencode.json."""
 from __future__ import annotations
 
 import json
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -110,6 +111,25 @@ def test_user_scope_goes_to_xdg_config_home(tmp_path: Path,
     monkeypatch.delenv("XDG_CONFIG_HOME")
     TARGET.install("user", tmp_path, CTXCTL, None)
     assert (tmp_path / "home/.config/opencode/plugin/ctxd.js").is_file()
+
+
+def test_the_gateway_makes_the_file_private_until_uninstall_gives_its_mode_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    config = tmp_path / "config/opencode/opencode.json"
+    config.parent.mkdir(parents=True)
+    config.write_text('{"model": "anthropic/claude"}\n')
+    config.chmod(0o644)
+    gateway = "http://127.0.0.1:8788/q0Wp9dVd3kD2m8e7b_RfZ1c-AaBbCcDdEeFfGgHhIiJ"
+    TARGET.install("user", tmp_path, CTXCTL, None, gateway)
+    assert json.loads(config.read_text())["provider"]["anthropic"]["options"]["baseURL"] \
+        == f"{gateway}/v1"
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600  # the URL holds the user's token
+    TARGET.install("user", tmp_path, CTXCTL, None, gateway)  # again: the mode kept is 0644
+    TARGET.uninstall("user", tmp_path, CTXCTL)
+    assert (config.read_text(), stat.S_IMODE(config.stat().st_mode)) == (
+        '{"model": "anthropic/claude"}\n', 0o644)
 
 
 def test_ctxctl_install_and_uninstall_commands(tmp_path: Path) -> None:
