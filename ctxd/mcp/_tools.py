@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 import trio
 
-from ctxd.errors import CtxdError, invalid_state, not_found
+from ctxd.errors import CtxdError, ErrorCode, invalid_state, not_found
 from ctxd.mcp._types import (
     DEFAULT_TOOLS,
     BudgetWarning,
@@ -277,10 +277,18 @@ async def _rollback(context: ToolContext, args: ContextRollbackArgs) -> BranchRo
 
 
 async def _read(context: ToolContext, args: ReadResultArgs) -> ReadResultToolResult:
+    """The result in this session's blobs; else wherever its ref is, as ``ctxctl result
+    REF`` finds it: an agent whose model calls go through the gateway (``ctxctl run``) has
+    its stubs in the gateway's session, not in its MCP server's."""
     session_id = await context.session(args)
-    read: ResultReadResult = await context.native("result.read", {
-        "session_id": session_id, **_fields(args, "ref_id", "offset", "limit", "pattern",
-                                            "literal", "max_matches")})
+    fields = _fields(args, "ref_id", "offset", "limit", "pattern", "literal", "max_matches")
+    read: ResultReadResult
+    try:
+        read = await context.native("result.read", {"session_id": session_id, **fields})
+    except CtxdError as exc:
+        if exc.code != ErrorCode.NOT_FOUND or (exc.data or {}).get("ref_id") != args.ref_id:
+            raise
+        read = await context.native("result.read", fields)
     return ReadResultToolResult(**msgspec.structs.asdict(read),
                                 context_state=await context.context_state(session_id))
 

@@ -284,10 +284,12 @@ async def test_a_call_names_its_session_in_meta(shared_daemon: DaemonProcess,
             assert recorded["memory"]["scope"] == "project:/p/routed"
             assert client.call("session.get", {"session_id": sid})["session"]["project"] == \
                 "/p/routed"
-            # No session named: the connection's own, which is neither.
-            unrouted = await session.call_tool("read_result", {"ref_id": refs[sid]})
-            assert unrouted.is_error is True
-            assert unrouted.structured_content is None
+            # No session named: the connection's own, which is neither (the ref is still
+            # read where it is, as `ctxctl result REF` reads it).
+            unrouted = await structured(session, "read_result", {"ref_id": refs[sid],
+                                                                 "limit": 40}, schemas)
+            assert unrouted["content"] == f"{sid}\n{OUTPUT}"[:40]
+            assert unrouted["context_state"]["session_id"] not in (sid, other)
             bad = await session.call_tool("read_result", {
                 "ref_id": refs[sid], "_meta": {"ctxd/session_id": "no spaces allowed"}})
             assert bad.is_error is True
@@ -299,6 +301,31 @@ async def test_a_call_names_its_session_in_meta(shared_daemon: DaemonProcess,
             [block] = not_object.content
             assert block.text == ("invalid arguments: `_meta` is not an object\n"  # type: ignore[union-attr]
                                   "fix: send _meta as a JSON object")
+
+
+async def test_read_result_finds_a_ref_of_another_session(shared_daemon: DaemonProcess,
+                                                          sid: str) -> None:
+    """An agent run through the gateway has its stubs in the gateway's session and its MCP
+    server in its own: read_result finds the ref where it is, as ``ctxctl result REF``
+    does; a ref no session holds is still an error that says so."""
+    with shared_daemon.client() as client:
+        client.call("session.open", {"session_id": sid + "-gw"})
+        client.call("message.append", {"session_id": sid + "-gw", "messages": [
+            {"role": "tool", "name": "bash", "tool_call_id": "c1", "content": OUTPUT}]})
+        [ref_id] = [m["ref_id"] for m in client.call(
+            "message.list", {"session_id": sid + "-gw"})["messages"] if m.get("ref_id")]
+        native = client.call("result.read", {"ref_id": ref_id, "pattern": "^line 7$"})
+    async with mcp_session(shared_daemon, "--session", sid) as session:
+        found = await session.call_tool("read_result", {"ref_id": ref_id,
+                                                        "pattern": "^line 7$"})
+        unknown = await session.call_tool("read_result", {"ref_id": "res_0000000000000000"})
+    with shared_daemon.client() as client:
+        state = client.call("session.get", {"session_id": sid})["context_state"]
+    assert found.is_error is False
+    assert found.structured_content == {**native, "context_state": state}
+    assert (unknown.is_error, unknown.content[0].text) == (  # type: ignore[union-attr]
+        True, "unknown ref 'res_0000000000000000'\nfix: use a ref_id from a stub that ctxd "
+              "wrote")
 
 
 async def test_bad_arguments_and_errors_are_tool_errors(shared_daemon: DaemonProcess,
