@@ -289,21 +289,21 @@ class Gateway:
         call is closed and the agent's answer ends with an error (`Relay.end_early`).
         """
         path = rest.partition("?")[0]
-        upstream = (self.config.anthropic_upstream if is_anthropic(path, headers)
-                    else self.config.openai_upstream)
-        url = upstream.rstrip("/") + rest
+        setting = "anthropic_upstream" if is_anthropic(path, headers) else "openai_upstream"
+        url = getattr(self.config, setting).rstrip("/") + rest
         call = None
         if method == b"POST" and path in REWRITTEN:
             call, body = await self._rewrite(REWRITTEN[path], headers, body)
         if call is None:  # passed through, or no JSON object: no session, no usage
-            return await self._call_upstream(method, url, headers, body,
+            return await self._call_upstream(method, url, setting, headers, body,
                                              Relay(stream, connection, counted=False))
         relay = Relay(stream, connection, counted=True)
         request = Request(f"gw_{next(self._call_ids)}", cancelled)
         self._started(request, call)
         try:
             with working_for(request), cancellation_point():
-                complete = await self._call_upstream(method, url, headers, body, relay)
+                complete = await self._call_upstream(method, url, setting, headers, body,
+                                                     relay)
         except CtxdError as exc:
             if exc.code != ErrorCode.CANCELLED:
                 raise
@@ -314,8 +314,10 @@ class Gateway:
             await self._account(call, request.request_id, relay.status, relay.usage())
         return complete
 
-    async def _call_upstream(self, method: bytes, url: str, headers: Headers, body: bytes,
-                             relay: Relay) -> bool:
+    async def _call_upstream(self, method: bytes, url: str, setting: str, headers: Headers,
+                             body: bytes, relay: Relay) -> bool:
+        """``setting``: the configuration key that names the upstream, for the error that
+        says it could not be reached."""
         import httpx2  # loaded by the first call's client (`new_client`)
 
         if self._client is None:
@@ -326,11 +328,16 @@ class Gateway:
             try:
                 response = await self._client.send(request, stream=True)
             except httpx2.HTTPError as exc:
-                log.warning("gateway: %s %s failed: %s", method.decode(), request.url.host,
+                host = request.url.host  # not the netloc: no credentials in an error
+                host = f"[{host}]" if ":" in host else host
+                port = f":{request.url.port}" if request.url.port is not None else ""
+                where = f"{request.url.scheme}://{host}{port}"
+                log.warning("gateway: %s %s failed: %s", method.decode(), where,
                             type(exc).__name__)
                 return await relay.end_early(502, "api_error", (
-                    f"ctxd gateway: the upstream {request.url.host} could not be reached "
-                    f"({type(exc).__name__})"))
+                    f"ctxd gateway: the upstream {where} could not be reached "
+                    f"({type(exc).__name__}); check the gateway's {setting} in ctxd's "
+                    "config"))
             try:
                 return await relay.run(response)
             finally:

@@ -129,8 +129,10 @@ async def test_an_unreachable_upstream_is_answered_502(tmp_path: Path) -> None:
             httpx2.AsyncClient() as client:
         response = await client.post(gateway.base_url + "/v1/messages", content=BODY)
         assert (response.status_code, response.json()["error"]) == (502, {
-            "type": "api_error", "message": "ctxd gateway: the upstream 127.0.0.1 could "
-                                            "not be reached (ConnectError)"})
+            "type": "api_error", "message": f"ctxd gateway: the upstream http://127.0.0.1:"
+                                            f"{port} could not be reached (ConnectError); "
+                                            "check the gateway's anthropic_upstream in "
+                                            "ctxd's config"})
         await trio.testing.wait_all_tasks_blocked()  # the answer left; its call has ended
         assert gateway.status().inflight == []
 
