@@ -129,12 +129,16 @@ class Lines:
 
 @dataclass(frozen=True)
 class Raw:
-    """Text as it is, without a newline added (a page of an offloaded result)."""
+    """Text as it is, without a newline added (a page of an offloaded result), except on a
+    terminal (a table's format), where a text that stops mid-line gets one: what follows
+    (a note) starts on a line of its own."""
 
     text: str
 
     def show(self, out: Output) -> None:
         sys.stdout.write(self.text)
+        if out.format == "table" and self.text and not self.text.endswith("\n"):
+            sys.stdout.write("\n")
         sys.stdout.flush()
 
 

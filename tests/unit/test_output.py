@@ -124,11 +124,20 @@ def test_fields_are_shown_whole_without_a_header(capsys: pytest.CaptureFixture[s
     assert printed(capsys, output(chosen), {"name": "x"}, fields) == (expected, "")
 
 
-@pytest.mark.parametrize("chosen", ["table", "plain", "tsv"])
+@pytest.mark.parametrize("chosen", ["plain", "tsv"])
 def test_lines_and_raw_text_are_written_as_they_are(capsys: pytest.CaptureFixture[str],
                                                     chosen: str) -> None:
     assert printed(capsys, output(chosen), None, Lines(["[user]\nhi", ""]),
                    Raw("no newline\tadded")) == ("[user]\nhi\n\nno newline\tadded", "")
+
+
+def test_on_a_terminal_a_note_after_raw_text_starts_its_own_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert printed(capsys, output("table"), None, Raw("a page that stops mid-"),
+                   Note("(more: --offset 22)")) == (
+        "a page that stops mid-\n(more: --offset 22)\n", "")
+    assert printed(capsys, output("table"), None, Raw("whole lines\n"), Note("(end)")) == (
+        "whole lines\n(end)\n", "")
 
 
 @pytest.mark.parametrize(("chosen", "expected"), [
