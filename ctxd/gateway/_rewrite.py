@@ -43,7 +43,7 @@ from ctxd.hygiene import (
     ref_id_for,
     stage_blobs,
 )
-from ctxd.memory import Injected, Memory, project_scope
+from ctxd.memory import PROMPT_HEADER, Injected, Memory, project_scope
 from ctxd.scrub import scrub
 from ctxd.sessions import append, offered_tools, open_session, render
 from ctxd.store import Transaction
@@ -884,7 +884,8 @@ async def _memories(actor: SessionActor, shape: Shape,
     if memory is None or not query:
         return None
     cap = int(MEMORY_SHARE * record.budget.effective_window)
-    return await memory.inject(query, project_scope(record.project), cap)
+    return await memory.inject(query, project_scope(record.project), cap,
+                               header=PROMPT_HEADER)
 
 
 def _text_of(content: Any) -> str:

@@ -12,7 +12,7 @@ from ctxd.memory._embedders import (
     stem,
 )
 from ctxd.memory._index import MemoryIndex
-from ctxd.memory._injection import INJECT_SHARE, Injected
+from ctxd.memory._injection import INJECT_SHARE, PROMPT_HEADER, Injected
 from ctxd.memory._lexical import LOAD_CHUNK, LexicalIndex
 from ctxd.memory._methods import (
     memory_context,
@@ -28,7 +28,8 @@ from ctxd.memory._retrieval import fuse
 from ctxd.memory._service import Memory
 from ctxd.wire.types import project_scope
 
-__all__ = ["CODES", "INJECT_SHARE", "LOAD_CHUNK", "PRIOR_RECORDED", "REGROW", "Embedder",
+__all__ = ["CODES", "INJECT_SHARE", "LOAD_CHUNK", "PRIOR_RECORDED", "PROMPT_HEADER", "REGROW",
+           "Embedder",
            "EmbedderError", "HashingEmbedder", "HttpEmbedder", "Injected", "LexicalIndex", "Memory",
            "MemoryCandidate", "MemoryIndex", "NewMemory", "SentenceTransformerEmbedder", "by_ids",
            "feature_bucket", "fix_code_range", "fuse", "insert", "lexical", "lists_for",

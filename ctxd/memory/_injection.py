@@ -15,6 +15,10 @@ INJECT_MAX_ITEMS = 10
 MAX_TOKEN_BYTES = 128
 """The longest token of cl100k_base, in bytes (a character is at least one byte)."""
 HEADER = "Memories from earlier work that may help with this sub-task:\n"
+"""The injected message's first line in a new branch."""
+PROMPT_HEADER = "Memories from earlier work that may help with this task:\n"
+"""Its first line beside a user's prompt (the hooks' ``memory.context``, the gateway's first
+request of a conversation): a conversation, not a sub-task."""
 
 
 @dataclass(frozen=True)
@@ -73,12 +77,13 @@ def block(first: str, rest: str | None) -> str:
     return first + ("\n" if rest is None else rest)
 
 
-def fit(candidates: list[Candidate], counter: TokenCounter, cap: int) -> Injected:
+def fit(candidates: list[Candidate], counter: TokenCounter, cap: int,
+        header: str = HEADER) -> Injected:
     """Greedily add candidates, best first, while the whole message (as a user message)
     stays within ``cap`` tokens. Each item's ``tokens`` is its block's, and the header's
-    and the items' add up to the message's exactly (see `block`); a content's tokens are
-    counted only when SQLite does not keep them yet."""
-    used = counter.message_tokens("user", HEADER)
+    and the items' add up to the message's exactly (see `block`: ``header`` ends with a
+    newline); a content's tokens are counted only when SQLite does not keep them yet."""
+    used = counter.message_tokens("user", header)
     blocks: list[str] = []
     items: list[InjectedItem] = []
     shown: dict[int, str] = {}
@@ -109,6 +114,6 @@ def fit(candidates: list[Candidate], counter: TokenCounter, cap: int) -> Injecte
         return Injected(None, 0, [], Injection(
             status="none_found", reason="no memory with confidence ≥ 0.7 fits the budget"
             if candidates else "no memory matched", tokens=0, budget=cap), counted=counted)
-    return Injected(HEADER + "".join(blocks), used, items,
+    return Injected(header + "".join(blocks), used, items,
                     Injection(status="injected", reason=None, tokens=used, budget=cap),
                     shown, counted)

@@ -5,6 +5,7 @@ own (``record``, ``search``, ``list``): memory.context, .get, .feedback, .outcom
 from __future__ import annotations
 
 from ctxd.errors import params_error
+from ctxd.memory._injection import PROMPT_HEADER
 from ctxd.memory._service import Memory
 from ctxd.wire.types import (
     Empty,
@@ -29,9 +30,10 @@ async def memory_context(memory: Memory, p: MemoryContextParams) -> MemoryContex
     cap = p.max_tokens or memory.config.hook_inject_tokens
     scope = p.scope or "global"
     if p.session_id is not None:
-        injected = await memory.inject_once(p.session_id, p.query, scope, cap, p.compacted)
+        injected = await memory.inject_once(p.session_id, p.query, scope, cap, p.compacted,
+                                            PROMPT_HEADER)
     else:
-        injected = await memory.inject(p.query, scope, cap)
+        injected = await memory.inject(p.query, scope, cap, header=PROMPT_HEADER)
     return MemoryContextResult(text=injected.text, tokens=injected.tokens,
                                items=injected.items, injection=injected.injection)
 

@@ -25,6 +25,7 @@ from ctxd.memory._embedders import Embedder
 from ctxd.memory._heap import give_back_freed_memory
 from ctxd.memory._index import MemoryIndex
 from ctxd.memory._injection import (
+    HEADER,
     INJECT_MAX_ITEMS,
     INJECT_MIN_CONFIDENCE,
     Candidate,
@@ -363,13 +364,15 @@ class Memory:
                               ("lexical" if mode == "lexical" else "dense"))
 
     async def inject(self, query: str, scope: str, cap: int,
-                     leave_out: frozenset[int] = frozenset()) -> Injected:
+                     leave_out: frozenset[int] = frozenset(),
+                     header: str = HEADER) -> Injected:
         """The memories to inject into a new branch (docs/protocol.md, Injection into a new
         branch): retrieved with the branch's description and prompt, confidence ≥ 0.7, at
-        most 10, fitted into ``cap`` tokens; none of ``leave_out``. A failure never fails
-        the branch: it comes back as the reason."""
+        most 10, fitted into ``cap`` tokens under ``header`` (`PROMPT_HEADER` beside a
+        user's prompt); none of ``leave_out``. A failure never fails the branch: it comes
+        back as the reason."""
         if self.count == 0:
-            return fit([], self.counter, cap)
+            return fit([], self.counter, cap, header)
         try:
             found = await self.retrieve(query, scope=scope,
                                         k=INJECT_MAX_ITEMS + len(leave_out),
@@ -384,12 +387,12 @@ class Memory:
                       if r.item.id not in leave_out]
         uncounted = sum(len(c.content) for c in candidates if c.content_tokens is None)
         if uncounted < FIT_ON_LOOP_CHARS:
-            return fit(candidates, self.counter, cap)
+            return fit(candidates, self.counter, cap, header)
         # Counting tokens of long memories takes milliseconds: off the event loop.
-        return await trio.to_thread.run_sync(fit, candidates, self.counter, cap)
+        return await trio.to_thread.run_sync(fit, candidates, self.counter, cap, header)
 
     async def inject_once(self, session_id: str, query: str, scope: str, cap: int,
-                          compacted: bool) -> Injected:
+                          compacted: bool, header: str = HEADER) -> Injected:
         """`inject` for a session's context, leaving out the memories it was given
         already (all of them may come again once ``compacted`` says its agent compacted its
         context), and remembering those it is given now.
@@ -400,7 +403,7 @@ class Memory:
         if compacted:
             await self.store.write(q.forget_delivered, session_id)
         given = frozenset(await self.store.read(q.delivered, session_id))
-        injected = await self.inject(query, scope, cap, given)
+        injected = await self.inject(query, scope, cap, given, header)
 
         def remember(conn: apsw.Connection) -> None:
             try:

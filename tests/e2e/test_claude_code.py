@@ -85,7 +85,8 @@ def test_a_claude_code_session_is_managed_by_ctxd(tmp_path: Path,
 
     # (b) SessionStart's additionalContext carries the project's memory to the model.
     memory_line = "- otterbay releases (confidence 0.80): otterbay ships with make release-zebra."
-    assert memory_line in json.dumps(first, ensure_ascii=False).replace("\\n", "\n")
+    assert ("Memories from earlier work that may help with this task:\n" + memory_line
+            in json.dumps(first, ensure_ascii=False).replace("\\n", "\n"))
 
     # (a) The model's next request holds ctxd's stub in place of the 20 KB output.
     sent = json.dumps(second, ensure_ascii=False)

@@ -75,7 +75,7 @@ def test_session_start_opens_the_session_and_adds_project_memories(
         answer = json.loads(out)
         assert answer["hookSpecificOutput"]["hookEventName"] == "SessionStart"
         assert answer["hookSpecificOutput"]["additionalContext"] == (
-            "Memories from earlier work that may help with this sub-task:\n"
+            "Memories from earlier work that may help with this task:\n"
             "- pelican builds with make (confidence 0.80): Run make html in pelican.\n")
         session = client.call("session.get", {"session_id": claude_sid})["session"]
         assert (session["project"], session["state"]) == (cwd, "open")
@@ -490,7 +490,7 @@ def test_a_memory_reaches_a_session_once_until_its_context_is_compacted(
     once, even after a restart of the daemon, and again after Claude Code compacted the
     context that held it (docs/protocol.md, "Claude Code hooks")."""
     cwd = "/home/u/src/heronry"
-    block = ("Memories from earlier work that may help with this sub-task:\n"
+    block = ("Memories from earlier work that may help with this task:\n"
              "- heronry deploys with rsync (confidence 0.80): Deploy heronry with rsync -a.\n")
     with Client(shared_daemon.socket) as client:
         client.call("memory.record", {

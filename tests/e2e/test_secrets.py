@@ -215,9 +215,12 @@ FORKED_CONTEXT = (
     '[assistant]\n[tool_use Bash id=c1] {"command": "curl -u deploy:[REDACTED:cli_password] '
     'https://api.example.com/deploy", "password": "[REDACTED:secret_assignment]"}\n\n'
     f"[tool: Bash]\n{SOURCE_SCRUBBED[2]}")
-MEMORY_BLOCK = ("Memories from earlier work that may help with this sub-task:\n"
-                "- staging pgpass (confidence 0.80): Our ~/.pgpass line:\n"
-                "db.internal:5432:app:appuser:[REDACTED:pgpass_password]\n")
+MEMORY_LINE = ("- staging pgpass (confidence 0.80): Our ~/.pgpass line:\n"
+               "db.internal:5432:app:appuser:[REDACTED:pgpass_password]\n")
+MEMORY_BLOCK = "Memories from earlier work that may help with this sub-task:\n" + MEMORY_LINE
+"""The memory as a new branch's opening shows it."""
+PROMPT_MEMORY_BLOCK = "Memories from earlier work that may help with this task:\n" + MEMORY_LINE
+"""The memory as the hooks' memory.context gives it, beside a user's prompt."""
 RAW = [DSN.split(":")[2], CURL_PW, OKTA, "hunter2hunter2", KUBE_KEY, NETRC_PW, PG_PW, DJANGO,
        DJANGO[20:], AWS_ID, API_TOKEN, GITHUB, ACK_PW]
 
@@ -338,7 +341,7 @@ def test_every_channel_out_of_a_session_is_scrubbed(daemon_root: Path, sid: str)
         "memory extracted": "Done. client-key-data: [REDACTED:kubeconfig_client_key]",
         "memory.record": "Our ~/.pgpass line:\ndb.internal:5432:app:appuser:"
                          "[REDACTED:pgpass_password]",
-        "memory.context": MEMORY_BLOCK,
+        "memory.context": PROMPT_MEMORY_BLOCK,
         "branch.create injection": MEMORY_BLOCK,
         "inject.pull": "Set SECRET_KEY=[REDACTED:secret_assignment] in prod",
         "inject.ack (reason)": "use DB_PASSWORD=[REDACTED:secret_assignment] instead",

@@ -492,7 +492,9 @@ async def test_a_conversation_starts_with_the_memories_that_fit_it_once(
             [message] = sent(first.body)
             note = message["content"][-1]["text"]
             assert message["content"][0] == {"type": "text", "text": history[0]["content"]}
-            assert "bump user_version when the schema changes" in note
+            assert note == ("Memories from earlier work that may help with this task:\n"
+                            "- migrations (confidence 0.80): bump user_version when the "
+                            "schema changes\n")
             longer = [*history, {"role": "assistant", "content": "done"},
                       {"role": "user", "content": "schema migrations again"}]
             again = await prepare(supervisor, anthropic(longer))
