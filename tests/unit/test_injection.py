@@ -5,10 +5,11 @@ import string
 from pathlib import Path
 
 import apsw
+import pytest
 from tests_support import COUNTER
 
 from ctxd.memory import _queries as q
-from ctxd.memory._injection import HEADER, Candidate, block, fit, head, tail
+from ctxd.memory._injection import HEADER, PROMPT_HEADER, Candidate, block, fit, head, tail
 from ctxd.memory._lexical import LexicalIndex
 from ctxd.store import migrate
 
@@ -21,7 +22,8 @@ def _text(rng: random.Random, shortest: int, longest: int) -> str:
     return "".join(rng.choice(AWKWARD) for _ in range(rng.randint(shortest, longest)))
 
 
-def test_the_items_and_the_header_add_up_to_the_message_exactly() -> None:
+@pytest.mark.parametrize("header", [HEADER, PROMPT_HEADER])
+def test_the_items_and_the_header_add_up_to_the_message_exactly(header: str) -> None:
     # Texts that end in punctuation, spaces or newlines would merge with a following
     # separator in a naive concatenation; the blocks are built so that they never do. A
     # content's tokens kept from before give the same counts as counting it now.
@@ -34,10 +36,11 @@ def test_the_items_and_the_header_add_up_to_the_message_exactly() -> None:
                       rng.choice(["success", "failure"]),
                       COUNTER.count(shown) if keep and (shown := tail(content)) else None)
             for i, (content, keep) in enumerate(zip(contents, kept, strict=True), start=1)]
-        injected = fit(candidates, COUNTER, 100_000)
+        injected = fit(candidates, COUNTER, 100_000, header)
         assert injected.text is not None
+        assert injected.text.startswith(header)
         assert injected.tokens == COUNTER.message_tokens("user", injected.text)
-        assert injected.tokens == COUNTER.message_tokens("user", HEADER) + sum(
+        assert injected.tokens == COUNTER.message_tokens("user", header) + sum(
             item.tokens for item in injected.items)
         for candidate, item in zip(candidates, injected.items, strict=True):
             block_text = block(head(candidate.title, candidate.confidence, candidate.outcome),
