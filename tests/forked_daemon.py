@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import ctxd.daemon  # noqa: F401 (imported once, for every child)
+from ctxclient._spawn import open_log
 from ctxd.tokens import load_encoding
 
 load_encoding("cl100k_base")  # the default encoding, kept by tiktoken's registry
@@ -28,8 +29,7 @@ def run(entry: Sequence[str], args: Sequence[str], env: Mapping[str, str], log: 
     """In the forked child: become the daemon ``python -P ENTRY ARGS`` that
     `ctxclient.spawn_daemon` starts (its stdout and stderr appended to ``log``, made 0600;
     ``env`` its whole environment) and exit with its code."""
-    descriptor = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    os.fchmod(descriptor, 0o600)
+    descriptor = open_log(log)
     os.dup2(descriptor, 1)
     os.dup2(descriptor, 2)
     os.close(descriptor)

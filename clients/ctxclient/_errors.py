@@ -4,13 +4,10 @@ error code (docs/protocol.md, Errors), `DaemonUnavailable` when no daemon answer
 from __future__ import annotations
 
 import os
-import shlex
-import shutil
 import stat
-import sys
-from pathlib import Path
 from typing import Any, ClassVar
 
+from ctxclient._spawn import start_command
 from ctxd import paths
 from ctxd.errors import ErrorCode
 from ctxd.paths import MAX_SOCKET_PATH
@@ -116,16 +113,6 @@ ERRORS: dict[int, type[RpcError]] = {
 def rpc_error(code: int, message: str, data: Any = None) -> RpcError:
     """The exception for an error answer: its code's class, else `RpcError` itself."""
     return ERRORS.get(code, RpcError)(code, message, data)
-
-
-def start_command(search_path: str | None = None) -> str:
-    """What starts the daemon from where this client runs: ``ctxd`` when the ``ctxd``
-    beside this interpreter is the one ``PATH`` (or ``search_path``) finds, else that
-    one's full path (a virtualenv not activated); ``ctxd`` when there is none beside it."""
-    beside = Path(sys.executable).parent / "ctxd"
-    if not beside.is_file() or shutil.which("ctxd", path=search_path) == str(beside):
-        return "ctxd"
-    return shlex.quote(str(beside))
 
 
 class DaemonUnavailable(CtxdClientError, ConnectionError):

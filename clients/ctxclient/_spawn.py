@@ -14,6 +14,8 @@ the current directory back even with ``-P``: the daemon gets the absolute entrie
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,6 +70,32 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def open_log(log: Path) -> int:
+    """A descriptor that appends to a daemon's log, the file made 0600 (it may hold what
+    the daemon logs of its sessions).
+
+    Raises:
+        OSError: it cannot be opened.
+    """
+    descriptor = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(descriptor, 0o600)
+    except OSError:
+        os.close(descriptor)
+        raise
+    return descriptor
+
+
+def start_command(search_path: str | None = None) -> str:
+    """What starts the daemon from where this client runs: ``ctxd`` when the ``ctxd``
+    beside this interpreter is the one ``PATH`` (or ``search_path``) finds, else that
+    one's full path (a virtualenv not activated); ``ctxd`` when there is none beside it."""
+    beside = Path(sys.executable).parent / "ctxd"
+    if not beside.is_file() or shutil.which("ctxd", path=search_path) == str(beside):
+        return "ctxd"
+    return shlex.quote(str(beside))
+
+
 def spawn_daemon(args: Sequence[str] = (), *, log: Path,
                  env: Mapping[str, str] | None = None, python: str | None = None,
                  entry: Sequence[str] = MODULE, code: Path | None = None,
@@ -112,9 +140,8 @@ def spawn_daemon(args: Sequence[str] = (), *, log: Path,
         for step in steps:
             step()
 
-    descriptor = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    descriptor = open_log(log)
     try:
-        os.fchmod(descriptor, 0o600)
         return subprocess.Popen(
             daemon_command(args, python=python, entry=entry), stdin=subprocess.DEVNULL,
             stdout=descriptor, stderr=descriptor, env=environment, cwd=cwd,

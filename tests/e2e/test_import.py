@@ -21,7 +21,7 @@ from kill_at_commit import KILL_AT_COMMIT
 from tests_support import rpc_error
 
 from ctxclient import Client, DaemonUnavailable
-from ctxclient._errors import start_command
+from ctxclient._spawn import start_command
 
 TRANSCRIPTS = Path(__file__).resolve().parents[3] / "shared" / "bench-data" / "transcripts"
 VIEWER = TRANSCRIPTS / "claude-code_claude-code-viewer_fe5e1c67.jsonl"

@@ -19,7 +19,7 @@ from tests_support import hello_text
 import ctxclient
 import ctxclient._errors
 from ctxclient import DaemonUnavailable, RpcError
-from ctxclient._errors import start_command
+from ctxclient._spawn import start_command
 from ctxd.errors import ErrorCode
 from ctxd.wire.types import MemoryQuery
 

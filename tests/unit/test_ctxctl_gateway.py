@@ -19,7 +19,6 @@ from local_http import LocalServer, ScriptedHandler
 from rich.console import Console
 
 from ctxclient._cli_daemon import gateway_line, gateway_listing
-from ctxclient._errors import start_command
 from ctxclient._gateway import (
     GatewayUnavailable,
     agent_environment,
@@ -42,6 +41,7 @@ from ctxclient._install import (
     set_entry,
 )
 from ctxclient._output import plain_lines, table
+from ctxclient._spawn import start_command
 
 TOKEN = "q0Wp9dVd3kD2m8e7b_RfZ1c-AaBbCcDdEeFfGgHhIiJ"
 BASE = f"http://127.0.0.1:8788/{TOKEN}"
