@@ -71,6 +71,7 @@ class MemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     ann_threshold: Positive = 10_000
     nprobe: Annotated[int, Meta(ge=1, le=4_096)] = 64
     hook_inject_tokens: Annotated[int, Meta(ge=1, le=100_000)] = 1_000
+    inject_shared_words: Annotated[int, Meta(ge=0, le=10)] = 2
     team: TeamConfig = msgspec.field(default_factory=TeamConfig)
 
 
@@ -276,6 +277,8 @@ _HELP = {
     "api_key_env": "name of the environment variable that holds the embedding API key",
     "hook_inject_tokens": "tokens of memories memory.context (the Claude Code hooks) adds to "
                           "a prompt or a session's start",
+    "inject_shared_words": "uncommon words of a prompt a memory must share to be injected "
+                           "beside it (all of them when it has fewer; 0: any match)",
     "dense_min_score": "cosine similarity below which the dense leg does not propose a memory",
     "enabled": "serve the model gateway (an Anthropic/OpenAI API base URL on loopback)",
     "listen": "the gateway's HOST:PORT (an IP address; port 0: any free port)",

@@ -35,7 +35,8 @@ from ctxd.memory._injection import (
 )
 from ctxd.memory._lexical import LexicalIndex
 from ctxd.memory._queries import MemoryCandidate
-from ctxd.memory._retrieval import Retrieved, retrieve
+from ctxd.memory._relevance import Vocabulary, shares_enough
+from ctxd.memory._retrieval import Ranked, Retrieved, retrieve
 from ctxd.memory._shared import is_shared
 from ctxd.scrub import ScrubError, scrub
 from ctxd.store import Store, Transaction
@@ -90,6 +91,7 @@ class Memory:
         self.store = store
         self.counter = counter
         self.config = config
+        self.vocabulary = Vocabulary(counter)
         self.bus = bus
         self.index = MemoryIndex(index_path, embedder, store, config.ann_threshold,
                                  config.nprobe)
@@ -374,22 +376,62 @@ class Memory:
         if self.count == 0:
             return fit([], self.counter, cap, header)
         try:
-            found = await self.retrieve(query, scope=scope,
-                                        k=INJECT_MAX_ITEMS + len(leave_out),
+            # Twice as many with the floor: some of the best may not be relevant.
+            wanted = INJECT_MAX_ITEMS * (2 if self.config.inject_shared_words else 1)
+            found = await self.retrieve(query, scope=scope, k=wanted + len(leave_out),
                                         min_confidence=INJECT_MIN_CONFIDENCE)
         except Exception as exc:
             # Injection is optional: the branch is created without it, and says why.
             log.warning("memory injection failed: %s", exc)
             return Injected(None, 0, [], Injection(
                 status="failed", reason=f"retrieval failed: {exc}", tokens=0, budget=cap))
+        ranked = [r for r in found.ranked if r.item.id not in leave_out]
+        relevant = self.relevant(query, ranked)
+        if ranked and not relevant:
+            return Injected(None, 0, [], Injection(
+                status="none_found", reason=self.irrelevant_reason(query), tokens=0,
+                budget=cap))
         candidates = [Candidate(r.item.id, r.item.title, r.item.content, r.item.confidence,
-                                r.item.outcome, r.content_tokens) for r in found.ranked
-                      if r.item.id not in leave_out]
+                                r.item.outcome, r.content_tokens) for r in relevant]
         uncounted = sum(len(c.content) for c in candidates if c.content_tokens is None)
         if uncounted < FIT_ON_LOOP_CHARS:
             return fit(candidates, self.counter, cap, header)
         # Counting tokens of long memories takes milliseconds: off the event loop.
         return await trio.to_thread.run_sync(fit, candidates, self.counter, cap, header)
+
+    def relevant(self, query: str, ranked: list[Ranked]) -> list[Ranked]:
+        """The first `INJECT_MAX_ITEMS` of ``ranked`` that may be injected beside ``query``:
+        those that share ``inject_shared_words`` of its uncommon words (`_relevance`),
+        and, with an embedder of meaning rather than words, those its dense leg proposed
+        (their cosine is at least ``dense_min_score``)."""
+        needed = self.config.inject_shared_words
+        if needed == 0 or not ranked:
+            return ranked
+        prompt = self.vocabulary.uncommon_keys(query)
+        by_meaning = self.config.embedder != "hashing"
+        if not prompt and not by_meaning:
+            return []
+        kept: list[Ranked] = []
+        for r in ranked:
+            item = r.item
+            if (by_meaning and "dense" in r.legs) or shares_enough(
+                    prompt, self.vocabulary.keys(" ".join((item.title, item.description,
+                                                           item.content, *item.tags))),
+                    needed):
+                kept.append(r)
+                if len(kept) == INJECT_MAX_ITEMS:
+                    break
+        return kept
+
+    def irrelevant_reason(self, query: str) -> str:
+        """Why no memory that retrieval found is relevant to ``query``."""
+        uncommon = len(self.vocabulary.uncommon_keys(query))
+        needed = min(self.config.inject_shared_words, uncommon)
+        if uncommon == 0:
+            return "the prompt has no uncommon word to match memories by"
+        what = ("its one uncommon word" if uncommon == 1 else
+                f"{needed} of its {uncommon} uncommon words")
+        return f"no memory shares {what} ([memory] inject_shared_words)"
 
     async def inject_once(self, session_id: str, query: str, scope: str, cap: int,
                           compacted: bool, header: str = HEADER) -> Injected:

@@ -784,3 +784,34 @@ def test_a_tool_found_by_tool_search_is_offered_on_the_next_model_call(
     assert second == [tools[0], tools[1], tools[2], tools[4]]
     assert sorted(registered) == ["Bash", "mcp__alpha__send", "mcp__ctxd__tool_search",
                                   "mcp__gamma__file"]
+
+
+def test_a_conversation_starts_with_only_the_memories_its_prompt_is_about(
+        daemon_root: Path, script: ModelUpstream, sid: str) -> None:
+    process = DaemonProcess(daemon_root, env={
+        "CTXD_GATEWAY_ANTHROPIC_UPSTREAM": script.origin}).start()
+    clients = Clients(process)
+    unrelated = "Is this a good test of the weather?"
+    related = "Why is the tmp_path fixture flaky?"
+    try:
+        with process.client() as native:
+            native.call("memory.record", {
+                "title": "pytest flaky fixture", "content": "Run the tests with -p "
+                "no:randomly when the tmp_path fixture is flaky; it is a test order issue."})
+        for conversation, prompt in (("weather", unrelated), ("fixture", related)):
+            clients.claude(f"{sid}-{conversation}").messages.create(
+                model="claude-test", max_tokens=10,
+                messages=[{"role": "user", "content": prompt}])
+    finally:
+        for client in clients.made:
+            client.close()
+        process.stop()
+    weather, fixture = (received.json()["messages"] for received in script.received)
+    # The model receives the first prompt as the agent sent it; the second with the memory.
+    assert weather == [{"role": "user", "content": unrelated}]
+    assert fixture == [{"role": "user", "content": [
+        {"type": "text", "text": related},
+        {"type": "text", "text": "Memories from earlier work that may help with this task:\n"
+                                 "- pytest flaky fixture (confidence 0.80): Run the tests "
+                                 "with -p no:randomly when the tmp_path fixture is flaky; it "
+                                 "is a test order issue.\n"}]}]

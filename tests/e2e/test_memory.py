@@ -401,6 +401,54 @@ def test_a_memory_s_content_tokens_are_counted_once_and_kept(daemon: DaemonProce
                                       long_hit["id"]: COUNTER.count(f" {too_long.rstrip()}\n")}
 
 
+FLAKY = ("pytest flaky fixture", "Run the tests with -p no:randomly when the tmp_path "
+         "fixture is flaky; it is a test order issue.")
+FLAKY_BLOCK = ("Memories from earlier work that may help with this task:\n"
+               f"- {FLAKY[0]} (confidence 0.80): {FLAKY[1]}\n")
+
+
+def test_a_memory_goes_only_beside_prompts_that_share_its_uncommon_words(
+        daemon_root: Path) -> None:
+    floor = DaemonProcess(daemon_root, name="floor").start()
+    anything = DaemonProcess(daemon_root, ["--memory-inject-shared-words", "0"],
+                             name="anything", data=daemon_root / "anything").start()
+    prompts = ("run it", "Is this a good test of the weather?", "the fixture is flaky again")
+    try:
+        with floor.client() as strict, anything.client() as loose:
+            ids = {record(client, *FLAKY)["memory"]["id"] for client in (strict, loose)}
+            got = {(name, prompt): client.call("memory.context", {"query": prompt})
+                   for name, client in (("floor", strict), ("anything", loose))
+                   for prompt in prompts}
+            # A branch: its description and prompt share one of their uncommon words.
+            strict.call("session.open", {"session_id": "floor1", "project": "birds"})
+            created = strict.call("branch.create", {
+                "session_id": "floor1", "description": "list the weather station's fixtures",
+                "prompt": "Which fixtures does the weather station hold?"})
+            about = strict.call("branch.create", {
+                "session_id": "floor1", "description": "why is the fixture flaky",
+                "prompt": "Find why the fixture is flaky.", "parent_branch_id": None})
+    finally:
+        floor.stop()
+        anything.stop()
+    [memory_id] = ids  # each daemon's first memory
+    none = {"status": "none_found", "tokens": 0, "budget": 1000}
+    assert got["floor", "run it"] == {"text": None, "tokens": 0, "items": [], "injection": {
+        **none, "reason": "the prompt has no uncommon word to match memories by"}}
+    assert got["floor", prompts[1]] == {"text": None, "tokens": 0, "items": [], "injection": {
+        **none, "reason": "no memory shares its one uncommon word "
+                          "([memory] inject_shared_words)"}}
+    for name, prompt in [("floor", prompts[2]), *(("anything", p) for p in prompts)]:
+        answer = got[name, prompt]
+        assert (answer["text"], [item["id"] for item in answer["items"]]) == (
+            FLAKY_BLOCK, [memory_id]), (name, prompt)
+        assert answer["tokens"] == COUNTER.message_tokens("user", FLAKY_BLOCK)
+    assert (created["injected_context"], created["injection"]["status"],
+            created["injection"]["reason"]) == (
+        [], "none_found", "no memory shares 2 of its 4 uncommon words "
+                          "([memory] inject_shared_words)")
+    assert [item["id"] for item in about["injected_context"]] == [memory_id]
+
+
 def test_a_lesson_s_memory_recorded_event_goes_to_its_session(
         shared_daemon: DaemonProcess) -> None:
     with shared_daemon.client() as session_watcher, shared_daemon.client() as watcher, \
