@@ -429,8 +429,8 @@ class Memory:
         needed = min(self.config.inject_shared_words, uncommon)
         if uncommon == 0:
             return "the prompt has no uncommon word to match memories by"
-        what = ("its one uncommon word" if uncommon == 1 else
-                f"{needed} of its {uncommon} uncommon words")
+        what = ("the prompt's one uncommon word" if uncommon == 1 else
+                f"{needed} of the prompt's {uncommon} uncommon words")
         return f"no memory shares {what} ([memory] inject_shared_words)"
 
     async def inject_once(self, session_id: str, query: str, scope: str, cap: int,

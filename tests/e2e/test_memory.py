@@ -435,7 +435,7 @@ def test_a_memory_goes_only_beside_prompts_that_share_its_uncommon_words(
     assert got["floor", "run it"] == {"text": None, "tokens": 0, "items": [], "injection": {
         **none, "reason": "the prompt has no uncommon word to match memories by"}}
     assert got["floor", prompts[1]] == {"text": None, "tokens": 0, "items": [], "injection": {
-        **none, "reason": "no memory shares its one uncommon word "
+        **none, "reason": "no memory shares the prompt's one uncommon word "
                           "([memory] inject_shared_words)"}}
     for name, prompt in [("floor", prompts[2]), *(("anything", p) for p in prompts)]:
         answer = got[name, prompt]
@@ -444,7 +444,7 @@ def test_a_memory_goes_only_beside_prompts_that_share_its_uncommon_words(
         assert answer["tokens"] == COUNTER.message_tokens("user", FLAKY_BLOCK)
     assert (created["injected_context"], created["injection"]["status"],
             created["injection"]["reason"]) == (
-        [], "none_found", "no memory shares 2 of its 4 uncommon words "
+        [], "none_found", "no memory shares 2 of the prompt's 4 uncommon words "
                           "([memory] inject_shared_words)")
     assert [item["id"] for item in about["injected_context"]] == [memory_id]
 
