@@ -186,6 +186,21 @@ branch_id = matching("branch id", wire.BranchId)
 scope = matching("scope", wire.Scope)
 
 
+def shared_name(kind: str) -> Callable[[str], str]:
+    """An argparse type: the name of a ``kind`` (team, org) as a shared scope takes it."""
+
+    def convert(text: str) -> str:
+        try:
+            msgspec.convert(f"{kind}:{text}", wire.SharedScope)
+        except msgspec.ValidationError:
+            raise argparse.ArgumentTypeError(
+                f"invalid {kind} name {text!r}: use one word of 1-128 characters") from None
+        return text
+
+    convert.__name__ = f"{kind} name"
+    return convert
+
+
 def tag(text: str) -> str:
     """A memory's tag, as the wire's `Tag` takes it."""
     try:
@@ -237,10 +252,13 @@ def text_of(struct: type[msgspec.Struct], name: str, what: str) -> Callable[[str
 
 
 def length_problem(struct: type[msgspec.Struct], name: str, text: str) -> str | None:
-    """What is wrong with ``text`` as ``struct.name`` (too short, too long), or None."""
+    """What is wrong with ``text`` as ``struct.name`` (too short, too long, blank), or
+    None."""
     info = _field_type(struct, name)
     if info.min_length and len(text) < info.min_length:
         return "is empty" if info.min_length == 1 else f"is shorter than {info.min_length}"
+    if info.pattern == wire.NOT_BLANK and not text.strip():
+        return "is blank"
     if info.max_length is not None and len(text) > info.max_length:
         return f"is longer than {info.max_length:,} characters"
     return None

@@ -16,6 +16,7 @@ from ctxclient._cli_args import (
     number_in,
     read_stdin,
     scope,
+    shared_name,
     tag,
     text_of,
 )
@@ -251,8 +252,10 @@ def add_memory(commands: Commands, common: Parser) -> None:
         formatter_class=ParagraphsFormatter)
     share.add_argument("id", metavar="ID", type=memory_id)
     whom = share.add_mutually_exclusive_group(required=True)
-    whom.add_argument("--team", metavar="NAME", help="the team (its scope team:NAME)")
-    whom.add_argument("--org", metavar="NAME", help="the organisation (its scope org:NAME)")
+    whom.add_argument("--team", metavar="NAME", type=shared_name("team"),
+                      help="the team (its scope team:NAME)")
+    whom.add_argument("--org", metavar="NAME", type=shared_name("org"),
+                      help="the organisation (its scope org:NAME)")
     share.set_defaults(run=cmd_memory_share)
     remove = actions.add_parser("rm", parents=[common], help="delete a memory")
     remove.add_argument("id", metavar="ID", type=memory_id)

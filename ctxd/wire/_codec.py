@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import re
+import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -107,7 +109,36 @@ def notification(method: str, params: Any) -> bytes:
 
 
 def invalid_params(exc: msgspec.ValidationError) -> CtxdError:
-    """-32602 with msgspec's path to the bad field in ``data.path``."""
+    """-32602 with msgspec's path to the bad field in ``data.path``; a pattern that a text
+    did not match is named by its description, not shown as a regular expression."""
     text = str(exc)
     message, _, at = text.partition(" - at `")
-    return params_error(at.rstrip("`") if at else "$", message)
+    described = _described_patterns().get(message)
+    return params_error(at.rstrip("`") if at else "$",
+                        message if described is None else f"Expected {described}")
+
+
+@functools.cache
+def _described_patterns() -> dict[str, str]:
+    """msgspec's message for a text that does not match a pattern of the wire's types
+    (``ctxd.wire.types``) → that pattern's description."""
+    from ctxd.wire import types
+
+    found: dict[str, str] = {}
+
+    def collect(annotation: Any) -> None:
+        if typing.get_origin(annotation) is typing.Annotated:
+            for meta in annotation.__metadata__:
+                if isinstance(meta, msgspec.Meta) and meta.pattern and meta.description:
+                    found[f"Expected `str` matching regex {meta.pattern!r}"] = (
+                        meta.description)
+        for argument in typing.get_args(annotation):
+            collect(argument)
+
+    for value in vars(types).values():
+        if isinstance(value, type) and issubclass(value, msgspec.Struct):
+            for annotation in typing.get_type_hints(value, include_extras=True).values():
+                collect(annotation)
+        else:
+            collect(value)
+    return found

@@ -149,7 +149,8 @@ class SessionInfo(Result, frozen=True):
 PageLimit = Annotated[int, Meta(ge=1, le=1000)]
 """The most items one call of a listing (``session.list``, ``message.list``, ``memory.list``,
 ``inject.list``, ``inject.pull``) returns."""
-Cursor = Annotated[str, Meta(pattern=r"^[0-9]{1,18}\Z")]
+Cursor = Annotated[str, Meta(pattern=r"^[0-9]{1,18}\Z",
+                              description="a next_cursor as an earlier page gave it")]
 """Where the next page of a listing starts (its ``next_cursor``)."""
 
 
@@ -805,7 +806,8 @@ class BranchRollbackResult(Result, frozen=True):
 # ---- memory.* (docs/protocol.md, Memory) ----------------------------------------------
 
 Scope = Annotated[str, Meta(pattern=r"^(global|(project|team|org):[^\s]{1,128})\Z",
-                            description='"global" or "<project|team|org>:<name>"')]
+                            description='"global" or "<project|team|org>:<name>" (a name of '
+                                        '1-128 characters, no whitespace)')]
 SHARED_SCOPES = ("team:", "org:")
 """The prefixes of the scopes a team database holds (docs/decisions.md, "Team memory")."""
 
@@ -819,10 +821,15 @@ def project_scope(project: str | None) -> str:
 
 Outcome = Literal["success", "failure"]
 MemoryId = Annotated[int, Meta(ge=1, le=2**62)]
-MemoryTitle = Annotated[str, Meta(min_length=1, max_length=500)]
-MemoryContent = Annotated[str, Meta(min_length=1, max_length=65_536)]
+NOT_BLANK = r"\S"
+"""The pattern of a text that holds more than whitespace."""
+MemoryTitle = Annotated[str, Meta(min_length=1, max_length=500, pattern=NOT_BLANK,
+                                   description="a text that is not blank")]
+MemoryContent = Annotated[str, Meta(min_length=1, max_length=65_536, pattern=NOT_BLANK,
+                                    description="a text that is not blank")]
 MemoryDescription = Annotated[str, Meta(max_length=2_000)]
-Tag = Annotated[str, Meta(pattern=r"^\S{1,64}\Z")]
+Tag = Annotated[str, Meta(pattern=r"^\S{1,64}\Z",
+                           description="one word of 1-64 characters (no whitespace)")]
 Tags = Annotated[list[Tag], Meta(max_length=32)]
 MemoryQuery = Annotated[str, Meta(min_length=1, max_length=8_192)]
 """What ``memory.search`` and ``memory.context`` look for."""
@@ -893,7 +900,8 @@ class MemoryIdParams(Params, frozen=True):
 
 
 SharedScope = Annotated[str, Meta(pattern=r"^(team|org):[^\s]{1,128}\Z",
-                                  description='"team:<name>" or "org:<name>"')]
+                                  description='"team:<name>" or "org:<name>" (a name of '
+                                              '1-128 characters, no whitespace)')]
 
 
 class MemoryShareParams(Params, frozen=True):
