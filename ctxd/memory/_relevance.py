@@ -23,6 +23,14 @@ COMMON_RANK = 2_000
 """A word whose space-led form, or its stem's, is one token below this rank is common
 (cl100k_base: " test" 1296, " run" 1629, " error" 1493 are; " weather" 9282, " fixture"
 12790, " pytest" 28864 are not)."""
+ASKING_WORDS = frozenset("""
+    able actually anything awesome broken bug bugs continue cool describe done excellent
+    explain fail failed failing fails failure fine fix fixed fixes fixing great hello hey hi
+    implement issue issues maybe might nice nothing ok okay perfect perhaps please problem
+    problems proceed something stuff sure tell thank thanks thing things tried trying why
+    works wrong yeah yes""".split())
+"""Words the tokenizer's order finds uncommon that say what to do or how it went, not what
+it is about ("why?", "please fix the bug", "the test fails", "thanks!"): common too."""
 KEPT_WORDS = 1 << 16
 """Words whose stem and commonness are kept (emptied when full)."""
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
@@ -54,7 +62,7 @@ class Vocabulary:
         if found is None:
             if len(self._common) >= KEPT_WORDS:
                 self._common.clear()
-            found = self._common[word] = (self._one_common_token(word)
+            found = self._common[word] = (word in ASKING_WORDS or self._one_common_token(word)
                                           or self._one_common_token(stem(word)))
         return found
 
@@ -72,6 +80,14 @@ class Vocabulary:
         """The keys of a text's uncommon words: neither the word nor its stem is common."""
         return frozenset(self._key(word) for word in set(_WORD.findall(text.lower()))
                          if not self._is_common(word))
+
+    def uncommon_words(self, text: str) -> list[str]:
+        """A text's uncommon words (lowercased), the first of each key, in their order."""
+        first: dict[str, str] = {}
+        for word in _WORD.findall(text.lower()):
+            if not self._is_common(word):
+                first.setdefault(self._key(word), word)
+        return list(first.values())
 
 
 def shares_enough(prompt: frozenset[str], memory: set[str], needed: int) -> bool:

@@ -55,6 +55,11 @@ from ctxd.wire.types import (
 )
 
 log = logging.getLogger("ctxd.memory")
+GIVEN_ALREADY = ("the memories that match were given to this session already (they may come "
+                 "again once its agent compacts its context)")
+"""Injection's reason when every relevant memory was left out as given already."""
+SHOWN_WORDS = 8
+"""The prompt's uncommon words a reason names, at most."""
 T = TypeVar("T")
 CANDIDATE_POLL_S = 1.0
 RETRY_S = 30.0
@@ -270,6 +275,7 @@ class Memory:
                              prior=q.PRIOR_RECORDED, source=None, created_at=time.time(),
                              content_tokens=tokens)
         if is_shared(p.scope):
+            self._check_team(p.scope)
             item, generation = await self._write(self._insert_shared, memory)
             self.outbox_depth += 1
             self.shared_written.set()
@@ -281,6 +287,26 @@ class Memory:
                                                    "source": None})
         return MemoryRecordResult(memory=item, secrets_scrubbed=sum(p.total for p in parts),
                                   indexed=self.index.state == "ready")
+
+    def _check_team(self, scope: str) -> None:
+        """A shared scope is this ctxd's team's (``team:<its name>``) or an ``org:`` one,
+        and only with a team: without one, its memories would wait in the outbox for
+        ever, and leave the scope they were in.
+
+        Raises:
+            CtxdError: -32003 without a team, or for another team's scope.
+        """
+        team = self.config.team.name
+        if not team:
+            raise CtxdError(ErrorCode.INVALID_STATE, f"no team to share {scope} with: this "
+                            "ctxd has no [memory.team]", {"scope": scope, "fix": (
+                                "name the team under [memory.team] in ctxd's config "
+                                "(config.toml): name = \"…\", and the database's URL in "
+                                "the variable url_env names; then restart ctxd")})
+        if scope.startswith("team:") and scope != f"team:{team}":
+            raise CtxdError(ErrorCode.INVALID_STATE, f"this ctxd's team is {team}, not "
+                            f"{scope.removeprefix('team:')}", {"scope": scope, "fix": (
+                                f"use the scope team:{team}, or an org: scope")})
 
     def _recorded_by(self) -> dict[str, str] | None:
         """Who shares a memory from here, unless ``[memory.team] share_identity`` is off."""
@@ -297,6 +323,7 @@ class Memory:
     async def share(self, memory_id: int, scope: str) -> MemoryItem:
         """memory.share: a memory of this store moved to a shared scope and sent to the
         team database (docs/protocol.md, Memory)."""
+        self._check_team(scope)
         item = await self.get(memory_id)
         if is_shared(item.scope):
             raise CtxdError(ErrorCode.INVALID_STATE, f"memory {memory_id} is shared already "
@@ -385,14 +412,14 @@ class Memory:
             log.warning("memory injection failed: %s", exc)
             return Injected(None, 0, [], Injection(
                 status="failed", reason=f"retrieval failed: {exc}", tokens=0, budget=cap))
-        ranked = [r for r in found.ranked if r.item.id not in leave_out]
-        relevant = self.relevant(query, ranked)
-        if ranked and not relevant:
+        relevant = self.relevant(query, found.ranked)
+        fresh = [r for r in relevant if r.item.id not in leave_out][:INJECT_MAX_ITEMS]
+        if found.ranked and not fresh:
             return Injected(None, 0, [], Injection(
-                status="none_found", reason=self.irrelevant_reason(query), tokens=0,
-                budget=cap))
+                status="none_found", tokens=0, budget=cap, reason=(
+                    GIVEN_ALREADY if relevant else self.irrelevant_reason(query))))
         candidates = [Candidate(r.item.id, r.item.title, r.item.content, r.item.confidence,
-                                r.item.outcome, r.content_tokens) for r in relevant]
+                                r.item.outcome, r.content_tokens) for r in fresh]
         uncounted = sum(len(c.content) for c in candidates if c.content_tokens is None)
         if uncounted < FIT_ON_LOOP_CHARS:
             return fit(candidates, self.counter, cap, header)
@@ -400,10 +427,10 @@ class Memory:
         return await trio.to_thread.run_sync(fit, candidates, self.counter, cap, header)
 
     def relevant(self, query: str, ranked: list[Ranked]) -> list[Ranked]:
-        """The first `INJECT_MAX_ITEMS` of ``ranked`` that may be injected beside ``query``:
-        those that share ``inject_shared_words`` of its uncommon words (`_relevance`),
-        and, with an embedder of meaning rather than words, those its dense leg proposed
-        (their cosine is at least ``dense_min_score``)."""
+        """Those of ``ranked`` that may be injected beside ``query``: they share
+        ``inject_shared_words`` of its uncommon words (`_relevance`), or, with an embedder
+        of meaning rather than words, its dense leg proposed them (their cosine is at
+        least ``dense_min_score``)."""
         needed = self.config.inject_shared_words
         if needed == 0 or not ranked:
             return ranked
@@ -411,27 +438,22 @@ class Memory:
         by_meaning = self.config.embedder != "hashing"
         if not prompt and not by_meaning:
             return []
-        kept: list[Ranked] = []
-        for r in ranked:
-            item = r.item
-            if (by_meaning and "dense" in r.legs) or shares_enough(
-                    prompt, self.vocabulary.keys(" ".join((item.title, item.description,
-                                                           item.content, *item.tags))),
-                    needed):
-                kept.append(r)
-                if len(kept) == INJECT_MAX_ITEMS:
-                    break
-        return kept
+        keys = self.vocabulary.keys
+        return [r for r in ranked if (by_meaning and "dense" in r.legs) or shares_enough(
+            prompt, keys(" ".join((r.item.title, r.item.description, r.item.content,
+                                   *r.item.tags))), needed)]
 
     def irrelevant_reason(self, query: str) -> str:
-        """Why no memory that retrieval found is relevant to ``query``."""
-        uncommon = len(self.vocabulary.uncommon_keys(query))
-        needed = min(self.config.inject_shared_words, uncommon)
-        if uncommon == 0:
+        """Why no memory that retrieval found is relevant to ``query``: its uncommon words,
+        named, and how many a memory had to share."""
+        words = self.vocabulary.uncommon_words(query)
+        if not words:
             return "the prompt has no uncommon word to match memories by"
-        what = ("the prompt's one uncommon word" if uncommon == 1 else
-                f"{needed} of the prompt's {uncommon} uncommon words")
-        return f"no memory shares {what} ([memory] inject_shared_words)"
+        shown = ", ".join(words[:SHOWN_WORDS]) + (", …" if len(words) > SHOWN_WORDS else "")
+        needed = min(self.config.inject_shared_words, len(words))
+        what = ("the prompt's one uncommon word" if len(words) == 1 else
+                f"{needed} of the prompt's {len(words)} uncommon words")
+        return f"no memory shares {what} ({shown}; [memory] inject_shared_words)"
 
     async def inject_once(self, session_id: str, query: str, scope: str, cap: int,
                           compacted: bool, header: str = HEADER) -> Injected:

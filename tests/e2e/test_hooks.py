@@ -515,10 +515,16 @@ def test_a_memory_reaches_a_session_once_until_its_context_is_compacted(
     with Client(shared_daemon.socket) as client:
         other = client.call("memory.context", {"query": prompt,
                                                "scope": "project:/home/u/src/heronry"})
+        given = client.call("memory.context", {"query": prompt, "session_id": claude_sid,
+                                               "scope": "project:/home/u/src/heronry"})
         with pytest.raises(ctxclient.InvalidParams) as bad:
             client.call("memory.context", {"query": prompt, "compacted": True})
     assert (started, first, second, after_restart) == (block, None, None, None)
     assert (compacted, after_compaction) == (block, None)
     # Without a session nothing is left out (and nothing remembered).
     assert other["text"] == block
+    # With it, the reason says the memory is there already (not that none matched).
+    assert (given["text"], given["injection"]["reason"]) == (
+        None, "the memories that match were given to this session already (they may come "
+              "again once its agent compacts its context)")
     assert bad.value.data["path"] == "$.compacted"

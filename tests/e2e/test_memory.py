@@ -435,8 +435,8 @@ def test_a_memory_goes_only_beside_prompts_that_share_its_uncommon_words(
     assert got["floor", "run it"] == {"text": None, "tokens": 0, "items": [], "injection": {
         **none, "reason": "the prompt has no uncommon word to match memories by"}}
     assert got["floor", prompts[1]] == {"text": None, "tokens": 0, "items": [], "injection": {
-        **none, "reason": "no memory shares the prompt's one uncommon word "
-                          "([memory] inject_shared_words)"}}
+        **none, "reason": "no memory shares the prompt's one uncommon word (weather; "
+                          "[memory] inject_shared_words)"}}
     for name, prompt in [("floor", prompts[2]), *(("anything", p) for p in prompts)]:
         answer = got[name, prompt]
         assert (answer["text"], [item["id"] for item in answer["items"]]) == (
@@ -444,9 +444,46 @@ def test_a_memory_goes_only_beside_prompts_that_share_its_uncommon_words(
         assert answer["tokens"] == COUNTER.message_tokens("user", FLAKY_BLOCK)
     assert (created["injected_context"], created["injection"]["status"],
             created["injection"]["reason"]) == (
-        [], "none_found", "no memory shares 2 of the prompt's 4 uncommon words "
-                          "([memory] inject_shared_words)")
+        [], "none_found", "no memory shares 2 of the prompt's 4 uncommon words (weather, "
+                          "station, fixtures, hold; [memory] inject_shared_words)")
     assert [item["id"] for item in about["injected_context"]] == [memory_id]
+
+
+def test_a_shared_scope_needs_this_ctxd_s_team(daemon_root: Path) -> None:
+    lone = DaemonProcess(daemon_root, name="lone").start()
+    config = daemon_root / "team.toml"
+    # A team whose database is not reachable: shared memories wait in the outbox.
+    config.write_text('[memory.team]\nname = "payments"\nurl_env = "NO_SUCH_URL"\n')
+    member = DaemonProcess(daemon_root, ["--config", str(config)], name="member",
+                           data=daemon_root / "member").start()
+    try:
+        with lone.client() as alone, member.client() as teamed:
+            local = record(alone, *FLAKY)["memory"]
+            refusals = [rpc_error(alone, "memory.record", {
+                "title": "t", "content": "c", "scope": "team:payments"}),
+                rpc_error(alone, "memory.share", {"id": local["id"], "scope": "org:acme"}),
+                rpc_error(teamed, "memory.record", {
+                    "title": "t", "content": "c", "scope": "team:web"})]
+            kept = alone.call("memory.get", {"id": local["id"]})["memory"]
+            listed = alone.call("memory.list", {"limit": 10})["memories"]
+            shared = record(teamed, "t", "c", scope="team:payments")["memory"]
+            orgs = record(teamed, "u", "d", scope="org:acme")["memory"]
+    finally:
+        lone.stop()
+        member.stop()
+    fix = ("name the team under [memory.team] in ctxd's config (config.toml): name = \"…\", "
+           "and the database's URL in the variable url_env names; then restart ctxd")
+    assert [(e.code, e.message, e.data) for e in refusals] == [
+        (-32003, "no team to share team:payments with: this ctxd has no [memory.team]",
+         {"scope": "team:payments", "fix": fix}),
+        (-32003, "no team to share org:acme with: this ctxd has no [memory.team]",
+         {"scope": "org:acme", "fix": fix}),
+        (-32003, "this ctxd's team is payments, not web",
+         {"scope": "team:web", "fix": "use the scope team:payments, or an org: scope"})]
+    # Refused, the memory stays where it was, and nothing else was stored.
+    assert kept == local
+    assert [m["id"] for m in listed] == [local["id"]]
+    assert (shared["scope"], orgs["scope"]) == ("team:payments", "org:acme")
 
 
 def test_a_lesson_s_memory_recorded_event_goes_to_its_session(

@@ -28,7 +28,9 @@ def test_common_words_are_among_the_tokenizer_s_first_tokens() -> None:
 
 @pytest.mark.parametrize(("prompt", "uncommon"), [
     ("run it", set()),
-    ("Continue, please.", {"continu", "pleas"}),
+    # Uncommon by the tokenizer's order, but words of asking, not of a topic.
+    ("Continue, please. Why does it fail? Thanks!", set()),
+    ("Continue with the migration, please", {"migr"}),
     ("Is this a good test of the weather?", {"weath"}),
     # "tests" is common through its stem; "fixtures" and "fixture" share a key.
     ("Run the tests: the fixtures are flaky under pytest", {"fixtur", "flaky", "pyt"}),
