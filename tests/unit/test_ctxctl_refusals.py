@@ -74,7 +74,8 @@ def test_memory_usage_errors_exit_two_before_any_connection(ctxctl: Ctxctl,
                                                             tmp_path: Path) -> None:
     """What the command line can say is checked in its own terms: exit 2, and no daemon
     is needed (none listens on the socket: its refusal would be another message)."""
-    scope_forms = 'use "global" or "<project|team|org>:<name>"'
+    scope_forms = ('use "global" or "<project|team|org>:<name>" (a name of 1-128 characters, '
+                   "no whitespace)")
     for command, message in (
             (["rate", "1"], "one of the arguments --helpful --unhelpful --succeeded --failed "
                             "is required"),
@@ -100,6 +101,12 @@ def test_memory_usage_errors_exit_two_before_any_connection(ctxctl: Ctxctl,
             (["add", "t", "c", "--tag", "two words"],
              "argument --tag: invalid tag 'two words': use one word of at most 64 characters"),
             (["add", "", "c"], "argument TITLE: is empty"),
+            (["add", " \t", "c"], "argument TITLE: is blank"),
+            (["share", "3", "--team", "two words"],
+             "argument --team: invalid team name 'two words': use one word of 1-128 "
+             "characters"),
+            (["share", "3", "--org", ""],
+             "argument --org: invalid org name '': use one word of 1-128 characters"),
             (["search", "q", "-k", "0"], "argument -k: must be an integer from 1 to 100, got '0'"),
             (["search", "q", "--min-confidence", "1.5"],
              "argument --min-confidence: must be a number from 0.0 to 1.0, got '1.5'"),
