@@ -121,7 +121,7 @@ class DaemonUnavailable(CtxdClientError, ConnectionError):
 
     def __init__(self, path: str, reason: str):
         super().__init__(f"no ctxd daemon is running on {path} ({reason}); "
-                         f"start it with `{start_command()}`")
+                         f"start it with `{start_command(socket=path)}`")
         self.path = path
         self.reason = reason
 

@@ -22,6 +22,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from ctxd.paths import default_socket_path
+
 MODULE = ("-m", "ctxd")
 """What runs ctxd after the interpreter's flags."""
 INHERITED_BY_NO_PRIVATE_DAEMON = ("CTXD_", "NOTIFY_SOCKET", "LISTEN_", "WATCHDOG_")
@@ -86,14 +88,17 @@ def open_log(log: Path) -> int:
     return descriptor
 
 
-def start_command(search_path: str | None = None) -> str:
+def start_command(search_path: str | None = None, socket: str | None = None) -> str:
     """What starts the daemon from where this client runs: ``ctxd`` when the ``ctxd``
     beside this interpreter is the one ``PATH`` (or ``search_path``) finds, else that
-    one's full path (a virtualenv not activated); ``ctxd`` when there is none beside it."""
+    one's full path (a virtualenv not activated); ``ctxd`` when there is none beside it.
+    With ``socket`` other than the one ctxd takes by default here, ``--socket`` and it."""
     beside = Path(sys.executable).parent / "ctxd"
-    if not beside.is_file() or shutil.which("ctxd", path=search_path) == str(beside):
-        return "ctxd"
-    return shlex.quote(str(beside))
+    command = "ctxd" if not beside.is_file() or shutil.which(
+        "ctxd", path=search_path) == str(beside) else shlex.quote(str(beside))
+    if socket is not None and os.path.abspath(socket) != str(default_socket_path()):
+        command += f" --socket {shlex.quote(os.path.abspath(socket))}"
+    return command
 
 
 def spawn_daemon(args: Sequence[str] = (), *, log: Path,

@@ -617,7 +617,7 @@ def test_no_daemon(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.startswith(f"ctxctl: no ctxd daemon is running on "
                                     f"{tmp_path / 'none.sock'}")
-    assert f"start it with `{start_command()}`" in result.stderr
+    assert f"start it with `{start_command()} --socket {tmp_path / 'none.sock'}`" in result.stderr
 
 
 @pytest.mark.parametrize("fmt", ["claude-code", "opencode"])

@@ -106,7 +106,7 @@ def test_every_error_about_the_daemon_is_a_ctxd_client_error() -> None:
     assert isinstance(unavailable, ConnectionError)
     assert (str(unavailable), unavailable.path, unavailable.reason) == (
         "no ctxd daemon is running on /run/x.sock (connection refused); start it with "
-        f"`{start_command()}`", "/run/x.sock", "connection refused")
+        f"`{start_command()} --socket /run/x.sock`", "/run/x.sock", "connection refused")
     with pytest.raises(ctxclient.CtxdClientError) as caught:
         raise ctxclient._errors.rpc_error(-32004, "unknown session 's1'")
     assert type(caught.value) is ctxclient.NotFound
@@ -130,6 +130,11 @@ def test_the_command_that_starts_the_daemon_is_one_the_user_can_type(
     assert start_command(f"{beside.parent}:{other}") == "ctxd"
     monkeypatch.setattr(sys, "executable", str(tmp_path / "nothing" / "python"))
     assert start_command(str(other)) == "ctxd"
+    # A socket other than ctxd's default here is named, as the user gave it to ctxctl.
+    monkeypatch.setenv("CTXD_SOCKET", str(tmp_path / "mine.sock"))
+    assert start_command(str(other), str(tmp_path / "mine.sock")) == "ctxd"
+    assert start_command(str(other), str(tmp_path / "b c.sock")) == (
+        f"ctxd --socket '{tmp_path / 'b c.sock'}'")
 
 
 def test_the_hook_cuts_its_query_to_what_memory_context_takes() -> None:

@@ -405,4 +405,5 @@ def test_without_a_daemon_the_gateway_names_both_ways_to_start_one(tmp_path: Pat
         daemon_status(str(tmp_path / "none.sock"), start=False, who="ctxctl test")
     assert str(caught.value) == (
         f"no ctxd daemon is running on {tmp_path / 'none.sock'} (No such file or directory); "
-        f"start it with `{start_command()}` (or `systemctl --user start ctxd.socket`)")
+        f"start it with `{start_command()} --socket {tmp_path / 'none.sock'}` (or "
+        "`systemctl --user start ctxd.socket`)")
