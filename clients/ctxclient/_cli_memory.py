@@ -195,7 +195,8 @@ def add_memory(commands: Commands, common: Parser) -> None:
     """``memory …``."""
     actions = group(commands, "memory", common,
                     "search, add, list, show, rate, share, remove and reindex memories")
-    scope_help = 'global or project:NAME'
+    scope_help = ("global or project:NAME (an agent's project is the folder it runs in: "
+                  "project:$PWD)")
     memory_id = number_in(wire.MemoryIdParams, "id")
     search = actions.add_parser("search", parents=[common], help="find memories")
     search.add_argument("query", metavar="QUERY",
