@@ -414,7 +414,11 @@ class Memory:
                 status="failed", reason=f"retrieval failed: {exc}", tokens=0, budget=cap))
         relevant = self.relevant(query, found.ranked)
         fresh = [r for r in relevant if r.item.id not in leave_out][:INJECT_MAX_ITEMS]
-        if found.ranked and not fresh:
+        if not found.ranked:
+            return Injected(None, 0, [], Injection(
+                status="none_found", tokens=0, budget=cap,
+                reason=await self.unmatched_reason(query, scope)))
+        if not fresh:
             return Injected(None, 0, [], Injection(
                 status="none_found", tokens=0, budget=cap, reason=(
                     GIVEN_ALREADY if relevant else self.irrelevant_reason(query))))
@@ -442,6 +446,23 @@ class Memory:
         return [r for r in ranked if (by_meaning and "dense" in r.legs) or shares_enough(
             prompt, keys(" ".join((r.item.title, r.item.description, r.item.content,
                                    *r.item.tags))), needed)]
+
+    async def unmatched_reason(self, query: str, scope: str) -> str:
+        """Why no memory of confidence ≥ 0.7 matched ``query``: when one below it would
+        have been injected, which, and how to raise it (a lexical search of its own, only
+        when nothing was found)."""
+        try:
+            below = self.relevant(query, (await self.retrieve(
+                query, scope=scope, k=5, min_confidence=0.0, mode="lexical")).ranked)
+        except Exception:  # only the reason's detail: the plain one will do
+            below = []
+        if not below:
+            return "no memory matched"
+        item = below[0].item
+        title = item.title if len(item.title) <= 60 else item.title[:59] + "…"
+        return (f"no memory of confidence ≥ {INJECT_MIN_CONFIDENCE} matched; memory "
+                f"{item.id} ({title}) did, at {item.confidence:.2f} (feedback that it "
+                f"helped raises it: ctxctl memory rate {item.id} --helpful)")
 
     def irrelevant_reason(self, query: str) -> str:
         """Why no memory that retrieval found is relevant to ``query``: its uncommon words,

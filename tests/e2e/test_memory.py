@@ -427,6 +427,9 @@ def test_a_memory_goes_only_beside_prompts_that_share_its_uncommon_words(
             about = strict.call("branch.create", {
                 "session_id": "floor1", "description": "why is the fixture flaky",
                 "prompt": "Find why the fixture is flaky.", "parent_branch_id": None})
+            # Rated down below injection's 0.7: the reason names it, and how to raise it.
+            rated = strict.call("memory.feedback", {"id": min(ids), "helpful": False})
+            below = strict.call("memory.context", {"query": prompts[2]})["injection"]
     finally:
         floor.stop()
         anything.stop()
@@ -447,6 +450,11 @@ def test_a_memory_goes_only_beside_prompts_that_share_its_uncommon_words(
         [], "none_found", "no memory shares 2 of the prompt's 4 uncommon words (weather, "
                           "station, fixtures, hold; [memory] inject_shared_words)")
     assert [item["id"] for item in about["injected_context"]] == [memory_id]
+    assert rated["memory"]["confidence"] < 0.7
+    assert below["reason"] == (
+        f"no memory of confidence ≥ 0.7 matched; memory {memory_id} (pytest flaky fixture) "
+        f"did, at {rated['memory']['confidence']:.2f} (feedback that it helped raises it: "
+        f"ctxctl memory rate {memory_id} --helpful)")
 
 
 def test_a_shared_scope_needs_this_ctxd_s_team(daemon_root: Path) -> None:
