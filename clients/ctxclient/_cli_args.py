@@ -238,11 +238,13 @@ def seconds_to_wait(text: str) -> float:
     return seconds
 
 
-def text_of(struct: type[msgspec.Struct], name: str, what: str) -> Callable[[str], str]:
-    """An argparse type: text within the wire's length limits for ``struct.name``."""
+def text_of(struct: type[msgspec.Struct], name: str, what: str,
+            blank_ok: bool = True) -> Callable[[str], str]:
+    """An argparse type: text within the wire's length limits for ``struct.name`` (and not
+    blank, unless ``blank_ok``)."""
 
     def convert(text: str) -> str:
-        problem = length_problem(struct, name, text)
+        problem = length_problem(struct, name, text, blank_ok)
         if problem:
             raise argparse.ArgumentTypeError(problem)
         return text
@@ -251,13 +253,14 @@ def text_of(struct: type[msgspec.Struct], name: str, what: str) -> Callable[[str
     return convert
 
 
-def length_problem(struct: type[msgspec.Struct], name: str, text: str) -> str | None:
+def length_problem(struct: type[msgspec.Struct], name: str, text: str,
+                   blank_ok: bool = True) -> str | None:
     """What is wrong with ``text`` as ``struct.name`` (too short, too long, blank), or
     None."""
     info = _field_type(struct, name)
     if info.min_length and len(text) < info.min_length:
         return "is empty" if info.min_length == 1 else f"is shorter than {info.min_length}"
-    if info.pattern == wire.NOT_BLANK and not text.strip():
+    if not blank_ok and not text.strip():
         return "is blank"
     if info.max_length is not None and len(text) > info.max_length:
         return f"is longer than {info.max_length:,} characters"

@@ -84,7 +84,7 @@ def cmd_memory_add(client: Client, args: argparse.Namespace, out: Output) -> int
     content = read_stdin() if args.content == "-" else args.content
     if content is None:
         return 2
-    problem = length_problem(wire.MemoryRecordParams, "content", content)
+    problem = length_problem(wire.MemoryRecordParams, "content", content, blank_ok=False)
     if problem:
         print(f"ctxctl: {'standard input' if args.content == '-' else 'CONTENT'} {problem}",
               file=sys.stderr)
@@ -214,7 +214,7 @@ def add_memory(commands: Commands, common: Parser) -> None:
     search.set_defaults(run=cmd_memory_search)
     add = actions.add_parser("add", parents=[common], help="record a memory")
     add.add_argument("title", metavar="TITLE",
-                     type=text_of(wire.MemoryRecordParams, "title", "TITLE"))
+                     type=text_of(wire.MemoryRecordParams, "title", "TITLE", blank_ok=False))
     add.add_argument("content", metavar="CONTENT", help="the text, or - to read standard input")
     add.add_argument("--description", metavar="TEXT", help="when the memory applies",
                      type=text_of(wire.MemoryRecordParams, "description", "TEXT"))

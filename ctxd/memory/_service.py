@@ -16,7 +16,7 @@ import apsw
 import trio
 
 from ctxd.config import MemoryConfig
-from ctxd.errors import CtxdError, ErrorCode, not_found, scrub_failed
+from ctxd.errors import CtxdError, ErrorCode, not_found, params_error, scrub_failed
 from ctxd.hub import EventBus
 from ctxd.memory import _mirror_file
 from ctxd.memory import _queries as q
@@ -262,6 +262,9 @@ class Memory:
         return len(made)
 
     async def record(self, p: MemoryRecordParams) -> MemoryRecordResult:
+        for path, text in (("$.title", p.title), ("$.content", p.content)):
+            if not text.strip():
+                raise params_error(path, "Expected a text that is not blank")
         try:
             parts = [scrub(text) for text in (p.title, p.description, p.content,
                                               " ".join(p.tags))]

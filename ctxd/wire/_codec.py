@@ -121,7 +121,7 @@ def invalid_params(exc: msgspec.ValidationError) -> CtxdError:
 @functools.cache
 def _described_patterns() -> dict[str, str]:
     """msgspec's message for a text that does not match a pattern of the wire's types
-    (``ctxd.wire.types``) → that pattern's description."""
+    (``ctxd.wire.types``) → that pattern's description, or its `PATTERN_MEANINGS`."""
     from ctxd.wire import types
 
     found: dict[str, str] = {}
@@ -141,4 +141,6 @@ def _described_patterns() -> dict[str, str]:
                 collect(annotation)
         else:
             collect(value)
+    found.update((f"Expected `str` matching regex {pattern!r}", meaning)
+                 for pattern, meaning in types.PATTERN_MEANINGS.items())
     return found

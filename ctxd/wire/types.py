@@ -149,8 +149,8 @@ class SessionInfo(Result, frozen=True):
 PageLimit = Annotated[int, Meta(ge=1, le=1000)]
 """The most items one call of a listing (``session.list``, ``message.list``, ``memory.list``,
 ``inject.list``, ``inject.pull``) returns."""
-Cursor = Annotated[str, Meta(pattern=r"^[0-9]{1,18}\Z",
-                              description="a next_cursor as an earlier page gave it")]
+CURSOR_PATTERN = r"^[0-9]{1,18}\Z"
+Cursor = Annotated[str, Meta(pattern=CURSOR_PATTERN)]
 """Where the next page of a listing starts (its ``next_cursor``)."""
 
 
@@ -805,9 +805,9 @@ class BranchRollbackResult(Result, frozen=True):
 
 # ---- memory.* (docs/protocol.md, Memory) ----------------------------------------------
 
-Scope = Annotated[str, Meta(pattern=r"^(global|(project|team|org):[^\s]{1,128})\Z",
-                            description='"global" or "<project|team|org>:<name>" (a name of '
-                                        '1-128 characters, no whitespace)')]
+SCOPE_PATTERN = r"^(global|(project|team|org):[^\s]{1,128})\Z"
+Scope = Annotated[str, Meta(pattern=SCOPE_PATTERN,
+                            description='"global" or "<project|team|org>:<name>"')]
 SHARED_SCOPES = ("team:", "org:")
 """The prefixes of the scopes a team database holds (docs/decisions.md, "Team memory")."""
 
@@ -821,15 +821,14 @@ def project_scope(project: str | None) -> str:
 
 Outcome = Literal["success", "failure"]
 MemoryId = Annotated[int, Meta(ge=1, le=2**62)]
-NOT_BLANK = r"\S"
-"""The pattern of a text that holds more than whitespace."""
-MemoryTitle = Annotated[str, Meta(min_length=1, max_length=500, pattern=NOT_BLANK,
-                                   description="a text that is not blank")]
-MemoryContent = Annotated[str, Meta(min_length=1, max_length=65_536, pattern=NOT_BLANK,
-                                    description="a text that is not blank")]
+MemoryTitle = Annotated[str, Meta(min_length=1, max_length=500)]
+"""Not blank either: `memory.record` refuses a title of whitespace only (a pattern here
+would go into the tool's schema, in every model request)."""
+MemoryContent = Annotated[str, Meta(min_length=1, max_length=65_536)]
+"""Not blank either, as `MemoryTitle`."""
 MemoryDescription = Annotated[str, Meta(max_length=2_000)]
-Tag = Annotated[str, Meta(pattern=r"^\S{1,64}\Z",
-                           description="one word of 1-64 characters (no whitespace)")]
+TAG_PATTERN = r"^\S{1,64}\Z"
+Tag = Annotated[str, Meta(pattern=TAG_PATTERN)]
 Tags = Annotated[list[Tag], Meta(max_length=32)]
 MemoryQuery = Annotated[str, Meta(min_length=1, max_length=8_192)]
 """What ``memory.search`` and ``memory.context`` look for."""
@@ -899,9 +898,20 @@ class MemoryIdParams(Params, frozen=True):
     id: MemoryId
 
 
-SharedScope = Annotated[str, Meta(pattern=r"^(team|org):[^\s]{1,128}\Z",
-                                  description='"team:<name>" or "org:<name>" (a name of '
-                                              '1-128 characters, no whitespace)')]
+SHARED_SCOPE_PATTERN = r"^(team|org):[^\s]{1,128}\Z"
+SharedScope = Annotated[str, Meta(pattern=SHARED_SCOPE_PATTERN,
+                                  description='"team:<name>" or "org:<name>"')]
+PATTERN_MEANINGS = {
+    SCOPE_PATTERN: '"global" or "<project|team|org>:<name>" (a name of 1-128 characters, '
+                   "no whitespace)",
+    SHARED_SCOPE_PATTERN: '"team:<name>" or "org:<name>" (a name of 1-128 characters, no '
+                          "whitespace)",
+    TAG_PATTERN: "one word of 1-64 characters (no whitespace)",
+    CURSOR_PATTERN: "a next_cursor as an earlier page gave it",
+}
+"""What a params error says a text of these patterns should be, where the type's own
+description (which a tool's schema carries into every model request) is shorter or
+none."""
 
 
 class MemoryShareParams(Params, frozen=True):

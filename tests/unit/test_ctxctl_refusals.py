@@ -74,8 +74,7 @@ def test_memory_usage_errors_exit_two_before_any_connection(ctxctl: Ctxctl,
                                                             tmp_path: Path) -> None:
     """What the command line can say is checked in its own terms: exit 2, and no daemon
     is needed (none listens on the socket: its refusal would be another message)."""
-    scope_forms = ('use "global" or "<project|team|org>:<name>" (a name of 1-128 characters, '
-                   "no whitespace)")
+    scope_forms = 'use "global" or "<project|team|org>:<name>"'
     for command, message in (
             (["rate", "1"], "one of the arguments --helpful --unhelpful --succeeded --failed "
                             "is required"),
