@@ -265,6 +265,8 @@ class Memory:
         for path, text in (("$.title", p.title), ("$.content", p.content)):
             if not text.strip():
                 raise params_error(path, "Expected a text that is not blank")
+        if is_shared(p.scope):
+            self._check_team(p.scope)
         try:
             parts = [scrub(text) for text in (p.title, p.description, p.content,
                                               " ".join(p.tags))]
@@ -278,7 +280,6 @@ class Memory:
                              prior=q.PRIOR_RECORDED, source=None, created_at=time.time(),
                              content_tokens=tokens)
         if is_shared(p.scope):
-            self._check_team(p.scope)
             item, generation = await self._write(self._insert_shared, memory)
             self.outbox_depth += 1
             self.shared_written.set()
@@ -399,10 +400,11 @@ class Memory:
                      leave_out: frozenset[int] = frozenset(),
                      header: str = HEADER) -> Injected:
         """The memories to inject into a new branch (docs/protocol.md, Injection into a new
-        branch): retrieved with the branch's description and prompt, confidence ≥ 0.7, at
-        most 10, fitted into ``cap`` tokens under ``header`` (`PROMPT_HEADER` beside a
-        user's prompt); none of ``leave_out``. A failure never fails the branch: it comes
-        back as the reason."""
+        branch): retrieved with the branch's description and prompt, confidence ≥ 0.7,
+        relevant to them (`relevant`), at most 10, fitted into ``cap`` tokens under
+        ``header`` (`PROMPT_HEADER` beside a user's prompt); none of ``leave_out``. A
+        failure never fails the branch: it comes back as the reason; so does why nothing
+        was injected."""
         if self.count == 0:
             return fit([], self.counter, cap, header)
         try:
