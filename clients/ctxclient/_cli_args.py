@@ -123,8 +123,12 @@ def _field_type(struct: type[msgspec.Struct], name: str) -> Any:
     return found.type if isinstance(found, msgspec.inspect.Metadata) else found
 
 
+UNBOUNDED = 2**53
+"""An upper limit past this is no limit to a user (an id's 2**62): not shown."""
+
+
 def _range_text(info: Any, kind: str) -> str:
-    if info.ge is not None and info.le is not None:
+    if info.ge is not None and info.le is not None and info.le <= UNBOUNDED:
         return f"{kind} from {info.ge} to {info.le}"
     if info.ge is not None:
         return f"{kind} of at least {info.ge}"

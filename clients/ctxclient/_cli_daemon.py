@@ -93,7 +93,7 @@ def memory_line(index: dict[str, Any]) -> str:
                *([f"dense {index['state']}"] if index["state"] != "ready" else
                  [f"dense {index['vectors']:,} indexed"]
                  if index["vectors"] != index["memories"] else [])]
-    state = "searches whole" if index.get("whole") else ", ".join(waiting)
+    state = "search ready" if index.get("whole") else ", ".join(waiting)
     return f"memories {index['memories']:,} ({index['embedder']}): {state}"
 
 

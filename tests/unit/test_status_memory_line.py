@@ -13,7 +13,7 @@ def _index(**changed: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("index", "line"), [
-    (_index(), "memories 120,000 (hashing-v1-1024): searches whole"),
+    (_index(), "memories 120,000 (hashing-v1-1024): search ready"),
     (_index(lexical="loading", whole=False),
      "memories 120,000 (hashing-v1-1024): lexical loading"),
     (_index(vectors=119_990, whole=False),
