@@ -331,8 +331,10 @@ class Memory:
         item = await self.get(memory_id)
         if is_shared(item.scope):
             raise CtxdError(ErrorCode.INVALID_STATE, f"memory {memory_id} is shared already "
-                            f"({item.scope})", {"memory_id": memory_id, "scope": item.scope,
-                                                "fix": "nothing to do"})
+                            f"({item.scope})", {
+                                "memory_id": memory_id, "scope": item.scope,
+                                "fix": "nothing to do: a shared memory stays in its scope "
+                                       "(to have it in another, record it there)"})
         moved = await self._write(shared.share, memory_id, scope, self._recorded_by(),
                                   time.time())
         if moved is None:
