@@ -30,9 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -43,12 +41,14 @@ from _common import percentile
 from locomo_recall import (
     DEFAULT_DIR,
     Conversation,
+    data_arguments,
     load,
     record_all,
     running,
+    scratch_root,
     wait_memory_ready,
 )
-from rpc import BenchError, copy_logs, print_table, run_and_report
+from rpc import BenchError, print_table, run_and_report
 
 TRANSCRIPTS = DEFAULT_DIR.parents[1] / "transcripts"
 DAEMONS: tuple[tuple[str, dict[str, str]], ...] = (
@@ -155,52 +155,42 @@ def run_benchmark(report: Report) -> None:
     report.turns = sum(len(c.turns) for c in conversations)
     report.prompts = len(prompts)
     asked = queries(conversations, prompts)
-    root = Path(tempfile.mkdtemp(prefix="ctxd-r"))
-    try:
-        with contextlib.ExitStack() as stack:
-            callers = {}
-            dia_of: dict[str, dict[int, str]] = {}
-            for index, (label, settings) in enumerate(DAEMONS):
-                _, caller = stack.enter_context(running(
-                    root, root / f"data{index}", f"relevance{index}", sys.executable, settings))
-                record_all(caller, conversations, args.window)
-                if (problem := wait_memory_ready(caller, report.turns, 120.0)) is not None:
-                    raise BenchError(problem)
-                dia_of[label] = {memory_id: dia_id for c in conversations
-                                 for memory_id, dia_id in c.dia_of.items()}
-                callers[label] = caller
+    with scratch_root("ctxd-r", args.keep_logs) as root, contextlib.ExitStack() as stack:
+        callers = {}
+        dia_of: dict[str, dict[int, str]] = {}
+        for index, (label, settings) in enumerate(DAEMONS):
+            _, caller = stack.enter_context(running(
+                root, root / f"data{index}", f"relevance{index}", sys.executable, settings))
+            record_all(caller, conversations, args.window)
+            if (problem := wait_memory_ready(caller, report.turns, 120.0)) is not None:
+                raise BenchError(problem)
+            dia_of[label] = {memory_id: dia_id for c in conversations
+                             for memory_id, dia_id in c.dia_of.items()}
+            callers[label] = caller
+        for label, caller in callers.items():
+            tallies = report.tallies[label] = {}
+            for query, result in zip(asked, injected(caller, asked, args.window), strict=True):
+                tally = tallies.setdefault(query.kind, Tally())
+                given = {dia_of[label][item["id"]] for item in result["items"]}
+                tally.queries += 1
+                tally.given += bool(given)
+                tally.memories += len(given)
+                tally.tokens += result["tokens"]
+                tally.evidence += bool(given & query.evidence)
+        answered = [q for q in asked if q.kind == "answered"]
+        report.latency = {label: [] for label in callers}
+        for query in answered:
             for label, caller in callers.items():
-                tallies = report.tallies[label] = {}
-                for query, result in zip(asked, injected(caller, asked, args.window),
-                                         strict=True):
-                    tally = tallies.setdefault(query.kind, Tally())
-                    given = {dia_of[label][item["id"]] for item in result["items"]}
-                    tally.queries += 1
-                    tally.given += bool(given)
-                    tally.memories += len(given)
-                    tally.tokens += result["tokens"]
-                    tally.evidence += bool(given & query.evidence)
-            answered = [q for q in asked if q.kind == "answered"]
-            report.latency = {label: [] for label in callers}
-            for query in answered:
-                for label, caller in callers.items():
-                    started = time.perf_counter()
-                    caller.call("memory.context", {"query": query.text, "scope": query.scope})
-                    report.latency[label].append(time.perf_counter() - started)
-    finally:
-        if args.keep_logs:
-            copy_logs(root, Path(args.keep_logs))
-        shutil.rmtree(root, ignore_errors=True)
+                started = time.perf_counter()
+                caller.call("memory.context", {"query": query.text, "scope": query.scope})
+                report.latency[label].append(time.perf_counter() - started)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     cli = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    cli.add_argument("dir", nargs="?", default=str(DEFAULT_DIR),
-                     help=f"folder of LoCoMo conversations (default {DEFAULT_DIR})")
+    data_arguments(cli)
     cli.add_argument("--transcripts", default=str(TRANSCRIPTS),
                      help=f"folder of Claude Code transcripts (default {TRANSCRIPTS})")
-    cli.add_argument("--window", type=int, default=32,
-                     help="pipelined requests in flight (default 32)")
     cli.add_argument("--keep-logs", metavar="DIR", help="copy the daemons' logs to DIR")
     return cli.parse_args(argv)
 

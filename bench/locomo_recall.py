@@ -594,25 +594,38 @@ def techniques_pass(report: Report, root: Path) -> None:
 def run_benchmark(report: Report) -> None:
     args = report.args
     report.conversations = load(Path(args.dir))
-    root = Path(tempfile.mkdtemp(prefix="ctxd-l"))
-    try:
+    with scratch_root("ctxd-l", args.keep_logs) as root:
         recall_pass(report, root)
         if args.tune:
             tune_pass(report, root)
         if args.techniques:
             techniques_pass(report, root)
+
+
+def data_arguments(cli: argparse.ArgumentParser) -> None:
+    """The arguments of a benchmark on these conversations: their folder, the window."""
+    cli.add_argument("dir", nargs="?", default=str(DEFAULT_DIR),
+                     help=f"folder of LoCoMo conversations (default {DEFAULT_DIR})")
+    cli.add_argument("--window", type=int, default=32,
+                     help="pipelined requests in flight (default 32)")
+
+
+@contextlib.contextmanager
+def scratch_root(prefix: str, keep_logs: str | None) -> Iterator[Path]:
+    """A temporary folder for the daemons, removed afterwards (their logs copied to
+    ``keep_logs`` first, when given)."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield root
     finally:
-        if args.keep_logs:
-            copy_logs(root, Path(args.keep_logs))
+        if keep_logs:
+            copy_logs(root, Path(keep_logs))
         shutil.rmtree(root, ignore_errors=True)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     cli = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    cli.add_argument("dir", nargs="?", default=str(DEFAULT_DIR),
-                     help=f"folder of LoCoMo conversations (default {DEFAULT_DIR})")
-    cli.add_argument("--window", type=int, default=32,
-                     help="pipelined requests in flight (default 32)")
+    data_arguments(cli)
     cli.add_argument("--tune", action="store_true",
                      help="hybrid recall of the hashing embedder under other settings")
     cli.add_argument("--techniques", action="store_true",
