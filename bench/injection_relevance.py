@@ -22,7 +22,7 @@ tokens injected per query, and (``answered``) the share given an evidence turn; 
 memory.context's latency on the ``answered`` set, the daemons interleaved one request
 at a time. Exits 0 once it has figures, 1 when it could not measure.
 
-Run: ``python bench/injection_relevance.py`` (about 30 s).
+Run: ``python bench/injection_relevance.py`` (about 40 s).
 """
 
 from __future__ import annotations

@@ -123,13 +123,15 @@ def _field_type(struct: type[msgspec.Struct], name: str) -> Any:
     return found.type if isinstance(found, msgspec.inspect.Metadata) else found
 
 
-UNBOUNDED = 2**53
-"""An upper limit past this is no limit to a user (an id's 2**62): not shown."""
+LONG_LIMIT = 2**53
+"""An upper limit past this is shown as a power of two (an id's is 2**62)."""
 
 
 def _range_text(info: Any, kind: str) -> str:
-    if info.ge is not None and info.le is not None and info.le <= UNBOUNDED:
-        return f"{kind} from {info.ge} to {info.le}"
+    if info.ge is not None and info.le is not None:
+        top = (f"2**{info.le.bit_length() - 1}" if info.le > LONG_LIMIT
+               and info.le & (info.le - 1) == 0 else f"{info.le}")
+        return f"{kind} from {info.ge} to {top}"
     if info.ge is not None:
         return f"{kind} of at least {info.ge}"
     return kind
@@ -159,7 +161,8 @@ def number_in(struct: type[msgspec.Struct], name: str) -> Callable[[str], Any]:
 def matching(kind: str, annotated: Any) -> Callable[[str], str]:
     """An argparse type: a string the wire's ``annotated`` type accepts (an id, a scope),
     the error saying which forms are allowed."""
-    described = get_args(annotated)[1].description
+    meta = get_args(annotated)[1]
+    described = wire.PATTERN_MEANINGS.get(meta.pattern, meta.description)
 
     def convert(text: str) -> str:
         try:

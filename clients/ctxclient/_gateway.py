@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from ctxclient._errors import CtxdClientError, DaemonUnavailable, RpcError
 from ctxclient._sync import Client
+from ctxd.paths import default_socket_path
 
 ANTHROPIC_ENV = "ANTHROPIC_BASE_URL"
 """Where Claude Code, the anthropic SDKs and most agents read Anthropic's base URL (the
@@ -94,8 +95,10 @@ def daemon_status(socket: str | None, start: bool, who: str) -> dict[str, Any]:
     except _mcp.PumpError as exc:
         raise GatewayUnavailable(str(exc)) from None
     except DaemonUnavailable as exc:
+        # The user unit listens on ctxd's default socket only.
+        default = socket is None or os.path.abspath(socket) == str(default_socket_path())
         raise GatewayUnavailable(f"{exc} (or `systemctl --user start ctxd.socket`)"
-                                 ) from None
+                                 if default else str(exc)) from None
     except RpcError as exc:
         raise GatewayUnavailable(f"the daemon answered daemon.status with error {exc.code}: "
                                  f"{exc.message}") from None

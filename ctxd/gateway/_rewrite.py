@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import itertools
 import math
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -873,6 +874,13 @@ def _context_note(actor: SessionActor, plan: _Plan, view: View, fixed: int) -> s
     return note.format(percent=round(now / window * 100))
 
 
+AGENT_REMINDER = re.compile(r"<system-reminder>.*?</system-reminder>", re.DOTALL)
+"""What an agent adds to its user's first message (Claude Code: the project's CLAUDE.md,
+the date, the tools' notes): not the user's words, so not what memories are found by; its
+hundreds of words would let any memory share two of them (docs/protocol.md, Injection into
+a new branch)."""
+
+
 async def _memories(actor: SessionActor, shape: Shape,
                     messages: list[dict[str, Any]]) -> Injected | None:
     """The memories for a conversation that starts (None: no memory service, or no
@@ -880,7 +888,8 @@ async def _memories(actor: SessionActor, shape: Shape,
     memory = actor.services.memory
     record = actor.require()
     first = next((message for message in messages if message.get("role") == "user"), None)
-    query = None if first is None else _text_of(first.get("content"))
+    query = None if first is None else AGENT_REMINDER.sub(
+        " ", _text_of(first.get("content"))).strip()
     if memory is None or not query:
         return None
     cap = int(MEMORY_SHARE * record.budget.effective_window)

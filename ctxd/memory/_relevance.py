@@ -10,6 +10,11 @@ tokens in the order of their frequency in a large corpus, and a word whose space
 is one of its first `COMMON_RANK` tokens (" the", " it", " run", " test", " error") is a
 word most texts hold. Words are compared by the hashing embedder's light stem (`Vocabulary`
 keys), so "fixtures" shares "fixture".
+
+It is calibrated for English prompts on cl100k_base (docs/performance.md): in a language
+whose function words the order ranks later, fewer words are common and the floor filters
+less; a text written without spaces (Chinese, Japanese) is one long word, which few
+memories share, so little is injected beside it.
 """
 
 from __future__ import annotations
@@ -62,8 +67,13 @@ class Vocabulary:
         if found is None:
             if len(self._common) >= KEPT_WORDS:
                 self._common.clear()
-            found = self._common[word] = (word in ASKING_WORDS or self._one_common_token(word)
-                                          or self._one_common_token(stem(word)))
+            # A number is common: a line, a port, a step (the tokenizer splits digits
+            # into tokens of their own, so its order says nothing of them). The stem's
+            # rank makes "tests" as common as "test"; it also makes "notes" as common as
+            # "not", a few words missed.
+            found = self._common[word] = (
+                word.isdigit() or word in ASKING_WORDS or self._one_common_token(word)
+                or self._one_common_token(stem(word)))
         return found
 
     def _one_common_token(self, word: str) -> bool:

@@ -60,6 +60,13 @@ GIVEN_ALREADY = ("the memories that match were given to this session already (th
 """Injection's reason when every relevant memory was left out as given already."""
 SHOWN_WORDS = 8
 """The prompt's uncommon words a reason names, at most."""
+RELEVANCE_CHARS = 8_192
+"""A memory's content is looked through this far for the prompt's words (a 64 KB content
+would take milliseconds of the event loop)."""
+BELOW_SOUGHT = 5
+"""Memories below injection's confidence a reason looks through for one that would pass."""
+TITLE_SHOWN = 60
+"""A memory's title in a reason, at most (characters)."""
 T = TypeVar("T")
 CANDIDATE_POLL_S = 1.0
 RETRY_S = 30.0
@@ -327,8 +334,8 @@ class Memory:
     async def share(self, memory_id: int, scope: str) -> MemoryItem:
         """memory.share: a memory of this store moved to a shared scope and sent to the
         team database (docs/protocol.md, Memory)."""
-        self._check_team(scope)
         item = await self.get(memory_id)
+        self._check_team(scope)
         if is_shared(item.scope):
             raise CtxdError(ErrorCode.INVALID_STATE, f"memory {memory_id} is shared already "
                             f"({item.scope})", {
@@ -419,16 +426,16 @@ class Memory:
             log.warning("memory injection failed: %s", exc)
             return Injected(None, 0, [], Injection(
                 status="failed", reason=f"retrieval failed: {exc}", tokens=0, budget=cap))
-        relevant = self.relevant(query, found.ranked)
-        fresh = [r for r in relevant if r.item.id not in leave_out][:INJECT_MAX_ITEMS]
         if not found.ranked:
             return Injected(None, 0, [], Injection(
                 status="none_found", tokens=0, budget=cap,
-                reason=await self.unmatched_reason(query, scope)))
+                reason=await self.unmatched_reason(query, scope, leave_out)))
+        fresh = self.relevant(query, [r for r in found.ranked if r.item.id not in leave_out])
         if not fresh:
+            given = self.relevant(query, [r for r in found.ranked if r.item.id in leave_out])
             return Injected(None, 0, [], Injection(
                 status="none_found", tokens=0, budget=cap, reason=(
-                    GIVEN_ALREADY if relevant else self.irrelevant_reason(query))))
+                    GIVEN_ALREADY if given else self.irrelevant_reason(query))))
         candidates = [Candidate(r.item.id, r.item.title, r.item.content, r.item.confidence,
                                 r.item.outcome, r.content_tokens) for r in fresh]
         uncounted = sum(len(c.content) for c in candidates if c.content_tokens is None)
@@ -438,35 +445,48 @@ class Memory:
         return await trio.to_thread.run_sync(fit, candidates, self.counter, cap, header)
 
     def relevant(self, query: str, ranked: list[Ranked]) -> list[Ranked]:
-        """Those of ``ranked`` that may be injected beside ``query``: they share
-        ``inject_shared_words`` of its uncommon words (`_relevance`), or, with an embedder
-        of meaning rather than words, its dense leg proposed them (their cosine is at
-        least ``dense_min_score``)."""
+        """The first `INJECT_MAX_ITEMS` of ``ranked`` that may be injected beside
+        ``query``: those that share ``inject_shared_words`` of its uncommon words
+        (`_relevance`), whatever the embedder (a cosine floor for an embedder of meaning
+        is not measured). A memory's words are looked for in its title, description, tags
+        and its content's first `RELEVANCE_CHARS` characters, on the event loop."""
         needed = self.config.inject_shared_words
-        if needed == 0 or not ranked:
-            return ranked
+        if needed == 0:
+            return ranked[:INJECT_MAX_ITEMS]
         prompt = self.vocabulary.uncommon_keys(query)
-        by_meaning = self.config.embedder != "hashing"
-        if not prompt and not by_meaning:
+        if not prompt:
             return []
         keys = self.vocabulary.keys
-        return [r for r in ranked if (by_meaning and "dense" in r.legs) or shares_enough(
-            prompt, keys(" ".join((r.item.title, r.item.description, r.item.content,
-                                   *r.item.tags))), needed)]
+        kept: list[Ranked] = []
+        for r in ranked:
+            item = r.item
+            text = " ".join((item.title, item.description, *item.tags,
+                             item.content[:RELEVANCE_CHARS]))
+            if shares_enough(prompt, keys(text), needed):
+                kept.append(r)
+                if len(kept) == INJECT_MAX_ITEMS:
+                    break
+        return kept
 
-    async def unmatched_reason(self, query: str, scope: str) -> str:
+    async def unmatched_reason(self, query: str, scope: str,
+                               leave_out: frozenset[int]) -> str:
         """Why no memory of confidence ≥ 0.7 matched ``query``: when one below it would
         have been injected, which, and how to raise it (a lexical search of its own, only
         when nothing was found)."""
         try:
-            below = self.relevant(query, (await self.retrieve(
-                query, scope=scope, k=5, min_confidence=0.0, mode="lexical")).ranked)
-        except Exception:  # only the reason's detail: the plain one will do
+            below = self.relevant(query, [
+                r for r in (await self.retrieve(query, scope=scope, k=BELOW_SOUGHT,
+                                                min_confidence=0.0, mode="lexical")).ranked
+                if r.item.id not in leave_out])
+        except Exception:  # the reason's detail only: the plain reason stands
+            log.debug("looking for a memory below injection's confidence failed",
+                      exc_info=True)
             below = []
         if not below:
             return "no memory matched"
         item = below[0].item
-        title = item.title if len(item.title) <= 60 else item.title[:59] + "…"
+        title = (item.title if len(item.title) <= TITLE_SHOWN
+                 else item.title[:TITLE_SHOWN - 1] + "…")
         return (f"no memory of confidence ≥ {INJECT_MIN_CONFIDENCE} matched; memory "
                 f"{item.id} ({title}) did, at {item.confidence:.2f} (feedback that it "
                 f"helped raises it: ctxctl memory rate {item.id} --helpful)")

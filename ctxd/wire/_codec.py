@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import functools
 import re
-import typing
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar, get_args, get_origin, get_type_hints
 
 import msgspec
 
@@ -127,17 +126,17 @@ def _described_patterns() -> dict[str, str]:
     found: dict[str, str] = {}
 
     def collect(annotation: Any) -> None:
-        if typing.get_origin(annotation) is typing.Annotated:
+        if get_origin(annotation) is Annotated:
             for meta in annotation.__metadata__:
                 if isinstance(meta, msgspec.Meta) and meta.pattern and meta.description:
                     found[f"Expected `str` matching regex {meta.pattern!r}"] = (
                         meta.description)
-        for argument in typing.get_args(annotation):
+        for argument in get_args(annotation):
             collect(argument)
 
     for value in vars(types).values():
         if isinstance(value, type) and issubclass(value, msgspec.Struct):
-            for annotation in typing.get_type_hints(value, include_extras=True).values():
+            for annotation in get_type_hints(value, include_extras=True).values():
                 collect(annotation)
         else:
             collect(value)

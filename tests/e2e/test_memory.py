@@ -430,6 +430,19 @@ def test_a_memory_goes_only_beside_prompts_that_share_its_uncommon_words(
             # Rated down below injection's 0.7: the reason names it, and how to raise it.
             rated = strict.call("memory.feedback", {"id": min(ids), "helpful": False})
             below = strict.call("memory.context", {"query": prompts[2]})["injection"]
+            strict.call("memory.feedback", {"id": min(ids), "helpful": True})  # above again
+            # Given to a session already: the reason says so, though retrieval also found
+            # a memory the floor keeps out (it shares one of the two uncommon words).
+            weather = record(strict, "weather station fixture",
+                             "The station's fixture is read hourly.")
+            strict.call("session.open", {"session_id": "floor2"})
+            given = [strict.call("memory.context", {
+                "query": prompts[2], "session_id": "floor2"}) for _ in range(2)]
+            found = {hit["id"] for hit in search(strict, prompts[2], k=10)["results"]}
+            # A long prompt: its first 8 uncommon words named.
+            long_prompt = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet "
+                           "and the fixture")
+            long_reason = strict.call("memory.context", {"query": long_prompt})["injection"]
     finally:
         floor.stop()
         anything.stop()
@@ -450,6 +463,14 @@ def test_a_memory_goes_only_beside_prompts_that_share_its_uncommon_words(
         [], "none_found", "no memory shares 2 of the prompt's 4 uncommon words (weather, "
                           "station, fixtures, hold; [memory] inject_shared_words)")
     assert [item["id"] for item in about["injected_context"]] == [memory_id]
+    assert [item["id"] for item in given[0]["items"]] == [memory_id]
+    assert (given[1]["text"], given[1]["injection"]["reason"]) == (
+        None, "the memories that match were given to this session already (they may come "
+              "again once its agent compacts its context)")
+    assert found == {memory_id, weather["memory"]["id"]}
+    assert long_reason["reason"] == (
+        "no memory shares 2 of the prompt's 10 uncommon words (alpha, bravo, charlie, delta, "
+        "foxtrot, golf, hotel, india, …; [memory] inject_shared_words)")  # "echo" is common
     assert rated["memory"]["confidence"] < 0.7
     assert below["reason"] == (
         f"no memory of confidence ≥ 0.7 matched; memory {memory_id} (pytest flaky fixture) "

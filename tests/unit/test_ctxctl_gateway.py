@@ -400,10 +400,18 @@ def test_doctor_finds_settings_pointing_at_another_or_a_disabled_gateway(home: P
     assert gateway_problems("claude-code", BASE) == []
 
 
-def test_without_a_daemon_the_gateway_names_both_ways_to_start_one(tmp_path: Path) -> None:
+def test_without_a_daemon_the_gateway_names_both_ways_to_start_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # ctxd's default socket: `ctxd`, or the user unit that listens there.
+    monkeypatch.setenv("CTXD_SOCKET", str(tmp_path / "none.sock"))
     with pytest.raises(GatewayUnavailable) as caught:
         daemon_status(str(tmp_path / "none.sock"), start=False, who="ctxctl test")
     assert str(caught.value) == (
         f"no ctxd daemon is running on {tmp_path / 'none.sock'} (No such file or directory); "
-        f"start it with `{start_command()} --socket {tmp_path / 'none.sock'}` (or "
-        "`systemctl --user start ctxd.socket`)")
+        f"start it with `{start_command()}` (or `systemctl --user start ctxd.socket`)")
+    # Another socket: only ctxd started on it.
+    with pytest.raises(GatewayUnavailable) as caught:
+        daemon_status(str(tmp_path / "other.sock"), start=False, who="ctxctl test")
+    assert str(caught.value) == (
+        f"no ctxd daemon is running on {tmp_path / 'other.sock'} (No such file or directory); "
+        f"start it with `{start_command()} --socket {tmp_path / 'other.sock'}`")

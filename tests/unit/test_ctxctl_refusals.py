@@ -74,17 +74,18 @@ def test_memory_usage_errors_exit_two_before_any_connection(ctxctl: Ctxctl,
                                                             tmp_path: Path) -> None:
     """What the command line can say is checked in its own terms: exit 2, and no daemon
     is needed (none listens on the socket: its refusal would be another message)."""
-    scope_forms = 'use "global" or "<project|team|org>:<name>"'
+    scope_forms = ('use "global" or "<project|team|org>:<name>" (a name of 1-128 characters, '
+                   "no whitespace)")
     for command, message in (
             (["rate", "1"], "one of the arguments --helpful --unhelpful --succeeded --failed "
                             "is required"),
             (["rate", "1", "--helpful", "--failed"],
              "argument --failed: not allowed with argument --helpful"),
             (["rate", "one", "--helpful"],
-             "argument ID: must be an integer of at least 1, got 'one'"),
-            (["rm", "1.5"], "argument ID: must be an integer of at least 1, "
+             "argument ID: must be an integer from 1 to 2**62, got 'one'"),
+            (["rm", "1.5"], "argument ID: must be an integer from 1 to 2**62, "
                             "got '1.5'"),
-            (["show", "0"], "argument ID: must be an integer of at least 1, "
+            (["show", "0"], "argument ID: must be an integer from 1 to 2**62, "
                             "got '0'"),
             (["search", "q", "--mode", "fuzzy"],
              "argument --mode: invalid choice: 'fuzzy' (choose from hybrid, lexical, dense)"),

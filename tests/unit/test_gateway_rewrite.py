@@ -499,6 +499,16 @@ async def test_a_conversation_starts_with_the_memories_that_fit_it_once(
                       {"role": "user", "content": "schema migrations again"}]
             again = await prepare(supervisor, anthropic(longer))
             assert sent(again.body) == [message, *longer[1:]]
+            # Memories are found by the user's words, not by what the agent reminds the
+            # model of in the same message (its CLAUDE.md names the schema migrations).
+            reminded = [{"role": "user", "content": [
+                {"type": "text", "text": "<system-reminder>\nCLAUDE.md: schema migrations "
+                                         "bump user_version.\n</system-reminder>"},
+                {"type": "text", "text": "What is the weather in Paris?"}]}]
+            other = await prepare(supervisor, GatewayRequest(
+                api="anthropic", endpoint="messages", session_header="s2",
+                body={"model": "claude-x", "max_tokens": 100, "messages": reminded}))
+            assert sent(other.body) == reminded
             nursery.cancel_scope.cancel()
     finally:
         store.close()

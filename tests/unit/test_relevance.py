@@ -17,13 +17,13 @@ def vocabulary() -> Vocabulary:
     return Vocabulary(COUNTER)
 
 
-def test_common_words_are_among_the_tokenizer_s_first_tokens() -> None:
+def test_common_words_are_the_tokenizer_s_first_tokens_numbers_and_words_of_asking(
+        vocabulary: Vocabulary) -> None:
     for word in ("it", "is", "run", "test", "good", "error"):
         [token] = COUNTER.encode(" " + word)
         assert token < COMMON_RANK, word
-    for word in ("weather", "fixture", "pytest"):
-        [token] = COUNTER.encode(" " + word)
-        assert token >= COMMON_RANK, word
+    assert vocabulary.uncommon_keys("it is run test good error 42 8080 why please") == set()
+    assert vocabulary.uncommon_keys("weather fixture pytest") == {"weath", "fixtur", "pyt"}
 
 
 @pytest.mark.parametrize(("prompt", "uncommon"), [
@@ -31,6 +31,7 @@ def test_common_words_are_among_the_tokenizer_s_first_tokens() -> None:
     # Uncommon by the tokenizer's order, but words of asking, not of a topic.
     ("Continue, please. Why does it fail? Thanks!", set()),
     ("Continue with the migration, please", {"migr"}),
+    ("run step 2 then 3 on port 8080", {"step", "port"}),
     ("Is this a good test of the weather?", {"weath"}),
     # "tests" is common through its stem; "fixtures" and "fixture" share a key.
     ("Run the tests: the fixtures are flaky under pytest", {"fixtur", "flaky", "pyt"}),
