@@ -283,7 +283,19 @@ def test_no_daemon(daemon_root: Path, transport: str) -> None:
     proc = run("-s", str(path), "daemon.ping", env=base_env(CTXD_CALL_TRANSPORT=transport))
     assert (proc.returncode, proc.stdout) == (2, b"")
     assert proc.stderr.decode() == (f"ctxd-call: no ctxd daemon is running on {path} "
-                                    "(no such socket); start it with `ctxd`\n")
+                                    f"(no such socket); start it with `ctxd --socket {path}`\n")
+
+
+def test_no_daemon_on_a_path_to_quote(daemon_root: Path) -> None:
+    folder = daemon_root / "it's here"
+    folder.mkdir(mode=0o700)
+    path = folder / "ctxd.sock"
+    quoted = "'" + str(path).replace("'", "'\\''") + "'"  # as a shell reads it
+    proc = run("-s", str(path), "daemon.ping")
+    assert (proc.returncode, proc.stdout) == (2, b"")
+    assert proc.stderr.decode() == (f"ctxd-call: no ctxd daemon is running on {path} "
+                                    f"(no such socket); start it with "
+                                    f"`ctxd --socket {quoted}`\n")
 
 
 def test_stale_socket(dead_socket: Path, transport: str) -> None:
@@ -291,7 +303,8 @@ def test_stale_socket(dead_socket: Path, transport: str) -> None:
                env=base_env(CTXD_CALL_TRANSPORT=transport))
     assert (proc.returncode, proc.stdout) == (2, b"")
     assert proc.stderr.decode() == (f"ctxd-call: no ctxd daemon is running on {dead_socket} "
-                                    "(cannot connect); start it with `ctxd`\n")
+                                    "(cannot connect); start it with "
+                                    f"`ctxd --socket {dead_socket}`\n")
 
 
 def test_not_a_socket(daemon_root: Path) -> None:
@@ -300,7 +313,7 @@ def test_not_a_socket(daemon_root: Path) -> None:
     proc = run("-s", str(path), "daemon.ping")
     assert (proc.returncode, proc.stdout) == (2, b"")
     assert proc.stderr.decode() == (f"ctxd-call: no ctxd daemon is running on {path} "
-                                    "(not a socket); start it with `ctxd`\n")
+                                    f"(not a socket); start it with `ctxd --socket {path}`\n")
 
 
 @pytest.mark.parametrize("where", ["open-mode", "shared"])
