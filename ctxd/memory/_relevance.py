@@ -11,7 +11,7 @@ is one of its first `COMMON_RANK` tokens (" the", " it", " run", " test", " erro
 word most texts hold. Words are compared by the hashing embedder's light stem (`Vocabulary`
 keys), so "fixtures" shares "fixture".
 
-It is calibrated for English prompts on cl100k_base (docs/performance.md): in a language
+It is calibrated for English prompts on cl100k_base (docs/decisions.md, Memory): in a language
 whose function words the order ranks later, fewer words are common and the floor filters
 less; a text written without spaces (Chinese, Japanese) is one long word, which few
 memories share, so little is injected beside it.
