@@ -97,10 +97,13 @@ def memory_line(index: dict[str, Any]) -> str:
     return f"memories {index['memories']:,} ({index['embedder']}): {state}"
 
 
-def gateway_line(gateway: dict[str, Any] | None) -> str:
-    """The gateway's address and counters (daemon.status's ``gateway``), or that it is off."""
+def gateway_line(status: dict[str, Any]) -> str:
+    """The gateway's address and counters (daemon.status's ``gateway``), or that it is
+    disabled, or off and why (``gateway_off``)."""
+    gateway = status.get("gateway")
     if gateway is None:
-        return "gateway: disabled"
+        off = status.get("gateway_off")
+        return "gateway: disabled" if off is None else f"gateway: off: {off}"
     return (f"gateway {gateway['listen']}  calls {gateway['calls']:,}  "
             f"rewrite failures {gateway['rewrite_failures']:,}")
 
@@ -263,7 +266,7 @@ class Status:
         team = team_line(self.snapshot["daemon"].get("team"))
         return Group(daemon_line(self.snapshot["daemon"], width),
                      Text(memory_line(self.snapshot["daemon"]["memory_index"])),
-                     Text(gateway_line(self.snapshot["daemon"].get("gateway"))),
+                     Text(gateway_line(self.snapshot["daemon"])),
                      *([Text(team)] if team else []),
                      *([table(calls, width)] if calls.rows else []), table(sessions, width),
                      *([table(injections, width)] if injections.rows else []),
@@ -278,7 +281,7 @@ class Status:
         team = team_line(self.snapshot["daemon"].get("team"))
         out.lines([" ".join(daemon_line(self.snapshot["daemon"]).plain.split()),
                    memory_line(self.snapshot["daemon"]["memory_index"]),
-                   gateway_line(self.snapshot["daemon"].get("gateway")),
+                   gateway_line(self.snapshot["daemon"]),
                    *([team] if team else [])])
         for listing in self.listings():
             if listing.rows:
@@ -388,12 +391,14 @@ TEAM_FIX = ("ctxctl: the team database is unreachable: memories shared here wait
 
 
 def gateway_check(status: dict[str, Any]) -> dict[str, Any] | None:
-    """The gateway end to end (``GET <base_url>/_ctxd/health``); None when it is off."""
+    """The gateway end to end (``GET <base_url>/_ctxd/health``); None when it is disabled,
+    a failed check (without ``listen``) when it is off (``gateway_off``)."""
     from ctxclient import _gateway
 
     gateway = status.get("gateway")
     if gateway is None:
-        return None
+        off = status.get("gateway_off")
+        return None if off is None else {"listen": None, "ok": False, "problem": off}
     problem = _gateway.health_problem(gateway["base_url"])
     return {"listen": gateway["listen"], "ok": problem is None, "problem": problem}
 
@@ -403,6 +408,8 @@ def gateway_check_line(check: dict[str, Any] | None) -> str:
 
     if check is None:
         return "gateway: disabled"
+    if check["listen"] is None:
+        return f"gateway: off: {check['problem']}"
     if check["ok"]:
         return f"gateway {check['listen']}: ok ({HEALTH_PATH} answered)"
     return f"gateway {check['listen']}: {check['problem']}"

@@ -66,11 +66,14 @@ def base_url_of(status: Mapping[str, Any]) -> str:
 
     Raises:
         GatewayUnavailable: its ``gateway`` is null: disabled (absent, from a ctxd without
-            one, reads the same).
+            one, reads the same), or off (``gateway_off`` says why).
     """
     gateway = status.get("gateway")
     if gateway is None:
-        raise GatewayUnavailable(f"the daemon's model gateway is disabled; {ENABLE_FIX}")
+        off = status.get("gateway_off")
+        raise GatewayUnavailable(f"the daemon's model gateway is disabled; {ENABLE_FIX}"
+                                 if off is None else f"the daemon's model gateway is off: "
+                                 f"{off}")
     url: str = gateway["base_url"]
     return url
 

@@ -63,17 +63,19 @@ def fitting_connections(wanted: int, limit: int) -> int:
     return fitting
 
 
-def bind_gateway(config: Config) -> socket.socket | None:
-    """The gateway's listening socket; None when ``[gateway] listen`` cannot be bound (the
-    port is another process's: another user's ctxd on the default port), which is logged:
-    the daemon serves its socket without the gateway (docs/decisions.md, "Gateway")."""
+def bind_gateway(config: Config) -> tuple[socket.socket | None, str | None]:
+    """The gateway's listening socket; None and why when ``[gateway] listen`` cannot be
+    bound (the port is another process's: another user's ctxd on the default port), which
+    is logged too: the daemon serves its socket without the gateway (docs/decisions.md,
+    "Gateway"), and ``daemon.status`` says why."""
     try:
-        return gateway.bind(config.gateway)
+        return gateway.bind(config.gateway), None
     except OSError as exc:
-        log.error("the gateway is off: it cannot listen on %s (%s); set [gateway] listen to "
-                  "a free port (0: any) and restart", config.gateway.listen,
-                  os.strerror(exc.errno) if exc.errno else exc)
-        return None
+        why = (f"it cannot listen on {config.gateway.listen} "
+               f"({os.strerror(exc.errno) if exc.errno else exc}); set [gateway] listen to "
+               "a free port (0: any) and restart ctxd")
+        log.error("the gateway is off: %s", why)
+        return None, why
 
 
 class Daemon:
@@ -110,8 +112,10 @@ class Daemon:
         self.dispatcher: Dispatcher
         self.server: Server
         self.gateway: gateway.Gateway | None = None
+        """The model gateway (None when ``[gateway] enabled`` is false, or it is off)."""
+        self.gateway_off: str | None = None
+        """Why the enabled gateway is off (its port could not be bound)."""
         self.team: team.TeamLink | None = None
-        """The model gateway (None when ``[gateway] enabled`` is false)."""
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -145,7 +149,7 @@ class Daemon:
                 gateway_sock.close()  # the unit holds the port; ctxd was told not to serve
                 gateway_sock = None
             elif config.gateway.enabled and gateway_sock is None:
-                gateway_sock = bind_gateway(config)
+                gateway_sock, self.gateway_off = bind_gateway(config)
             max_connections = fitting_connections(config.max_connections, descriptor_limit)
             await self._serve(sock, gateway_sock, counter, activated, max_connections)
         finally:

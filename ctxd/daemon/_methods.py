@@ -121,6 +121,7 @@ def status(daemon: Daemon, call: Call, p: Empty) -> DaemonStatus:
         latency_p99_ms=round(server.latency_p99_ms, 3),
         bytes_inflight=server.bytes_inflight, max_connections=server.max_connections,
         gateway=daemon.gateway.status() if daemon.gateway is not None else None,
+        gateway_off=daemon.gateway_off,
         team=daemon.team.status() if daemon.team is not None else None)
 
 

@@ -262,9 +262,12 @@ class DaemonStatus(Result, frozen=True):
     """Connections served at once: the configured number, or fewer when the open-files
     limit leaves room for fewer."""
     gateway: GatewayStatus | None
-    """None when ``[gateway] enabled`` is false."""
+    """None when ``[gateway] enabled`` is false, or when it is off (``gateway_off``)."""
     team: TeamLinkStatus | None = None
     """None without ``[memory.team]``."""
+    gateway_off: str | None = None
+    """Why the enabled gateway is off (its port could not be bound), and what to do; None
+    when it serves or is disabled."""
 
 
 class ShutdownResult(Result, frozen=True):

@@ -13,6 +13,8 @@ import shutil
 import signal
 import socket
 import stat
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -492,9 +494,22 @@ def test_a_taken_port_leaves_the_gateway_off_and_the_daemon_serving(daemon_root:
         port = taken.getsockname()[1]
         process = DaemonProcess(daemon_root, env={"CTXD_GATEWAY_LISTEN": f"127.0.0.1:{port}"})
         with process.running() as daemon:
-            assert gateway_status(daemon) is None
-            assert (f"ERROR ctxd: the gateway is off: it cannot listen on 127.0.0.1:{port} "
-                    "(Address already in use)") in daemon.log()
+            with daemon.client() as client:
+                status = client.call("daemon.status")
+            ctxctl = [sys.executable, "-m", "ctxclient.cli", "--socket", str(daemon.socket)]
+            shown, doctor, run = (subprocess.run([*ctxctl, *args], capture_output=True,
+                                                 text=True, timeout=60, check=False)
+                                  for args in (["status"], ["doctor"], ["run", "--", "true"]))
+            log = daemon.log()
+    off = (f"it cannot listen on 127.0.0.1:{port} (Address already in use); set [gateway] "
+           "listen to a free port (0: any) and restart ctxd")
+    assert (status["gateway"], status["gateway_off"]) == (None, off)
+    assert f"ERROR ctxd: the gateway is off: {off}" in log
+    # Every command says why, not that the gateway is disabled; doctor fails.
+    assert f"gateway: off: {off}" in shown.stdout
+    assert (doctor.returncode, f"gateway: off: {off}" in doctor.stdout) == (1, True)
+    assert (run.returncode, run.stderr) == (
+        125, f"ctxctl run: the daemon's model gateway is off: {off}\n")
 
 
 def test_the_token_is_private_and_outlives_a_restart(daemon_root: Path) -> None:

@@ -330,8 +330,11 @@ GATEWAY = {"listen": "127.0.0.1:8788", "base_url": BASE, "calls": 1_234,
 
 
 def test_the_gateway_line_and_its_calls_as_plain_rows() -> None:
-    assert gateway_line(None) == "gateway: disabled"
-    assert gateway_line(GATEWAY) == "gateway 127.0.0.1:8788  calls 1,234  rewrite failures 2"
+    assert gateway_line({"gateway": None}) == "gateway: disabled"
+    assert gateway_line({"gateway": None, "gateway_off": "it cannot listen"}) == (
+        "gateway: off: it cannot listen")
+    assert gateway_line({"gateway": GATEWAY}) == (
+        "gateway 127.0.0.1:8788  calls 1,234  rewrite failures 2")
     assert gateway_listing(None).rows == []
     assert plain_lines(gateway_listing(GATEWAY), headers=True) == [
         "SESSION                               MODEL                SENT  REMOVED  INPUT  "
