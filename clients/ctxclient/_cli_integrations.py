@@ -180,8 +180,14 @@ what CMD gets:
 The API keys stay the agent's own: the gateway passes them to the provider and never
 keeps them. The daemon is started when none runs (log: ~/.local/state/ctxd/ctxd.log).
 
+Each conversation is a ctxd session. An agent that sends no session of its own (Claude
+Code and OpenCode's plugin do) is known by its system prompt and first message: two runs
+of the same task, one after the other or side by side, share one session and disturb each
+other's prompt cache. Have the agent send the header x-ctxd-session: ID, one ID per
+conversation.
+
 exit status: CMD's; 125 when ctxctl run could not run it (no daemon, the gateway
-disabled), 126 when CMD cannot be executed, 127 when it is not found.
+disabled or off), 126 when CMD cannot be executed, 127 when it is not found.
 
 examples:
   ctxctl run -- aider --model sonnet
