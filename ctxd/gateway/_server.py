@@ -391,8 +391,14 @@ class Gateway:
         try:
             prepared = await self._prepare(self._supervisor, request)
         except Exception as exc:  # the rewrite's boundary: the agent's body goes instead
-            log.exception("gateway: the rewrite of a %s request failed; sent as received",
-                          endpoint)
+            if isinstance(exc, CtxdError) and exc.code == ErrorCode.INVALID_PARAMS:
+                # The agent's body is not what the API takes: the provider will say so;
+                # not a fault of ctxd's, so no traceback.
+                log.warning("gateway: a %s request's body cannot be rewritten (%s); sent "
+                            "as received", endpoint, exc.message)
+            else:
+                log.exception("gateway: the rewrite of a %s request failed; sent as "
+                              "received", endpoint)
             self._rewrite_failed(session_of(request),
                                  f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS])
             return _Call(request, None), body

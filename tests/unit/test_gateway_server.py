@@ -12,6 +12,7 @@ import stat
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import msgspec
@@ -23,7 +24,15 @@ from tests_support import running_supervisor
 from ctxd import config as ctxd_config
 from ctxd.config import Config, GatewayConfig
 from ctxd.errors import CtxdError
-from ctxd.gateway import Gateway, GatewayRequest, Prepared, UsageReader, bind, load_token
+from ctxd.gateway import (
+    Gateway,
+    GatewayRequest,
+    Prepared,
+    UsageReader,
+    bind,
+    load_token,
+    prepare,
+)
 from ctxd.gateway._server import (
     DECODE_IN_THREAD_BYTES,
     REQUEST_TIMEOUT_S,
@@ -43,7 +52,8 @@ async def failing_prepare(supervisor: Supervisor, request: GatewayRequest) -> Pr
 
 
 @asynccontextmanager
-async def serving(tmp_path: Path, upstream: ModelUpstream | str) -> AsyncIterator[Gateway]:
+async def serving(tmp_path: Path, upstream: ModelUpstream | str,
+                  rewrite: Any = failing_prepare) -> AsyncIterator[Gateway]:
     origin = upstream if isinstance(upstream, str) else upstream.origin
     gateway_config = GatewayConfig(listen="127.0.0.1:0", anthropic_upstream=origin,
                                    openai_upstream=origin)
@@ -52,7 +62,7 @@ async def serving(tmp_path: Path, upstream: ModelUpstream | str) -> AsyncIterato
         async with running_supervisor(tmp_path / "db", config) as supervisor, \
                 trio.open_nursery() as nursery:
             gateway = Gateway(gateway_config, supervisor, supervisor.bus, Requests(), TOKEN,
-                              prepare=failing_prepare)
+                              prepare=rewrite)
             await nursery.start(gateway.run, sock)
             yield gateway
             nursery.cancel_scope.cancel()
@@ -77,6 +87,24 @@ async def test_a_rewrite_that_raises_sends_the_agents_bytes_once(tmp_path: Path)
                  "error": "RuntimeError: the rewrite cannot handle this request"})
             assert "sk-secret" not in json.dumps(event.data)
             assert (gateway.rewrite_failures, gateway.status().rewrite_failures) == (1, 1)
+
+
+async def test_a_body_the_api_does_not_take_is_a_warning_not_an_error(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    body = b'{"model": "m", "max_tokens": 1, "messages": "hello"}'
+    with ModelUpstream() as upstream:
+        async with serving(tmp_path, upstream, rewrite=prepare) as gateway, \
+                httpx2.AsyncClient() as client:
+            response = await client.post(gateway.base_url + "/v1/messages", content=body,
+                                         headers={"x-ctxd-session": "s-2"})
+            assert response.status_code == 200
+            assert [r.body for r in upstream.received] == [body]
+    [record] = [r for r in caplog.records if r.name == "ctxd.gateway"
+                and "cannot be rewritten" in r.getMessage()]
+    assert (record.levelname, record.exc_info, record.getMessage()) == (
+        "WARNING", None, "gateway: a messages request's body cannot be rewritten (invalid "
+                         "params: must be a list of messages (at $.messages)); sent as "
+                         "received")
 
 
 async def test_a_large_body_is_parsed_aside_and_sent_whole(tmp_path: Path) -> None:
