@@ -334,10 +334,13 @@ class Gateway:
                 where = f"{request.url.scheme}://{host}{port}"
                 log.warning("gateway: %s %s failed: %s", method.decode(), where,
                             type(exc).__name__)
+                unreached = isinstance(exc, (httpx2.ConnectError, httpx2.ConnectTimeout,
+                                             httpx2.ProxyError, httpx2.UnsupportedProtocol))
+                what = ("could not be reached" if unreached else
+                        "was reached but gave no valid answer")
                 return await relay.end_early(502, "api_error", (
-                    f"ctxd gateway: the upstream {where} could not be reached "
-                    f"({type(exc).__name__}); check the gateway's {setting} in ctxd's "
-                    "config"))
+                    f"ctxd gateway: the upstream {where} {what} ({type(exc).__name__}); "
+                    f"check the gateway's {setting} in ctxd's config"))
             try:
                 return await relay.run(response)
             finally:

@@ -5,6 +5,7 @@ and the configuration's refusals."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -163,6 +164,26 @@ async def test_an_unreachable_upstream_is_answered_502(tmp_path: Path) -> None:
                                             "ctxd's config"})
         await trio.testing.wait_all_tasks_blocked()  # the answer left; its call has ended
         assert gateway.status().inflight == []
+
+
+async def test_an_upstream_that_hangs_up_is_answered_502_as_reached(tmp_path: Path) -> None:
+    async def hang_up(stream: trio.SocketStream) -> None:
+        await stream.receive_some(65_536)
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        [listener] = await nursery.start(
+            functools.partial(trio.serve_tcp, hang_up, 0, host="127.0.0.1"))
+        port = listener.socket.getsockname()[1]
+        async with serving(tmp_path, f"http://127.0.0.1:{port}") as gateway, \
+                httpx2.AsyncClient() as client:
+            response = await client.post(gateway.base_url + "/v1/messages", content=BODY)
+        nursery.cancel_scope.cancel()
+    assert (response.status_code, response.json()["error"]) == (502, {
+        "type": "api_error", "message": f"ctxd gateway: the upstream http://127.0.0.1:{port} "
+                                        "was reached but gave no valid answer "
+                                        "(RemoteProtocolError); check the gateway's "
+                                        "anthropic_upstream in ctxd's config"})
 
 
 async def test_a_connection_that_sends_nothing_is_closed(
