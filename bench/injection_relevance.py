@@ -45,10 +45,9 @@ from locomo_recall import (
     load,
     record_all,
     running,
-    scratch_root,
     wait_memory_ready,
 )
-from rpc import BenchError, print_table, run_and_report
+from rpc import BenchError, print_table, run_and_report, scratch_root
 
 TRANSCRIPTS = DEFAULT_DIR.parents[1] / "transcripts"
 DAEMONS: tuple[tuple[str, dict[str, str]], ...] = (

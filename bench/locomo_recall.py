@@ -46,10 +46,8 @@ import math
 import os
 import platform
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -64,9 +62,9 @@ from rpc import (
     BenchError,
     DaemonProcess,
     RawClient,
-    copy_logs,
     print_table,
     run_and_report,
+    scratch_root,
 )
 
 from ctxd.memory import HashingEmbedder, feature_bucket, fuse
@@ -608,19 +606,6 @@ def data_arguments(cli: argparse.ArgumentParser) -> None:
                      help=f"folder of LoCoMo conversations (default {DEFAULT_DIR})")
     cli.add_argument("--window", type=int, default=32,
                      help="pipelined requests in flight (default 32)")
-
-
-@contextlib.contextmanager
-def scratch_root(prefix: str, keep_logs: str | None) -> Iterator[Path]:
-    """A temporary folder for the daemons, removed afterwards (their logs copied to
-    ``keep_logs`` first, when given)."""
-    root = Path(tempfile.mkdtemp(prefix=prefix))
-    try:
-        yield root
-    finally:
-        if keep_logs:
-            copy_logs(root, Path(keep_logs))
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

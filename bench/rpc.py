@@ -51,7 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -809,6 +809,19 @@ def copy_logs(root: Path, destination: Path) -> None:
     destination.mkdir(parents=True, exist_ok=True)
     for log in root.glob("*.log"):
         shutil.copy(log, destination / log.name)
+
+
+@contextlib.contextmanager
+def scratch_root(prefix: str, keep_logs: str | None) -> Iterator[Path]:
+    """A temporary folder for the daemons, removed afterwards (their logs copied to
+    ``keep_logs`` first, when given)."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield root
+    finally:
+        if keep_logs:
+            copy_logs(root, Path(keep_logs))
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -43,6 +43,11 @@ def default_socket_path(environ: Mapping[str, str] | None = None) -> Path:
     return Path(f"/tmp/ctxd-{os.getuid()}") / "ctxd.sock"
 
 
+def is_default_socket(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is the socket ctxd takes when nothing else is said (here, now)."""
+    return os.path.abspath(path) == os.path.abspath(default_socket_path())
+
+
 def default_data_dir(environ: Mapping[str, str] | None = None) -> Path:
     """Where the database lives when nothing else is said."""
     environ = os.environ if environ is None else environ

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from ctxclient._errors import CtxdClientError, DaemonUnavailable, RpcError
 from ctxclient._sync import Client
-from ctxd.paths import default_socket_path
+from ctxd.paths import is_default_socket
 
 ANTHROPIC_ENV = "ANTHROPIC_BASE_URL"
 """Where Claude Code, the anthropic SDKs and most agents read Anthropic's base URL (the
@@ -99,7 +99,7 @@ def daemon_status(socket: str | None, start: bool, who: str) -> dict[str, Any]:
         raise GatewayUnavailable(str(exc)) from None
     except DaemonUnavailable as exc:
         # The user unit listens on ctxd's default socket only.
-        default = socket is None or os.path.abspath(socket) == str(default_socket_path())
+        default = socket is None or is_default_socket(socket)
         raise GatewayUnavailable(f"{exc} (or `systemctl --user start ctxd.socket`)"
                                  if default else str(exc)) from None
     except RpcError as exc:

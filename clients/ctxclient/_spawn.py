@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from ctxd.paths import default_socket_path
+from ctxd.paths import is_default_socket
 
 MODULE = ("-m", "ctxd")
 """What runs ctxd after the interpreter's flags."""
@@ -96,7 +96,7 @@ def start_command(search_path: str | None = None, socket: str | None = None) -> 
     beside = Path(sys.executable).parent / "ctxd"
     command = "ctxd" if not beside.is_file() or shutil.which(
         "ctxd", path=search_path) == str(beside) else shlex.quote(str(beside))
-    if socket is not None and os.path.abspath(socket) != str(default_socket_path()):
+    if socket is not None and not is_default_socket(socket):
         command += f" --socket {shlex.quote(os.path.abspath(socket))}"
     return command
 

@@ -77,7 +77,8 @@ def normalise(vectors: Vectors) -> Vectors:
     return vectors
 
 
-_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+WORD = re.compile(r"[^\W_]+", re.UNICODE)
+"""A word as the hashing embedder (and injection's relevance floor) splits a text."""
 _SUFFIXES = ("ational", "ization", "fulness", "iveness", "ations", "nesses", "ments",
              "ingly", "ation", "ities", "ness", "ment", "ings", "ably", "ibly", "edly",
              "ing", "ies", "ied", "ity", "ers", "est", "ed", "es", "er", "ly", "s")
@@ -138,7 +139,7 @@ class HashingEmbedder:
             buckets.clear()
         for row, text in enumerate(texts):
             words = [stems.get(w) or stems.setdefault(w, stem(w))
-                     for w in _WORD.findall(text.lower())]
+                     for w in WORD.findall(text.lower())]
             features = Counter(words)
             features.update(f"{a} {b}" for a, b in itertools.pairwise(words))
             places: list[int] = []

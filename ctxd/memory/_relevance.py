@@ -19,9 +19,7 @@ memories share, so little is injected beside it.
 
 from __future__ import annotations
 
-import re
-
-from ctxd.memory._embedders import stem
+from ctxd.memory._embedders import WORD, stem
 from ctxd.tokens import TokenCounter
 
 COMMON_RANK = 2_000
@@ -38,7 +36,6 @@ ASKING_WORDS = frozenset("""
 it is about ("why?", "please fix the bug", "the test fails", "thanks!"): common too."""
 KEPT_WORDS = 1 << 16
 """Words whose stem and commonness are kept (emptied when full)."""
-_WORD = re.compile(r"[^\W_]+", re.UNICODE)
 
 
 class Vocabulary:
@@ -84,17 +81,17 @@ class Vocabulary:
         """The keys (`_key`) of a text's words, lowercased."""
         known = self._keys
         return {known.get(word) or self._key(word)
-                for word in set(_WORD.findall(text.lower()))}
+                for word in set(WORD.findall(text.lower()))}
 
     def uncommon_keys(self, text: str) -> frozenset[str]:
         """The keys of a text's uncommon words: neither the word nor its stem is common."""
-        return frozenset(self._key(word) for word in set(_WORD.findall(text.lower()))
+        return frozenset(self._key(word) for word in set(WORD.findall(text.lower()))
                          if not self._is_common(word))
 
     def uncommon_words(self, text: str) -> list[str]:
         """A text's uncommon words (lowercased), the first of each key, in their order."""
         first: dict[str, str] = {}
-        for word in _WORD.findall(text.lower()):
+        for word in WORD.findall(text.lower()):
             if not self._is_common(word):
                 first.setdefault(self._key(word), word)
         return list(first.values())
