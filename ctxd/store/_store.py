@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 import apsw
@@ -112,16 +113,17 @@ def migrate(conn: apsw.Connection, target: int | None = None) -> int:
                            f"({len(steps)}); upgrade ctxd")
     for version, module in steps[current:target]:
         if getattr(module, "FOREIGN_KEYS_OFF", False):
-            _migrate_without_foreign_keys(conn, version, module.SQL)
+            _migrate_without_foreign_keys(conn, version, module)
         else:
             with conn:
-                conn.execute(module.SQL)
+                migrations.apply(conn, module)
                 conn.execute(f"PRAGMA user_version = {version:d}")
         log.info("database migrated to schema version %d", version)
     return schema_version(conn)
 
 
-def _migrate_without_foreign_keys(conn: apsw.Connection, version: int, sql: str) -> None:
+def _migrate_without_foreign_keys(conn: apsw.Connection, version: int,
+                                  module: ModuleType) -> None:
     """A step that rebuilds a table others reference (its module sets
     ``FOREIGN_KEYS_OFF``), as SQLite's documentation says to: foreign keys off outside the
     transaction (dropping the old table would run its cascades), checked before commit,
@@ -134,7 +136,7 @@ def _migrate_without_foreign_keys(conn: apsw.Connection, version: int, sql: str)
     conn.execute("PRAGMA foreign_keys = OFF")
     try:
         with conn:
-            conn.execute(sql)
+            migrations.apply(conn, module)
             broken = conn.execute("PRAGMA foreign_key_check").fetchall()
             if broken:
                 raise RuntimeError(f"migration to schema version {version} would leave rows "
