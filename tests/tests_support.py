@@ -20,6 +20,8 @@ import trio
 
 from ctxclient import Client, RpcError
 from ctxd.config import Config
+from ctxd.gateway._ledger import LedgerRow, chained, load_lines, longest_line
+from ctxd.gateway._rewrite import digest_of, thread_of
 from ctxd.hub import EventBus
 from ctxd.sessions import Supervisor
 from ctxd.store import Store
@@ -95,6 +97,25 @@ async def running_supervisor(path: Path, config: Config) -> AsyncIterator[Superv
 
 
 REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+async def ledger_line(store: Store, session_id: str, shape: Any, body: dict[str, Any]
+                      ) -> tuple[int | None, list[LedgerRow]]:
+    """The gateway ledger's line that holds the most of a request's messages (of those,
+    the last used), and its rows (None and none: no line holds its first message)."""
+    bares = [shape.bare(message) for message in body["messages"]]
+    thread = thread_of(shape, body, bares)
+    nodes, parent = [], thread
+    for message in bares:
+        parent = chained(parent, digest_of(message))
+        nodes.append(parent)
+
+    def read(conn: Any) -> tuple[int | None, list[LedgerRow]]:
+        found = longest_line(conn, session_id, thread, nodes, 0,
+                             load_lines(conn, session_id, thread))
+        return (None, []) if found is None else found
+
+    return await store.read(read)
 
 
 def bundled_claude() -> Path | None:

@@ -182,9 +182,9 @@ keeps them. The daemon is started when none runs (log: ~/.local/state/ctxd/ctxd.
 
 Each conversation is a ctxd session. An agent that sends no session of its own (Claude
 Code and OpenCode's plugin do) is known by its system prompt and first message: two runs
-of the same task, one after the other or side by side, share one session and disturb each
-other's prompt cache. Have the agent send the header x-ctxd-session: ID, one ID per
-conversation.
+of the same task, one after the other or side by side, share one session (each keeps its
+own prompt cache, but their messages, usage and budget are counted together). Have the
+agent send the header x-ctxd-session: ID, one ID per conversation.
 
 exit status: CMD's; 125 when ctxctl run could not run it (no daemon, the gateway
 disabled or off), 126 when CMD cannot be executed, 127 when it is not found.

@@ -30,7 +30,14 @@ from ctxd.errors import internal_error, limit_reached
 from ctxd.gateway import _anthropic, _openai
 from ctxd.gateway._blocks import MARK, ToolResult, count_marks
 from ctxd.gateway._identity import session_of
-from ctxd.gateway._ledger import LedgerRow, load_ledger, save_ledger
+from ctxd.gateway._ledger import (
+    LINES_KEPT,
+    LedgerRow,
+    chained,
+    load_lines,
+    longest_line,
+    save_line,
+)
 from ctxd.hub import ack_injection, list_injections, provider_ratio, pull_injections
 from ctxd.hygiene import (
     CALL_PART_TYPES,
@@ -47,7 +54,7 @@ from ctxd.hygiene import (
 from ctxd.memory import PROMPT_HEADER, Injected, Memory, project_scope
 from ctxd.scrub import scrub
 from ctxd.sessions import append, offered_tools, open_session, render
-from ctxd.store import Transaction
+from ctxd.store import Store, Transaction
 from ctxd.tokens import part_text
 from ctxd.transcripts import PERSISTED_OUTPUT
 from ctxd.wire.types import (
@@ -109,11 +116,11 @@ MAX_RECORDED = 10_000
 """Messages one request may add to a session (message.append's limit)."""
 
 LEDGERS_KEPT = 64
-"""Threads whose ledger (and last request's messages) are kept in memory, the last used
+"""Threads whose lines (and last request's messages) are kept in memory, the last used
 first (`_Ledgers`; SQLite holds them all and is read for the others)."""
 LEDGER_BYTES_KEPT = 64 << 20
-"""Bytes of the kept ledgers, at most (each weighed as three times its rows' sent JSON:
-that, the rows' messages and the last request's, decoded)."""
+"""Bytes of the kept threads, at most (each line weighed as twice its rows' sent JSON:
+that and the rows' messages; the last request's messages as once more its line's)."""
 
 _encode = msgspec.json.Encoder().encode
 
@@ -149,10 +156,14 @@ class _Plan:
     """What one request changes, worked out before anything is written."""
 
     thread: bytes
+    new_thread: bool
+    """The thread had no line before this request (the conversation starts)."""
+    line: int | None
+    """The line whose rows the request matched longest (None: none matched)."""
     keep: int
-    """Ledger rows kept as they were (the matched prefix)."""
+    """Its rows kept as they were (the matched prefix)."""
     seen: int
-    """Ledger rows before this request (more than ``keep``: the history diverged)."""
+    """Its rows before this request (more than ``keep``: the request leaves it)."""
     rows: dict[int, LedgerRow]
     """Every position's row."""
     points_of_history: list[tuple[str, int, int]]
@@ -164,6 +175,12 @@ class _Plan:
     memories: Injected | None = None
     points: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """The rewrite points decided now (the events that say so)."""
+    written: int | None = None
+    """The line the changes are written to (`_place`)."""
+    fork: tuple[int, int] | None = None
+    """A new line's start: the line and the count of its rows it begins with."""
+    dropped: list[int] = dataclasses.field(default_factory=list)
+    """The thread's least used lines, dropped for the new one (`LINES_KEPT`)."""
 
 
 def digest_of(value: Any) -> bytes:
@@ -182,42 +199,60 @@ def thread_of(shape: Shape, body: dict[str, Any], bares: list[dict[str, Any]]) -
 
 
 @dataclass
-class _Known:
-    """A thread's ledger as its last request left it, and that request's messages."""
+class _Thread:
+    """A thread's lines as its last request left them, and that request's messages."""
 
     created_at: float
     """The session's (a session deleted and opened again is another)."""
-    rows: list[LedgerRow]
-    bares: list[dict[str, Any]]
+    order: list[int]
+    """Every line the thread has in SQLite, the least recently used first."""
+    lines: dict[int, list[LedgerRow]]
+    """The rows of the lines read so far (some of ``order``)."""
+    bares: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """The last request's messages, their marks left out (`_Shape.bare`): what the
     digests are of."""
-    digests: list[bytes]
-    size: int
+    digests: list[bytes] = dataclasses.field(default_factory=list)
+    nodes: list[bytes] = dataclasses.field(default_factory=list)
+    """The last request's nodes (`chained`)."""
+    size: int = 0
+
+    def weigh(self, current: int | None) -> None:
+        """``size``: what the kept lines take (`_weight`), less the least used ones
+        (never ``current``) while it is over a kept thread's share."""
+        share = LEDGER_BYTES_KEPT // 8
+        weights = {line: _weight(rows) for line, rows in self.lines.items()}
+        last = weights.get(current, 0) // 2 if current is not None else 0
+        for line in self.order:
+            if sum(weights.values()) + last <= share:
+                break
+            if line != current and line in weights:
+                del self.lines[line], weights[line]
+        self.size = sum(weights.values()) + last
 
 
 class _Ledgers:
-    """The ledgers of the threads used last (`LEDGERS_KEPT`, `LEDGER_BYTES_KEPT`), so
-    that a request whose history the ledger holds reads no row from SQLite and digests
-    only its new messages. SQLite stays the truth: an entry is taken out while its
-    session's operation runs and put back only with what that operation committed (or
-    left as it was), so a failure, an eviction or a restart reads the rows again."""
+    """The threads used last (`LEDGERS_KEPT`, `LEDGER_BYTES_KEPT`), so that a request
+    whose history a kept line holds reads no row from SQLite and digests only its new
+    messages. SQLite stays the truth: an entry is taken out while its session's operation
+    runs and put back only with what that operation committed (or left as it was), so a
+    failure, an eviction or a restart reads the rows again."""
 
     def __init__(self) -> None:
-        self._kept: OrderedDict[tuple[str, bytes], _Known] = OrderedDict()
+        self._kept: OrderedDict[tuple[str, bytes], _Thread] = OrderedDict()
         self._size = 0
 
-    def take(self, session_id: str, thread: bytes, created_at: float) -> _Known | None:
-        known = self._kept.pop((session_id, thread), None)
-        if known is None:
+    def take(self, session_id: str, thread: bytes, created_at: float) -> _Thread | None:
+        kept = self._kept.pop((session_id, thread), None)
+        if kept is None:
             return None
-        self._size -= known.size
-        return known if known.created_at == created_at else None
+        self._size -= kept.size
+        return kept if kept.created_at == created_at else None
 
-    def put(self, session_id: str, thread: bytes, known: _Known) -> None:
-        if known.size > LEDGER_BYTES_KEPT // 8:
+    def put(self, session_id: str, thread: bytes, kept: _Thread) -> None:
+        if kept.size > LEDGER_BYTES_KEPT // 8:
             return  # a conversation this large is read from SQLite: the others stay
-        self._kept[(session_id, thread)] = known
-        self._size += known.size
+        self._kept[(session_id, thread)] = kept
+        self._size += kept.size
         while len(self._kept) > LEDGERS_KEPT or self._size > LEDGER_BYTES_KEPT:
             _, evicted = self._kept.popitem(last=False)
             self._size -= evicted.size
@@ -315,25 +350,24 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
         await open_session(actor, SessionOpenParams(session_id=session_id))
     bares = [shape.bare(message) for message in messages]
     thread = thread_of(shape, request.body, bares)
-    record = actor.record
-    known = None if record is None else _ledgers.take(session_id, thread, record.created_at)
-    digests = [_digest(position, bares, known) for position in range(len(messages))]
-    if known is not None:
-        ledger = known.rows
-    else:
-        ledger = [] if record is None else await services.store.read(
-            load_ledger, session_id, thread)
-    keep = 0
-    while keep < min(len(ledger), len(messages)) and ledger[keep].digest == digests[keep]:
-        keep += 1
+    record = actor.require()
+    kept = _ledgers.take(session_id, thread, record.created_at)
+    if kept is None:
+        kept = _Thread(created_at=record.created_at, lines={}, order=await services.store.read(
+            load_lines, session_id, thread))
+    digests = [_digest(position, bares, kept) for position in range(len(messages))]
+    nodes = _nodes(thread, digests, kept)
+    line, keep = await _longest_line(services.store, session_id, thread, nodes, kept)
+    ledger = [] if line is None else kept.lines[line]
     matched = {row.position: row for row in ledger[:keep]}
-    plan = _Plan(thread=thread, keep=keep, seen=len(ledger), rows=matched,
+    plan = _Plan(thread=thread, new_thread=not kept.order, line=line, keep=keep,
+                 seen=len(ledger), rows=matched,
                  points_of_history=_with_automatic(rewrite_points(shape, messages), matched))
     if len(messages) - keep > MAX_RECORDED:
         raise limit_reached("messages", MAX_RECORDED,
                             f"{len(messages) - keep} messages are new to the session",
                             "send the conversation in a new session")
-    await _record_new(actor, shape, messages, bares, digests, plan)
+    await _record_new(actor, shape, messages, bares, nodes, plan)
     await _decide_compactions(actor, shape, messages, plan)
     counter = services.counter
     sent_body = await _with_offered_tools(actor, request, shape, messages, recording)
@@ -347,16 +381,18 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
     plan.points.extend(point for point in view.points if point["end"] >= plan.keep)
     sent, marks_tokens = await _assemble(shape, messages, bares, plan, view, counter)
     body = shape.body_with(sent_body, _spliced(sent, plan.rows, view))
-    if recording:
+    if recording and plan.changed:
+        _place(plan, kept.order)
         await _commit(actor, plan)
-        rows = [plan.rows[p] for p in range(len(messages))]
-        known = _Known(created_at=actor.require().created_at, rows=rows, bares=bares,
-                       digests=digests, size=_weight(rows, 3))
-    elif known is None and record is not None:  # the ledger as read, unchanged
-        known = _Known(created_at=record.created_at, rows=ledger, bares=[], digests=[],
-                       size=_weight(ledger))
-    if known is not None:
-        _ledgers.put(session_id, thread, known)
+        assert plan.written is not None
+        kept.lines[plan.written] = [plan.rows[p] for p in range(len(messages))]
+        for gone in plan.dropped:
+            kept.lines.pop(gone, None)
+        kept.order = [line for line in kept.order
+                      if line != plan.written and line not in plan.dropped] + [plan.written]
+    kept.bares, kept.digests, kept.nodes = bares, digests, nodes
+    kept.weigh(plan.written if plan.written is not None else line)
+    _ledgers.put(session_id, thread, kept)
     in_system = sum(tokens + marks_tokens.get(p, 0) for p, tokens in enumerate(view.tokens)
                     if view.messages[p] is not None and shape.is_system(messages[p]))
     return Prepared(
@@ -412,17 +448,75 @@ async def _with_offered_tools(actor: SessionActor, request: GatewayRequest, shap
     return {**request.body, "tools": kept}
 
 
-def _digest(position: int, bares: list[dict[str, Any]], known: _Known | None) -> bytes:
+def _digest(position: int, bares: list[dict[str, Any]], kept: _Thread) -> bytes:
     """The digest of the message at ``position``: the last request's when it encodes to
     the same bytes (`_same`: a walk of the decoded values, much cheaper than encoding and
     hashing them), else computed."""
-    if known is not None and position < len(known.bares):
+    if position < len(kept.bares):
         try:
-            if _same(bares[position], known.bares[position]):
-                return known.digests[position]
+            if _same(bares[position], kept.bares[position]):
+                return kept.digests[position]
         except RecursionError:
             pass  # nested too deep to walk: digested (or refused) as before
     return digest_of(bares[position])
+
+
+def _nodes(thread: bytes, digests: list[bytes], kept: _Thread) -> list[bytes]:
+    """The request's nodes (`chained` from the thread's digest): the last request's as
+    far as its digests are the same objects (`_digest` gave them back), then computed."""
+    same = 0
+    while same < min(len(digests), len(kept.digests)) and digests[same] is kept.digests[same]:
+        same += 1
+    nodes = kept.nodes[:same]
+    for digest in digests[same:]:
+        nodes.append(chained(nodes[-1] if nodes else thread, digest))
+    return nodes
+
+
+def _held(rows: list[LedgerRow], nodes: list[bytes]) -> int:
+    """How many of ``nodes`` the line of ``rows`` holds (a node held means every one
+    before it is: found by halving)."""
+    low, high = 0, min(len(rows), len(nodes))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if rows[middle - 1].node == nodes[middle - 1]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+async def _longest_line(store: Store, session_id: str, thread: bytes,
+                        nodes: list[bytes], kept: _Thread) -> tuple[int | None, int]:
+    """The line that holds the most of the request's nodes, of those the last used, and
+    how many; its rows are then in ``kept.lines``. The lines kept are tried first; SQLite
+    only when some line is not kept and the request goes past what the kept ones hold."""
+    line, keep = None, 0
+    for candidate in reversed(kept.order):
+        rows = kept.lines.get(candidate)
+        if rows is not None and (held := _held(rows, nodes)) > keep:
+            line, keep = candidate, held
+    if keep < len(nodes) and len(kept.lines) < len(kept.order):
+        found = await store.read(longest_line, session_id, thread, nodes, keep,
+                                          kept.order)
+        if found is not None:
+            line, kept.lines[found[0]] = found
+            keep = _held(found[1], nodes)
+    return line, keep
+
+
+def _place(plan: _Plan, order: list[int]) -> None:
+    """Which line the plan's changes go to: the line it matched when they extend it (or
+    change what it holds already), else a new line that starts with the matched rows
+    (the request leaves its line: a rewind, an edit, or another conversation with the
+    same start), the least used lines dropped beyond `LINES_KEPT`."""
+    if plan.line is not None and plan.keep == plan.seen:
+        plan.written = plan.line
+        return
+    plan.written = max(order, default=-1) + 1
+    if plan.line is not None and plan.keep:
+        plan.fork = (plan.line, plan.keep)
+    plan.dropped = order[:max(0, len(order) + 1 - LINES_KEPT)]
 
 
 def _spliced(sent: list[dict[str, Any]], rows: dict[int, LedgerRow], view: View
@@ -475,7 +569,7 @@ async def _assemble(shape: Shape, messages: list[dict[str, Any]],
 
 
 async def _record_new(actor: SessionActor, shape: Shape, messages: list[dict[str, Any]],
-                      bares: list[dict[str, Any]], digests: list[bytes], plan: _Plan) -> None:
+                      bares: list[dict[str, Any]], nodes: list[bytes], plan: _Plan) -> None:
     """The rows of the messages not seen: recorded as ctxd's messages, a large tool
     result as the stub of its blob (offload, decided here once)."""
     if plan.keep == len(messages):
@@ -515,7 +609,7 @@ async def _record_new(actor: SessionActor, shape: Shape, messages: list[dict[str
             sent = _offload_inputs(actor.session_id, shape, sent, recorded, next_seq, now,
                                    plan, config.scrub_at_rest)
         plan.rows[position] = LedgerRow(
-            position=position, digest=digests[position], sent=sent, agent_tokens=0,
+            position=position, node=nodes[position], sent=sent, agent_tokens=0,
             sent_tokens=0, first_seq=next_seq if recorded else None)
         sent_now.append(sent)
         plan.changed.add(position)
@@ -840,7 +934,7 @@ async def _inject(actor: SessionActor, shape: Shape, messages: list[dict[str, An
     pending.sort(key=lambda info: INJECT_PRIORITIES.index(info.priority))
     notes = [f"[ctxd injection{f' from {info.source}' if info.source else ''}] "
              f"{info.content}" for info in pending]
-    memories = await _memories(actor, shape, messages) if plan.seen == 0 else None
+    memories = await _memories(actor, shape, messages) if plan.new_thread else None
     if memories is not None and memories.text is not None:
         notes.insert(0, memories.text)
     context_note = _context_note(actor, plan, view, fixed)
@@ -912,8 +1006,9 @@ def _stage(session_id: str, plan: _Plan, now: float,
 
     def stage(transaction: Transaction) -> None:
         stage_blobs(transaction, session_id, plan.blobs)
-        transaction.add(save_ledger, session_id, plan.thread, plan.keep,
-                        [plan.rows[p] for p in sorted(plan.changed)])
+        assert plan.written is not None
+        transaction.add(save_line, session_id, plan.thread, plan.written,
+                        [plan.rows[p] for p in sorted(plan.changed)], plan.fork, plan.dropped)
         if plan.delivered:
             transaction.add(_deliver, session_id, [i.injection_id for i in plan.delivered],
                             now)
@@ -932,10 +1027,10 @@ def _deliver(conn: Any, session_id: str, injection_ids: Sequence[str], now: floa
 
 async def _commit(actor: SessionActor, plan: _Plan) -> None:
     """Write what the plan changed in one transaction (the recorded messages' append,
-    when there are any), then publish its events."""
-    diverged = plan.seen > plan.keep
-    if not plan.changed and not diverged:
-        return
+    when there are any), then publish its events: a new line of a thread that had lines
+    is a boundary (the agent compacted, the user rewound, or another conversation of the
+    session started)."""
+    diverged = plan.written != plan.line and not plan.new_thread
     now = time.time()
     stage = _stage(actor.session_id, plan, now, actor.services.memory)
     tokens: dict[int, int] = {}

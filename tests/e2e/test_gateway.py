@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import http.client
+import itertools
 import json
 import shutil
 import signal
@@ -830,3 +831,52 @@ def test_a_conversation_starts_with_only_the_memories_its_prompt_is_about(
                                  "- pytest flaky fixture (confidence 0.80): Run the tests "
                                  "with -p no:randomly when the tmp_path fixture is flaky; it "
                                  "is a test order issue.\n"}]}]
+
+
+def conversation(letter: str, turns: int) -> list[list[dict[str, Any]]]:
+    """The histories an agent sends for one conversation, one per request: the shared
+    first prompt, then per turn a Bash call whose large output ctxd offloads, and the
+    model's words."""
+    big = "\n".join(f"{letter}-line {n:05d} of the build log" for n in range(400))
+    history: list[dict[str, Any]] = [{"role": "user", "content": "Read the build log."}]
+    requests = [list(history)]
+    for turn in range(1, turns):
+        call_id = f"toolu_{letter}{turn}"
+        history += [
+            {"role": "assistant", "content": [{"type": "tool_use", "id": call_id,
+                                               "name": "Bash", "input": {"command": "cat"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id,
+                                          "content": big}]},
+            {"role": "assistant", "content": f"{letter} turn {turn} read."},
+            {"role": "user", "content": f"Go on with {letter}, turn {turn}."}]
+        requests.append(list(history))
+    return requests
+
+
+def test_parallel_conversations_with_one_start_keep_each_others_bytes(
+        gateway_daemon: DaemonProcess, script: ModelUpstream, sid: str) -> None:
+    import anthropic
+
+    # No x-ctxd-session and no Claude Code id: both are one keyless session (the same
+    # system prompt and first message), as two runs of one scripted task are.
+    client = anthropic.Anthropic(base_url=base_url(gateway_daemon), api_key="sk-ant-dummy",
+                                 max_retries=0)
+    system = f"You are the build agent of {sid}."
+    first, second = conversation("a", 4), conversation("b", 4)
+    try:
+        for a_history, b_history in zip(first, second, strict=True):
+            for history in (a_history, b_history):
+                client.messages.create(model="claude-test", max_tokens=10, system=system,
+                                       messages=history)
+    finally:
+        client.close()
+    received = [r.json()["messages"] for r in script.received]
+    assert len(received) == 8
+    for sent in (received[0::2], received[1::2]):  # each conversation's requests in turn
+        # Every message the model was sent before is sent again as it was: the stubs
+        # name the same refs, so the provider's cached prefix holds.
+        for before, after in itertools.pairwise(sent):
+            assert after[:len(before)] == before
+        assert "line 00200 of" not in json.dumps(sent[-1])  # offloaded, as stubs
+    assert received[3][:1] == received[2][:1]
+    assert received[3][1:] != received[2][1:]

@@ -4,22 +4,25 @@ automatic one), injections, cache breakpoints, count_tokens, bad bodies."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import apsw
 import msgspec
 import pytest
 import trio
-from tests_support import COUNTER, running_supervisor
+from tests_support import COUNTER, ledger_line, running_supervisor
 
 from ctxd.config import Config
 from ctxd.errors import CtxdError, ErrorCode
 from ctxd.gateway import GatewayRequest, _anthropic, prepare, session_of
+from ctxd.gateway._blocks import bare
 from ctxd.gateway._identity import conversation_key
-from ctxd.gateway._ledger import load_ledger
-from ctxd.gateway._rewrite import thread_of
+from ctxd.gateway._ledger import LINES_KEPT, load_lines
+from ctxd.gateway._rewrite import _ledgers, digest_of, thread_of
 from ctxd.hub import EventBus
 from ctxd.hygiene import cleared_input_text, cleared_text, ref_id_for, stub_text
 from ctxd.memory import HashingEmbedder, Memory
@@ -34,6 +37,7 @@ from ctxd.sessions import (
     record_sent_usage,
 )
 from ctxd.store import Store
+from ctxd.store.migrations import load_all
 from ctxd.wire.types import (
     ContextCompactParams,
     InjectListParams,
@@ -185,8 +189,8 @@ async def test_count_tokens_rewrites_alike_and_records_nothing(supervisor: Super
     history = [{"role": "user", "content": "x"}, call("t1", "Read"), answer("t1", BIG)]
     counted = await prepare(supervisor, anthropic(history, "count_tokens"))
     assert (await supervisor.call("s1", get_session)).session.message_count == 0
-    assert await supervisor.store.read(load_ledger, "s1", thread_of(
-        _anthropic, anthropic(history).body, history)) == []
+    assert await ledger_line(supervisor.store, "s1", _anthropic,
+                             anthropic(history).body) == (None, [])
     sent_now = await prepare(supervisor, anthropic(history))
     assert (counted.body, counted.tokens, counted.removed_tokens) == (
         sent_now.body, sent_now.tokens, sent_now.removed_tokens)
@@ -203,9 +207,13 @@ async def test_an_edited_turn_is_a_boundary(supervisor: Supervisor) -> None:
         ("gateway.boundary", {"position": 2})]
     assert sent(prepared.body) == edited
     assert (await supervisor.call("s1", get_session)).session.message_count == 4
-    thread = thread_of(_anthropic, anthropic(edited).body, edited)
-    ledger = await supervisor.store.read(load_ledger, "s1", thread)
+    line, ledger = await ledger_line(supervisor.store, "s1", _anthropic,
+                                     anthropic(edited).body)
     assert [row.sent for row in ledger] == edited
+    # The turn before the edit keeps its line: going back to it sends it as it was.
+    assert line == 1
+    assert (await ledger_line(supervisor.store, "s1", _anthropic, anthropic(history).body)
+            )[0] == 0
 
 
 async def test_a_side_request_with_its_own_system_prompt_leaves_the_conversation_be(
@@ -221,6 +229,100 @@ async def test_a_side_request_with_its_own_system_prompt_leaves_the_conversation
     assert drain(events) == []
     assert sent(again.body)[:3] == sent(first.body)
     assert (await supervisor.call("s1", get_session)).session.message_count == 6
+
+
+def task(name: str, turns: int) -> list[list[dict[str, Any]]]:
+    """A sub-agent's requests, one per turn: its task, then a large result and a word per
+    turn."""
+    history: list[dict[str, Any]] = [{"role": "user", "content": f"task {name}"}]
+    requests = [list(history)]
+    for turn in range(turns - 1):
+        history += [call(f"{name}{turn}", "Read"), answer(f"{name}{turn}", f"{name}\n" + BIG),
+                    {"role": "assistant", "content": f"{name} read {turn}"},
+                    {"role": "user", "content": f"{name}: go on"}]
+        requests.append(list(history))
+    return requests
+
+
+async def test_parallel_sub_agents_keep_their_lines_and_their_bytes(
+        supervisor: Supervisor) -> None:
+    """Conversations of one session with one system prompt (an agent's parallel
+    sub-agents of one kind under one session header): each is a line of the thread, so
+    none cuts another's ledger, each request sends what the one before it sent, and every
+    message is recorded once."""
+    agents = [task(name, 4) for name in "abc"]
+    events = supervisor.bus.subscribe("s1", types=["gateway.boundary"])
+    sent_by: dict[int, list[list[dict[str, Any]]]] = {0: [], 1: [], 2: []}
+    for turn in range(4):
+        for number, requests in enumerate(agents):
+            prepared = await prepare(supervisor, anthropic(requests[turn], system="explorer"))
+            sent_by[number].append(sent(prepared.body))
+    for bodies in sent_by.values():
+        for before, after in itertools.pairwise(bodies):
+            assert after[:len(before)] == before
+        assert BIG not in json.dumps(bodies[-1])
+    assert (await supervisor.call("s1", get_session)).session.message_count == 3 * 13
+    # The second and third agents each began a line: a boundary at their first message.
+    assert [(e.type, e.data) for e in drain(events)] == [
+        ("gateway.boundary", {"position": 0})] * 2
+    lines = [(await ledger_line(supervisor.store, "s1", _anthropic,
+                                anthropic(requests[-1], system="explorer").body))[0]
+             for requests in agents]
+    assert lines == [0, 1, 2]
+
+
+async def test_a_thread_keeps_its_last_used_lines(supervisor: Supervisor) -> None:
+    """Past `LINES_KEPT` lines a thread drops its least used one; a conversation on it
+    is then new to the ledger (recorded again), the others are not."""
+    firsts = [task(f"t{n}", 3) for n in range(LINES_KEPT + 1)]
+    for requests in firsts[:LINES_KEPT]:
+        await prepare(supervisor, anthropic(requests[1]))
+    await prepare(supervisor, anthropic(firsts[0][2]))  # the first line's next turn
+    await prepare(supervisor, anthropic(firsts[LINES_KEPT][1]))  # drops the second
+    order = await supervisor.store.read(load_lines, "s1", thread_of(
+        _anthropic, anthropic(firsts[0][1]).body, firsts[0][1]))
+    assert order == [*range(2, LINES_KEPT), 0, LINES_KEPT]
+    assert (await ledger_line(supervisor.store, "s1", _anthropic,
+                              anthropic(firsts[1][1]).body)) == (None, [])
+    recorded = (await supervisor.call("s1", get_session)).session.message_count
+    await prepare(supervisor, anthropic(firsts[0][1]))
+    assert (await supervisor.call("s1", get_session)).session.message_count == recorded
+    await prepare(supervisor, anthropic(firsts[1][1]))
+    assert (await supervisor.call("s1", get_session)).session.message_count == recorded + 5
+
+
+async def test_a_ledger_from_before_lines_is_line_0_after_the_upgrade(tmp_path: Path) -> None:
+    """Version 19 turns each thread's rows (by message digest) into line 0 (by node): the
+    conversation's next request matches them, records only its new messages and sends
+    what was sent before."""
+    path = tmp_path / "ctxd.db"
+    requests = task("a", 3)
+    async with running_supervisor(path, Config()) as supervisor:
+        first = await prepare(supervisor, anthropic(requests[1]))
+    # The file as version 18 left it: one line a thread, each row by its message's digest.
+    conn = apsw.Connection(str(path))
+    rows = conn.execute("SELECT session_id, thread, position, sent, agent_tokens, sent_tokens, "
+                        "first_seq, compaction, compaction_tokens FROM gateway_ledger "
+                        "ORDER BY position").fetchall()
+    assert len(rows) == len(requests[1])
+    with conn:
+        conn.execute("DROP TABLE gateway_ledger; DROP TABLE gateway_lines")
+        conn.execute(load_all()[14][1].SQL)
+        conn.executemany(
+            "INSERT INTO gateway_ledger (session_id, thread, position, digest, sent, "
+            "agent_tokens, sent_tokens, first_seq, compaction, compaction_tokens) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(session_id, thread, position, digest_of(bare(requests[1][position])), *rest)
+             for session_id, thread, position, *rest in rows])
+        conn.execute("PRAGMA user_version = 18")
+    conn.close()
+    _ledgers.clear()
+    async with running_supervisor(path, Config()) as supervisor:
+        recorded = (await supervisor.call("s1", get_session)).session.message_count
+        later = await prepare(supervisor, anthropic(requests[2]))
+        assert (await supervisor.call("s1", get_session)).session.message_count == recorded + 4
+    assert sent(later.body)[:len(requests[1])] == sent(first.body)
+    assert BIG not in json.dumps(sent(later.body))
 
 
 async def test_a_bad_body_is_refused_naming_the_part(supervisor: Supervisor) -> None:

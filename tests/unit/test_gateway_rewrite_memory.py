@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from tests_support import running_supervisor
+from tests_support import ledger_line, running_supervisor
 
 from ctxd.config import Config
 from ctxd.gateway import GatewayRequest, _anthropic, prepare
-from ctxd.gateway._ledger import LedgerRow, load_ledger
+from ctxd.gateway._ledger import LedgerRow, chained
 from ctxd.gateway._rewrite import LEDGERS_KEPT, _ledgers, digest_of, thread_of
 from ctxd.sessions import Supervisor, session_delete
 from ctxd.wire.types import SessionIdParams
@@ -78,8 +78,9 @@ def thread(step: Step) -> bytes:
     return thread_of(_anthropic, body, [_anthropic.bare(m) for m in body["messages"]])
 
 
-async def ledger_of(supervisor: Supervisor, step: Step) -> list[LedgerRow]:
-    return await supervisor.services.store.read(load_ledger, "s1", thread(step))
+async def ledger_of(supervisor: Supervisor, step: Step) -> tuple[int | None, list[LedgerRow]]:
+    return await ledger_line(supervisor.services.store, "s1", _anthropic,
+                             msgspec.json.decode(step[1]))
 
 
 async def kept(path: Path, steps: list[Step], config: Config | None = None
@@ -91,8 +92,9 @@ async def kept(path: Path, steps: list[Step], config: Config | None = None
                    for step in steps]
         key = ("s1", thread(steps[-1]))
         assert key in _ledgers._kept
-        rows = await ledger_of(supervisor, steps[-1])
-        assert _ledgers._kept[key].rows == rows  # the kept rows are the committed ones
+        line, rows = await ledger_of(supervisor, steps[-1])
+        assert line is not None
+        assert _ledgers._kept[key].lines[line] == rows  # the kept rows are the committed ones
         return results, rows
 
 
@@ -107,7 +109,7 @@ async def restarted(path: Path, steps: list[Step], config: Config | None = None
             results.append(outcome(await prepare(supervisor, request(step))))
     _ledgers.clear()
     async with running_supervisor(path, config or Config()) as supervisor:
-        return results, await ledger_of(supervisor, steps[-1])
+        return results, (await ledger_of(supervisor, steps[-1]))[1]
 
 
 async def test_kept_ledgers_send_what_a_restarted_daemon_sends(tmp_path: Path) -> None:
@@ -119,8 +121,11 @@ async def test_kept_ledgers_send_what_a_restarted_daemon_sends(tmp_path: Path) -
     assert results[4] == results[3]
     assert results[5][0] != results[4][0]
     body = msgspec.json.decode(STEPS[-1][1])
-    assert [row.digest for row in rows] == [
-        digest_of(_anthropic.bare(message)) for message in body["messages"]]
+    nodes, parent = [], thread(STEPS[-1])
+    for message in body["messages"]:
+        parent = chained(parent, digest_of(_anthropic.bare(message)))
+        nodes.append(parent)
+    assert [row.node for row in rows] == nodes
 
 
 async def test_an_evicted_thread_reads_its_rows_again(tmp_path: Path) -> None:
@@ -136,7 +141,7 @@ async def test_an_evicted_thread_reads_its_rows_again(tmp_path: Path) -> None:
         assert ("s1", thread(STEPS[0])) not in _ledgers._kept
         rest = [outcome(await prepare(supervisor, request(step)))
                 for step in STEPS[2:]]
-        rows = await ledger_of(supervisor, STEPS[-1])
+        _, rows = await ledger_of(supervisor, STEPS[-1])
     assert len(_ledgers._kept) == LEDGERS_KEPT
     assert (first + rest, rows) == await kept(db(tmp_path, "kept"), STEPS)
 
@@ -149,11 +154,11 @@ async def test_a_session_deleted_and_opened_again_does_not_use_its_old_rows(
         await supervisor.call("s1", lambda actor: session_delete(
             actor, SessionIdParams(session_id="s1")))
         again = outcome(await prepare(supervisor, request(STEPS[3])))
-        rows = await ledger_of(supervisor, STEPS[3])
+        _, rows = await ledger_of(supervisor, STEPS[3])
     _ledgers.clear()
     async with running_supervisor(db(tmp_path, "fresh"), Config()) as supervisor:
         assert again == outcome(await prepare(supervisor, request(STEPS[3])))
-        assert rows == await ledger_of(supervisor, STEPS[3])
+        assert rows == (await ledger_of(supervisor, STEPS[3]))[1]
     assert [row.first_seq for row in rows] == [1, 2, 3, 4, 5]
 
 
@@ -198,4 +203,7 @@ async def test_values_equal_in_python_but_not_in_json_are_digested_again(
     assert (results, rows) == await restarted(db(tmp_path, "restarted"), steps)
     assert [json.loads(body)["messages"][1]["content"][0]["input"]["n"]
             for body, _, _ in results] == values
-    assert rows[1].digest == digest_of(history(0.0)[1]) != digest_of(history(-0.0)[1])
+    def node(value: Any) -> bytes:
+        return chained(rows[0].node, digest_of(history(value)[1]))
+
+    assert rows[1].node == node(0.0) != node(-0.0)

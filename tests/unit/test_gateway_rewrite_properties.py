@@ -15,13 +15,13 @@ import msgspec
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests_support import running_supervisor
+from tests_support import ledger_line, running_supervisor
 
 from ctxd.config import Config
 from ctxd.gateway import GatewayRequest, Prepared, _anthropic, _openai, prepare
 from ctxd.gateway._blocks import bare, content_text
-from ctxd.gateway._ledger import LedgerRow, load_ledger
-from ctxd.gateway._rewrite import rewrite_points, shown, thread_of
+from ctxd.gateway._ledger import LedgerRow
+from ctxd.gateway._rewrite import rewrite_points, shown
 from ctxd.sessions import Supervisor, get_session, read_result
 from ctxd.wire.types import ResultReadParams
 
@@ -179,11 +179,10 @@ def shape_of(api: str) -> Any:
 
 async def ledger(supervisor: Supervisor, api: str,
                  messages: list[dict[str, Any]]) -> list[LedgerRow]:
-    """The ledger a request with these messages is matched against."""
-    shape = shape_of(api)
-    body = request(api, messages).body
-    thread = thread_of(shape, body, [shape.bare(m) for m in messages])
-    return await supervisor.store.read(load_ledger, "s1", thread)
+    """The ledger's line a request with these messages is matched against."""
+    _, rows = await ledger_line(supervisor.store, "s1", shape_of(api),
+                                request(api, messages).body)
+    return rows
 
 
 def sent_messages(prepared: Prepared) -> list[dict[str, Any]]:
@@ -274,7 +273,7 @@ def test_a_growing_history_keeps_every_earlier_message_sent_as_it_was(
                           if end >= previous]
             stable = min([*new_points, previous])
             assert sent_now[:stable] == sent_before[:stable]
-            assert [row.digest for row in after[:previous]] == [row.digest for row in before]
+            assert [row.node for row in after[:previous]] == [row.node for row in before]
             # The body is the ledger's view, the agent's marks put back.
             assert [shape.bare(m) for m in sent_messages(prepared)] == [
                 shape.bare(m) for m in sent_now if m is not None]
@@ -316,10 +315,11 @@ def test_a_rewound_history_is_a_boundary_and_only_its_new_messages_are_recorded(
         recorded = (await supervisor.call("s1", get_session)).session.message_count
         before = await ledger(supervisor, api, messages)
         prepared = await prepare(supervisor, request(api, edited))
-        after = await ledger(supervisor, api, messages)
+        after = await ledger(supervisor, api, edited)
         assert len(after) == cut
         assert after[:cut - 1] == before[:cut - 1]
         assert after[cut - 1].sent == bare(edited[-1])
+        assert await ledger(supervisor, api, messages) == before  # the old line stays
         assert (await supervisor.call("s1", get_session)).session.message_count == recorded + 1
         assert sent_messages(prepared)[-1] == request(api, edited).body["messages"][-1]
 
