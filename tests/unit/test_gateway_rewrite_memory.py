@@ -128,6 +128,36 @@ async def test_kept_ledgers_send_what_a_restarted_daemon_sends(tmp_path: Path) -
     assert [row.node for row in rows] == nodes
 
 
+AGAIN = {"role": "user", "content": "and again"}
+BIG_TOO = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2",
+                                        "content": BIG.upper()}]}
+CALL_TOO = {"role": "assistant", "content": [
+    {"type": "tool_use", "id": "t2", "name": "Bash", "input": {"command": "ls -R"}}]}
+LINE_STEPS: list[Step] = [
+    ("messages", raw([TASK, CALL, RESULT, SAID, NEXT])),
+    ("messages", raw([TASK, CALL, RESULT, SAID, EDITED])),  # a second line
+    ("messages", raw([TASK, CALL, RESULT, SAID, NEXT, CALL_TOO, BIG_TOO])),  # the first
+    ("messages", raw([TASK, CALL, RESULT, SAID, EDITED, CALL_TOO, BIG_TOO])),  # the second
+    ("messages", raw([TASK, CALL, RESULT, SAID, NEXT, CALL_TOO, BIG_TOO, SAID, AGAIN])),
+]
+
+
+async def test_kept_lines_send_what_a_restarted_daemon_finds_in_sqlite(
+        tmp_path: Path) -> None:
+    """Two lines of one thread, taken in turn: kept in memory, or found by their nodes
+    in SQLite after a restart, each request sends the same bytes."""
+    results, rows = await kept(db(tmp_path, "kept"), LINE_STEPS)
+    assert (results, rows) == await restarted(db(tmp_path, "restarted"), LINE_STEPS)
+    # Each line's next request begins with the bytes of its last one; the two offloaded
+    # the same second result each under a ref of its own.
+    sent = [msgspec.json.decode(body)["messages"] for body, _, _ in results]
+    assert sent[2][:5] == sent[0]
+    assert sent[4][:7] == sent[2]
+    assert sent[3][:5] == sent[1]
+    assert sent[2][6] != sent[3][6]
+    assert BIG.upper() not in json.dumps(sent)
+
+
 async def test_an_evicted_thread_reads_its_rows_again(tmp_path: Path) -> None:
     _ledgers.clear()
     async with running_supervisor(db(tmp_path, "evicted"), Config()) as supervisor:
