@@ -1,10 +1,11 @@
 """``python -m ctxd``, with the process SIGKILLing itself at a chosen commit of a
-transcript.import: the end-to-end tests' way to stop an import at each of its commit
-points, deterministically (`DaemonProcess(entry=[KILL_AT_COMMIT])`).
+transcript.import or of the gateway's preparation of a model request: the end-to-end
+tests' way to stop either at each of its commit points, deterministically
+(`DaemonProcess(entry=[KILL_AT_COMMIT])`).
 
-Only the commits a ``transcript.import`` request makes into the session
-``TEST_KILL_SESSION`` are counted (its own `Store.write` calls, in the task that runs the
-import: not the event bus's), from 1 in the process:
+Only the commits a ``transcript.import`` request, or the gateway's rewrite of a model
+request, makes into the session ``TEST_KILL_SESSION`` are counted (its own `Store.write`
+calls, in the task that runs it: not the event bus's), from 1 in the process:
 
 - ``TEST_KILL_AT_COMMIT=before:N``: killed as the N-th is about to start (it is not
   written); ``after:N``: killed as soon as the N-th has committed, before anything else
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxd.daemon import main
+from ctxd.gateway import _rewrite
 from ctxd.sessions import _import
 from ctxd.store import Store
 
@@ -69,22 +71,24 @@ def _wrap_write(kill: tuple[str, int] | None, log: str | None) -> None:
     Store.write = counted_write  # type: ignore[method-assign]
 
 
-def _wrap_import(session_id: str) -> None:
-    run_import: Callable[..., Awaitable[Any]] = _import.run_import
-
-    async def counted_import(actor: Any, *args: Any) -> Any:
+def _counting(operation: Callable[..., Awaitable[Any]], session_id: str
+              ) -> Callable[..., Awaitable[Any]]:
+    """``operation`` (an actor's, its actor first), its writes counted in the session."""
+    async def counted(actor: Any, *args: Any) -> Any:
         if actor.session_id != session_id:
-            return await run_import(actor, *args)
+            return await operation(actor, *args)
         token = _counted.set(True)
         try:
-            return await run_import(actor, *args)
+            return await operation(actor, *args)
         finally:
             _counted.reset(token)
 
-    _import.run_import = counted_import
+    return counted
 
 
 if __name__ == "__main__":
     _wrap_write(_kill_spec(), os.environ.get("TEST_COMMIT_LOG"))
-    _wrap_import(os.environ["TEST_KILL_SESSION"])
+    _import.run_import = _counting(_import.run_import, os.environ["TEST_KILL_SESSION"])
+    _rewrite._reconcile = _counting(  # type: ignore[assignment]
+        _rewrite._reconcile, os.environ["TEST_KILL_SESSION"])
     sys.exit(main())
