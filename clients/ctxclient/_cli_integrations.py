@@ -192,7 +192,8 @@ disabled or off), 126 when CMD cannot be executed, 127 when it is not found.
 examples:
   ctxctl run -- aider --model sonnet
   ctxctl run -- codex
-  ctxctl run -- python my_agent.py"""
+  ctxctl run -- python my_agent.py
+  ctxctl run -- printenv ANTHROPIC_BASE_URL   # the URL, for an agent's settings"""
 
 
 def add_run(commands: Commands, common: Parser) -> None:

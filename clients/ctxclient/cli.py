@@ -36,7 +36,7 @@ EXIT_STATUS = """exit status:
   2  no daemon answers on the socket, or bad usage
   3  install/uninstall refused a settings file (nothing written)
 run exits with its command's status, or 125 (it could not run it: no daemon, the
-gateway disabled), 126 (not executable) or 127 (not found)"""
+gateway disabled or off), 126 (not executable) or 127 (not found)"""
 
 
 def parser() -> argparse.ArgumentParser:

@@ -171,7 +171,7 @@ def test_version_and_exit_codes_in_help(ctxctl: Ctxctl, tmp_path: Path) -> None:
         "it still running)\n  2  no daemon answers on the socket, or bad usage\n"
         "  3  install/uninstall refused a settings file (nothing written)\n"
         "run exits with its command's status, or 125 (it could not run it: no daemon, the\n"
-        "gateway disabled), 126 (not executable) or 127 (not found)\n")
+        "gateway disabled or off), 126 (not executable) or 127 (not found)\n")
 
 
 def test_every_hint_method_is_a_daemon_method_and_every_command_parses() -> None:
