@@ -59,10 +59,11 @@ WORDS = ("the function returns a list of values that the caller keeps in its cac
 
 class ModelServer:
     """The provider's stand-in: answers every ``/v1/messages`` at once; ``calls`` counts
-    the requests it received."""
+    the requests it received; with ``keep``, ``received`` holds their bodies."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: bool = False) -> None:
         self.calls = itertools.count(1)
+        self.received: list[bytes] = []
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -75,8 +76,11 @@ class ModelServer:
                 self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                raw = self.rfile.read(int(self.headers["Content-Length"]))
+                body = json.loads(raw)
                 number = next(server.calls)
+                if keep:
+                    server.received.append(raw)
                 usage = {"input_tokens": 1000, "output_tokens": 3,
                          "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}
                 message = {"id": f"msg_bench{number:08d}", "type": "message",
@@ -140,13 +144,14 @@ class Endpoint:
         self.conn.connect()
         self.conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def post(self, body: bytes) -> tuple[float, float]:
+    def post(self, body: bytes, headers: tuple[tuple[str, str], ...] = ()
+             ) -> tuple[float, float]:
         """Milliseconds until the first body byte and until the whole answer."""
         self.conn.putrequest("POST", self.prefix + "/v1/messages",
                              skip_accept_encoding=True)
         for name, value in (("content-type", "application/json"),
                             ("x-api-key", "bench-key"), ("anthropic-version", "2023-06-01"),
-                            ("content-length", str(len(body)))):
+                            ("content-length", str(len(body))), *headers):
             self.conn.putheader(name, value)
         self.conn.endheaders()
         self.conn.send(body)
