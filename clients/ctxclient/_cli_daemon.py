@@ -390,17 +390,35 @@ TEAM_FIX = ("ctxctl: the team database is unreachable: memories shared here wait
             "(`psql \"$TEAM_MEMORY_DATABASE_URL\"`)")
 
 
+UPSTREAM_NOTE = ("ctxctl: model calls through the gateway to an upstream it cannot reach "
+                 "fail (HTTP 502) until it answers; check [gateway] {settings} in ctxd's "
+                 "config, the network and any proxy in ctxd's environment (an API no agent "
+                 "of yours uses needs nothing)")
+
+
 def gateway_check(status: dict[str, Any]) -> dict[str, Any] | None:
-    """The gateway end to end (``GET <base_url>/_ctxd/health``); None when it is disabled,
+    """The gateway end to end (``GET <base_url>/_ctxd/health``), and whether it reaches
+    its upstreams (``upstreams``: None when it does not say); None when it is disabled,
     a failed check (without ``listen``) when it is off (``gateway_off``)."""
     from ctxclient import _gateway
 
     gateway = status.get("gateway")
     if gateway is None:
         off = status.get("gateway_off")
-        return None if off is None else {"listen": None, "ok": False, "problem": off}
+        return None if off is None else {"listen": None, "ok": False, "problem": off,
+                                         "upstreams": None}
     problem = _gateway.health_problem(gateway["base_url"])
-    return {"listen": gateway["listen"], "ok": problem is None, "problem": problem}
+    upstreams = None if problem else _gateway.upstream_checks(gateway["base_url"])
+    return {"listen": gateway["listen"], "ok": problem is None, "problem": problem,
+            "upstreams": upstreams}
+
+
+def upstream_lines(check: dict[str, Any] | None) -> list[str]:
+    """One line an upstream: reached (with the status it answered), or what failed."""
+    return [f"upstream {upstream['url']}: "
+            + (f"reached (HTTP {upstream['status']})" if upstream["reached"]
+               else upstream["problem"])
+            for upstream in (check or {}).get("upstreams") or ()]
 
 
 def gateway_check_line(check: dict[str, Any] | None) -> str:
@@ -431,13 +449,16 @@ def cmd_doctor(client: Client, args: argparse.Namespace, out: Output) -> int:
     gateway_ok = gateway is None or gateway["ok"]
     team = status.get("team")
     team_ok = team is None or team["connected"]
+    unreached = [u for u in (gateway or {}).get("upstreams") or () if not u["reached"]]
     out.emit({**result, "gateway": gateway, "team": team, "integrations": integrations},
-             Lines([*found, gateway_check_line(gateway), *filter(None, [team_line(team)]),
-                    *_install.doctor_lines(integrations)]),
+             Lines([*found, gateway_check_line(gateway), *upstream_lines(gateway),
+                    *filter(None, [team_line(team)]), *_install.doctor_lines(integrations)]),
              *([] if result["ok"] else [Stderr(
                  f"ctxctl: the database {result['database']} is corrupt; stop ctxd and run "
                  "`ctxd --recover`")]),
              *([] if gateway_ok else [Stderr(GATEWAY_FIX)]),
+             *([Stderr(UPSTREAM_NOTE.format(settings=" and ".join(
+                 u["setting"] for u in unreached)))] if unreached else []),
              *([] if team_ok else [Stderr(TEAM_FIX)]))
     if not wired:
         print("ctxctl: an agent's ctxd settings are incomplete; run the fix shown",

@@ -27,6 +27,8 @@ OPENAI_ENV = "OPENAI_BASE_URL"
 ends in ``/v1`` (the SDKs add ``/chat/completions``)."""
 HEALTH_PATH = "/_ctxd/health"
 HEALTH_TIMEOUT_S = 5.0
+UPSTREAMS_TIMEOUT_S = 15.0
+"""The gateway gives each upstream 5 s, side by side."""
 ENABLE_FIX = ("set `enabled = true` under [gateway] in ctxd's config (ctxd.toml(5)), then "
               "restart ctxd: `ctxctl stop`, then `ctxd`")
 _TOKEN = re.compile(r"/[A-Za-z0-9_-]{32,}")
@@ -124,7 +126,22 @@ def health_problem(base_url: str, timeout: float = HEALTH_TIMEOUT_S) -> str | No
     """What is wrong with the gateway at ``base_url``, asked end to end over HTTP
     (``GET <base_url>/_ctxd/health``, expecting 200 and ``{"ok": true}``); None when it
     answers so."""
-    url = base_url.rstrip("/") + HEALTH_PATH
+    return _health(base_url, "", timeout)[0]
+
+
+def upstream_checks(base_url: str) -> list[dict[str, Any]] | None:
+    """Whether the gateway reaches each upstream (``/_ctxd/health?upstreams=1``: its
+    ``upstreams``, each ``setting``, ``url``, ``reached``, ``status``, ``problem``); None
+    when the gateway does not say (it does not answer, or is older)."""
+    problem, answer = _health(base_url, "?upstreams=1", UPSTREAMS_TIMEOUT_S)
+    found = None if problem is not None or answer is None else answer.get("upstreams")
+    return found if isinstance(found, list) else None
+
+
+def _health(base_url: str, query: str, timeout: float
+            ) -> tuple[str | None, dict[str, Any] | None]:
+    """The health answer's problem (None: it answered ok) and the answer."""
+    url = base_url.rstrip("/") + HEALTH_PATH + query
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
     # No proxy: the gateway is on loopback, and a proxy from the environment must not
     # see its token.
@@ -136,15 +153,15 @@ def health_problem(base_url: str, timeout: float = HEALTH_TIMEOUT_S) -> str | No
         status, body = exc.code, exc.read(65536)
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        return f"no answer from {shown(base_url)}{HEALTH_PATH} ({reason})"
+        return f"no answer from {shown(base_url)}{HEALTH_PATH} ({reason})", None
     try:
         answer = json.loads(body)
     except ValueError:
         answer = None
     if status != 200 or not isinstance(answer, dict) or answer.get("ok") is not True:
         text = body[:200].decode("utf-8", "replace")
-        return f"{shown(base_url)}{HEALTH_PATH} answered {status}: {text}"
-    return None
+        return f"{shown(base_url)}{HEALTH_PATH} answered {status}: {text}", None
+    return None, answer
 
 
 def shown(base_url: str) -> str:

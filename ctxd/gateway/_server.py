@@ -50,6 +50,11 @@ REWRITTEN: dict[str, tuple[Api, Endpoint]] = {
 }
 """The POST paths whose body ctxd rewrites (`prepare`); every other path passes through."""
 HEALTH_PATH = "/_ctxd/health"
+UPSTREAMS_QUERY = "?upstreams=1"
+"""With it, the health answer says whether each upstream answers (``ctxctl doctor``)."""
+UPSTREAM_SETTINGS = ("anthropic_upstream", "openai_upstream")
+UPSTREAM_CHECK_TIMEOUT_S = 5.0
+"""How long the health answer waits for each upstream's."""
 REQUEST_TIMEOUT_S = 120.0
 """Time a connection has to send a whole request, from the end of the last answer (or
 its opening): an idle keep-alive connection is closed after it too."""
@@ -227,9 +232,11 @@ class Gateway:
         if reading.cancelled_caught:
             return False  # too slow, or idle too long: closed
         headers: Headers = list(request.headers)
-        if rest == HEALTH_PATH and request.method == b"GET":
-            await send_answer(stream, connection, Answer(200, msgspec.json.encode(
-                {"ok": True, "version": __version__, "session_id": None})))
+        if rest in (HEALTH_PATH, HEALTH_PATH + UPSTREAMS_QUERY) and request.method == b"GET":
+            health: dict[str, Any] = {"ok": True, "version": __version__, "session_id": None}
+            if rest.endswith(UPSTREAMS_QUERY):
+                health["upstreams"] = await self._reach_upstreams()
+            await send_answer(stream, connection, Answer(200, msgspec.json.encode(health)))
             return True
         complete = await self._forward(stream, connection, request.method, rest, headers, body)
         return complete and connection.our_state is h11.DONE \
@@ -328,24 +335,44 @@ class Gateway:
             try:
                 response = await self._client.send(request, stream=True)
             except httpx2.HTTPError as exc:
-                host = request.url.host  # not the netloc: no credentials in an error
-                host = f"[{host}]" if ":" in host else host
-                port = f":{request.url.port}" if request.url.port is not None else ""
-                where = f"{request.url.scheme}://{host}{port}"
-                log.warning("gateway: %s %s failed: %s", method.decode(), where,
-                            type(exc).__name__)
-                unreached = isinstance(exc, (httpx2.ConnectError, httpx2.ConnectTimeout,
-                                             httpx2.ProxyError, httpx2.UnsupportedProtocol))
-                what = ("could not be reached" if unreached else
-                        "was reached but gave no valid answer")
+                log.warning("gateway: %s %s failed: %s", method.decode(),
+                            _origin(request.url), type(exc).__name__)
                 return await relay.end_early(502, "api_error", (
-                    f"ctxd gateway: the upstream {where} {what} ({type(exc).__name__}); "
+                    f"ctxd gateway: the upstream {_origin(request.url)} {_failure(exc)}; "
                     f"check the gateway's {setting} in ctxd's config"))
             try:
                 return await relay.run(response)
             finally:
                 with trio.move_on_after(CLOSE_TIMEOUT_S, shield=True):
                     await response.aclose()
+
+    async def _reach_upstreams(self) -> list[dict[str, Any]]:
+        """Whether each upstream answers (``HEAD /``; any HTTP status is an answer), asked
+        side by side with the calls' client, `UPSTREAM_CHECK_TIMEOUT_S` each."""
+        import httpx2
+
+        if self._client is None:
+            self._client = new_client(self.config)
+        client = self._client
+        found: dict[str, dict[str, Any]] = {}
+
+        async def reach(setting: str) -> None:
+            url = httpx2.URL(getattr(self.config, setting).rstrip("/") + "/")
+            answer: dict[str, Any] = {"setting": setting, "url": _origin(url),
+                                      "reached": False, "status": None, "problem": None}
+            try:
+                async with self._upstream_slots:
+                    response = await client.request("HEAD", url,
+                                                    timeout=UPSTREAM_CHECK_TIMEOUT_S)
+                answer.update(reached=True, status=response.status_code)
+            except httpx2.HTTPError as exc:
+                answer["problem"] = _failure(exc)
+            found[setting] = answer
+
+        async with trio.open_nursery() as nursery:
+            for setting in UPSTREAM_SETTINGS:
+                nursery.start_soon(reach, setting)
+        return [found[setting] for setting in UPSTREAM_SETTINGS]
 
     def _started(self, request: Request, call: _Call) -> None:
         self._requests.add(request)
@@ -461,3 +488,22 @@ def _loopback_host(host: bytes) -> bool:
         return is_loopback(name)
     except ValueError:
         return False
+
+
+def _origin(url: httpx2.URL) -> str:
+    """An upstream as errors name it: scheme, host and port, never credentials."""
+    host = url.host
+    host = f"[{host}]" if ":" in host else host
+    port = f":{url.port}" if url.port is not None else ""
+    return f"{url.scheme}://{host}{port}"
+
+
+def _failure(exc: httpx2.HTTPError) -> str:
+    """What an upstream call's failure was: not reached, or reached with no valid answer
+    (it closed the connection, or is not an HTTP server)."""
+    import httpx2
+
+    unreached = isinstance(exc, (httpx2.ConnectError, httpx2.ConnectTimeout,
+                                 httpx2.ProxyError, httpx2.UnsupportedProtocol))
+    what = "could not be reached" if unreached else "was reached but gave no valid answer"
+    return f"{what} ({type(exc).__name__})"

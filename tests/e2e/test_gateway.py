@@ -880,3 +880,34 @@ def test_parallel_conversations_with_one_start_keep_each_others_bytes(
         assert "line 00200 of" not in json.dumps(sent[-1])  # offloaded, as stubs
     assert received[3][:1] == received[2][:1]
     assert received[3][1:] != received[2][1:]
+
+
+def test_doctor_says_which_upstream_the_gateway_cannot_reach(
+        daemon_root: Path, script: ModelUpstream) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        nobody = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    process = DaemonProcess(daemon_root, env={"CTXD_GATEWAY_ANTHROPIC_UPSTREAM": script.origin,
+                                              "CTXD_GATEWAY_OPENAI_UPSTREAM": nobody})
+    with process.running() as daemon:
+        doctor = subprocess.run([sys.executable, "-m", "ctxclient.cli", "--socket",
+                                 str(daemon.socket), "doctor"], capture_output=True,
+                                text=True, timeout=60, check=False)
+        status, health = raw_request(daemon, "GET", token_path(daemon)
+                                     + "/_ctxd/health?upstreams=1")
+    # The scripted provider answers HEAD / with 501 (an answer all the same); the closed
+    # port refuses the connection. Neither fails doctor: an API no agent uses may be
+    # unreachable.
+    assert (status, json.loads(health)["upstreams"]) == (200, [
+        {"setting": "anthropic_upstream", "url": script.origin, "reached": True,
+         "status": 501, "problem": None},
+        {"setting": "openai_upstream", "url": nobody, "reached": False, "status": None,
+         "problem": "could not be reached (ConnectError)"}])
+    assert doctor.returncode == 0
+    assert doctor.stdout.splitlines()[2:4] == [
+        f"upstream {script.origin}: reached (HTTP 501)",
+        f"upstream {nobody}: could not be reached (ConnectError)"]
+    assert doctor.stderr == (
+        "ctxctl: model calls through the gateway to an upstream it cannot reach fail (HTTP "
+        "502) until it answers; check [gateway] openai_upstream in ctxd's config, the "
+        "network and any proxy in ctxd's environment (an API no agent of yours uses needs "
+        "nothing)\n")
