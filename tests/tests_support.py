@@ -20,7 +20,7 @@ import trio
 
 from ctxclient import Client, RpcError
 from ctxd.config import Config
-from ctxd.gateway._ledger import LedgerRow, chained, load_lines, longest_line
+from ctxd.gateway._ledger import LedgerRow, chained, load_line
 from ctxd.gateway._rewrite import digest_of, thread_of
 from ctxd.hub import EventBus
 from ctxd.sessions import Supervisor
@@ -102,7 +102,8 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 async def ledger_line(store: Store, session_id: str, shape: Any, body: dict[str, Any]
                       ) -> tuple[int | None, list[LedgerRow]]:
     """The gateway ledger's line that holds the most of a request's messages (of those,
-    the last used), and its rows (None and none: no line holds its first message)."""
+    the last used), and its rows (None and none: no line holds its first message), read
+    from the tables message by message."""
     bares = [shape.bare(message) for message in body["messages"]]
     thread = thread_of(shape, body, bares)
     nodes, parent = [], thread
@@ -111,9 +112,19 @@ async def ledger_line(store: Store, session_id: str, shape: Any, body: dict[str,
         nodes.append(parent)
 
     def read(conn: Any) -> tuple[int | None, list[LedgerRow]]:
-        found = longest_line(conn, session_id, thread, nodes, 0,
-                             load_lines(conn, session_id, thread))
-        return (None, []) if found is None else found
+        best, most = None, 0
+        for (line,) in conn.execute("SELECT line FROM gateway_lines WHERE session_id = ? "
+                                    "AND thread = ? ORDER BY used DESC", (session_id, thread)):
+            held = 0
+            for (node,) in conn.execute(
+                    "SELECT node FROM gateway_ledger WHERE session_id = ? AND thread = ? "
+                    "AND line = ? ORDER BY position", (session_id, thread, line)):
+                if held == len(nodes) or node != nodes[held]:
+                    break
+                held += 1
+            if held > most:
+                best, most = line, held
+        return best, [] if best is None else load_line(conn, session_id, thread, best)
 
     return await store.read(read)
 

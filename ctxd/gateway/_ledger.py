@@ -1,7 +1,7 @@
 """The sent ledger: the ``gateway_ledger`` table, one row per message position of a
 conversation line as the gateway last sent it, and ``gateway_lines``, the lines of each
 thread (a session's requests with one system prompt) by their last use (docs/decisions.md,
-Gateway: the sent ledger's lines)."""
+Gateway: "The ledger keeps a line per conversation")."""
 
 from __future__ import annotations
 
@@ -86,29 +86,17 @@ def load_line(conn: apsw.Connection, session_id: str, thread: bytes, line: int
         "AND line = ? ORDER BY position", (session_id, thread, line))]
 
 
-def longest_line(conn: apsw.Connection, session_id: str, thread: bytes,
-                 nodes: Sequence[bytes], held: int, lines: Sequence[int]
-                 ) -> tuple[int, list[LedgerRow]] | None:
-    """The line holding more of ``nodes`` than ``held`` (the most, and of those the last
-    used of ``lines``), with its rows; None when no line holds more. A line that holds a
-    node holds every node before it, so the length is found by halving."""
-    def holders(count: int) -> set[int]:
-        return {line for (line,) in conn.execute(
-            "SELECT line FROM gateway_ledger WHERE session_id = ? AND thread = ? "
-            "AND node = ?", (session_id, thread, nodes[count - 1]))}
-
-    low, high = held, len(nodes)
-    while low < high:
-        middle = (low + high + 1) // 2
-        if holders(middle):
-            low = middle
-        else:
-            high = middle - 1
-    if low == held:
-        return None
-    found = holders(low)
-    line = max(found, key=lambda line: lines.index(line) if line in lines else -1)
-    return line, load_line(conn, session_id, thread, line)
+def load_nodes(conn: apsw.Connection, session_id: str, thread: bytes
+               ) -> tuple[list[int], dict[int, list[bytes]]]:
+    """The thread's lines, the least recently used first, and each line's nodes in
+    position order (what a request is matched against without reading the rows)."""
+    nodes: dict[int, list[bytes]] = {}
+    for line, node in conn.execute(
+            "SELECT line, node FROM gateway_ledger WHERE session_id = ? AND thread = ? "
+            "ORDER BY line, position", (session_id, thread)):
+        nodes.setdefault(line, []).append(node)
+    order = load_lines(conn, session_id, thread)
+    return order, {line: nodes.get(line, []) for line in order}
 
 
 def save_line(conn: apsw.Connection, session_id: str, thread: bytes, line: int,

@@ -34,8 +34,8 @@ from ctxd.gateway._ledger import (
     LINES_KEPT,
     LedgerRow,
     chained,
-    load_lines,
-    longest_line,
+    load_line,
+    load_nodes,
     save_line,
 )
 from ctxd.hub import ack_injection, list_injections, provider_ratio, pull_injections
@@ -54,7 +54,7 @@ from ctxd.hygiene import (
 from ctxd.memory import PROMPT_HEADER, Injected, Memory, project_scope
 from ctxd.scrub import scrub
 from ctxd.sessions import append, offered_tools, open_session, render
-from ctxd.store import Store, Transaction
+from ctxd.store import Transaction
 from ctxd.tokens import part_text
 from ctxd.transcripts import PERSISTED_OUTPUT
 from ctxd.wire.types import (
@@ -206,28 +206,40 @@ class _Thread:
     """The session's (a session deleted and opened again is another)."""
     order: list[int]
     """Every line the thread has in SQLite, the least recently used first."""
-    lines: dict[int, list[LedgerRow]]
-    """The rows of the lines read so far (some of ``order``)."""
+    nodes: dict[int, list[bytes]]
+    """Every line's nodes (what a request is matched against)."""
+    lines: dict[int, list[LedgerRow]] = dataclasses.field(default_factory=dict)
+    """The rows of some of the lines (read when matched)."""
+    weights: dict[int, int] = dataclasses.field(default_factory=dict)
+    """What each line of ``lines`` takes (`_weight`; rows two lines share, the prefix
+    a new line began with, are counted in each)."""
     bares: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """The last request's messages, their marks left out (`_Shape.bare`): what the
     digests are of."""
     digests: list[bytes] = dataclasses.field(default_factory=list)
-    nodes: list[bytes] = dataclasses.field(default_factory=list)
+    last_nodes: list[bytes] = dataclasses.field(default_factory=list)
     """The last request's nodes (`chained`)."""
     size: int = 0
 
     def weigh(self, current: int | None) -> None:
-        """``size``: what the kept lines take (`_weight`), less the least used ones
-        (never ``current``) while it is over a kept thread's share."""
+        """``size``: what the thread takes kept, after leaving out the rows of the least
+        used lines (never ``current``'s) while it is over a kept thread's share."""
         share = LEDGER_BYTES_KEPT // 8
-        weights = {line: _weight(rows) for line, rows in self.lines.items()}
-        last = weights.get(current, 0) // 2 if current is not None else 0
+        for line, rows in self.lines.items():
+            if line not in self.weights:
+                self.weights[line] = _weight(rows)
+        nodes = NODE_BYTES * sum(len(nodes) for nodes in self.nodes.values())
+        last = self.weights.get(current, 0) // 2 if current is not None else 0
         for line in self.order:
-            if sum(weights.values()) + last <= share:
+            if nodes + sum(self.weights.values()) + last <= share:
                 break
-            if line != current and line in weights:
-                del self.lines[line], weights[line]
-        self.size = sum(weights.values()) + last
+            if line != current and line in self.lines:
+                del self.lines[line], self.weights[line]
+        self.size = nodes + sum(self.weights.values()) + last
+
+
+NODE_BYTES = 64
+"""What one node takes kept: a 16-byte bytes object and its place in a list."""
 
 
 class _Ledgers:
@@ -353,11 +365,13 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
     record = actor.require()
     kept = _ledgers.take(session_id, thread, record.created_at)
     if kept is None:
-        kept = _Thread(created_at=record.created_at, lines={}, order=await services.store.read(
-            load_lines, session_id, thread))
+        order, line_nodes = await services.store.read(load_nodes, session_id, thread)
+        kept = _Thread(created_at=record.created_at, order=order, nodes=line_nodes)
     digests = [_digest(position, bares, kept) for position in range(len(messages))]
     nodes = _nodes(thread, digests, kept)
-    line, keep = await _longest_line(services.store, session_id, thread, nodes, kept)
+    line, keep = _longest_line(kept, nodes)
+    if line is not None and line not in kept.lines:
+        kept.lines[line] = await services.store.read(load_line, session_id, thread, line)
     ledger = [] if line is None else kept.lines[line]
     matched = {row.position: row for row in ledger[:keep]}
     plan = _Plan(thread=thread, new_thread=not kept.order, line=line, keep=keep,
@@ -386,11 +400,14 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
         await _commit(actor, plan)
         assert plan.written is not None
         kept.lines[plan.written] = [plan.rows[p] for p in range(len(messages))]
+        kept.nodes[plan.written] = nodes
+        kept.weights.pop(plan.written, None)
         for gone in plan.dropped:
-            kept.lines.pop(gone, None)
+            for kept_by_line in (kept.lines, kept.nodes, kept.weights):
+                kept_by_line.pop(gone, None)
         kept.order = [line for line in kept.order
                       if line != plan.written and line not in plan.dropped] + [plan.written]
-    kept.bares, kept.digests, kept.nodes = bares, digests, nodes
+    kept.bares, kept.digests, kept.last_nodes = bares, digests, nodes
     kept.weigh(plan.written if plan.written is not None else line)
     _ledgers.put(session_id, thread, kept)
     in_system = sum(tokens + marks_tokens.get(p, 0) for p, tokens in enumerate(view.tokens)
@@ -467,41 +484,34 @@ def _nodes(thread: bytes, digests: list[bytes], kept: _Thread) -> list[bytes]:
     same = 0
     while same < min(len(digests), len(kept.digests)) and digests[same] is kept.digests[same]:
         same += 1
-    nodes = kept.nodes[:same]
+    nodes = kept.last_nodes[:same]
     for digest in digests[same:]:
         nodes.append(chained(nodes[-1] if nodes else thread, digest))
     return nodes
 
 
-def _held(rows: list[LedgerRow], nodes: list[bytes]) -> int:
-    """How many of ``nodes`` the line of ``rows`` holds (a node held means every one
-    before it is: found by halving)."""
-    low, high = 0, min(len(rows), len(nodes))
+def _held(line: list[bytes], nodes: list[bytes]) -> int:
+    """How many of ``nodes`` a line (its nodes) holds: a node held means every one before
+    it is, so it is found by halving."""
+    low, high = 0, min(len(line), len(nodes))
     while low < high:
         middle = (low + high + 1) // 2
-        if rows[middle - 1].node == nodes[middle - 1]:
+        if line[middle - 1] == nodes[middle - 1]:
             low = middle
         else:
             high = middle - 1
     return low
 
 
-async def _longest_line(store: Store, session_id: str, thread: bytes,
-                        nodes: list[bytes], kept: _Thread) -> tuple[int | None, int]:
-    """The line that holds the most of the request's nodes, of those the last used, and
-    how many; its rows are then in ``kept.lines``. The lines kept are tried first; SQLite
-    only when some line is not kept and the request goes past what the kept ones hold."""
+def _longest_line(kept: _Thread, nodes: list[bytes]) -> tuple[int | None, int]:
+    """The line that holds the most of the request's nodes, of those the last used
+    (None: no line holds its first), and how many: decided on every line's nodes, so the
+    same whatever rows are kept in memory."""
     line, keep = None, 0
     for candidate in reversed(kept.order):
-        rows = kept.lines.get(candidate)
-        if rows is not None and (held := _held(rows, nodes)) > keep:
+        held = _held(kept.nodes[candidate], nodes)
+        if held > keep:
             line, keep = candidate, held
-    if keep < len(nodes) and len(kept.lines) < len(kept.order):
-        found = await store.read(longest_line, session_id, thread, nodes, keep,
-                                          kept.order)
-        if found is not None:
-            line, kept.lines[found[0]] = found
-            keep = _held(found[1], nodes)
     return line, keep
 
 

@@ -292,19 +292,32 @@ async def test_a_thread_keeps_its_last_used_lines(supervisor: Supervisor) -> Non
 
 
 async def test_a_ledger_from_before_lines_is_line_0_after_the_upgrade(tmp_path: Path) -> None:
-    """Version 19 turns each thread's rows (by message digest) into line 0 (by node): the
-    conversation's next request matches them, records only its new messages and sends
-    what was sent before."""
+    """Version 19 turns each thread's rows (by message digest) into line 0 (by node), a
+    chain of nodes a thread, in every session: each conversation's next request matches
+    them, records only its new messages and sends what was sent before."""
     path = tmp_path / "ctxd.db"
-    requests = task("a", 3)
+    conversations = {("s1", "agent"): task("a", 3), ("s1", "reviewer"): task("b", 3),
+                     ("s2", "agent"): task("c", 3)}
+
+    def request(session_id: str, system: str, messages: list[dict[str, Any]]
+                ) -> GatewayRequest:
+        return GatewayRequest(api="anthropic", endpoint="messages", session_header=session_id,
+                              body={"model": "claude-x", "max_tokens": 100, "system": system,
+                                    "messages": messages})
+
+    firsts = {}
     async with running_supervisor(path, Config()) as supervisor:
-        first = await prepare(supervisor, anthropic(requests[1]))
+        for (session_id, system), requests in conversations.items():
+            firsts[session_id, system] = await prepare(
+                supervisor, request(session_id, system, requests[1]))
     # The file as version 18 left it: one line a thread, each row by its message's digest.
     conn = apsw.Connection(str(path))
     rows = conn.execute("SELECT session_id, thread, position, sent, agent_tokens, sent_tokens, "
                         "first_seq, compaction, compaction_tokens FROM gateway_ledger "
-                        "ORDER BY position").fetchall()
-    assert len(rows) == len(requests[1])
+                        "ORDER BY session_id, thread, position").fetchall()
+    messages_of = {(session_id, thread_of(_anthropic, {"system": system}, [])): requests[1]
+                   for (session_id, system), requests in conversations.items()}
+    assert len(rows) == sum(len(requests[1]) for requests in conversations.values())
     with conn:
         conn.execute("DROP TABLE gateway_ledger; DROP TABLE gateway_lines")
         conn.execute(load_all()[14][1].SQL)
@@ -312,17 +325,20 @@ async def test_a_ledger_from_before_lines_is_line_0_after_the_upgrade(tmp_path: 
             "INSERT INTO gateway_ledger (session_id, thread, position, digest, sent, "
             "agent_tokens, sent_tokens, first_seq, compaction, compaction_tokens) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [(session_id, thread, position, digest_of(bare(requests[1][position])), *rest)
+            [(session_id, thread, position,
+              digest_of(bare(messages_of[session_id, thread][position])), *rest)
              for session_id, thread, position, *rest in rows])
         conn.execute("PRAGMA user_version = 18")
     conn.close()
     _ledgers.clear()
     async with running_supervisor(path, Config()) as supervisor:
-        recorded = (await supervisor.call("s1", get_session)).session.message_count
-        later = await prepare(supervisor, anthropic(requests[2]))
-        assert (await supervisor.call("s1", get_session)).session.message_count == recorded + 4
-    assert sent(later.body)[:len(requests[1])] == sent(first.body)
-    assert BIG not in json.dumps(sent(later.body))
+        for (session_id, system), requests in conversations.items():
+            recorded = (await supervisor.call(session_id, get_session)).session.message_count
+            later = await prepare(supervisor, request(session_id, system, requests[2]))
+            assert (await supervisor.call(session_id, get_session)
+                    ).session.message_count == recorded + 4
+            assert sent(later.body)[:len(requests[1])] == sent(firsts[session_id, system].body)
+            assert BIG not in json.dumps(sent(later.body))
 
 
 async def test_a_bad_body_is_refused_naming_the_part(supervisor: Supervisor) -> None:

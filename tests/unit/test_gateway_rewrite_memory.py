@@ -14,7 +14,7 @@ from tests_support import ledger_line, running_supervisor
 
 from ctxd.config import Config
 from ctxd.gateway import GatewayRequest, _anthropic, prepare
-from ctxd.gateway._ledger import LedgerRow, chained
+from ctxd.gateway._ledger import LedgerRow, chained, load_line, load_nodes
 from ctxd.gateway._rewrite import LEDGERS_KEPT, _ledgers, digest_of, thread_of
 from ctxd.sessions import Supervisor, session_delete
 from ctxd.wire.types import SessionIdParams
@@ -156,6 +156,80 @@ async def test_kept_lines_send_what_a_restarted_daemon_finds_in_sqlite(
     assert sent[3][:5] == sent[1]
     assert sent[2][6] != sent[3][6]
     assert BIG.upper() not in json.dumps(sent)
+
+
+CLEARING = msgspec.convert({"budget": {"context_window": 12_000, "max_output_tokens": 1_000},
+                           "hygiene": {"clear_at_least": 2_000}}, Config)
+
+
+def calls_and_results(prefix: str, count: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    for n in range(count):
+        messages += [{"role": "assistant", "content": [
+                         {"type": "tool_use", "id": f"{prefix}{n}", "name": "Bash", "input": {}}]},
+                     {"role": "user", "content": [
+                         {"type": "tool_result", "tool_use_id": f"{prefix}{n}",
+                          "content": f"{prefix} {n}: " + "word " * 600}]}]
+    return messages
+
+
+async def test_two_lines_that_hold_a_prefix_send_the_last_used_ones_bytes_kept_or_not(
+        tmp_path: Path) -> None:
+    """Two lines hold a request's first messages with other bytes (the second cleared an
+    old result when it passed the trigger): the request is sent as the line used last
+    has them, whether only the other line's rows are kept in memory or none are."""
+    base = [{"role": "user", "content": "go"}, *calls_and_results("t", 9)]
+    first = [*base, SAID, {"role": "user", "content": "q1"}]
+    edited = [*base, SAID, {"role": "user", "content": "q1 edited"}]
+    longer = [*edited, *calls_and_results("v", 8)]
+    elsewhere = [*base[:3], {"role": "assistant", "content": "another way"},
+                 {"role": "user", "content": "try it"}]
+    steps: list[Step] = [("messages", raw(messages)) for messages in (first, edited, longer)]
+    path = db(tmp_path, "partly")
+    async with running_supervisor(path, CLEARING) as supervisor:
+        for step in steps:
+            await prepare(supervisor, request(step))
+    copy = db(tmp_path, "none")
+    copy.write_bytes(path.read_bytes())
+    _ledgers.clear()
+    async with running_supervisor(path, CLEARING) as supervisor:
+        await prepare(supervisor, request(("messages", raw(first))))  # keeps the first's rows
+        partly = outcome(await prepare(supervisor, request(("messages", raw(elsewhere)))))
+    _ledgers.clear()
+    async with running_supervisor(copy, CLEARING) as supervisor:
+        none = outcome(await prepare(supervisor, request(("messages", raw(elsewhere)))))
+    assert partly == none
+    assert "tool result content cleared" in json.dumps(
+        msgspec.json.decode(partly[0])["messages"][2])
+
+
+async def test_a_line_extended_turn_by_turn_reads_no_ledger_row(tmp_path: Path) -> None:
+    """The common path: a conversation extended turn by turn is matched against the
+    lines kept in memory; after a restart, the thread's nodes and the matched line's rows
+    are read once."""
+    read: list[str] = []
+    conversation = [TASK, CALL, RESULT, SAID, NEXT, CALL_TOO, BIG_TOO, SAID, AGAIN]
+    steps: list[Step] = [("messages", raw(conversation[:end])) for end in (1, 3, 5, 7, 9)]
+    _ledgers.clear()
+    for restart_after in (None, 2):
+        async with running_supervisor(db(tmp_path, f"reads-{restart_after}"), Config()
+                                      ) as supervisor:
+            store = supervisor.services.store
+            plain_read = store.read
+
+            async def counted(fn: Any, *args: Any, plain_read: Any = plain_read) -> Any:
+                if fn in (load_nodes, load_line):
+                    read.append(fn.__name__)
+                return await plain_read(fn, *args)
+
+            store.read = counted  # type: ignore[method-assign]
+            for number, step in enumerate(steps):
+                if number == restart_after:
+                    _ledgers.clear()
+                    read.append("restart")
+                await prepare(supervisor, request(step))
+    # A new thread's nodes are read once (none yet), then nothing until the restart.
+    assert read == ["load_nodes", "load_nodes", "restart", "load_nodes", "load_line"]
 
 
 async def test_an_evicted_thread_reads_its_rows_again(tmp_path: Path) -> None:
