@@ -156,9 +156,9 @@ def opencode_configuration(name: str, calls: int) -> Outcome:
         if name != "alone":
             config = root / "daemon" / "config" / "ctxd" / "config.toml"
             config.parent.mkdir(parents=True)
-            config.write_text(f'[gateway]\nlisten = "127.0.0.1:0"\n'
-                              f'anthropic_upstream = "{mock.url}"\n')
-            socket = stack.enter_context(DaemonProcess(root / "daemon").running()).socket
+            config.write_text('[gateway]\nlisten = "127.0.0.1:0"\n')
+            socket = stack.enter_context(DaemonProcess(root / "daemon", env={
+                "CTXD_GATEWAY_ANTHROPIC_UPSTREAM": mock.url}).running()).socket
         env = {**hermetic_env(root, socket), "ANTHROPIC_API_KEY": "sk-ant-dummy"}
         ctxd = {"alone": "none", "hooks": "plugin", "gateway": "gateway"}[name]
         project = gateway_project(root, env, socket, ctxd=ctxd)
@@ -181,12 +181,11 @@ def configuration(name: str, claude: Path, calls: int) -> Outcome:
         if name != "alone":
             config = root / "daemon" / "config" / "ctxd" / "config.toml"
             config.parent.mkdir(parents=True)
-            config.write_text(f'[gateway]\nlisten = "127.0.0.1:0"\n'
-                              f'anthropic_upstream = "{mock.url}"\n')
+            config.write_text('[gateway]\nlisten = "127.0.0.1:0"\n')
             # The daemon in Claude Code's home, as a user runs both: the gateway reads
             # Claude Code's saved outputs under that home's ~/.claude.
-            daemon = stack.enter_context(
-                DaemonProcess(root / "daemon", env={"HOME": str(home)}).running())
+            daemon = stack.enter_context(DaemonProcess(root / "daemon", env={
+                "HOME": str(home), "CTXD_GATEWAY_ANTHROPIC_UPSTREAM": mock.url}).running())
             install = [CTXCTL, "install", "claude-code", "--scope", "project",
                        "--socket", str(daemon.socket)]
             subprocess.run(install, cwd=project, env={**os.environ, "HOME": str(home)},

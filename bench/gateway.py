@@ -243,9 +243,9 @@ def main() -> int:
         config = root / "config" / "ctxd" / "config.toml"
         config.parent.mkdir(parents=True)
         config.write_text(f'[gateway]\nlisten = "127.0.0.1:0"\n'
-                          f'anthropic_upstream = "{model.origin}"\n'
                           f'max_body_bytes = {(args.big_mb + 4) << 20}\n')
-        daemon = stack.enter_context(DaemonProcess(root, profile=args.profile).running())
+        daemon = stack.enter_context(DaemonProcess(root, profile=args.profile, env={
+            "CTXD_GATEWAY_ANTHROPIC_UPSTREAM": model.origin}).running())
         client = stack.enter_context(daemon.client())
         status = client.call("daemon.status")
         gateway_info = status.get("gateway")

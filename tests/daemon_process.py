@@ -19,6 +19,9 @@ from pathlib import Path
 from ctxclient import Client, DaemonUnavailable, daemon_command, private_environment, spawn_daemon
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+NO_PROVIDER = "http://127.0.0.1:1"
+"""The upstream of a test daemon's gateway unless the test gives one: a port nothing
+listens on (1, tcpmux), so a call is refused at once."""
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0
 
@@ -180,9 +183,13 @@ class DaemonProcess:
     def environment(self) -> dict[str, str]:
         """Its environment: private, its configuration folder under ``root``, and (for a
         tree that has the gateway) the gateway on any free port, so that daemons run side
-        by side; ``env`` overrides either."""
+        by side, and upstreams that refuse every connection (`NO_PROVIDER`: a daemon of
+        the tests never reaches the internet; a test that calls a model names its
+        scripted server); ``env`` overrides any of them."""
         tree = self.code or REPO_ROOT
-        gateway = ({"CTXD_GATEWAY_LISTEN": "127.0.0.1:0"}
+        gateway = ({"CTXD_GATEWAY_LISTEN": "127.0.0.1:0",
+                    "CTXD_GATEWAY_ANTHROPIC_UPSTREAM": NO_PROVIDER,
+                    "CTXD_GATEWAY_OPENAI_UPSTREAM": NO_PROVIDER}
                    if (tree / "ctxd" / "gateway").is_dir() else {})
         return private_environment({"XDG_CONFIG_HOME": str(self.root / "config"), **gateway,
                                     **self.env})

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import trio
+from daemon_process import NO_PROVIDER
 
 from ctxclient import Client, RpcError
 from ctxd.config import Config
@@ -230,10 +231,20 @@ def placed_by_others(tmp_path: Path, where: str) -> Iterator[tuple[Path, str]]:
             path.unlink()
 
 
-def doctor_gateway_line(client: Client) -> str:
-    """The line `ctxctl doctor` prints for the gateway of the daemon ``client`` talks to
-    (a healthy one: it answers its health check)."""
+NO_PROVIDER_NOTE = (
+    "ctxctl: model calls through the gateway to an upstream it cannot reach fail (HTTP 502) "
+    "until it answers; check [gateway] anthropic_upstream and openai_upstream in ctxd's "
+    "config, the network and any proxy in ctxd's environment (an API no agent of yours uses "
+    "needs nothing)\n")
+"""What `ctxctl doctor` says on standard error of a test daemon's gateway, whose upstreams
+refuse every connection (`daemon_process.NO_PROVIDER`)."""
+
+
+def doctor_gateway_lines(client: Client) -> list[str]:
+    """The lines `ctxctl doctor` prints for the gateway of the test daemon ``client`` talks
+    to (a healthy one: it answers its health check; its upstreams `NO_PROVIDER`)."""
     gateway = client.call("daemon.status").get("gateway")
     if gateway is None:
-        return "gateway: disabled"
-    return f"gateway {gateway['listen']}: ok (/_ctxd/health answered)"
+        return ["gateway: disabled"]
+    return [f"gateway {gateway['listen']}: ok (/_ctxd/health answered)",
+            *[f"upstream {NO_PROVIDER}: could not be reached (ConnectError)"] * 2]

@@ -19,7 +19,14 @@ from typing import Any
 import apsw
 import pytest
 from conftest import DaemonProcess, kill_leftovers, short_root
-from tests_support import LESSONS, doctor_gateway_line, hello_text, rpc_error, search
+from tests_support import (
+    LESSONS,
+    NO_PROVIDER_NOTE,
+    doctor_gateway_lines,
+    hello_text,
+    rpc_error,
+    search,
+)
 
 from ctxclient import Client, RpcError
 
@@ -297,21 +304,22 @@ def test_doctor_asks_the_running_daemon(copied: DaemonProcess) -> None:
     database = copied.data_dir / "ctxd.db"
     with copied.running():
         with copied.client() as client:
-            gateway = doctor_gateway_line(client)
+            gateway = doctor_gateway_lines(client)
         sound = ctxctl(copied.socket, "doctor")
-        assert (sound.returncode, sound.stderr) == (0, "")
+        assert (sound.returncode, sound.stderr) == (0, NO_PROVIDER_NOTE)
         assert re.fullmatch(rf"{re.escape(str(database))}: ok \(integrity_check, "
-                            rf"\d+\.\d\d s\)\n{re.escape(gateway)}\n", sound.stdout), \
-            sound.stdout
+                            rf"\d+\.\d\d s\)\n{re.escape(chr(10).join(gateway))}\n",
+                            sound.stdout), sound.stdout
         zero_page(database, page_of(database, "messages"))
         corrupt = ctxctl(copied.socket, "doctor")
         assert corrupt.returncode == 1
-        *found, gateway_found = corrupt.stdout.splitlines()
+        lines = corrupt.stdout.splitlines()
+        found, gateway_found = lines[:-len(gateway)], lines[-len(gateway):]
         assert gateway_found == gateway
         assert found
         assert all(line.startswith(f"{database}: ") for line in found)
         assert corrupt.stderr == (f"ctxctl: the database {database} is corrupt; stop ctxd "
-                                  "and run `ctxd --recover`\n")
+                                  "and run `ctxd --recover`\n") + NO_PROVIDER_NOTE
         as_json = json.loads(ctxctl(copied.socket, "doctor", "--json").stdout)
         assert (as_json["database"], as_json["ok"], as_json["problems"]) == (
             str(database), False, [line.split(": ", 1)[1] for line in found])

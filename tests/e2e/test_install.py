@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import DaemonProcess
-from tests_support import doctor_gateway_line
+from tests_support import NO_PROVIDER_NOTE, doctor_gateway_lines
 
 CTXCTL = Path(sys.executable).with_name("ctxctl")
 EVENTS = ["SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse",
@@ -163,11 +163,11 @@ def test_doctor_checks_the_claude_code_settings(home: Path, project: Path,
 
     healthy = doctor()  # not installed anywhere: nothing to say about Claude Code
     with shared_daemon.client() as client:
-        gateway = doctor_gateway_line(client)
+        gateway = doctor_gateway_lines(client)
     assert (healthy.returncode, healthy.stderr, healthy.stdout.splitlines()[1:]) == (
-        0, "", [gateway])
+        0, NO_PROVIDER_NOTE, gateway)
     ctxctl(home, project, "install", "claude-code", "--scope", "project", "--socket", sock)
-    assert doctor().stdout.splitlines()[1:] == [gateway, "claude-code (project): ok"]
+    assert doctor().stdout.splitlines()[1:] == [*gateway, "claude-code (project): ok"]
     settings_path = project / ".claude" / "settings.json"
     settings = read(settings_path)
     del settings["hooks"]["PostToolUse"], settings["hooks"]["Stop"]
@@ -177,11 +177,11 @@ def test_doctor_checks_the_claude_code_settings(home: Path, project: Path,
     assert broken.returncode == 1
     fix = "fix: ctxctl install claude-code --scope project"
     assert broken.stdout.splitlines()[1:] == [
-        gateway,
+        *gateway,
         f"claude-code (project): {settings_path}: no ctxd hook for PostToolUse, Stop; {fix}",
         f"claude-code (project): {project / '.mcp.json'}: no MCP server ctxd; {fix}"]
-    assert broken.stderr == ("ctxctl: an agent's ctxd settings are incomplete; run the fix "
-                             "shown\n")
+    assert broken.stderr == NO_PROVIDER_NOTE + (
+        "ctxctl: an agent's ctxd settings are incomplete; run the fix shown\n")
     as_json = json.loads(ctxctl(home, project, "--socket", sock, "doctor", "--json").stdout)
     assert as_json["integrations"][0]["ok"] is False
     assert [p["problem"] for p in as_json["integrations"][0]["problems"]] == [
@@ -190,7 +190,7 @@ def test_doctor_checks_the_claude_code_settings(home: Path, project: Path,
     ctxctl(home, project, "install", "claude-code", "--scope", "project", "--socket", sock)
     text = settings_path.read_text().replace(str(CTXCTL), "/gone/bin/ctxctl")
     settings_path.write_text(text.replace(sock, "/gone/ctxd.sock"))
-    moved = doctor().stdout.splitlines()[2:]
+    moved = doctor().stdout.splitlines()[1 + len(gateway):]
     assert moved == [
         f"claude-code (project): {settings_path}: /gone/bin/ctxctl does not exist or is not "
         f"executable; {fix}",
