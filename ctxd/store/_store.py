@@ -118,8 +118,12 @@ def migrate(conn: apsw.Connection, target: int | None = None) -> int:
             with conn:
                 migrations.apply(conn, module)
                 conn.execute(f"PRAGMA user_version = {version:d}")
-        log.info("database migrated to schema version %d", version)
-    return schema_version(conn)
+        if current:  # an upgrade: each step said (a new database: one line, below)
+            log.info("database migrated to schema version %d", version)
+    reached = schema_version(conn)
+    if not current and reached:
+        log.info("database created at schema version %d", reached)
+    return reached
 
 
 def _migrate_without_foreign_keys(conn: apsw.Connection, version: int,

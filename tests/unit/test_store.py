@@ -1,5 +1,6 @@
 """Migrations by user_version, pragmas, and storage failures as -32008."""
 
+import logging
 from pathlib import Path
 
 import apsw
@@ -399,3 +400,19 @@ def test_a_damaged_root_page_stops_even_a_large_database(tmp_path: Path) -> None
         f"the database {path} is corrupt (database disk image is malformed); run "
         "`ctxd --recover` to salvage what can be read into a new file (the corrupt one is "
         "kept aside)"))
+
+
+def test_a_new_database_logs_one_line_an_upgrade_one_a_step(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="ctxd.store")
+    migrate(apsw.Connection(str(tmp_path / "new")))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"database created at schema version {LATEST}"]
+    caplog.clear()
+    older = apsw.Connection(str(tmp_path / "older"))
+    migrate(older, target=LATEST - 2)
+    caplog.clear()
+    migrate(older)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"database migrated to schema version {LATEST - 1}",
+        f"database migrated to schema version {LATEST}"]
