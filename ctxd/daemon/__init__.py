@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -95,8 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         # Before the data directory is created or the database migrated: a socket that
         # cannot be bound must leave nothing behind. An activated daemon binds nothing
         # (the LISTEN_PID test of _systemd.activated_sockets).
-        if os.environ.get("LISTEN_PID") != str(os.getpid()):
-            check_socket_path(Path(cfg.socket))
+        problems = _placement_problems(cfg)
+        for problem in problems:
+            print(f"ctxd: {problem}", file=sys.stderr)
+        if problems:
+            return 1
         trio.run(Daemon(cfg).run)
     except PlacementError as error:
         print(f"ctxd: {error}", file=sys.stderr)
@@ -105,6 +109,24 @@ def main(argv: list[str] | None = None) -> int:
         log.critical("%s", error)  # one line, no traceback: it says what to do
         return EX_CONFIG if error.corrupt else 1
     return 0
+
+
+def _placement_problems(cfg: config.Config) -> list[str]:
+    """What is wrong with the socket's place and with an existing data directory, all at
+    once (a user fixing one would otherwise meet the next at the next start); nothing is
+    created. An activated daemon binds nothing (the LISTEN_PID test of
+    _systemd.activated_sockets), so its socket's place is the unit's."""
+    problems = []
+    checks: list[Callable[[], None]] = [
+        lambda: check_private_directory(Path(cfg.data_dir), create=False)]
+    if os.environ.get("LISTEN_PID") != str(os.getpid()):
+        checks.insert(0, lambda: check_socket_path(Path(cfg.socket)))
+    for check in checks:
+        try:
+            check()
+        except PlacementError as error:
+            problems.append(str(error))
+    return problems
 
 
 def _check(database: Path) -> int:

@@ -16,16 +16,21 @@ class PlacementError(Exception):
     """The socket or data directory is unsafe or taken; the message says what to do."""
 
 
-def check_private_directory(directory: Path) -> None:
-    """Create ``directory`` 0700 if missing; refuse one that others could tamper with.
+def check_private_directory(directory: Path, create: bool = True) -> None:
+    """Create ``directory`` 0700 if missing (unless not ``create``: a missing one passes);
+    refuse one that others could tamper with.
 
     Raises:
         PlacementError: it cannot be created, or it is a symlink, not a directory, owned by
             another user, or open to group/others.
     """
     try:
-        with contextlib.suppress(FileExistsError):
-            directory.mkdir(mode=0o700, parents=True)
+        if not create:
+            if not os.path.lexists(directory):
+                return
+        else:
+            with contextlib.suppress(FileExistsError):
+                directory.mkdir(mode=0o700, parents=True)
         info = os.lstat(directory)
     except OSError as exc:
         raise PlacementError(f"cannot create the directory {directory}: "
