@@ -191,6 +191,8 @@ def session_id(text: str) -> str:
 session_id.__name__ = "session id"
 branch_id = matching("branch id", wire.BranchId)
 scope = matching("scope", wire.Scope)
+cursor = matching("cursor", wire.Cursor)
+CURSOR_HELP = "start after the page that gave this next_cursor (with --json)"
 
 
 def shared_name(kind: str) -> Callable[[str], str]:

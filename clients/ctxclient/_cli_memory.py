@@ -9,8 +9,10 @@ import time
 from typing import TYPE_CHECKING, Any, get_args
 
 from ctxclient._cli_args import (
+    CURSOR_HELP,
     PAGE_ALL,
     ParagraphsFormatter,
+    cursor,
     group,
     length_problem,
     number_in,
@@ -111,15 +113,15 @@ def cmd_memory_list(client: Client, args: argparse.Namespace, out: Output) -> in
     params: dict[str, Any] = {"limit": limit}
     if args.scope is not None:
         params["scope"] = args.scope
-    result = client.call("memory.list", params)
+    result = client.call("memory.list", {**params, "cursor": args.cursor})
     memories = list(result["memories"])
     while args.all and result["next_cursor"] is not None:
         result = client.call("memory.list", {**params, "cursor": result["next_cursor"]})
         memories += result["memories"]
     out.emit({"memories": memories, "next_cursor": result["next_cursor"]},
              memories_listing(memories, "memories"),
-             *([Note(f"(more: --all, or --limit larger than {limit})")]
-               if result["next_cursor"] is not None else []))
+             *([Note(f"(more: --all, --limit larger than {limit}, or --cursor "
+                     f"{result['next_cursor']})")] if result["next_cursor"] is not None else []))
     return 0
 
 
@@ -231,6 +233,7 @@ def add_memory(commands: Commands, common: Parser) -> None:
                          help=f"memories per page (default {MEMORY_PAGE}, or {PAGE_ALL} with "
                               "--all)")
     listing.add_argument("--all", action="store_true", help="every page, not just the first")
+    listing.add_argument("--cursor", type=cursor, metavar="CURSOR", help=CURSOR_HELP)
     listing.set_defaults(run=cmd_memory_list)
     show = actions.add_parser("show", parents=[common], help="one memory, whole")
     show.add_argument("id", metavar="ID", type=memory_id)

@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any, get_args
 from rich.text import Text
 
 from ctxclient._cli_args import (
+    CURSOR_HELP,
     PAGE_ALL,
     branch_id,
+    cursor,
     group,
     length_problem,
     new_session_id,
@@ -186,15 +188,15 @@ def conversation(messages: list[dict[str, Any]]) -> Lines:
 # ---- sessions, session …, branches -----------------------------------------------------
 
 def cmd_sessions(client: Client, args: argparse.Namespace, out: Output) -> int:
-    params: dict[str, Any] = {"limit": args.limit}
+    params: dict[str, Any] = {"limit": args.limit, "cursor": args.cursor}
     if args.project:
         params["project"] = args.project
     if args.state:
         params["state"] = args.state
     result = client.call("session.list", params)
     out.emit(result, sessions_listing(result["sessions"], "sessions", "no sessions"),
-             *([Note(f"(more: --limit larger than {args.limit})")]
-               if result["next_cursor"] else []))
+             *([Note(f"(more: --limit larger than {args.limit}, or --cursor "
+                     f"{result['next_cursor']})")] if result["next_cursor"] else []))
     return 0
 
 
@@ -278,7 +280,7 @@ def cmd_session_messages(client: Client, args: argparse.Namespace, out: Output) 
     params: dict[str, Any] = {"session_id": args.session, "limit": limit}
     if args.branch is not None:
         params["branch_id"] = args.branch
-    result = client.call("message.list", params)
+    result = client.call("message.list", {**params, "cursor": args.cursor})
     messages = list(result["messages"])
     while args.all and result["next_cursor"] is not None:
         result = client.call("message.list", {**params, "cursor": result["next_cursor"]})
@@ -286,8 +288,8 @@ def cmd_session_messages(client: Client, args: argparse.Namespace, out: Output) 
     out.emit({"messages": messages, "next_cursor": result["next_cursor"],
               "context_state": result["context_state"]},
              messages_listing(messages, f"messages of session {args.session}"),
-             *([Note(f"(more: --all, or --limit larger than {limit})")]
-               if result["next_cursor"] is not None else []))
+             *([Note(f"(more: --all, --limit larger than {limit}, or --cursor "
+                     f"{result['next_cursor']})")] if result["next_cursor"] is not None else []))
     return 0
 
 
@@ -415,6 +417,7 @@ def add_sessions(commands: Commands, common: Parser) -> None:
     sessions = commands.add_parser("sessions", parents=[common], help="list sessions")
     sessions.add_argument("--project", metavar="NAME", help="only this project's sessions")
     sessions.add_argument("--state", choices=get_args(wire.SessionStateName))
+    sessions.add_argument("--cursor", type=cursor, metavar="CURSOR", help=CURSOR_HELP)
     sessions.add_argument("--limit", type=number_in(wire.SessionListParams, "limit"),
                           default=100, metavar="N", help="sessions shown (default 100)")
     sessions.set_defaults(run=cmd_sessions)
@@ -460,6 +463,7 @@ def add_sessions(commands: Commands, common: Parser) -> None:
                           metavar="N", help=f"messages per page (default 100, or {PAGE_ALL} "
                                             "with --all)")
     messages.add_argument("--all", action="store_true", help="every page, not just the first")
+    messages.add_argument("--cursor", type=cursor, metavar="CURSOR", help=CURSOR_HELP)
     messages.set_defaults(run=cmd_session_messages)
     branches = commands.add_parser("branches", parents=[common],
                                    help="the branches of a session (context folding)")

@@ -502,10 +502,18 @@ def test_memory_list_pages_and_scopes(daemon: DaemonProcess) -> None:
                                           "scope": scope})
     first = ctxctl(daemon.socket, "memory", "list", "--limit", "2", "--format", "table")
     assert first.returncode == 0, first.stderr
-    assert first.stdout.splitlines()[-1] == "(more: --all, or --limit larger than 2)"
+    assert first.stdout.splitlines()[-1] == (
+        "(more: --all, --limit larger than 2, or --cursor 2)")
     assert memory_ids(first.stdout) == ["1", "2"]
     page = json.loads(ctxctl(daemon.socket, "memory", "list", "--limit", "2", "--json").stdout)
     assert ([m["id"] for m in page["memories"]], page["next_cursor"]) == ([1, 2], "2")
+    # The next page from the cursor the last one gave; a cursor that is none is refused.
+    then = json.loads(ctxctl(daemon.socket, "memory", "list", "--limit", "2", "--cursor",
+                             page["next_cursor"], "--json").stdout)
+    assert ([m["id"] for m in then["memories"]], then["next_cursor"]) == ([3, 4], "4")
+    bad = ctxctl(daemon.socket, "memory", "list", "--cursor", "not a cursor")
+    assert bad.returncode == 2
+    assert "argument --cursor: invalid cursor 'not a cursor'" in bad.stderr
     every = json.loads(ctxctl(daemon.socket, "memory", "list", "--limit", "2", "--all",
                               "--json").stdout)
     assert ([m["id"] for m in every["memories"]], every["next_cursor"]) == ([1, 2, 3, 4, 5], None)
@@ -933,7 +941,9 @@ def test_session_show_render_messages_close_delete(shared_daemon: DaemonProcess,
                   "--no-headers")
     assert (page.stdout.split(), page.stderr) == (
         ["1", "system", stored[0]["component"], str(stored[0]["tokens"]), "main", "Be",
-         "brief."], "(more: --all, or --limit larger than 1)\n")
+         "brief."], "(more: --all, --limit larger than 1, or --cursor 1)\n")
+    rest = ctxctl(shared_daemon.socket, "session", "messages", sid, "--cursor", "1", "--json")
+    assert [m["seq"] for m in json.loads(rest.stdout)["messages"]] == [2]
 
     with shared_daemon.client() as client:  # a live branch's own tokens are counted apart
         branch = client.call("branch.create", {"session_id": sid, "description": "look",
