@@ -188,9 +188,29 @@ def cmd_memory_share(client: Client, args: argparse.Namespace, out: Output) -> i
 
 
 def cmd_memory_rm(client: Client, args: argparse.Namespace, out: Output) -> int:
+    if not args.yes:
+        scope = client.call("memory.get", {"id": args.id})["memory"]["scope"]
+        if scope.startswith(("team:", "org:")) and not _confirmed(args.id, scope):
+            print(f"ctxctl: memory {args.id} is shared with {scope}: removing it removes it "
+                  f"for everyone there; to do so, run `ctxctl memory rm {args.id} --yes`",
+                  file=sys.stderr)
+            return 2
     result = client.call("memory.delete", {"id": args.id})
     out.emit(result, Lines([f"memory {args.id} deleted"]))
     return 0
+
+
+def _confirmed(memory_id: int, scope: str) -> bool:
+    """Whether the user, at a terminal, says yes to removing a shared memory (no terminal:
+    no)."""
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        return False
+    print(f"memory {memory_id} is shared with {scope}; remove it for everyone there? [y/N] ",
+          end="", file=sys.stderr, flush=True)
+    try:
+        return input().strip().lower() in ("y", "yes")
+    except EOFError:
+        return False
 
 
 def add_memory(commands: Commands, common: Parser) -> None:
@@ -263,6 +283,9 @@ def add_memory(commands: Commands, common: Parser) -> None:
     share.set_defaults(run=cmd_memory_share)
     remove = actions.add_parser("rm", parents=[common], help="delete a memory")
     remove.add_argument("id", metavar="ID", type=memory_id)
+    remove.add_argument("--yes", action="store_true",
+                        help="remove a memory shared with a team or org without asking (at "
+                             "a terminal it asks; elsewhere it refuses)")
     remove.set_defaults(run=cmd_memory_rm)
     reindex = actions.add_parser("reindex", parents=[common],
                                  help="rebuild the dense index from the stored memories")

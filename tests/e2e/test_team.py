@@ -219,6 +219,16 @@ def test_a_local_memory_shared_reaches_the_team_and_ctxctl_says_so(
         assert (linked.returncode, linked.stdout) == (
             0, "team payments: connected  lag 0 changes  outbox 0\n")
         assert "team payments: connected" in ctxctl(ana, "status", "--format", "plain").stdout
+        # Removing it removes it for the team: not without --yes (no terminal to ask at).
+        kept = ctxctl(ana, "memory", "rm", str(memory_id))
+        assert (kept.returncode, kept.stdout, kept.stderr) == (
+            2, "", f"ctxctl: memory {memory_id} is shared with team:payments: removing it "
+                   "removes it for everyone there; to do so, run `ctxctl memory rm "
+                   f"{memory_id} --yes`\n")
+        assert search(ben, "system python extras")
+        gone = ctxctl(ana, "memory", "rm", str(memory_id), "--yes")
+        assert (gone.returncode, gone.stdout) == (0, f"memory {memory_id} deleted\n")
+        wait_for(lambda: search(ben, "system python extras") == [])
     finally:
         ana.stop()
         ben.stop()
