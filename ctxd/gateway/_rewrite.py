@@ -277,10 +277,10 @@ class _Ledgers:
 _ledgers = _Ledgers()
 
 
-def _weight(rows: list[LedgerRow], copies: int = 2) -> int:
-    """What a kept ledger takes: its rows' sent JSON and ``copies - 1`` decoded copies of
-    about that size (the rows' messages; the last request's)."""
-    return copies * sum(len(row.sent_json() or b"") for row in rows)
+def _weight(rows: list[LedgerRow]) -> int:
+    """What a kept line takes: its rows' sent JSON and the decoded messages, about as
+    large."""
+    return 2 * sum(len(row.sent_json() or b"") for row in rows)
 
 
 def _same(a: Any, b: Any) -> bool:
