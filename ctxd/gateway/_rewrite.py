@@ -390,7 +390,8 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
     model = request.body.get("model")
     ratio = await services.store.read(provider_ratio, model) if isinstance(model, str) else None
     await _clear_if_over(actor, shape, messages, plan, system_tokens + tool_tokens, ratio or 1.0)
-    await _inject(actor, shape, messages, plan, system_tokens + tool_tokens)
+    await _inject(actor, shape, messages, plan, system_tokens + tool_tokens,
+                  _offers(request.body, "compact_context"))
     view = shown(shape, messages, plan.rows, plan.points_of_history)
     plan.points.extend(point for point in view.points if point["end"] >= plan.keep)
     sent, marks_tokens = await _assemble(shape, messages, bares, plan, view, counter)
@@ -923,11 +924,13 @@ async def _compact_over(actor: SessionActor, shape: Shape, messages: list[dict[s
 
 
 async def _inject(actor: SessionActor, shape: Shape, messages: list[dict[str, Any]],
-                  plan: _Plan, fixed: int) -> None:
+                  plan: _Plan, fixed: int, can_compact: bool) -> None:
     """On a conversation's first request the memories that fit its first user message,
     the session's pending injections, and the context note when this request's usage
     passes the session's ``warn`` or ``caution`` (``fixed``: the tokens of the system
-    prompt and tools), as a last text block of the request's last new user message
+    prompt and tools) and the model has ctxd's ``compact_context`` tool to act on it
+    (``can_compact``; without it the note is noise, and the gateway compacts by itself at
+    ``compact_trigger``), as a last text block of the request's last new user message
     (Claude Code may end a request with a system message): never in a message sent
     before, so the cached prefix holds; delivered there once, then part of that message's
     bytes."""
@@ -947,7 +950,7 @@ async def _inject(actor: SessionActor, shape: Shape, messages: list[dict[str, An
     memories = await _memories(actor, shape, messages) if plan.new_thread else None
     if memories is not None and memories.text is not None:
         notes.insert(0, memories.text)
-    context_note = _context_note(actor, plan, view, fixed)
+    context_note = _context_note(actor, plan, view, fixed) if can_compact else None
     if context_note:
         notes.append(context_note)
     row = plan.rows[target]
@@ -959,6 +962,20 @@ async def _inject(actor: SessionActor, shape: Shape, messages: list[dict[str, An
     row.sent = noted
     plan.delivered = pending
     plan.memories = memories
+
+
+def _offers(body: dict[str, Any], suffix: str) -> bool:
+    """Whether the request offers the model a tool whose name ends with ``suffix`` (an
+    Anthropic tool's ``name``, an OpenAI tool's ``function.name``; an MCP server's tools
+    come prefixed, ``mcp__ctxd__compact_context``)."""
+    tools = body.get("tools")
+    for tool in tools if isinstance(tools, list) else ():
+        function = tool.get("function") if isinstance(tool, dict) else None
+        name = function.get("name") if isinstance(function, dict) else (
+            tool.get("name") if isinstance(tool, dict) else None)
+        if isinstance(name, str) and name.endswith(suffix):
+            return True
+    return False
 
 
 def _context_note(actor: SessionActor, plan: _Plan, view: View, fixed: int) -> str | None:

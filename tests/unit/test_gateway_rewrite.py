@@ -632,19 +632,30 @@ async def test_a_conversation_starts_with_the_memories_that_fit_it_once(
         store.close()
 
 
+COMPACT_TOOL = {"name": "mcp__ctxd__compact_context", "description": "compact the context",
+                "input_schema": {"type": "object"}}
+
+
 async def test_the_context_note_comes_once_per_threshold_crossed(tmp_path: Path) -> None:
+    """To a model that has ctxd's compact_context tool; one without it gets no note (the
+    gateway compacts by itself at compact_trigger)."""
     config = msgspec.convert({"budget": {"context_window": 4_000, "max_output_tokens": 1_000}},
                              Config)
     async with running_supervisor(tmp_path / "ctxd.db", config) as supervisor:
         history: list[dict[str, Any]] = [{"role": "user", "content": "start"}]
-        notes = []
+        notes, without_tool = [], []
         for turn in range(12):
             history += [{"role": "assistant", "content": "word " * 200},
                         {"role": "user", "content": [{"type": "text", "text": f"go {turn}"}]}]
-            prepared = await prepare(supervisor, anthropic(history))
+            prepared = await prepare(supervisor, anthropic(history, tools=[COMPACT_TOOL]))
             last = sent(prepared.body)[-1]["content"]
             usage = sum(prepared.tokens.values()) / 3_000
             notes.append((round(usage, 2), last[1]["text"] if len(last) > 1 else None))
+            plain = await prepare(supervisor, GatewayRequest(
+                api="anthropic", endpoint="messages", session_header="s2",
+                body={"model": "claude-x", "max_tokens": 100, "messages": history}))
+            without_tool.append(len(sent(plain.body)[-1]["content"]))
+        assert without_tool == [1] * 12
         noted = [(usage, note) for usage, note in notes if note is not None]
         assert len(noted) == 2, notes
         (warned, _), (cautioned, _) = noted
