@@ -390,10 +390,9 @@ TEAM_FIX = ("ctxctl: the team database is unreachable: memories shared here wait
             "(`psql \"$TEAM_MEMORY_DATABASE_URL\"`)")
 
 
-UPSTREAM_NOTE = ("ctxctl: model calls through the gateway to an upstream it cannot reach "
-                 "fail (HTTP 502) until it answers; check [gateway] {settings} in ctxd's "
-                 "config, the network and any proxy in ctxd's environment (an API no agent "
-                 "of yours uses needs nothing)")
+UPSTREAM_NOTE = ("ctxctl: calls to an upstream out of reach fail (HTTP 502); check "
+                 "[gateway] {settings} and the network (an API no agent of yours calls needs "
+                 "nothing)")
 
 
 def gateway_check(status: dict[str, Any]) -> dict[str, Any] | None:
@@ -564,7 +563,8 @@ def add_team(commands: Commands, common: Parser) -> None:
 def add_events(commands: Commands, common: Parser) -> None:
     """``events``."""
     events = commands.add_parser("events", parents=[common],
-                                 help="follow the daemon's events until Ctrl-C")
+                                 help="follow the daemon's new events until Ctrl-C (--since "
+                                      "0: the kept ones first)")
     events.add_argument("-f", "--follow", action="store_true",
                         help="follow the stream (what events always does, as tail -f)")
     events.add_argument("--session", type=session_id, metavar="ID",

@@ -61,8 +61,9 @@ MEMORY_COLUMNS = (
     Column("title", keep=70, wrap=True), Column("content", keep=60, wrap=True, min_width=20))
 
 
-def memories_listing(memories: list[dict[str, Any]], title: str) -> Listing:
-    listing = Listing(MEMORY_COLUMNS, title=title, empty="no memories")
+def memories_listing(memories: list[dict[str, Any]], title: str,
+                     empty: str = "no memories") -> Listing:
+    listing = Listing(MEMORY_COLUMNS, title=title, empty=empty)
     for m in memories:
         listing.rows.append([
             cell(str(m["id"])), cell(m["scope"]), cell(confidence(m["confidence"])),
@@ -119,7 +120,8 @@ def cmd_memory_list(client: Client, args: argparse.Namespace, out: Output) -> in
         result = client.call("memory.list", {**params, "cursor": result["next_cursor"]})
         memories += result["memories"]
     out.emit({"memories": memories, "next_cursor": result["next_cursor"]},
-             memories_listing(memories, "memories"),
+             memories_listing(memories, "memories",
+                              "no more memories" if args.cursor else "no memories"),
              *([Note(f"(more: --all, --limit larger than {limit}, or --cursor "
                      f"{result['next_cursor']})")] if result["next_cursor"] is not None else []))
     return 0

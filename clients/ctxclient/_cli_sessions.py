@@ -119,8 +119,9 @@ MESSAGE_COLUMNS = (
     Column("content", keep=60, wrap=True, min_width=20))
 
 
-def messages_listing(messages: list[dict[str, Any]], title: str) -> Listing:
-    listing = Listing(MESSAGE_COLUMNS, title=title, empty="no messages")
+def messages_listing(messages: list[dict[str, Any]], title: str,
+                     empty: str = "no messages") -> Listing:
+    listing = Listing(MESSAGE_COLUMNS, title=title, empty=empty)
     for m in messages:
         listing.rows.append([
             cell(str(m["seq"])), cell(m["role"]), cell(m["component"]), cell(f"{m['tokens']:,}"),
@@ -194,7 +195,8 @@ def cmd_sessions(client: Client, args: argparse.Namespace, out: Output) -> int:
     if args.state:
         params["state"] = args.state
     result = client.call("session.list", params)
-    out.emit(result, sessions_listing(result["sessions"], "sessions", "no sessions"),
+    out.emit(result, sessions_listing(result["sessions"], "sessions",
+                                      "no more sessions" if args.cursor else "no sessions"),
              *([Note(f"(more: --limit larger than {args.limit}, or --cursor "
                      f"{result['next_cursor']})")] if result["next_cursor"] else []))
     return 0
@@ -287,7 +289,8 @@ def cmd_session_messages(client: Client, args: argparse.Namespace, out: Output) 
         messages += result["messages"]
     out.emit({"messages": messages, "next_cursor": result["next_cursor"],
               "context_state": result["context_state"]},
-             messages_listing(messages, f"messages of session {args.session}"),
+             messages_listing(messages, f"messages of session {args.session}",
+                              "no more messages" if args.cursor else "no messages"),
              *([Note(f"(more: --all, --limit larger than {limit}, or --cursor "
                      f"{result['next_cursor']})")] if result["next_cursor"] is not None else []))
     return 0
@@ -331,7 +334,12 @@ def _calibration_note(calibration: dict[str, Any] | None) -> str | None:
 
 def cmd_usage(client: Client, args: argparse.Namespace, out: Output) -> int:
     if args.session is None:
-        return _usage_of_sessions(client, out)
+        if args.by == "branch":
+            print("ctxctl usage: --by branch groups one session's calls (a branch is a "
+                  "session's): name it (`ctxctl usage SESSION --by branch`; `ctxctl "
+                  "sessions` lists them)", file=sys.stderr)
+            return 2
+        return _usage_of_sessions(client, out, args.by)
     params: dict[str, Any] = {"session_id": args.session}
     if args.by:
         params["group_by"] = args.by
@@ -353,24 +361,49 @@ def cmd_usage(client: Client, args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
-def _usage_of_sessions(client: Client, out: Output) -> int:
+def _usage_of_sessions(client: Client, out: Output, by: str | None) -> int:
+    """One row per session that reported usage; with ``by`` (model, day), one row per
+    model or day, the sessions' groups added up."""
     sessions = client.call("session.list", {"limit": USAGE_SESSIONS})["sessions"]
     found = {}
     for session in sessions:
         try:
             found[session["session_id"]] = client.call(
-                "usage.get", {"session_id": session["session_id"]})
+                "usage.get", {"session_id": session["session_id"],
+                              **({"group_by": by} if by else {})})
         except RpcError as exc:
             if exc.code != ErrorCode.NOT_FOUND:  # deleted meanwhile
                 raise
     used = {sid: got for sid, got in found.items() if got["totals"]["calls"]}
-    out.emit({"sessions": [used[sid] for sid in used]},
-             usage_listing("session", [(sid, got["totals"], got["cost"])
-                                       for sid, got in used.items()],
-                           "usage by session",
-                           any(got["cost"] is not None for got in used.values()),
+    priced = any(got["cost"] is not None for got in used.values())
+    if by is None:
+        out.emit({"sessions": [used[sid] for sid in used]},
+                 usage_listing("session", [(sid, got["totals"], got["cost"])
+                                           for sid, got in used.items()],
+                               "usage by session", priced, "no session has reported usage"))
+        return 0
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for got in used.values():
+        for grouped in got["groups"] or ():
+            groups.setdefault(grouped["key"] or "-", []).append(grouped)
+    rows: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = [
+        (key, _added([g["totals"] for g in listed]),
+         _added([g["cost"] for g in listed if g["cost"] is not None]) or None)
+        for key, listed in sorted(groups.items())]
+    totals = _added([got["totals"] for got in used.values()])
+    cost = _added([got["cost"] for got in used.values() if got["cost"]]) or None
+    out.emit({"groups": [{"key": key, "totals": group_totals, "cost": group_cost}
+                         for key, group_totals, group_cost in rows],
+              "totals": totals, "cost": cost},
+             usage_listing(by, [*rows, *([("total", totals, cost)] if rows else [])],
+                           f"usage of every session by {by}", priced,
                            "no session has reported usage"))
     return 0
+
+
+def _added(counts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sum of each field of ``counts`` (usage totals, or costs), key by key."""
+    return {key: sum(count[key] for count in counts) for key in counts[0]} if counts else {}
 
 
 def cmd_tools(client: Client, args: argparse.Namespace, out: Output) -> int:
@@ -478,12 +511,12 @@ def add_usage(commands: Commands, common: Parser) -> None:
     """``usage`` and ``tools``."""
     usage = commands.add_parser(
         "usage", parents=[common],
-        help="the LLM usage agents reported (usage.record): totals, with cost when "
-             "[usage] prices are set")
+        help="the model calls' usage (the gateway's, and what agents reported with "
+             "usage.record): totals, with cost when [usage] prices are set")
     usage.add_argument("session", metavar="SESSION", type=session_id, nargs="?",
                        help="the session's id (default: every session that reported usage)")
     usage.add_argument("--by", choices=get_args(wire.UsageGroupBy),
-                       help="one row per model, branch or day (UTC)")
+                       help="one row per model, branch or day (UTC) of the SESSION")
     usage.set_defaults(run=cmd_usage)
     tools = commands.add_parser("tools", parents=[common],
                                 help="a session's tool calls, their states and the time in "

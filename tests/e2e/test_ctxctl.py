@@ -511,6 +511,8 @@ def test_memory_list_pages_and_scopes(daemon: DaemonProcess) -> None:
     then = json.loads(ctxctl(daemon.socket, "memory", "list", "--limit", "2", "--cursor",
                              page["next_cursor"], "--json").stdout)
     assert ([m["id"] for m in then["memories"]], then["next_cursor"]) == ([3, 4], "4")
+    past = ctxctl(daemon.socket, "memory", "list", "--cursor", "5")
+    assert (past.returncode, past.stdout, past.stderr) == (0, "", "no more memories\n")
     bad = ctxctl(daemon.socket, "memory", "list", "--cursor", "not a cursor")
     assert bad.returncode == 2
     assert "argument --cursor: invalid cursor 'not a cursor'" in bad.stderr
@@ -1226,6 +1228,20 @@ def test_usage_by_model_with_cost_and_in_status(daemon_root: Path, sid: str) -> 
             "input_tokens": 1_001_500, "output_tokens": 20_000, "cache_read_tokens": 0,
             "cache_write_tokens": 0, "thinking_tokens": 7, "calls": 2}
         assert ctxctl(daemon.socket, "usage", "nope").returncode == 1
+        # Every session's calls by model: another session's call of "big" adds up.
+        with daemon.client() as client:
+            client.call("session.open", {"session_id": sid + "-2"})
+            client.call("usage.record", {"session_id": sid + "-2", "model": "big",
+                                         "input_tokens": 1_000_000})
+        by_model = ctxctl(daemon.socket, "usage", "--by", "model", "--format", "tsv")
+        assert by_model.stdout.splitlines() == [
+            "model\tcalls\tinput\toutput\tcache_read\tcache_write\tthinking\tcost",
+            "big\t2\t2,000,000\t20,000\t0\t0\t0\t6.3000",
+            "free\t1\t1,500\t0\t0\t0\t7\t-",
+            "total\t3\t2,001,500\t20,000\t0\t0\t7\t6.3000"]
+        by_branch = ctxctl(daemon.socket, "usage", "--by", "branch")
+        assert (by_branch.returncode, by_branch.stdout) == (2, "")
+        assert by_branch.stderr.startswith("ctxctl usage: --by branch groups one session's")
 
 
 def test_tools_lists_tool_calls_and_their_states(shared_daemon: DaemonProcess,
