@@ -232,9 +232,8 @@ def placed_by_others(tmp_path: Path, where: str) -> Iterator[tuple[Path, str]]:
 
 
 NO_PROVIDER_NOTE = (
-    "ctxctl: model calls through the gateway to an upstream it cannot reach fail (HTTP 502) "
-    "until it answers; check [gateway] anthropic_upstream and openai_upstream in ctxd's "
-    "config, the network and any proxy in ctxd's environment (an API no agent of yours uses "
+    "ctxctl: calls to an upstream out of reach fail (HTTP 502); check [gateway] "
+    "anthropic_upstream and openai_upstream and the network (an API no agent of yours calls "
     "needs nothing)\n")
 """What `ctxctl doctor` says on standard error of a test daemon's gateway, whose upstreams
 refuse every connection (`daemon_process.NO_PROVIDER`)."""

@@ -907,7 +907,5 @@ def test_doctor_says_which_upstream_the_gateway_cannot_reach(
         f"upstream {script.origin}: reached (HTTP 501)",
         f"upstream {nobody}: could not be reached (ConnectError)"]
     assert doctor.stderr == (
-        "ctxctl: model calls through the gateway to an upstream it cannot reach fail (HTTP "
-        "502) until it answers; check [gateway] openai_upstream in ctxd's config, the "
-        "network and any proxy in ctxd's environment (an API no agent of yours uses needs "
-        "nothing)\n")
+        "ctxctl: calls to an upstream out of reach fail (HTTP 502); check [gateway] "
+        "openai_upstream and the network (an API no agent of yours calls needs nothing)\n")
