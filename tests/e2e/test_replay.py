@@ -116,7 +116,7 @@ def test_a_small_window_compacts_and_every_removed_byte_reads_back(tmp_path: Pat
 
 
 PINNED_COSTS = {"raw": 983_576.45, "claude-code": 572_725.6, "context-editing": 983_576.45,
-                "observation-masking": 3_478_017.85, "ctxd": 377_791.1}
+                "observation-masking": 3_478_017.85, "ctxd": 377_117.0}
 
 
 @needs_data
