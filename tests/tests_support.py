@@ -232,9 +232,9 @@ def placed_by_others(tmp_path: Path, where: str) -> Iterator[tuple[Path, str]]:
 
 
 NO_PROVIDER_NOTE = (
-    "ctxctl: calls to an upstream out of reach fail (HTTP 502); check [gateway] "
-    "anthropic_upstream and openai_upstream and the network (an API no agent of yours calls "
-    "needs nothing)\n")
+    "ctxctl: calls to an upstream out of reach fail (HTTP 502): check anthropic_upstream, "
+    "openai_upstream under [gateway], and the network (unless no agent of yours calls that "
+    "API)\n")
 """What `ctxctl doctor` says on standard error of a test daemon's gateway, whose upstreams
 refuse every connection (`daemon_process.NO_PROVIDER`)."""
 

@@ -192,7 +192,8 @@ session_id.__name__ = "session id"
 branch_id = matching("branch id", wire.BranchId)
 scope = matching("scope", wire.Scope)
 cursor = matching("cursor", wire.Cursor)
-CURSOR_HELP = "start after the page that gave this next_cursor (with --json)"
+CURSOR_HELP = ("start after the page that gave this next_cursor (shown under a page "
+               "that is not the last, and in --json)")
 
 
 def shared_name(kind: str) -> Callable[[str], str]:

@@ -390,9 +390,9 @@ TEAM_FIX = ("ctxctl: the team database is unreachable: memories shared here wait
             "(`psql \"$TEAM_MEMORY_DATABASE_URL\"`)")
 
 
-UPSTREAM_NOTE = ("ctxctl: calls to an upstream out of reach fail (HTTP 502); check "
-                 "[gateway] {settings} and the network (an API no agent of yours calls needs "
-                 "nothing)")
+UPSTREAM_NOTE = ("ctxctl: calls to an upstream out of reach fail (HTTP 502): check "
+                 "{settings} under [gateway], and the network (unless no agent of yours calls "
+                 "that API)")
 
 
 def gateway_check(status: dict[str, Any]) -> dict[str, Any] | None:
@@ -456,7 +456,7 @@ def cmd_doctor(client: Client, args: argparse.Namespace, out: Output) -> int:
                  f"ctxctl: the database {result['database']} is corrupt; stop ctxd and run "
                  "`ctxd --recover`")]),
              *([] if gateway_ok else [Stderr(GATEWAY_FIX)]),
-             *([Stderr(UPSTREAM_NOTE.format(settings=" and ".join(
+             *([Stderr(UPSTREAM_NOTE.format(settings=", ".join(
                  u["setting"] for u in unreached)))] if unreached else []),
              *([] if team_ok else [Stderr(TEAM_FIX)]))
     if not wired:

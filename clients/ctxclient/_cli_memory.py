@@ -211,7 +211,8 @@ def _confirmed(memory_id: int, scope: str) -> bool:
           end="", file=sys.stderr, flush=True)
     try:
         return input().strip().lower() in ("y", "yes")
-    except EOFError:
+    except (EOFError, KeyboardInterrupt):
+        print(file=sys.stderr)  # the prompt's line ends
         return False
 
 

@@ -363,8 +363,12 @@ def cmd_usage(client: Client, args: argparse.Namespace, out: Output) -> int:
 
 def _usage_of_sessions(client: Client, out: Output, by: str | None) -> int:
     """One row per session that reported usage; with ``by`` (model, day), one row per
-    model or day, the sessions' groups added up."""
-    sessions = client.call("session.list", {"limit": USAGE_SESSIONS})["sessions"]
+    model or day, the sessions' groups added up (of the first `USAGE_SESSIONS` sessions:
+    a note says when there are more)."""
+    listed = client.call("session.list", {"limit": USAGE_SESSIONS})
+    sessions = listed["sessions"]
+    notes = [Note(f"(the first {USAGE_SESSIONS} sessions only: `ctxctl usage SESSION` for "
+                  "another)")] if listed["next_cursor"] is not None else []
     found = {}
     for session in sessions:
         try:
@@ -380,29 +384,37 @@ def _usage_of_sessions(client: Client, out: Output, by: str | None) -> int:
         out.emit({"sessions": [used[sid] for sid in used]},
                  usage_listing("session", [(sid, got["totals"], got["cost"])
                                            for sid, got in used.items()],
-                               "usage by session", priced, "no session has reported usage"))
+                               "usage by session", priced, "no session has reported usage"),
+                 *notes)
         return 0
-    groups: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[str | None, list[dict[str, Any]]] = {}
     for got in used.values():
         for grouped in got["groups"] or ():
-            groups.setdefault(grouped["key"] or "-", []).append(grouped)
-    rows: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = [
-        (key, _added([g["totals"] for g in listed]),
-         _added([g["cost"] for g in listed if g["cost"] is not None]) or None)
-        for key, listed in sorted(groups.items())]
-    totals = _added([got["totals"] for got in used.values()])
+            groups.setdefault(grouped["key"], []).append(grouped)
+    added: list[dict[str, Any]] = [
+        {"key": key, "totals": _added([g["totals"] for g in listed]),
+         "cost": _added([g["cost"] for g in listed if g["cost"] is not None]) or None}
+        for key, listed in sorted(groups.items(), key=lambda item: (
+            item[0] is None, item[0] or ""))]
+    totals = _added([got["totals"] for got in used.values()]) or dict.fromkeys(
+        ["calls", *(counter for counter, _ in USAGE_COUNTER_HEADERS)], 0)
     cost = _added([got["cost"] for got in used.values() if got["cost"]]) or None
-    out.emit({"groups": [{"key": key, "totals": group_totals, "cost": group_cost}
-                         for key, group_totals, group_cost in rows],
-              "totals": totals, "cost": cost},
+    if cost is not None and cost["unpriced_calls"]:
+        unpriced = cost["unpriced_calls"]
+        notes.append(Note(f"{unpriced} {'call has' if unpriced == 1 else 'calls have'} no "
+                          "price (not in [usage] prices)"))
+    rows: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = [
+        (group["key"] or "-", group["totals"], group["cost"]) for group in added]
+    out.emit({"groups": added, "totals": totals, "cost": cost},
              usage_listing(by, [*rows, *([("total", totals, cost)] if rows else [])],
-                           f"usage of every session by {by}", priced,
-                           "no session has reported usage"))
+                           f"usage by {by}", priced, "no session has reported usage"),
+             *notes)
     return 0
 
 
 def _added(counts: list[dict[str, Any]]) -> dict[str, Any]:
-    """The sum of each field of ``counts`` (usage totals, or costs), key by key."""
+    """The sum of each field of ``counts`` (usage totals, or costs), key by key (none:
+    an empty dict)."""
     return {key: sum(count[key] for count in counts) for key in counts[0]} if counts else {}
 
 
@@ -516,7 +528,8 @@ def add_usage(commands: Commands, common: Parser) -> None:
     usage.add_argument("session", metavar="SESSION", type=session_id, nargs="?",
                        help="the session's id (default: every session that reported usage)")
     usage.add_argument("--by", choices=get_args(wire.UsageGroupBy),
-                       help="one row per model, branch or day (UTC) of the SESSION")
+                       help="one row per model, branch or day (UTC); by branch needs a "
+                            "SESSION")
     usage.set_defaults(run=cmd_usage)
     tools = commands.add_parser("tools", parents=[common],
                                 help="a session's tool calls, their states and the time in "

@@ -113,20 +113,24 @@ def main(argv: list[str] | None = None) -> int:
 
 def _placement_problems(cfg: config.Config) -> list[str]:
     """What is wrong with the socket's place and with an existing data directory, all at
-    once (a user fixing one would otherwise meet the next at the next start); nothing is
+    once (a user fixing one would otherwise meet the next at the next start). The socket's
+    directory is created here when missing, so that one that cannot be is refused before
+    the data directory is touched, unless the data directory is refused: then nothing is
     created. An activated daemon binds nothing (the LISTEN_PID test of
     _systemd.activated_sockets), so its socket's place is the unit's."""
-    problems = []
-    checks: list[Callable[[], None]] = [
-        lambda: check_private_directory(Path(cfg.data_dir), create=False)]
-    if os.environ.get("LISTEN_PID") != str(os.getpid()):
-        checks.insert(0, lambda: check_socket_path(Path(cfg.socket)))
-    for check in checks:
+    def problem(check: Callable[[], None]) -> str | None:
         try:
             check()
         except PlacementError as error:
-            problems.append(str(error))
-    return problems
+            return str(error)
+        return None
+
+    data = problem(lambda: check_private_directory(Path(cfg.data_dir), create=False))
+    place = None
+    if os.environ.get("LISTEN_PID") != str(os.getpid()):
+        place = problem(lambda: check_socket_path(Path(cfg.socket), create=data is None))
+    # A socket in the data directory: the same directory, said once.
+    return list(dict.fromkeys(found for found in (place, data) if found is not None))
 
 
 def _check(database: Path) -> int:

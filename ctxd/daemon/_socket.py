@@ -104,9 +104,9 @@ def _same_file(fd: int, path: Path) -> bool:
     return (held.st_dev, held.st_ino) == (at_path.st_dev, at_path.st_ino)
 
 
-def check_socket_path(path: Path) -> None:
+def check_socket_path(path: Path, create: bool = True) -> None:
     """Refuse a socket path that `bind_unix_socket` could not use; its directory is created
-    (0700) when missing.
+    (0700) when missing (unless not ``create``).
 
     The daemon calls it before it touches its data directory, so a mistyped ``--socket``
     leaves nothing behind.
@@ -120,7 +120,7 @@ def check_socket_path(path: Path) -> None:
                              "choose a shorter --socket")
     _check_not_foreign(path.parent)
     _check_not_other_file(path)
-    check_private_directory(path.parent)
+    check_private_directory(path.parent, create)
 
 
 def _check_not_foreign(directory: Path) -> None:

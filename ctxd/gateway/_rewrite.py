@@ -391,7 +391,7 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
     ratio = await services.store.read(provider_ratio, model) if isinstance(model, str) else None
     await _clear_if_over(actor, shape, messages, plan, system_tokens + tool_tokens, ratio or 1.0)
     await _inject(actor, shape, messages, plan, system_tokens + tool_tokens,
-                  _offers(request.body, "compact_context"))
+                  _offers(sent_body, "compact_context"))  # after deferral: what the model gets
     view = shown(shape, messages, plan.rows, plan.points_of_history)
     plan.points.extend(point for point in view.points if point["end"] >= plan.keep)
     sent, marks_tokens = await _assemble(shape, messages, bares, plan, view, counter)

@@ -348,29 +348,29 @@ class Gateway:
 
     async def _reach_upstreams(self) -> list[dict[str, Any]]:
         """Whether each upstream answers (``HEAD /``; any HTTP status is an answer), asked
-        side by side with the calls' client, `UPSTREAM_CHECK_TIMEOUT_S` each."""
+        side by side, `UPSTREAM_CHECK_TIMEOUT_S` each in all, by a client made like the
+        calls' (the same settings and environment) but of its own, so that calls holding
+        every connection of theirs do not make an upstream look unreachable."""
         import httpx2
 
-        if self._client is None:
-            self._client = new_client(self.config)
-        client = self._client
         found: dict[str, dict[str, Any]] = {}
 
-        async def reach(setting: str) -> None:
+        async def reach(client: httpx2.AsyncClient, setting: str) -> None:
             url = httpx2.URL(getattr(self.config, setting).rstrip("/") + "/")
-            answer: dict[str, Any] = {"setting": setting, "url": _origin(url),
-                                      "reached": False, "status": None, "problem": None}
-            try:
-                # No call slot: the check waits for none (the pool's wait is in the 5 s).
-                response = await client.request("HEAD", url, timeout=UPSTREAM_CHECK_TIMEOUT_S)
-                answer.update(reached=True, status=response.status_code)
-            except httpx2.HTTPError as exc:
-                answer["problem"] = _failure(exc)
+            answer: dict[str, Any] = {
+                "setting": setting, "url": _origin(url), "reached": False, "status": None,
+                "problem": f"gave no answer in {UPSTREAM_CHECK_TIMEOUT_S:g} s"}
+            with trio.move_on_after(UPSTREAM_CHECK_TIMEOUT_S):
+                try:
+                    response = await client.request("HEAD", url)
+                    answer.update(reached=True, status=response.status_code, problem=None)
+                except httpx2.HTTPError as exc:
+                    answer["problem"] = _failure(exc)
             found[setting] = answer
 
-        async with trio.open_nursery() as nursery:
+        async with new_client(self.config) as client, trio.open_nursery() as nursery:
             for setting in UPSTREAM_SETTINGS:
-                nursery.start_soon(reach, setting)
+                nursery.start_soon(reach, client, setting)
         return [found[setting] for setting in UPSTREAM_SETTINGS]
 
     def _started(self, request: Request, call: _Call) -> None:

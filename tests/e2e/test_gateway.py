@@ -907,5 +907,38 @@ def test_doctor_says_which_upstream_the_gateway_cannot_reach(
         f"upstream {script.origin}: reached (HTTP 501)",
         f"upstream {nobody}: could not be reached (ConnectError)"]
     assert doctor.stderr == (
-        "ctxctl: calls to an upstream out of reach fail (HTTP 502); check [gateway] "
-        "openai_upstream and the network (an API no agent of yours calls needs nothing)\n")
+        "ctxctl: calls to an upstream out of reach fail (HTTP 502): check openai_upstream "
+        "under [gateway], and the network (unless no agent of yours calls that API)\n")
+
+
+def test_an_upstream_whose_every_connection_is_busy_is_still_reached(
+        daemon_root: Path, script: ModelUpstream, sid: str) -> None:
+    """The check has a client of its own: a stream holding the calls' only connection does
+    not make the upstream look out of reach."""
+    import anthropic
+    hold = script.script.hold = threading.Event()
+    process = DaemonProcess(daemon_root, env={"CTXD_GATEWAY_ANTHROPIC_UPSTREAM": script.origin,
+                                              "CTXD_GATEWAY_MAX_UPSTREAM_CALLS": "1"})
+    try:
+        with process.running() as daemon, concurrent.futures.ThreadPoolExecutor(1) as pool:
+            client = anthropic.Anthropic(base_url=base_url(daemon), api_key="k", max_retries=0,
+                                         default_headers={"x-ctxd-session": sid})
+
+            def one_stream() -> str:
+                with client.messages.stream(model="claude-test", max_tokens=10,
+                                            messages=USER) as stream:
+                    return "".join(stream.text_stream)
+
+            streaming = pool.submit(one_stream)
+            assert script.script.holding.acquire(timeout=60)  # the stream holds its call
+            status, health = raw_request(daemon, "GET", token_path(daemon)
+                                         + "/_ctxd/health?upstreams=1")
+            hold.set()
+            assert streaming.result(timeout=60) == REPLY_TEXT
+            client.close()
+    finally:
+        hold.set()
+        script.script.hold = None
+    assert (status, json.loads(health)["upstreams"][0]) == (200, {
+        "setting": "anthropic_upstream", "url": script.origin, "reached": True, "status": 501,
+        "problem": None})

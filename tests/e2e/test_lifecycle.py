@@ -325,20 +325,26 @@ def test_a_bad_socket_path_is_refused_before_the_data_dir_is_touched(
     assert not process.data_dir.exists()
 
 
+@pytest.mark.parametrize("socket_directory", ["open", "missing"])
 def test_an_open_socket_directory_and_data_directory_are_named_together(
-        daemon_root: Path) -> None:
-    """Both refused in one start, not one per start; neither is changed or filled."""
+        daemon_root: Path, socket_directory: str) -> None:
+    """Both refused in one start, not one per start; nothing is changed or created (a
+    missing socket directory stays missing while the data directory is refused)."""
     process = DaemonProcess(daemon_root)
-    for directory in (process.socket.parent, process.data_dir):
+    refused = [process.socket.parent, process.data_dir]
+    if socket_directory == "missing":
+        refused = refused[1:]
+    for directory in refused:
         directory.mkdir(mode=0o755, parents=True)
         os.chmod(directory, 0o755)
     result = subprocess.run(process.command(), capture_output=True, text=True, timeout=60,
                             env=process.environment(), check=False)
     assert (result.returncode, result.stdout, result.stderr) == (1, "", "".join(
         f"ctxd: {directory} has mode 0755; it must be private: chmod 700 {directory}\n"
-        for directory in (process.socket.parent, process.data_dir)))
+        for directory in refused))
     assert list(process.data_dir.iterdir()) == []
     assert stat.S_IMODE(process.data_dir.stat().st_mode) == 0o755
+    assert process.socket.parent.exists() == (socket_directory == "open")
 
 
 async def test_errors_inside_the_async_client_block_propagate(

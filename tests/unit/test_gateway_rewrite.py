@@ -670,6 +670,26 @@ async def test_the_context_note_comes_once_per_threshold_crossed(tmp_path: Path)
         assert sum(len(m["content"]) > 1 for m in final if isinstance(m["content"], list)) == 2
 
 
+async def test_no_context_note_when_deferral_leaves_compact_context_out(tmp_path: Path) -> None:
+    """What decides is the tools the model is sent: a compact_context the session defers
+    (the request offers tool_search, and its tools are past the deferral threshold) is not
+    sent, and neither is the note that would ask for it."""
+    config = msgspec.convert({"budget": {"context_window": 4_000, "max_output_tokens": 1_000}},
+                             Config)
+    search = {"name": "mcp__ctxd__tool_search", "description": "find a deferred tool",
+              "input_schema": {"type": "object"}}
+    big = {**COMPACT_TOOL, "description": "compact the context " * 300}
+    async with running_supervisor(tmp_path / "ctxd.db", config) as supervisor:
+        history: list[dict[str, Any]] = [{"role": "user", "content": "start"}]
+        for turn in range(12):
+            history += [{"role": "assistant", "content": "word " * 200},
+                        {"role": "user", "content": [{"type": "text", "text": f"go {turn}"}]}]
+            prepared = await prepare(supervisor, anthropic(history, tools=[search, big]))
+            body = msgspec.json.decode(prepared.body)
+            assert [tool["name"] for tool in body["tools"]] == ["mcp__ctxd__tool_search"]
+            assert len(body["messages"][-1]["content"]) == 1, turn
+
+
 async def test_a_request_that_ends_with_a_system_message_carries_notes_in_its_user_message(
         supervisor: Supervisor) -> None:
     # Claude Code's first request: the prompt, then its environment as a marked system
