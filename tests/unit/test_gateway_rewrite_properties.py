@@ -21,7 +21,7 @@ from ctxd.config import Config
 from ctxd.gateway import GatewayRequest, Prepared, _anthropic, _openai, prepare
 from ctxd.gateway._blocks import bare, content_text
 from ctxd.gateway._ledger import LedgerRow
-from ctxd.gateway._rewrite import rewrite_points, shown
+from ctxd.gateway._rewrite import _ledgers, rewrite_points, shown
 from ctxd.sessions import Supervisor, get_session, read_result
 from ctxd.wire.types import ResultReadParams
 
@@ -330,3 +330,78 @@ def test_content_text_joins_text_blocks_and_refuses_others() -> None:
     assert content_text([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]) == "a\nb"
     assert content_text(None) == ""
     assert content_text([{"type": "image"}]) is None
+
+
+# ---- conversations that share a session ---------------------------------------------------
+
+@st.composite
+def plain_conversation(draw: st.DrawFn, number: int) -> list[dict[str, Any]]:
+    """A conversation of tool calls (results small and large, some offloaded) and words,
+    starting with the message every conversation of the test starts with."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "the same start"}]
+    for turn in range(draw(st.integers(1, 5))):
+        call_id = f"toolu_{number}_{turn}"
+        messages += [
+            {"role": "assistant", "content": [
+                {"type": "text", "text": draw(words)},
+                {"type": "tool_use", "id": call_id, "name": "Bash", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id,
+                                          "content": draw(st.one_of(words, big))}]}]
+    return messages
+
+
+@st.composite
+def shared_session(draw: st.DrawFn) -> tuple[list[list[dict[str, Any]]], list[tuple[int, int]]]:
+    """Two to four conversations with one start and the order their requests come in: each
+    step a conversation and how much of it it sends (its next turn, the same again, or an
+    earlier turn, as an agent retries or a user goes back)."""
+    conversations = [draw(plain_conversation(number)) for number in range(draw(st.integers(2, 4)))]
+    at = [0] * len(conversations)
+    steps = []
+    for _ in range(draw(st.integers(4, 16))):
+        number = draw(st.integers(0, len(conversations) - 1))
+        ends = cuts("anthropic", conversations[number])
+        move = draw(st.sampled_from(["next", "next", "same", "back"]))
+        if move == "next":
+            at[number] = min(at[number] + 1, len(ends) - 1)
+        elif move == "back":
+            at[number] = draw(st.integers(0, at[number]))
+        steps.append((number, ends[at[number]]))
+    return conversations, steps
+
+
+@PROPERTIES
+@given(shared=shared_session())
+def test_conversations_of_one_start_keep_their_bytes_and_need_nothing_kept(
+        shared: tuple[list[list[dict[str, Any]]], list[tuple[int, int]]]) -> None:
+    """Whatever the order of their requests, each conversation is sent, message for
+    message, what it was sent before (marks aside), and the same bytes whether the lines
+    are kept in memory or read again from SQLite before every request."""
+    conversations, steps = shared
+
+    async def bodies(forget: bool) -> list[bytes]:
+        sent_bodies = []
+        with tempfile.TemporaryDirectory() as tmp:
+            async with running_supervisor(Path(tmp) / "ctxd.db", config()) as supervisor:
+                for number, end in steps:
+                    if forget:
+                        _ledgers.clear()
+                    prepared = await prepare(supervisor, request(
+                        "anthropic", conversations[number][:end]))
+                    sent_bodies.append(prepared.body)
+        return sent_bodies
+
+    async def main() -> None:
+        _ledgers.clear()
+        kept = await bodies(forget=False)
+        assert kept == await bodies(forget=True)
+        last: dict[int, list[dict[str, Any]]] = {}
+        for (number, _), body in zip(steps, kept, strict=True):
+            now = [bare(m) for m in msgspec.json.decode(body)["messages"]]
+            before = last.get(number, [])
+            shared_part = min(len(before), len(now))
+            assert now[:shared_part] == before[:shared_part], (number, steps)
+            last[number] = now
+        _ledgers.clear()
+
+    trio.run(main)
