@@ -38,7 +38,14 @@ from ctxd.gateway._ledger import (
     load_nodes,
     save_line,
 )
-from ctxd.hub import ack_injection, list_injections, provider_ratio, pull_injections
+from ctxd.hub import (
+    ack_injection,
+    finish_tool_calls,
+    list_injections,
+    provider_ratio,
+    pull_injections,
+    tool_states,
+)
 from ctxd.hygiene import (
     CALL_PART_TYPES,
     ToolResultBlob,
@@ -59,12 +66,14 @@ from ctxd.tokens import part_text
 from ctxd.transcripts import PERSISTED_OUTPUT
 from ctxd.wire.types import (
     INJECT_PRIORITIES,
+    TERMINAL_TOOL_STATES,
     InjectionInfo,
     MessageAppendParams,
     MessageIn,
     RenderedMessage,
     RenderParams,
     SessionOpenParams,
+    ToolCallState,
     ToolDefinition,
 )
 
@@ -114,6 +123,8 @@ MEMORY_SHARE = 0.02
 """Share of the effective window the memories a conversation starts with may take."""
 MAX_RECORDED = 10_000
 """Messages one request may add to a session (message.append's limit)."""
+SEEN_BY_THE_GATEWAY = "its result reached the model through the gateway"
+"""The detail of a tool call's state the gateway reports (`_finish_tool_calls`)."""
 
 LEDGERS_KEPT = 64
 """Threads whose lines (and last request's messages) are kept in memory, the last used
@@ -181,6 +192,12 @@ class _Plan:
     """A new line's start: the line and the count of its rows it begins with."""
     dropped: list[int] = dataclasses.field(default_factory=list)
     """The thread's least used lines, dropped for the new one (`LINES_KEPT`)."""
+    finished: dict[str, tuple[str | None, ToolCallState]] = dataclasses.field(
+        default_factory=dict)
+    """The tool calls whose results the new messages carry: each call's name and terminal
+    state (`_finish_tool_calls`)."""
+    finished_from: dict[str, ToolCallState] = dataclasses.field(default_factory=dict)
+    """The state each of them was in before (an unknown call is not here)."""
 
 
 def digest_of(value: Any) -> bytes:
@@ -382,6 +399,8 @@ async def _reconcile(actor: SessionActor, request: GatewayRequest, shape: Shape,
                             f"{len(messages) - keep} messages are new to the session",
                             "send the conversation in a new session")
     await _record_new(actor, shape, messages, bares, nodes, plan)
+    if recording:
+        await _finish_tool_calls(actor, shape, messages, bares, plan)
     await _decide_compactions(actor, shape, messages, plan)
     counter = services.counter
     sent_body = await _with_offered_tools(actor, request, shape, messages, recording)
@@ -632,6 +651,28 @@ async def _record_new(actor: SessionActor, shape: Shape, messages: list[dict[str
     for offset, position in enumerate(new):
         plan.rows[position].agent_tokens = counts[offset]
         plan.rows[position].sent_tokens = counts[len(new) + offset]
+
+
+async def _finish_tool_calls(actor: SessionActor, shape: Shape,
+                             messages: list[dict[str, Any]], bares: list[dict[str, Any]],
+                             plan: _Plan) -> None:
+    """The tool calls the new messages carry results of, to report as finished
+    (``completed``, or ``failed`` for an error result) as tool.state would, with
+    `SEEN_BY_THE_GATEWAY`: so an agent that reports no states (no hooks, no plugin) has its
+    calls listed too. A call already in a terminal state (a hook reported it) is left as
+    it is: its state is final."""
+    names = {call_id: name for message in messages for call_id, name in shape.calls(message)}
+    for position in range(plan.keep, len(messages)):
+        for result in shape.results(bares[position]):
+            state: ToolCallState = "failed" if result.is_error else "completed"
+            plan.finished[result.call_id[:256]] = (names.get(result.call_id), state)
+    if not plan.finished:
+        return
+    plan.finished_from = await actor.services.store.read(tool_states, actor.session_id,
+                                                         list(plan.finished))
+    for tool_call_id, state in plan.finished_from.items():
+        if state in TERMINAL_TOOL_STATES:
+            del plan.finished[tool_call_id]
 
 
 WRITES_FILES = frozenset({"Write", "Edit", "MultiEdit", "NotebookEdit", "write", "edit",
@@ -1041,6 +1082,11 @@ def _stage(session_id: str, plan: _Plan, now: float,
                             now)
         if plan.memories is not None and memory is not None:
             memory.stage_use(transaction, plan.memories, session_id)
+        if plan.finished:
+            transaction.add(finish_tool_calls, session_id,
+                            [(call_id, name, state)
+                             for call_id, (name, state) in plan.finished.items()],
+                            SEEN_BY_THE_GATEWAY, now)
 
     return stage
 
@@ -1084,6 +1130,11 @@ async def _commit(actor: SessionActor, plan: _Plan) -> None:
                          "tokens": tokens[blob.seq]})
     for point in plan.points:
         bus.publish(actor.session_id, "gateway.rewrite_point", point)
+    for tool_call_id, (name, state) in plan.finished.items():
+        bus.publish(actor.session_id, "tool.state", {
+            "tool_call_id": tool_call_id, "tool_name": name,
+            "from": plan.finished_from.get(tool_call_id), "to": state,
+            "detail": SEEN_BY_THE_GATEWAY, "terminal": True, "allowed_next": []})
     for info in plan.delivered:
         bus.publish(actor.session_id, "inject.delivered",
                     {"injection_id": info.injection_id, "priority": info.priority,

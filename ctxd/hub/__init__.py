@@ -14,9 +14,11 @@ from ctxd.hub._injections import (
 )
 from ctxd.hub._tools_state import (
     allowed_next,
+    finish_tool_calls,
     list_tool_calls,
     load_tool_call,
     set_tool_state,
+    tool_states,
 )
 from ctxd.hub._turns import Turns
 from ctxd.hub._usage import (
@@ -28,7 +30,7 @@ from ctxd.hub._usage import (
 )
 
 __all__ = ["EventBus", "NewInjection", "Requests", "Subscription", "Turns", "ack_injection",
-           "allowed_next", "counters_of", "find_by_key", "find_usage",
+           "allowed_next", "counters_of", "find_by_key", "find_usage", "finish_tool_calls",
            "insert_injection", "insert_usage", "list_injections", "list_tool_calls",
            "load_injection", "load_tool_call", "provider_ratio", "pull_injections",
-           "set_tool_state", "usage_summary"]
+           "set_tool_state", "tool_states", "usage_summary"]

@@ -9,6 +9,7 @@ the store's thread; the session actor calls them, one request of a session at a 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import apsw
@@ -162,3 +163,27 @@ def set_tool_state(conn: apsw.Connection, p: ToolStateParams, now: float
     called = load_tool_call(conn, p.session_id, p.tool_call_id, now)
     assert called is not None
     return called, previous
+
+
+def tool_states(conn: apsw.Connection, session_id: str, tool_call_ids: Sequence[str]
+                ) -> dict[str, ToolCallState]:
+    """The state of each of ``tool_call_ids`` the session has (an unknown one is left
+    out)."""
+    found: dict[str, ToolCallState] = {}
+    for tool_call_id in tool_call_ids:
+        for (state,) in conn.execute("SELECT state FROM tool_calls WHERE session_id = ? AND "
+                                     "tool_call_id = ?", (session_id, tool_call_id)):
+            found[tool_call_id] = state
+    return found
+
+
+def finish_tool_calls(conn: apsw.Connection, session_id: str,
+                      finished: Sequence[tuple[str, str | None, ToolCallState]], detail: str,
+                      now: float) -> None:
+    """Move each ``(tool_call_id, tool_name, terminal state)`` there (creating the call),
+    with ``detail``, in a transaction of the caller's; the caller leaves out the calls in
+    a terminal state already (`tool_states`), whose state is final."""
+    for tool_call_id, tool_name, state in finished:
+        set_tool_state(conn, ToolStateParams(session_id=session_id, tool_call_id=tool_call_id,
+                                             state=state, detail=detail, tool_name=tool_name),
+                       now)

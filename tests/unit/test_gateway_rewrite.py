@@ -22,7 +22,7 @@ from ctxd.gateway import GatewayRequest, _anthropic, prepare, session_of
 from ctxd.gateway._blocks import bare
 from ctxd.gateway._identity import conversation_key
 from ctxd.gateway._ledger import LINES_KEPT, load_lines
-from ctxd.gateway._rewrite import _ledgers, digest_of, thread_of
+from ctxd.gateway._rewrite import SEEN_BY_THE_GATEWAY, _ledgers, digest_of, thread_of
 from ctxd.hub import EventBus
 from ctxd.hygiene import cleared_input_text, cleared_text, ref_id_for, stub_text
 from ctxd.memory import HashingEmbedder, Memory
@@ -35,6 +35,8 @@ from ctxd.sessions import (
     list_messages,
     read_result,
     record_sent_usage,
+    tool_list,
+    tool_state,
 )
 from ctxd.store import Store
 from ctxd.store.migrations import load_all
@@ -46,6 +48,8 @@ from ctxd.wire.types import (
     MessageIn,
     MessageListParams,
     ResultReadParams,
+    ToolListParams,
+    ToolStateParams,
     UsageRecordParams,
 )
 
@@ -339,6 +343,38 @@ async def test_a_ledger_from_before_lines_is_line_0_after_the_upgrade(tmp_path: 
                     ).session.message_count == recorded + 4
             assert sent(later.body)[:len(requests[1])] == sent(firsts[session_id, system].body)
             assert BIG not in json.dumps(sent(later.body))
+
+
+async def test_the_tool_calls_whose_results_reach_the_model_are_reported_finished(
+        supervisor: Supervisor) -> None:
+    """An agent that reports no tool states has its calls listed all the same: completed,
+    or failed for an error result, once its result is in a request; a call another
+    reporter finished keeps its state, one it left running is finished; count_tokens
+    reports nothing."""
+    def state(call_id: str, to: str) -> ToolStateParams:
+        return msgspec.convert({"session_id": "s1", "tool_call_id": call_id, "state": to,
+                                "tool_name": "Bash"}, ToolStateParams)
+
+    history: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    for call_id, tool in (("t1", "Read"), ("t2", "Bash"), ("t3", "Bash"), ("t4", "Bash")):
+        history += [call(call_id, tool), answer(call_id, "done", is_error=call_id == "t2")]
+    await prepare(supervisor, anthropic(history[:1]))
+    await supervisor.call("s1", lambda a: tool_state(a, state("t3", "failed")))
+    await supervisor.call("s1", lambda a: tool_state(a, state("t4", "running")))
+    events = supervisor.bus.subscribe("s1", types=["tool.state"])
+    await prepare(supervisor, anthropic(history, "count_tokens"))  # reports nothing (below)
+    await prepare(supervisor, anthropic(history))
+    await prepare(supervisor, anthropic(history))  # a retry: nothing new to report
+    listed = (await supervisor.call("s1", lambda a: tool_list(a, ToolListParams(
+        session_id="s1")))).tool_calls
+    assert [(c.tool_call_id, c.tool_name, c.state, [(h.state, h.detail) for h in c.history])
+            for c in listed] == [
+        ("t3", "Bash", "failed", [("failed", None)]),
+        ("t4", "Bash", "completed", [("running", None), ("completed", SEEN_BY_THE_GATEWAY)]),
+        ("t1", "Read", "completed", [("completed", SEEN_BY_THE_GATEWAY)]),
+        ("t2", "Bash", "failed", [("failed", SEEN_BY_THE_GATEWAY)])]
+    assert [(e.data["tool_call_id"], e.data["from"], e.data["to"]) for e in drain(events)] == [
+        ("t1", None, "completed"), ("t2", None, "failed"), ("t4", "running", "completed")]
 
 
 async def test_a_bad_body_is_refused_naming_the_part(supervisor: Supervisor) -> None:
