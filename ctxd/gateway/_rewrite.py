@@ -664,6 +664,8 @@ async def _finish_tool_calls(actor: SessionActor, shape: Shape,
     names = {call_id: name for message in messages for call_id, name in shape.calls(message)}
     for position in range(plan.keep, len(messages)):
         for result in shape.results(bares[position]):
+            if not result.call_id:
+                continue  # no id to list it by (tool.state's ids are 1-256 characters)
             state: ToolCallState = "failed" if result.is_error else "completed"
             plan.finished[result.call_id[:256]] = (names.get(result.call_id), state)
     if not plan.finished:

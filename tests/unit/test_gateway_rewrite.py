@@ -377,6 +377,22 @@ async def test_the_tool_calls_whose_results_reach_the_model_are_reported_finishe
         ("t1", None, "completed"), ("t2", None, "failed"), ("t4", "running", "completed")]
 
 
+async def test_openai_tool_calls_are_reported_finished_and_one_without_an_id_is_not(
+        supervisor: Supervisor) -> None:
+    def called(call_id: str) -> list[dict[str, Any]]:
+        return [{"role": "assistant", "content": None, "tool_calls": [
+                    {"id": call_id, "type": "function",
+                     "function": {"name": "grep", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": call_id, "content": "found"}]
+
+    await prepare(supervisor, openai([{"role": "user", "content": "go"}, *called("call_1"),
+                                      *called(""), {"role": "user", "content": "next"}]))
+    listed = (await supervisor.call("s1", lambda a: tool_list(a, ToolListParams(
+        session_id="s1")))).tool_calls
+    assert [(c.tool_call_id, c.tool_name, c.state) for c in listed] == [
+        ("call_1", "grep", "completed")]
+
+
 async def test_a_bad_body_is_refused_naming_the_part(supervisor: Supervisor) -> None:
     with pytest.raises(CtxdError) as caught:
         await prepare(supervisor, anthropic([{"role": "user", "content": [{"text": "x"}]}]))
