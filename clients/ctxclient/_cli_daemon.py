@@ -406,8 +406,7 @@ def gateway_check(status: dict[str, Any]) -> dict[str, Any] | None:
         off = status.get("gateway_off")
         return None if off is None else {"listen": None, "ok": False, "problem": off,
                                          "upstreams": None}
-    problem = _gateway.health_problem(gateway["base_url"])
-    upstreams = None if problem else _gateway.upstream_checks(gateway["base_url"])
+    problem, upstreams = _gateway.health_with_upstreams(gateway["base_url"])
     return {"listen": gateway["listen"], "ok": problem is None, "problem": problem,
             "upstreams": upstreams}
 

@@ -129,13 +129,14 @@ def health_problem(base_url: str, timeout: float = HEALTH_TIMEOUT_S) -> str | No
     return _health(base_url, "", timeout)[0]
 
 
-def upstream_checks(base_url: str) -> list[dict[str, Any]] | None:
-    """Whether the gateway reaches each upstream (``/_ctxd/health?upstreams=1``: its
-    ``upstreams``, each ``setting``, ``url``, ``reached``, ``status``, ``problem``); None
-    when the gateway does not say (it does not answer, or is older)."""
+def health_with_upstreams(base_url: str) -> tuple[str | None, list[dict[str, Any]] | None]:
+    """`health_problem`, asked with ``?upstreams=1`` in the same request, and whether the
+    gateway reaches each upstream (its ``upstreams``, each ``setting``, ``url``,
+    ``reached``, ``status``, ``problem``; None when it does not say: no answer, or an
+    older gateway)."""
     problem, answer = _health(base_url, "?upstreams=1", UPSTREAMS_TIMEOUT_S)
-    found = None if problem is not None or answer is None else answer.get("upstreams")
-    return found if isinstance(found, list) else None
+    found = None if answer is None else answer.get("upstreams")
+    return problem, found if isinstance(found, list) else None
 
 
 def _health(base_url: str, query: str, timeout: float

@@ -661,15 +661,15 @@ async def _finish_tool_calls(actor: SessionActor, shape: Shape,
     `SEEN_BY_THE_GATEWAY`: so an agent that reports no states (no hooks, no plugin) has its
     calls listed too. A call already in a terminal state (a hook reported it) is left as
     it is: its state is final."""
+    results = [result for position in range(plan.keep, len(messages))
+               for result in shape.results(bares[position])
+               if result.call_id]  # none: no id to list it by (tool.state's: 1-256 characters)
+    if not results:
+        return  # most requests: no pass over the history for the calls' names
     names = {call_id: name for message in messages for call_id, name in shape.calls(message)}
-    for position in range(plan.keep, len(messages)):
-        for result in shape.results(bares[position]):
-            if not result.call_id:
-                continue  # no id to list it by (tool.state's ids are 1-256 characters)
-            state: ToolCallState = "failed" if result.is_error else "completed"
-            plan.finished[result.call_id[:256]] = (names.get(result.call_id), state)
-    if not plan.finished:
-        return
+    for result in results:
+        state: ToolCallState = "failed" if result.is_error else "completed"
+        plan.finished[result.call_id[:256]] = (names.get(result.call_id), state)
     plan.finished_from = await actor.services.store.read(tool_states, actor.session_id,
                                                          list(plan.finished))
     for tool_call_id, state in plan.finished_from.items():

@@ -170,10 +170,11 @@ def tool_states(conn: apsw.Connection, session_id: str, tool_call_ids: Sequence[
     """The state of each of ``tool_call_ids`` the session has (an unknown one is left
     out)."""
     found: dict[str, ToolCallState] = {}
-    for tool_call_id in tool_call_ids:
-        for (state,) in conn.execute("SELECT state FROM tool_calls WHERE session_id = ? AND "
-                                     "tool_call_id = ?", (session_id, tool_call_id)):
-            found[tool_call_id] = state
+    for start in range(0, len(tool_call_ids), 500):  # within SQLite's bound on parameters
+        chunk = tool_call_ids[start:start + 500]
+        found.update(conn.execute(
+            f"SELECT tool_call_id, state FROM tool_calls WHERE session_id = ? AND tool_call_id "
+            f"IN ({', '.join('?' * len(chunk))})", (session_id, *chunk)))
     return found
 
 
