@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import short_root
 
 from ctxclient._replay import kept_in, load, replay
 from ctxd.hygiene import ref_id_for
@@ -353,17 +356,25 @@ def _ctxd_processes_naming(folder: Path) -> list[str]:
     return found
 
 
-def _long_replay(tmp_path: Path, **pipes: Any) -> tuple[subprocess.Popen[str], Path]:
-    """`ctxctl replay` of a transcript of 400 more turns, started with its own TMPDIR (where
-    its private daemons live), once both of its daemons are up (each binds its socket
-    before serving)."""
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """An empty folder of a short path, for a replay's TMPDIR: its private daemons' sockets
+    go under it, and a socket path is limited to 107 bytes (pytest's own folders grow with
+    the runs on a machine)."""
+    root = short_root()
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _long_replay(tmp_path: Path, tmp: Path, **pipes: Any) -> tuple[subprocess.Popen[str], Path]:
+    """`ctxctl replay` of a transcript of 400 more turns, started with ``tmp`` as its TMPDIR
+    (where its private daemons live), once both of its daemons are up (each binds its
+    socket before serving)."""
     records = made_up()
     for n in range(400):
         records += [_record("user", f"Request {n}.", f"x{n}"),
                     _record("assistant", [{"type": "text", "text": f"Answer {n}."}], f"y{n}")]
     path = write(tmp_path / "t.jsonl", records)
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
     # tiktoken caches its encodings under $TMPDIR unless told where: the usual place.
     cache = os.environ.get("TIKTOKEN_CACHE_DIR",
                            os.path.join(tempfile.gettempdir(), "data-gym-cache"))
@@ -378,11 +389,12 @@ def _long_replay(tmp_path: Path, **pipes: Any) -> tuple[subprocess.Popen[str], P
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_ctxctl_replay_interrupted_leaves_no_daemon_and_no_file(
-        tmp_path: Path, signum: signal.Signals) -> None:
+        tmp_path: Path, short_tmp: Path, signum: signal.Signals) -> None:
     """Killed (SIGTERM), interrupted (SIGINT) or hung up on (SIGHUP) once its two private
     daemons are up, `ctxctl replay` stops them, removes their directory and says so in one
     line."""
-    proc, tmp = _long_replay(tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc, tmp = _long_replay(tmp_path, short_tmp, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
     try:
         assert proc.poll() is None, proc.communicate()
         sockets = sorted(p.name for p in tmp.glob("ctxd-replay-*/*.sock"))
@@ -414,10 +426,12 @@ def test_json_array_replays_turn_by_turn_as_its_jsonl(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
-def test_private_daemons_stop_when_ctxctl_replay_is_killed(tmp_path: Path) -> None:
+def test_private_daemons_stop_when_ctxctl_replay_is_killed(tmp_path: Path,
+                                                           short_tmp: Path) -> None:
     """Even a SIGKILL, which nothing can catch, leaves no daemon running: each is told to
     stop when its parent dies."""
-    proc, tmp = _long_replay(tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, tmp = _long_replay(tmp_path, short_tmp, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
     try:
         assert proc.poll() is None
         assert len(_ctxd_processes_naming(tmp)) == 2
